@@ -1,0 +1,151 @@
+"""Structured-config schemas, one dataclass per config group.
+
+Hydra validates YAML against these at compose time; `compose.validate` re-checks the final tree so
+that `+group.key=value` overrides (which Hydra 1.3 lets through) are rejected too.
+"""
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class ImageInputType(str, Enum):
+    pixel_values = "pixel_values"  # the vision tower runs inside the appliance
+    image_features = "image_features"  # requests carry tower outputs; projector + LM run here
+
+
+@dataclass
+class VisionLanguageConfig:
+    """Multimodal facts of a VLM; each field is derived from the checkpoint when left unset."""
+
+    image_input_type: ImageInputType = ImageInputType.pixel_values
+    image_token_id: Optional[int] = None
+    image_input_shape: Optional[List[int]] = None
+    image_feature_size: Optional[int] = None
+    limit_per_prompt: int = 1
+
+
+@dataclass
+class PrithviConfig:
+    """Architecture of a Prithvi-EO encoder plus its segmentation head."""
+
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    patch_size: int = 16
+    tubelet_size: int = 1
+    num_frames: int = 1
+    img_size: int = 224
+    mlp_ratio: float = 4.0
+    coords_encoding: List[str] = field(default_factory=list)  # subset of [time, location]
+    coords_scale_learn: bool = False
+    selected_indices: List[int] = field(default_factory=lambda: [2, 5, 8, 11])
+    decoder_channels: int = 256
+    num_classes: int = 2
+
+
+@dataclass
+class GeoModelConfig:
+    """Input contract of a raster model: which bands, how they are scaled and normalised."""
+
+    bands: List[str] = MISSING
+    means: List[float] = MISSING
+    stds: List[float] = MISSING
+    scale: float = 1.0  # DN -> reflectance multiplier applied before normalisation
+    class_names: List[str] = MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    architecture: str = MISSING  # registry key, e.g. LlamaForCausalLM, LlavaForConditionalGeneration, Prithvi
+    path: Optional[str] = None  # directory in HF layout (config.json + safetensors + tokenizer)
+    checkpoint: Optional[str] = None  # single-file checkpoint (terratorch .pt or .safetensors)
+    vision_language: Optional[VisionLanguageConfig] = None
+    prithvi: Optional[PrithviConfig] = None
+    geo: Optional[GeoModelConfig] = None
+
+
+class EngineKind(str, Enum):
+    generate = "generate"
+    pool = "pool"
+
+
+class AttentionBackend(str, Enum):
+    auto = "auto"
+    torch = "torch"
+    xformers = "xformers"
+
+
+@dataclass
+class EngineConfig:
+    kind: EngineKind = EngineKind.generate
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    tensor_parallel_size: int = 1
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 256 * 1024 * 1024  # KV pool budget across all layers, per rank
+    num_kv_blocks: Optional[int] = None  # overrides the budget (tests use it to force preemption)
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: Optional[int] = None  # defaults to the model's max_position_embeddings
+    max_batch_size: int = 8  # pool mode: items per forward
+    enable_prefix_caching: bool = True
+    attention_backend: AttentionBackend = AttentionBackend.auto
+    seed: int = 0
+
+
+@dataclass
+class ServerLimits:
+    max_request_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 64_000_000
+    request_timeout_s: float = 600.0
+    max_concurrent_requests: int = 256
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: Optional[str] = None
+    allowed_local_media_dir: Optional[str] = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
+
+
+@dataclass
+class PipelineConfig:
+    name: str = MISSING
+    inputs: List[str] = MISSING  # record fields the verb supplies (e.g. path, output_path)
+    stages: List[Any] = MISSING  # each a node {stage: <registered name>, <options>...}
+
+
+@dataclass
+class AppConfig:
+    pipeline: PipelineConfig = MISSING
+    model: ModelConfig = MISSING
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    # Per-invocation arguments of `appliance run`.
+    input: Optional[Any] = None  # a path or a list of paths
+    output: Optional[Any] = None
+    prompt: Optional[str] = None
+    overwrite: bool = False
+    log_level: str = "INFO"
+
+
+GROUP_SCHEMAS = {
+    "pipeline": PipelineConfig,
+    "model": ModelConfig,
+    "engine": EngineConfig,
+    "server": ServerConfig,
+}
+
+
+def register_schemas() -> None:
+    """Register each group's schema as `<group>/schema`, which group YAML files extend."""
+    cs = ConfigStore.instance()
+    cs.store(name="app_schema", node=AppConfig)
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=group, name="schema", node=schema)
