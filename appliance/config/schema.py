@@ -68,6 +68,12 @@ class ModelConfig:
     geo: Optional[GeoModelConfig] = None
 
 
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
 class EngineKind(str, Enum):
     generate = "generate"
     pool = "pool"
@@ -82,7 +88,7 @@ class AttentionBackend(str, Enum):
 @dataclass
 class EngineConfig:
     kind: EngineKind = EngineKind.generate
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    dtype: DType = DType.float32
     device: str = "cpu"  # cpu | cuda | cuda:N
     tensor_parallel_size: int = 1
     block_size: int = 16
@@ -132,7 +138,8 @@ class AppConfig:
     output: Optional[Any] = None
     prompt: Optional[str] = None
     overwrite: bool = False
-    log_level: str = "INFO"
+    log_level: str = "WARNING"
+    plugins: List[str] = field(default_factory=list)  # modules imported first: they may register stages
 
 
 GROUP_SCHEMAS = {

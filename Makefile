@@ -1,0 +1,26 @@
+# The two commands that matter on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Editable install so conf/ and the embedded models are found beside the package.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/appliance check
+
+test: install
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,83 @@
+"""`appliance VERB [key=value ...]`: the command line. Every verb takes Hydra overrides."""
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+from omegaconf import OmegaConf
+
+from appliance.errors import UserError
+
+VERBS = {
+    "run": "run the pipeline offline on `input=...` and write or print its results",
+    "serve": "serve the pipeline over HTTP on server.host:server.port",
+    "config": "print the composed, resolved config as YAML",
+    "check": "validate the config, model files and stage graph without loading weights",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="appliance",
+        description="Declarative serving appliance. Overrides use Hydra syntax: pipeline=NAME model=NAME key=value.",
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb, help_text in VERBS.items():
+        p = sub.add_parser(verb, help=help_text, description=help_text)
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra override")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args.verb, args.overrides)
+    except UserError as e:
+        print(f"appliance {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"appliance {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(verb: str, overrides: List[str]) -> int:
+    from appliance.config.compose import compose
+
+    cfg = compose(overrides)
+    logging.basicConfig(level=cfg.log_level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if verb == "config":
+        print(OmegaConf.to_yaml(cfg), end="")
+        return 0
+
+    from appliance.model_files import check_model_files
+    from appliance.pipeline import build_pipeline
+
+    check_model_files(cfg.model)
+    pipeline = build_pipeline(cfg)
+    if verb == "check":
+        pipeline.check()
+        names = " -> ".join(stage.name for stage in pipeline.stages)
+        print(f"ok: pipeline {cfg.pipeline.name} ({names}), model {cfg.model.name}")
+        return 0
+    if verb == "run":
+        return _run(cfg, pipeline)
+    from appliance.serving.server import serve
+
+    return serve(cfg, pipeline)
+
+
+def _run(cfg, pipeline) -> int:
+    pipeline.check()
+    record = {field: cfg.get(field) for field in cfg.pipeline.inputs}
+    pipeline.setup()
+    try:
+        for result in pipeline.run([record]):
+            if result.get("display") is not None:
+                print(result["display"], flush=True)
+    finally:
+        pipeline.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Compose the config tree from `conf/` plus command-line overrides, and validate it strictly.
+
+We use Hydra's compose API instead of `@hydra.main`: it never creates `outputs/` nor changes the
+working directory, which matters in containers with read-only root file systems.
+"""
+import dataclasses
+import os
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from appliance.config.schema import GROUP_SCHEMAS, AppConfig, register_schemas
+from appliance.errors import ConfigError
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def conf_dir() -> Path:
+    """The config tree: $APPLIANCE_CONF_DIR, else `conf/` beside the package (repo checkout)."""
+    return Path(os.environ.get("APPLIANCE_CONF_DIR", PACKAGE_DIR.parent / "conf")).resolve()
+
+
+def _asset(relative: str) -> str:
+    """`${asset:models/x}`: absolute path of a file shipped in `appliance/assets/`."""
+    return str(PACKAGE_DIR / "assets" / relative)
+
+
+def _register_resolvers() -> None:
+    if not OmegaConf.has_resolver("asset"):
+        OmegaConf.register_new_resolver("asset", _asset)
+
+
+def group_options(group: str) -> List[str]:
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def _check_group_choices(overrides: Sequence[str]) -> None:
+    """Name the available options when `group=choice` picks one that does not exist."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as e:
+        raise ConfigError(f"bad override: {_first_line(e)}") from None
+    for override in parsed:
+        key = override.key_or_group
+        if key in GROUP_SCHEMAS and not override.is_delete():
+            value = override.value()
+            if not isinstance(value, str):
+                raise ConfigError(f"{key}: expected the name of a config in conf/{key}/, got {value!r}")
+            options = group_options(key)
+            if value not in options:
+                raise ConfigError(f"{key}={value}: no such {key} (available: {', '.join(options)})")
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """Return the composed, validated, resolved config for `overrides` (Hydra syntax)."""
+    register_schemas()
+    _register_resolvers()
+    _check_group_choices(overrides)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_describe(e)) from None
+    return validate(cfg)
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """Re-merge into the schema in struct mode: rejects keys added with `+group.key=value` too."""
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True)
+        checked = OmegaConf.merge(OmegaConf.structured(AppConfig), container)
+        OmegaConf.set_struct(checked, True)
+        # Surface missing mandatory values (???) now rather than deep inside a stage.
+        OmegaConf.to_container(checked, throw_on_missing=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_describe(e)) from None
+    return checked
+
+
+def _describe(error: BaseException) -> str:
+    """One line naming the key and what is allowed, from the innermost OmegaConf error."""
+    e = _keyed_cause(error)
+    key = getattr(e, "full_key", None)
+    message = _first_line(e)
+    if not key:
+        return message
+    if "not in" in message and message.startswith("Key '"):
+        allowed = _fields_beside(key)
+        where = f"group '{key.split('.')[0]}'" if "." in key else "the root config"
+        return f"{key}: unknown key in {where}" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+    if "Missing mandatory value" in message:
+        return f"{key}: missing a value (set it in conf/ or as {key}=...)"
+    return f"{key}: {message}"
+
+
+def _keyed_cause(error: BaseException) -> BaseException:
+    seen = error
+    while seen is not None:
+        if getattr(seen, "full_key", None):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return error
+
+
+def _fields_beside(full_key: str) -> List[str]:
+    """Field names allowed next to `full_key`, read from the schema dataclasses."""
+    schema = AppConfig
+    for part in full_key.split(".")[:-1]:
+        field_types = {f.name: f.type for f in dataclasses.fields(schema)}
+        schema = _dataclass_of(field_types.get(part))
+        if schema is None:
+            return []
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def _dataclass_of(annotation) -> Optional[type]:
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):  # Optional[X]
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # OmegaConf appends "full_key: ... object_type=..." lines; the first line carries the message.
+    return lines[0] if lines else type(e).__name__

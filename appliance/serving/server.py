@@ -1,0 +1,86 @@
+"""`appliance serve`: the pipeline behind an HTTP endpoint (LitServe).
+
+POST /predict with a JSON object whose keys are the pipeline's `inputs`; the answer is the list of
+records the pipeline's last stage yields (their JSON-serialisable fields). Bad input is a 4xx whose
+message names the field.
+"""
+import logging
+import math
+from typing import Any, Dict, List
+
+import litserve as ls
+from fastapi import HTTPException
+from omegaconf import DictConfig, OmegaConf
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.responses import JSONResponse
+
+from appliance.errors import UserError
+from appliance.pipeline import Pipeline, build_pipeline
+
+log = logging.getLogger(__name__)
+OPEN_PATHS = ("/health", "/info")
+
+
+class PipelineAPI(ls.LitAPI):
+    def __init__(self, cfg: DictConfig):
+        super().__init__(api_path="/predict")
+        # LitServe pickles the API into its worker process; a plain container travels safely.
+        self.cfg_container = OmegaConf.to_container(cfg)
+        self.pipeline: Pipeline = None
+
+    def setup(self, device):
+        self.pipeline = build_pipeline(OmegaConf.create(self.cfg_container))
+        self.pipeline.setup()
+
+    def decode_request(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        if not isinstance(request, dict):
+            raise HTTPException(422, "request body: expected a JSON object")
+        allowed = self.cfg_container["pipeline"]["inputs"]
+        unknown = sorted(set(request) - set(allowed))
+        if unknown:
+            raise HTTPException(422, f"{unknown[0]}: unknown field (allowed: {', '.join(allowed)})")
+        return {field: request.get(field) for field in allowed}
+
+    def predict(self, record: Dict[str, Any]) -> List[Dict[str, Any]]:
+        try:
+            return [_jsonable(result) for result in self.pipeline.run([record])]
+        except UserError as e:
+            raise HTTPException(422, str(e)) from None
+
+    def encode_response(self, results: List[Dict[str, Any]]) -> Dict[str, Any]:
+        return {"results": results}
+
+
+def _jsonable(record: Dict[str, Any]) -> Dict[str, Any]:
+    """Keep the fields a client can read; tensors and arrays stay on the server."""
+    return {k: v for k, v in record.items() if isinstance(v, (str, int, bool, type(None))) or
+            (isinstance(v, float) and math.isfinite(v))}
+
+
+class APIKeyMiddleware(BaseHTTPMiddleware):
+    """`Authorization: Bearer KEY` (OpenAI clients) or `X-API-Key: KEY`; health stays open for probes."""
+
+    def __init__(self, app, api_key: str):
+        super().__init__(app)
+        self.api_key = api_key
+
+    async def dispatch(self, request, call_next):
+        if request.url.path not in OPEN_PATHS:
+            given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+            if given != self.api_key:
+                return JSONResponse({"detail": "missing or wrong API key"}, status_code=401)
+        return await call_next(request)
+
+
+def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
+    pipeline.check()
+    middlewares = [(APIKeyMiddleware, {"api_key": cfg.server.api_key})] if cfg.server.api_key else []
+    server = ls.LitServer(
+        PipelineAPI(cfg),
+        accelerator="cpu" if cfg.engine.device == "cpu" else "auto",
+        timeout=cfg.server.limits.request_timeout_s,
+        middlewares=middlewares,
+    )
+    log.warning("serving pipeline %s on http://%s:%d", cfg.pipeline.name, cfg.server.host, cfg.server.port)
+    server.run(host=cfg.server.host, port=cfg.server.port, generate_client_file=False, log_level="warning")
+    return 0

@@ -1,0 +1,37 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FRAME_CONF = REPO / "tests" / "frame" / "conf"
+
+
+def run_cli(*args, conf_dir=None, cwd=None, timeout=300, env=None):
+    """Run `python -m appliance.cli ARGS` as a user would; returns the CompletedProcess."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env.pop("APPLIANCE_CONF_DIR", None)
+    if conf_dir is not None:
+        full_env["APPLIANCE_CONF_DIR"] = str(conf_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *map(str, args)],
+        capture_output=True, text=True, cwd=cwd or REPO, env=full_env, timeout=timeout,
+    )
+
+
+def assert_user_error(result, *fragments):
+    """Exit 2, exactly one line on stderr naming every fragment, and no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+@pytest.fixture
+def frame_conf(monkeypatch):
+    monkeypatch.setenv("APPLIANCE_CONF_DIR", str(FRAME_CONF))
+    return FRAME_CONF

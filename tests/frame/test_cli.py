@@ -1,0 +1,60 @@
+"""The CLI verbs, run as subprocesses the way a user runs them."""
+import yaml
+
+from tests.conftest import FRAME_CONF, assert_user_error, run_cli
+
+
+def test_config_prints_composed_yaml_for_both_pipelines():
+    for pipeline, architecture in [("llava_chat", "LlavaForConditionalGeneration"), ("prithvi_flood", "Prithvi")]:
+        result = run_cli("config", f"pipeline={pipeline}", "engine.max_num_seqs=7")
+        assert result.returncode == 0, result.stderr
+        cfg = yaml.safe_load(result.stdout)
+        assert cfg["pipeline"]["name"] == pipeline
+        assert cfg["model"]["architecture"].startswith(architecture)
+        assert cfg["engine"]["max_num_seqs"] == 7
+
+
+def test_run_check_and_config_with_test_stages(tmp_path):
+    numbers = tmp_path / "numbers.txt"
+    numbers.write_text("1\n2\n3.5\n")
+    # A relative input resolves against the caller's directory: Hydra must not chdir.
+    result = run_cli("run", "input=numbers.txt", "pipeline.stages.1.factor=10", conf_dir=FRAME_CONF, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "total 65"
+    result = run_cli("check", conf_dir=FRAME_CONF, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "read_numbers -> scale -> total" in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["numbers.txt"], "no outputs/ or .hydra/ written"
+
+
+def test_check_rejects_a_stage_whose_input_nobody_produces():
+    assert_user_error(run_cli("check", "pipeline=orphan", conf_dir=FRAME_CONF), "needs_pixels", "'pixels'")
+
+
+def test_bad_inputs_end_with_one_line_and_exit_2(tmp_path):
+    cases = [
+        (["config", "engine.nope=1"], ["engine.nope", "allowed:"]),
+        (["config", "+model.foo=1"], ["model.foo", "unknown key"]),
+        (["config", "engine.tensor_parallel_size=two"], ["engine.tensor_parallel_size"]),
+        (["check", "pipeline=nope"], ["pipeline=nope", "llava_chat"]),
+        (["run", "model=nope"], ["model=nope"]),
+        (["run", "pipeline.stages.1.stage=nope"], ["unknown stage 'nope'"]),
+        (["run", f"input={tmp_path / 'missing.txt'}"], ["input:", "missing.txt"]),
+    ]
+    for args, fragments in cases:
+        conf = None if args[1].startswith(("engine", "+model", "pipeline=nope", "model=nope")) else FRAME_CONF
+        assert_user_error(run_cli(*args, conf_dir=conf), *fragments)
+
+
+def test_check_names_a_missing_model_path(tmp_path):
+    result = run_cli("check", "pipeline=llava_chat", f"model.path={tmp_path / 'nowhere'}")
+    assert_user_error(result, "model.path", "nowhere")
+    result = run_cli("check", "pipeline=llava_chat", "model=llava_1_5_7b")
+    assert_user_error(result, "model.path")
+
+
+def test_usage_errors_exit_2():
+    result = run_cli("explode")
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+    assert run_cli("--help").returncode == 0
+

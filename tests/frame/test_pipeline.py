@@ -1,0 +1,105 @@
+"""Stage registry, option validation and the field-graph check, in-process."""
+from dataclasses import dataclass
+
+import pytest
+from omegaconf import OmegaConf
+
+from appliance.config.compose import compose
+from appliance.errors import ConfigError
+from appliance.pipeline import STAGES, Stage, build_pipeline, register_stage
+from tests.frame import stages as frame_stages  # noqa: F401  (registers the test stages)
+
+
+def with_stages(frame_conf, *nodes, inputs=("input",)):
+    cfg = compose([])
+    cfg.pipeline.stages = list(nodes)
+    cfg.pipeline.inputs = list(inputs)
+    return cfg
+
+
+def test_pipeline_streams_records_through_stages(frame_conf, tmp_path):
+    numbers = tmp_path / "n.txt"
+    numbers.write_text("1 2 3\n")
+    pipeline = build_pipeline(compose([f"input={numbers}"]))
+    assert [s.name for s in pipeline.stages] == ["read_numbers", "scale", "total"]
+    assert pipeline.stages[1].options.factor == 2.0
+    assert list(pipeline.run([{"input": str(numbers)}])) == [{"display": "total 12"}]
+
+
+def test_interpolated_options_resolve(frame_conf):
+    cfg = with_stages(frame_conf, {"stage": "read_numbers"}, {"stage": "scale", "factor": "${engine.max_batch_size}"})
+    assert build_pipeline(cfg).stages[1].options.factor == cfg.engine.max_batch_size
+
+
+@pytest.mark.parametrize(
+    "nodes, inputs, fragments",
+    [
+        ([{"stage": "nope"}], ["input"], ["pipeline.stages[0].stage", "unknown stage 'nope'", "read_numbers"]),
+        ([{"factor": 2}], ["input"], ["pipeline.stages[0]", "'stage' key"]),
+        (["scale"], ["input"], ["pipeline.stages[0]", "'stage' key"]),
+        ([{"stage": "read_numbers"}, {"stage": "scale", "factr": 2}], ["input"],
+         ["pipeline.stages[1].factr", "allowed: factor"]),
+        ([{"stage": "read_numbers"}, {"stage": "scale", "factor": "big"}], ["input"],
+         ["pipeline.stages[1].factor", "Float"]),
+        ([{"stage": "read_numbers"}, {"stage": "needs_pixels"}], ["input"],
+         ["pipeline.stages[1] (needs_pixels)", "'pixels'", "available: input, number"]),
+        ([{"stage": "scale"}], ["input"], ["pipeline.stages[0] (scale)", "'number'"]),
+        ([{"stage": "read_numbers"}], ["path"], ["'input'", "available: path"]),
+    ],
+)
+def test_graph_and_option_errors(frame_conf, nodes, inputs, fragments):
+    with pytest.raises(ConfigError) as info:
+        build_pipeline(with_stages(frame_conf, *nodes, inputs=inputs))
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_unimportable_plugin_is_a_config_error(frame_conf):
+    cfg = compose([])
+    cfg.plugins = ["tests.no_such_module"]
+    with pytest.raises(ConfigError, match="plugins: cannot import 'tests.no_such_module'"):
+        build_pipeline(cfg)
+
+
+def test_register_stage_rejects_duplicates_and_nameless():
+    class Nameless(Stage):
+        pass
+
+    with pytest.raises(TypeError, match="needs a `name`"):
+        register_stage(Nameless)
+
+    class Impostor(Stage):
+        name = "scale"
+
+    with pytest.raises(TypeError, match="already registered"):
+        register_stage(Impostor)
+    assert STAGES["scale"] is frame_stages.Scale
+
+
+def test_setup_and_close_run_once_in_order(frame_conf):
+    calls = []
+
+    @dataclass
+    class Opts:
+        tag: str = ""
+
+    class Tracer(Stage):
+        name = "tracer_for_test"
+        Options = Opts
+
+        def setup(self):
+            calls.append(("setup", self.options.tag))
+
+        def close(self):
+            calls.append(("close", self.options.tag))
+
+    register_stage(Tracer)
+    try:
+        cfg = with_stages(frame_conf, {"stage": "tracer_for_test", "tag": "a"}, {"stage": "tracer_for_test", "tag": "b"})
+        pipeline = build_pipeline(cfg)
+        pipeline.setup()
+        pipeline.close()
+        assert calls == [("setup", "a"), ("setup", "b"), ("close", "b"), ("close", "a")]
+        assert OmegaConf.is_config(pipeline.stages[0].cfg)
+    finally:
+        STAGES.pop("tracer_for_test")

@@ -1,0 +1,65 @@
+"""`appliance serve` as a real server process on 127.0.0.1, started and stopped by the test."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import FRAME_CONF, REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "APPLIANCE_CONF_DIR": str(FRAME_CONF)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "appliance.cli", "serve", f"server.port={port}", "server.api_key=s3cret"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("server did not become healthy")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_serve_runs_the_pipeline_and_rejects_bad_requests(server, tmp_path):
+    numbers = tmp_path / "n.txt"
+    numbers.write_text("2 4\n")
+    auth = {"Authorization": "Bearer s3cret"}
+    ok = httpx.post(f"{server}/predict", json={"input": str(numbers)}, headers=auth, timeout=60)
+    assert ok.status_code == 200, ok.text
+    assert ok.json() == {"results": [{"display": "total 12"}]}
+
+    assert httpx.post(f"{server}/predict", json={"input": str(numbers)}, timeout=60).status_code == 401
+    unknown = httpx.post(f"{server}/predict", json={"inptu": "x"}, headers=auth, timeout=60)
+    assert unknown.status_code == 422 and "inptu" in unknown.json()["detail"]
+    missing = httpx.post(f"{server}/predict", json={"input": str(tmp_path / "nope.txt")}, headers=auth, timeout=60)
+    assert missing.status_code == 422 and "nope.txt" in missing.json()["detail"]
+    # The server keeps serving after bad requests.
+    again = httpx.post(f"{server}/predict", json={"input": str(numbers)}, headers=auth, timeout=60)
+    assert again.status_code == 200
