@@ -1,0 +1,119 @@
+"""Prithvi-EO segmentation model as terratorch's EncoderDecoderFactory builds it for Sen1Floods11.
+
+pad (reflect, to a multiple of 2 x patch, split between both sides) -> ViT encoder (selected blocks)
+-> tokens to image -> learned pyramid -> UperNet -> dropout + 1x1 conv -> bilinear resize to the padded
+size (align_corners=False) -> centre crop back to the input size.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .decoder import LearnedPyramid, SegmentationHead, SelectIndices, TokensToImage, UperNetDecoder
+from .encoder import PrithviViT
+
+ARCHITECTURE = "PrithviSegmentation"
+
+
+def pad_amounts(size: int, multiple: int) -> Tuple[int, int]:
+    """(before, after) padding that brings `size` to a multiple of `multiple`; the odd pixel goes after."""
+    total = -size % multiple
+    return total // 2, total - total // 2
+
+
+class PrithviSegmentation(nn.Module):
+    def __init__(self, encoder: PrithviViT, selected_indices, decoder_channels: int, num_classes: int,
+                 head_dropout: float = 0.1):
+        super().__init__()
+        depth = encoder.depth
+        if len(selected_indices) != 4 or not all(-depth <= i < depth for i in selected_indices):
+            raise ValueError(
+                f"selected_indices must name 4 encoder blocks in [-{depth}, {depth}), got {list(selected_indices)}"
+            )
+        indices = [i % depth for i in selected_indices]
+        self.encoder = encoder
+        self.indices = indices
+        pyramid = LearnedPyramid([encoder.out_channels] * 4)
+        # Parameter-free steps keep their slots so the pyramid's keys are `neck.2.fpn*` as in terratorch.
+        self.neck = nn.Sequential(SelectIndices(indices), TokensToImage(), pyramid)
+        self.decoder = UperNetDecoder(pyramid.out_channels, decoder_channels)
+        self.head = SegmentationHead(decoder_channels, num_classes, head_dropout)
+
+    @classmethod
+    def from_config(cls, model_cfg, engine_cfg=None) -> "PrithviSegmentation":
+        """Registry entry point for pool models: load `model_cfg.checkpoint`, move to the engine's device/dtype."""
+        from .loader import load_prithvi
+
+        model = load_prithvi(model_cfg)
+        if engine_cfg is not None:
+            dtype = getattr(engine_cfg.dtype, "value", engine_cfg.dtype)  # an enum or its name
+            model = model.to(device=engine_cfg.device, dtype=getattr(torch, dtype))
+        return model
+
+    @property
+    def pad_multiple(self) -> int:
+        """Inputs are padded to this multiple of pixels (2 x patch) so that the pyramid's max-pool is exact."""
+        return 2 * self.encoder.patch_size[1]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        temporal_coords: Optional[torch.Tensor] = None,
+        location_coords: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """x: normalised [B, C, H, W] or [B, C, T, H, W] -> logits [B, num_classes, H, W].
+
+        temporal_coords: [B, T, 2] (year, day of year); location_coords: [B, 2] (lat, lon). Each is used
+        only by models trained with that encoding and ignored otherwise.
+        """
+        if x.dim() == 4:
+            x = x.unsqueeze(2)
+        if x.dim() != 5:
+            raise ValueError(f"expected [B, C, H, W] or [B, C, T, H, W], got shape {tuple(x.shape)}")
+        h, w = x.shape[-2:]
+        x = self._pad(x)
+        hp, wp = x.shape[-2:]
+
+        features = self.encoder(x, self.indices, temporal_coords, location_coords)
+        _, tokens_to_image, pyramid = self.neck
+        features = pyramid(tokens_to_image(features, self.encoder.token_grid(x)))
+        logits = self.head(self.decoder(features))
+
+        logits = F.interpolate(logits, size=(hp, wp), mode="bilinear", align_corners=False)
+        top, left = (hp - h) // 2, (wp - w) // 2
+        return logits[..., top : top + h, left : left + w]
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        (top, bottom), (left, right) = pad_amounts(h, self.pad_multiple), pad_amounts(w, self.pad_multiple)
+        if not (top or bottom or left or right):
+            return x
+        if max(top, bottom) >= h or max(left, right) >= w:
+            raise ValueError(
+                f"input {h}x{w} is too small to reflect-pad to a multiple of {self.pad_multiple}; "
+                f"send tiles of at least {self.pad_multiple // 2 + 1} pixels a side"
+            )
+        x = F.pad(x.reshape(b, c * t, h, w), (left, right, top, bottom), mode="reflect")
+        return x.reshape(b, c, t, *x.shape[-2:])
+
+
+def build_prithvi_segmentation(prithvi_cfg, in_chans: int, head_dropout: float = 0.1) -> PrithviSegmentation:
+    """Build the model (random weights) from a `PrithviConfig`-shaped dataclass or DictConfig."""
+    encoder = PrithviViT(
+        in_chans=in_chans,
+        embed_dim=prithvi_cfg.embed_dim,
+        depth=prithvi_cfg.depth,
+        num_heads=prithvi_cfg.num_heads,
+        patch_size=prithvi_cfg.patch_size,
+        tubelet_size=prithvi_cfg.tubelet_size,
+        num_frames=prithvi_cfg.num_frames,
+        img_size=prithvi_cfg.img_size,
+        mlp_ratio=prithvi_cfg.mlp_ratio,
+        coords_encoding=list(prithvi_cfg.coords_encoding or []),
+        coords_scale_learn=prithvi_cfg.coords_scale_learn,
+    )
+    return PrithviSegmentation(
+        encoder, list(prithvi_cfg.selected_indices), prithvi_cfg.decoder_channels, prithvi_cfg.num_classes,
+        head_dropout,
+    )
