@@ -69,7 +69,6 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
 def _run(cfg, pipeline) -> int:
     pipeline.check()
     record = {field: cfg.get(field) for field in cfg.pipeline.inputs}
-    pipeline.setup()
     try:
         for result in pipeline.run([record]):
             if result.get("display") is not None:

@@ -6,8 +6,9 @@ produces, and its options as a dataclass. A pipeline is the list of stage nodes 
 batch (the engine), fan out (tiling) or fan in (stitching) while memory stays bounded.
 """
 import importlib
+import itertools
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Tuple, Type
+from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Set, Tuple, Type
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -68,24 +69,41 @@ def register_stage(cls: Type[Stage]) -> Type[Stage]:
 class Pipeline:
     def __init__(self, stages: List[Stage]):
         self.stages = stages
+        self._ready: Set[int] = set()  # indices of stages whose setup() has run
 
     def check(self) -> None:
         for stage in self.stages:
             stage.check()
 
     def setup(self) -> None:
-        for stage in self.stages:
-            stage.setup()
+        """Set every stage up now (a server does this before it reports healthy)."""
+        for index in range(len(self.stages)):
+            self._setup(index)
 
     def run(self, records: Iterable[Record]) -> Iterator[Record]:
+        """Chain the stages. A stage not yet set up is set up when its first record arrives, so bad
+        input found by early stages is reported before any weights load."""
         stream: Iterator[Record] = iter(records)
-        for stage in self.stages:
-            stream = stage.process(stream)
+        for index in range(len(self.stages)):
+            stream = self._process(index, stream)
         return stream
 
+    def _process(self, index: int, stream: Iterator[Record]) -> Iterator[Record]:
+        first = next(stream, None)
+        if first is None:
+            return
+        self._setup(index)
+        yield from self.stages[index].process(itertools.chain([first], stream))
+
+    def _setup(self, index: int) -> None:
+        if index not in self._ready:
+            self.stages[index].setup()
+            self._ready.add(index)
+
     def close(self) -> None:
-        for stage in reversed(self.stages):
-            stage.close()
+        for index in sorted(self._ready, reverse=True):
+            self.stages[index].close()
+        self._ready.clear()
 
 
 def build_pipeline(cfg: DictConfig) -> Pipeline:

@@ -57,6 +57,50 @@ class GeoModelConfig:
     class_names: List[str] = MISSING
 
 
+# ---- tiling (geospatial pipelines) ----
+
+
+class Padding(str, Enum):
+    """How a scene smaller than one tile is padded up to the tile size (numpy `np.pad` modes)."""
+
+    reflect = "reflect"  # mirror without repeating the edge pixel (what the Prithvi models saw)
+    edge = "edge"
+    constant = "constant"  # zeros (in reflectance, before normalisation)
+
+
+class Blending(str, Enum):
+    """Weight window for overlapping tile logits; ramps span exactly each overlap with a neighbour."""
+
+    cosine = "cosine"  # 0.5 - 0.5*cos(pi*t): smooth, complementary ramps sum to 1
+    linear = "linear"  # t: continuous, kinks at the ramp ends
+    none = "none"  # uniform weights: plain average of overlapping tiles (shows seams)
+
+
+class StitchOutput(str, Enum):
+    classes = "classes"  # uint8 argmax, nodata 255
+    probabilities = "probabilities"  # float32 softmax, one band per class, nodata NaN
+
+
+@dataclass
+class TilingConfig:
+    """Options of the `tile` stage. Give `stride` or `overlap` (= tile_size - stride), not both
+    unless they agree; neither means overlap = tile_size // 8."""
+
+    tile_size: int = 512
+    stride: Optional[int] = None
+    overlap: Optional[int] = None
+    padding: Padding = Padding.reflect
+
+
+@dataclass
+class StitchConfig:
+    """Options of the `stitch` stage."""
+
+    blending: Blending = Blending.cosine
+    output: StitchOutput = StitchOutput.classes
+    progress: bool = True  # a tqdm bar on stderr, only when stderr is a terminal
+
+
 @dataclass
 class ModelConfig:
     name: str = MISSING

@@ -16,10 +16,15 @@ def test_every_pipeline_composes(pipeline):
 
 
 @pytest.mark.parametrize("model", group_options("model"))
-def test_every_model_composes_under_every_pipeline(model):
-    for pipeline in group_options("pipeline"):
-        cfg = compose([f"pipeline={pipeline}", f"model={model}"])
-        assert cfg.model.architecture
+def test_every_model_composes_under_its_pipeline(model):
+    pipeline = "prithvi_flood" if model.startswith("prithvi") else "llava_chat"
+    cfg = compose([f"pipeline={pipeline}", f"model={model}"])
+    assert cfg.model.architecture
+
+
+def test_a_model_without_the_pipelines_inputs_is_named():
+    with pytest.raises(ConfigError, match="model.geo.means"):
+        compose(["pipeline=prithvi_flood", "model=llava_1_5_7b"])
 
 
 @pytest.mark.parametrize("engine", group_options("engine"))

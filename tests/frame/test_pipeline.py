@@ -103,3 +103,34 @@ def test_setup_and_close_run_once_in_order(frame_conf):
         assert OmegaConf.is_config(pipeline.stages[0].cfg)
     finally:
         STAGES.pop("tracer_for_test")
+
+
+def test_stages_set_up_lazily_after_upstream_validated_input(frame_conf, tmp_path):
+    """A bad input found by an early stage is reported before later stages (weights) set up."""
+    calls = []
+
+    class Loader(Stage):
+        name = "loader_for_test"
+        consumes = ("number",)
+
+        def setup(self):
+            calls.append("setup")
+
+        def map(self, record):
+            return record
+
+    register_stage(Loader)
+    try:
+        pipeline = build_pipeline(with_stages(frame_conf, {"stage": "read_numbers"}, {"stage": "loader_for_test"}))
+        with pytest.raises(Exception, match="does not exist"):
+            list(pipeline.run([{"input": str(tmp_path / "missing.txt")}]))
+        assert calls == []
+        empty = tmp_path / "empty.txt"
+        empty.write_text("")
+        assert list(pipeline.run([{"input": str(empty)}])) == [] and calls == []
+        empty.write_text("5")
+        assert [r["number"] for r in pipeline.run([{"input": str(empty)}])] == [5.0]
+        assert calls == ["setup"]
+        pipeline.close()
+    finally:
+        STAGES.pop("loader_for_test")

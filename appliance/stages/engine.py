@@ -1,0 +1,93 @@
+"""The `engine` stage: the one stage that owns the model.
+
+Pool mode (`engine.kind=pool`): each record's tensor is one item; items from consecutive records (tiles
+of one or many scenes) are batched up to `engine.max_batch_size` per forward. Generate mode: each
+record's prompt becomes a request; all requests in the stream are batched continuously.
+Records come out in the order they went in, with the engine's result added.
+"""
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, Iterator, Optional, Tuple
+
+from appliance.config.schema import EngineKind
+from appliance.errors import InputError
+from appliance.pipeline import Record, Stage, register_stage
+
+
+@dataclass
+class EngineStageOptions:
+    input: str = "tensor"  # pool mode: record field holding one item [C, H, W]
+    output: str = "logits"  # pool mode: record field receiving the model's output for the item
+    sampling: Dict[str, Any] = field(default_factory=dict)  # generate mode: default SamplingParams fields
+
+
+@register_stage
+class EngineStage(Stage):
+    name = "engine"
+    Options = EngineStageOptions
+
+    def __init__(self, options: EngineStageOptions, cfg):
+        super().__init__(options, cfg)
+        self.pool = cfg.engine.kind == EngineKind.pool
+        if self.pool:
+            self.consumes, self.produces = (options.input,), (options.output,)
+        else:
+            self.consumes, self.produces = ("prompt",), ("completion",)
+        self.engine = None
+
+    def setup(self) -> None:
+        if self.pool:
+            from appliance.engine.pool_engine import PoolEngine
+            self.engine = PoolEngine.from_config(self.cfg)
+        else:
+            from appliance.engine.llm_engine import LLMEngine
+            self.engine = LLMEngine.from_config(self.cfg)
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        return self._pool(records) if self.pool else self._generate(records)
+
+    def _pool(self, records: Iterator[Record]) -> Iterator[Record]:
+        batch_size = self.engine.cfg.max_batch_size
+        pending: Deque[Tuple[str, Record]] = deque()  # in arrival order
+        results: Dict[str, Any] = {}
+        for record in records:
+            pending.append((self.engine.add_request([record[self.options.input]]), record))
+            if len(pending) - len(results) >= batch_size:
+                results.update(self._step_pool())
+                yield from self._release(pending, results)
+        while self.engine.has_unfinished():
+            results.update(self._step_pool())
+        yield from self._release(pending, results)
+
+    def _step_pool(self) -> Dict[str, Any]:
+        return {out.request_id: out.output[0] for out in self.engine.step()}
+
+    def _release(self, pending: Deque[Tuple[str, Record]], results: Dict[str, Any]) -> Iterator[Record]:
+        while pending and pending[0][0] in results:
+            request_id, record = pending.popleft()
+            out = {**record, self.options.output: results.pop(request_id)}
+            out.pop(self.options.input)  # the input tensor is done with; free it now
+            yield out
+
+    def _generate(self, records: Iterator[Record]) -> Iterator[Record]:
+        from appliance.engine.sampling_params import SamplingParams
+
+        pending: Deque[Tuple[str, Record]] = deque()
+        results: Dict[str, Any] = {}
+        for record in records:
+            try:
+                params = SamplingParams(**{**self.options.sampling, **(record.get("sampling") or {})})
+            except (TypeError, ValueError) as e:
+                raise InputError(f"sampling: {e}") from None
+            request_id = self.engine.add_request(record["prompt"], params, mm_ranges=record.get("mm_ranges"),
+                                                 mm_data=record.get("mm_data"))
+            pending.append((request_id, record))
+        while self.engine.has_unfinished():
+            results.update({out.request_id: out for out in self.engine.step() if out.finished})
+        for request_id, record in pending:
+            yield {**record, "completion": results.pop(request_id)}
+
+    def close(self) -> None:
+        close: Optional[Any] = getattr(self.engine, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,6 @@
+"""Geospatial stages: GeoTIFF scenes in, segmentation masks out, tile by tile in bounded memory.
+
+raster_inputs -> raster_read -> tile -> normalize -> engine -> stitch -> raster_write
+(see docs/geo.md). Importing this package registers the stages.
+"""
+from appliance.stages.geo import inputs, normalize, read, stitch, tile, write  # noqa: F401

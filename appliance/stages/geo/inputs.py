@@ -1,0 +1,109 @@
+"""`raster_inputs`: one run record in, one record per input scene out, all validated first.
+
+Output rule (`plan_outputs`, pure):
+  - no `output`: `<stem><suffix>` beside each input (suffix `.mask.tif` by default);
+  - `output` ending in .tif/.tiff (and not an existing directory): that file; one input only;
+  - any other `output`: a directory (created if missing) receiving `<stem><suffix>` per input.
+Nothing is read or written before every input and output of the run passes its checks.
+"""
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from appliance.errors import InputError
+from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.scene import probe_geotiff
+
+TIFF_SUFFIXES = (".tif", ".tiff")
+
+
+def as_path_list(value: Any) -> List[str]:
+    if isinstance(value, (ListConfig, DictConfig)):
+        value = OmegaConf.to_container(value)
+    if value is None or value == "" or value == []:
+        raise InputError("input: no scene given; pass input=scene.tif or input=[a.tif,b.tif]")
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(v, (str, os.PathLike)) and str(v) for v in items):
+        raise InputError(f"input: expected a path or a list of paths, got {value!r}")
+    return [str(v) for v in items]
+
+
+def plan_outputs(inputs: Sequence[str], output: Optional[str], suffix: str = ".mask.tif") -> List[Tuple[str, str]]:
+    """(input, output) pairs by the rule in the module docstring; InputError on conflicts."""
+    def named(src: str, directory: str) -> str:
+        path = Path(src)
+        stem = path.stem if path.suffix.lower() in TIFF_SUFFIXES else path.name
+        return os.path.join(directory, stem + suffix)
+
+    if output is None or str(output) == "":
+        pairs = [(src, named(src, os.path.dirname(src))) for src in inputs]
+    else:
+        output = str(output)
+        is_file = output.lower().endswith(TIFF_SUFFIXES) and not os.path.isdir(output)
+        if is_file and len(inputs) > 1:
+            raise InputError(
+                f"output: {len(inputs)} inputs need an output directory, got the file name {output}"
+            )
+        pairs = [(inputs[0], output)] if is_file else [(src, named(src, output)) for src in inputs]
+    seen = {}
+    for src, dst in pairs:
+        key = os.path.normpath(os.path.abspath(dst))
+        if key in seen:
+            raise InputError(
+                f"output: {seen[key]} and {src} would both write {dst}; give them distinct names or run them apart"
+            )
+        seen[key] = src
+    return pairs
+
+
+def check_output(src: str, dst: str, overwrite: bool, inputs: Sequence[str]) -> None:
+    """InputError when `dst` would clobber an input or an existing file, or cannot be written."""
+    dst_abs = os.path.realpath(dst)
+    for other in inputs:
+        if os.path.realpath(other) == dst_abs:
+            raise InputError(f"output: {dst} is an input scene; choose another output path")
+    if os.path.isdir(dst):
+        raise InputError(f"output: {dst} is a directory; expected a file path for the mask of {src}")
+    if os.path.exists(dst) and not overwrite:
+        raise InputError(f"output: {dst} exists; pass overwrite=true to replace it")
+
+
+def check_writable_dir(directory: str) -> None:
+    """Create `directory` if missing and prove we can create (and remove) a file in it."""
+    directory = directory or "."
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".appliance-probe-"):
+            pass
+    except OSError as e:
+        raise InputError(f"output: cannot write to directory {directory} ({e.strerror or e})") from None
+
+
+@register_stage
+class RasterInputs(Stage):
+    """Expand the run record into one record per scene: `input_path`, `output_path`, `scene_index`."""
+
+    name = "raster_inputs"
+    consumes = ("input", "output", "overwrite")
+    produces = ("input_path", "output_path", "scene_index")
+
+    @dataclass
+    class Options:
+        suffix: str = ".mask.tif"  # output name beside each input (or in the output directory)
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        for record in records:
+            inputs = as_path_list(record.get("input"))
+            pairs = plan_outputs(inputs, record.get("output"), self.options.suffix)
+            for src, _ in pairs:
+                probe_geotiff(src)
+            for src, dst in pairs:
+                check_output(src, dst, bool(record.get("overwrite", False)), inputs)
+            for directory in sorted({os.path.dirname(dst) for _, dst in pairs}):
+                check_writable_dir(directory)
+            for index, (src, dst) in enumerate(pairs):
+                yield {**record, "input_path": src, "output_path": dst, "scene_index": index}

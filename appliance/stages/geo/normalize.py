@@ -1,0 +1,49 @@
+"""`normalize`: reflectance `pixels` -> model input `tensor`, (x - mean) / std per band.
+
+Works in place on the tile's array and drops `pixels` from the record (the tensor shares its
+memory), so a tile costs one float32 array however many stages it passes.
+"""
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from appliance.errors import ConfigError
+from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.read import geo_contract
+
+
+@register_stage
+class Normalize(Stage):
+    name = "normalize"
+    consumes = ("pixels",)
+    produces = ("tensor",)
+
+    @dataclass
+    class Options:
+        means: Optional[List[float]] = None  # None: model.geo.means (reflectance units, after scale)
+        stds: Optional[List[float]] = None  # None: model.geo.stds
+
+    def __init__(self, options, cfg):
+        super().__init__(options, cfg)
+        geo = geo_contract(cfg, self.name)
+        means = list(options.means if options.means is not None else geo.means)
+        stds = list(options.stds if options.stds is not None else geo.stds)
+        bands = len(geo.bands)
+        if len(means) != bands or len(stds) != bands:
+            raise ConfigError(
+                f"{self.name}: {len(means)} means and {len(stds)} stds for {bands} bands ({', '.join(geo.bands)})"
+            )
+        if any(s <= 0 for s in stds):
+            raise ConfigError(f"{self.name}.stds: must all be > 0 (got {stds})")
+        self.means = np.asarray(means, dtype=np.float32)[:, None, None]
+        self.stds = np.asarray(stds, dtype=np.float32)[:, None, None]
+
+    def map(self, record: Record) -> Record:
+        out = dict(record)
+        pixels = out.pop("pixels")
+        pixels -= self.means
+        pixels /= self.stds
+        out["tensor"] = torch.from_numpy(pixels)
+        return out

@@ -1,0 +1,77 @@
+"""A small PNG: the mask's non-background classes over an RGB composite, both read decimated."""
+import os
+import tempfile
+
+import numpy as np
+from PIL import Image
+from rasterio.enums import Resampling
+
+from appliance.stages.geo.scene import _norm, open_raster
+
+
+def file_mode() -> int:
+    """Permissions a plain `open(path, "w")` would give (mkstemp makes files 0600)."""
+    try:  # Linux: read the umask without the process-wide set-and-restore race
+        with open("/proc/self/status") as status:
+            mask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+OVERLAY = [(0, 90, 255), (230, 60, 40), (40, 170, 60), (250, 200, 0)]  # classes 1, 2, ...
+NODATA_GREY = (60, 60, 60)
+
+
+def quicklook_path(output_path: str) -> str:
+    base = output_path[: -len(".tif")] if output_path.lower().endswith(".tif") else os.path.splitext(output_path)[0]
+    return base + ".quicklook.png"
+
+
+def rgb_bands(scene) -> list:
+    """File bands for red, green, blue by the model's band names; else the first selected band thrice."""
+    by_name = {_norm(n): i for n, i in zip(scene.band_names, scene.band_indexes)}
+    picked = [by_name.get(c) for c in ("red", "green", "blue")]
+    return picked if all(picked) else [scene.band_indexes[0]] * 3
+
+
+def stretch(rgb: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """2-98 percentile stretch per band to uint8."""
+    out = np.zeros(rgb.shape, dtype=np.uint8)
+    for band in range(rgb.shape[0]):
+        values = rgb[band][valid]
+        if values.size == 0:
+            continue
+        lo, hi = np.percentile(values, [2, 98])
+        scaled = (rgb[band] - lo) / max(hi - lo, 1e-6)
+        out[band] = (np.clip(scaled, 0, 1) * 255).astype(np.uint8)
+    return out
+
+
+def write_quicklook(scene, mask_path: str, png_path: str, max_size: int) -> None:
+    factor = min(1.0, max_size / max(scene.width, scene.height))
+    shape = (max(1, round(scene.height * factor)), max(1, round(scene.width * factor)))
+    with open_raster(scene.path) as src:
+        rgb = src.read(rgb_bands(scene), out_shape=(3, *shape), resampling=Resampling.nearest, out_dtype="float32")
+    with open_raster(mask_path) as mask_ds:
+        mask = mask_ds.read(out_shape=(mask_ds.count, *shape), resampling=Resampling.nearest)
+    if mask.dtype == np.uint8:
+        classes, nodata = mask[0], mask[0] == 255
+    else:
+        nodata = np.isnan(mask).any(axis=0)
+        classes = np.nan_to_num(mask).argmax(axis=0)
+    image = stretch(rgb, ~nodata).transpose(1, 2, 0).astype(np.float32)
+    for cls, colour in enumerate(OVERLAY, 1):
+        hit = (classes == cls) & ~nodata
+        image[hit] = 0.45 * image[hit] + 0.55 * np.asarray(colour, dtype=np.float32)
+    image[nodata] = NODATA_GREY
+    fd, temp = tempfile.mkstemp(prefix=".quicklook.", suffix=".png", dir=os.path.dirname(os.path.abspath(png_path)))
+    os.close(fd)
+    try:
+        Image.fromarray(image.astype(np.uint8)).save(temp, format="PNG")
+        os.chmod(temp, file_mode())
+        os.replace(temp, png_path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise

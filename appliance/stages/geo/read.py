@@ -1,0 +1,51 @@
+"""`raster_read`: validate each scene's header for the model and attach a `SceneInfo`.
+
+Pixels are read later, one tile window at a time, by the `tile` stage (`scene.read_window`).
+"""
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+from appliance.errors import ConfigError
+from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.scene import inspect_scene
+
+
+def geo_contract(cfg, stage: str):
+    """`cfg.model.geo`, or a ConfigError naming the stage that needs it."""
+    geo = cfg.model.get("geo") if cfg is not None and cfg.get("model") is not None else None
+    if geo is None:
+        raise ConfigError(f"{stage}: needs model.geo (bands, means, stds, scale, class_names) in the model config")
+    return geo
+
+
+@register_stage
+class RasterRead(Stage):
+    name = "raster_read"
+    consumes = ("input_path",)
+    produces = ("scene",)
+
+    @dataclass
+    class Options:
+        bands: Optional[List[str]] = None  # names (band descriptions) or 1-based indexes; None: model.geo.bands
+        scale: Optional[float] = None  # DN -> reflectance; None: the file's scale tags, else model.geo.scale
+        nodata: Optional[float] = None  # overrides the file's nodata value
+        nodata_fill: float = 0.0  # reflectance the model sees at nodata pixels (Prithvi trained with 0)
+
+    def __init__(self, options, cfg):
+        super().__init__(options, cfg)
+        self.geo = geo_contract(cfg, self.name)
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        # Check every scene's header before the first tile is read: a bad third scene must not
+        # surface after two masks were written. Records here are one per file, so buffering is cheap.
+        pending = list(records)
+        scenes = [
+            inspect_scene(
+                record["input_path"], record.get("scene_index", i), list(self.geo.bands),
+                requested=self.options.bands, scale=self.options.scale, model_scale=self.geo.scale,
+                nodata=self.options.nodata, nodata_fill=self.options.nodata_fill,
+            )
+            for i, record in enumerate(pending)
+        ]
+        for record, scene in zip(pending, scenes):
+            yield {**record, "scene": scene}

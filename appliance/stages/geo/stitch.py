@@ -1,0 +1,102 @@
+"""`stitch`: fan tiles with `logits` back in; emit finished row strips as soon as they are final.
+
+Each output record is the scene's record (tile fields dropped) plus `strip`: a `MaskStrip` with the
+rows' classes (uint8 argmax, 255 at nodata) or probabilities (float32 softmax, NaN at nodata) and
+per-class pixel counts. The writer turns strips into a GeoTIFF without ever holding the scene.
+"""
+import sys
+from dataclasses import dataclass
+from typing import Dict, Iterator
+
+import numpy as np
+
+from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.blend import StripStitcher
+from appliance.stages.geo.config import StitchConfig, StitchOutput
+
+NODATA_CLASS = 255
+TILE_FIELDS = ("tile", "valid", "tensor", "logits", "pixels")
+
+
+@dataclass
+class MaskStrip:
+    row_off: int
+    data: np.ndarray  # [bands, rows, W]: uint8 classes (1 band) or float32 probabilities (C bands)
+    counts: np.ndarray  # int64 [C]: valid pixels per argmax class
+    nodata_pixels: int
+    index: int
+    last: bool
+    tiles: int  # tiles in the scene
+
+
+def to_numpy(logits) -> np.ndarray:
+    if hasattr(logits, "detach"):
+        logits = logits.detach().to("cpu").float().numpy()
+    return np.asarray(logits, dtype=np.float32)
+
+
+def finish(logits: np.ndarray, valid: np.ndarray, output: StitchOutput):
+    """(data, counts) for blended logits [C, rows, W] under `valid` [rows, W]."""
+    classes = logits.argmax(axis=0)
+    counts = np.bincount(classes[valid].ravel(), minlength=logits.shape[0]).astype(np.int64)
+    if output is StitchOutput.classes:
+        data = classes.astype(np.uint8)
+        data[~valid] = NODATA_CLASS
+        return data[None], counts
+    shifted = logits - logits.max(axis=0, keepdims=True)
+    probs = np.exp(shifted, out=shifted)
+    probs /= probs.sum(axis=0, keepdims=True)
+    probs[:, ~valid] = np.nan
+    return probs, counts
+
+
+def progress_bar(total: int, label: str, enabled: bool):
+    """tqdm on a terminal, a silent stand-in otherwise (logs and pipes stay clean)."""
+    if enabled and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=label, unit="tile", leave=False, file=sys.stderr)
+    return _Quiet()
+
+
+class _Quiet:
+    def update(self, n=1):
+        pass
+
+    def close(self):
+        pass
+
+
+@register_stage
+class Stitch(Stage):
+    name = "stitch"
+    Options = StitchConfig
+    consumes = ("logits", "tile", "valid")
+    produces = ("strip",)
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        open_scenes: Dict[str, tuple] = {}  # scene key -> (stitcher, progress bar)
+        try:
+            for record in records:
+                ref, logits = record["tile"], to_numpy(record["logits"])
+                if ref.scene_key not in open_scenes:
+                    label = getattr(record.get("scene"), "name", "tiles")
+                    stitcher = StripStitcher(ref.plan, logits.shape[0], self.options.blending)
+                    open_scenes[ref.scene_key] = (stitcher, progress_bar(ref.count, label, self.options.progress))
+                stitcher, bar = open_scenes[ref.scene_key]
+                strips = stitcher.add(ref.window, logits, record["valid"])
+                bar.update(1)
+                base = {k: v for k, v in record.items() if k not in TILE_FIELDS}
+                for strip in strips:
+                    data, counts = finish(strip.logits, strip.valid, self.options.output)
+                    nodata = int(strip.valid.size - strip.valid.sum())
+                    mask = MaskStrip(strip.row_off, data, counts, nodata, strip.index, strip.last, ref.count)
+                    yield {**base, "strip": mask}
+                if stitcher.finished:
+                    bar.close()
+                    del open_scenes[ref.scene_key]
+            if open_scenes:
+                raise RuntimeError(f"stitch: scenes {sorted(open_scenes)} ended before all their tiles arrived")
+        finally:
+            for _, bar in open_scenes.values():
+                bar.close()

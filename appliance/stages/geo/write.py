@@ -1,0 +1,168 @@
+"""`raster_write`: mask strips -> a tiled, compressed GeoTIFF with the input's grid, atomically.
+
+Strips are written by windows into a temp file in the output directory, renamed over `output_path`
+after the last strip; on any failure (or an abandoned run) the temp file is removed, so a run never
+leaves a half-written mask. Emits one record per scene with `display`.
+"""
+import logging
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional
+
+import numpy as np
+import rasterio
+from rasterio.errors import NotGeoreferencedWarning
+from rasterio.windows import Window
+
+from appliance.errors import ConfigError
+from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.quicklook import file_mode, quicklook_path, write_quicklook
+from appliance.stages.geo.stitch import NODATA_CLASS
+
+log = logging.getLogger(__name__)
+
+CLASS_COLOURS = [(200, 200, 200), (0, 90, 255), (230, 60, 40), (40, 170, 60), (250, 200, 0)]
+
+
+def remove_quietly(path: str) -> None:
+    for p in (path, path + ".aux.xml"):
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
+
+
+class MaskWriter:
+    """One scene's output: a temp GeoTIFF in the output directory until `commit`."""
+
+    def __init__(self, scene, output_path: str, bands: int, dtype: str, class_names: List[str], block: int):
+        self.scene, self.output_path, self.class_names = scene, output_path, class_names
+        directory = os.path.dirname(os.path.abspath(output_path))
+        name = os.path.basename(output_path)
+        fd, self.temp_path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        os.close(fd)
+        os.chmod(self.temp_path, file_mode())
+        self.counts = np.zeros(len(class_names), dtype=np.int64)
+        self.nodata_pixels = 0
+        is_classes = dtype == "uint8"
+        profile = dict(
+            driver="GTiff", width=scene.width, height=scene.height, count=bands, dtype=dtype,
+            nodata=NODATA_CLASS if is_classes else float("nan"), crs=scene.crs, transform=scene.transform,
+            tiled=True, blockxsize=block, blockysize=block, compress="deflate", BIGTIFF="IF_SAFER",
+        )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", NotGeoreferencedWarning)
+                self.dataset = rasterio.open(self.temp_path, "w", **profile)
+            if is_classes:
+                self.dataset.set_band_description(1, "class")
+                colours = {i: CLASS_COLOURS[i % len(CLASS_COLOURS)] for i in range(len(class_names))}
+                self.dataset.write_colormap(1, {**colours, NODATA_CLASS: (0, 0, 0)})
+            else:
+                for band, name in enumerate(class_names, 1):
+                    self.dataset.set_band_description(band, f"p({name})")
+            self.dataset.update_tags(class_names=",".join(class_names), source=os.path.basename(scene.path))
+        except BaseException:
+            self.abort()
+            raise
+
+    def write(self, strip) -> None:
+        rows = strip.data.shape[1]
+        self.dataset.write(strip.data, window=Window(0, strip.row_off, self.scene.width, rows))
+        self.counts += strip.counts
+        self.nodata_pixels += strip.nodata_pixels
+
+    def commit(self) -> None:
+        self.dataset.close()
+        if os.path.exists(self.temp_path + ".aux.xml"):
+            os.remove(self.temp_path + ".aux.xml")
+        os.replace(self.temp_path, self.output_path)
+
+    def abort(self) -> None:
+        dataset = getattr(self, "dataset", None)
+        if dataset is not None and not dataset.closed:
+            try:
+                dataset.close()
+            except Exception:  # the temp file goes anyway
+                pass
+        remove_quietly(self.temp_path)
+
+
+def describe(output_path: str, scene, tiles: int, counts: np.ndarray, nodata: int, class_names: List[str]) -> str:
+    """`wrote mask.tif: 1024x768, 12 tiles, water 13.2%[, nodata 4.0%]`."""
+    valid = int(counts.sum())
+    shares = []
+    for index in range(1, len(class_names)) if len(class_names) > 1 else range(len(class_names)):
+        share = f"{100.0 * counts[index] / valid:.1f}%" if valid else "n/a"
+        shares.append(f"{class_names[index]} {share}")
+    if nodata:
+        shares.append(f"nodata {100.0 * nodata / (scene.width * scene.height):.1f}%")
+    plural = "tile" if tiles == 1 else "tiles"
+    return f"wrote {output_path}: {scene.width}x{scene.height}, {tiles} {plural}, " + ", ".join(shares)
+
+
+@register_stage
+class RasterWrite(Stage):
+    name = "raster_write"
+    consumes = ("strip", "scene", "output_path")
+    produces = ("display",)
+
+    @dataclass
+    class Options:
+        class_names: Optional[List[str]] = None  # None: model.geo.class_names
+        block_size: int = 256  # GeoTIFF tile edge (multiple of 16)
+        quicklook: bool = False  # also write <output stem>.quicklook.png (mask over RGB, downsampled)
+        quicklook_size: int = 1024  # longer side of the quicklook in pixels
+
+    def __init__(self, options, cfg):
+        super().__init__(options, cfg)
+        if options.block_size < 16 or options.block_size % 16:
+            raise ConfigError(f"{self.name}.block_size: must be a multiple of 16 (got {options.block_size})")
+        names = options.class_names
+        if names is None:
+            geo = cfg.model.get("geo") if cfg is not None and cfg.get("model") is not None else None
+            names = list(geo.class_names) if geo is not None else None
+        if names is not None and not 1 <= len(names) < NODATA_CLASS:
+            raise ConfigError(f"{self.name}.class_names: need 1..{NODATA_CLASS - 1} names (got {len(names)})")
+        self.class_names = list(names) if names is not None else None
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        writers: Dict[str, MaskWriter] = {}
+        try:
+            for record in records:
+                strip, path = record["strip"], record["output_path"]
+                if path not in writers:
+                    writers[path] = self._open(record)
+                writer = writers[path]
+                writer.write(strip)
+                if strip.last:
+                    writer.commit()
+                    del writers[path]
+                    yield self._finish(record, writer)
+        finally:
+            for writer in writers.values():
+                writer.abort()
+
+    def _open(self, record: Record) -> MaskWriter:
+        strip, scene = record["strip"], record["scene"]
+        channels = len(strip.counts)
+        names = self.class_names or [f"class {i}" for i in range(channels)]
+        if len(names) != channels:
+            raise ConfigError(
+                f"{self.name}: {len(names)} class names ({', '.join(names)}) but the model gave {channels} classes"
+            )
+        bands, dtype = (1, "uint8") if strip.data.dtype == np.uint8 else (strip.data.shape[0], "float32")
+        return MaskWriter(scene, record["output_path"], bands, dtype, names, self.options.block_size)
+
+    def _finish(self, record: Record, writer: MaskWriter) -> Record:
+        scene, path = record["scene"], record["output_path"]
+        text = describe(path, scene, record["strip"].tiles, writer.counts, writer.nodata_pixels, writer.class_names)
+        if self.options.quicklook:
+            target = quicklook_path(path)
+            write_quicklook(scene, path, target, self.options.quicklook_size)
+            text += f" (quicklook {target})"
+        out = {k: v for k, v in record.items() if k != "strip"}
+        out["display"] = text
+        return out

@@ -1,0 +1,65 @@
+import importlib.util
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import appliance.stages.geo  # noqa: F401  (registers the geo stages)
+from appliance.config.schema import AppConfig
+from appliance.pipeline import build_pipeline
+from tests.geo import fake_engine  # noqa: F401  (registers fake_water_logits)
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("synthetic_scenes", REPO / "scripts" / "synthetic_scenes.py")
+synthetic = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synthetic)
+
+# The Prithvi flood model's contract (NOTES.md), band names as written by synthetic_scenes.
+GEO = {
+    "bands": list(synthetic.BANDS),
+    "means": [0.1412956, 0.13795798, 0.12353792, 0.30902815, 0.2044958, 0.11912015],
+    "stds": [0.07406382, 0.07370365, 0.08692279, 0.11798815, 0.09772074, 0.07659938],
+    "scale": 0.0001,
+    "class_names": ["land", "water"],
+}
+
+
+def stages(tile_size=128, overlap=32, fake=None, stitch=None, write=None, read=None):
+    return [
+        {"stage": "raster_inputs"},
+        {"stage": "raster_read", **(read or {})},
+        {"stage": "tile", "tile_size": tile_size, "overlap": overlap},
+        {"stage": "normalize"},
+        {"stage": "fake_water_logits", **(fake or {})},
+        {"stage": "stitch", **(stitch or {})},
+        {"stage": "raster_write", **(write or {})},
+    ]
+
+
+def make_cfg(nodes=None, **kwargs):
+    cfg = OmegaConf.merge(OmegaConf.structured(AppConfig), {
+        "model": {"name": "fake-flood", "architecture": "Fake", "geo": GEO},
+        "engine": {"kind": "pool", "max_batch_size": 4},
+        "pipeline": {"name": "geo-test", "inputs": ["input", "output", "overwrite"], "stages": nodes or stages(**kwargs)},
+    })
+    return cfg
+
+
+def run_geo(input, output=None, overwrite=False, cfg=None, **kwargs):
+    """Build the geo pipeline and feed it the run record `appliance run` would; the final records."""
+    pipeline = build_pipeline(cfg if cfg is not None else make_cfg(**kwargs))
+    pipeline.check()
+    pipeline.setup()
+    try:
+        record = {"input": input, "output": None if output is None else str(output), "overwrite": overwrite}
+        return list(pipeline.run([record]))
+    finally:
+        pipeline.close()
+
+
+@pytest.fixture
+def scene(tmp_path):
+    """A 300x400 synthetic scene with its labels: (scene path, labels path)."""
+    path, labels = tmp_path / "scene.tif", tmp_path / "labels.tif"
+    synthetic.write_scene(path, 300, 400, seed=3, labels_path=labels)
+    return path, labels
