@@ -1,0 +1,225 @@
+"""Load a user's image (bytes, http(s) URL, data: URL or an allowed local file) as an upright RGB image.
+
+Every problem the user can cause becomes `InputError("<field>: what is wrong; what is allowed")`:
+bad base64, a non-image mime type, a fetch that fails or times out, a path outside the allowed
+directory, too many bytes, too many pixels (checked from the header, before decoding), a file that is
+not an image or is truncated. Nothing here raises a bare OSError at the caller.
+
+`content_hash` keys the encoder cache and the prefix cache: it hashes the decoded RGB pixels and the
+size, so the same picture sent as a URL, a data URL or raw bytes gets the same key, and two pictures
+that differ in one pixel do not.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import os
+import struct
+import urllib.parse
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from appliance.errors import InputError
+from appliance.vision.fetch import DEFAULT_TIMEOUT_S, Fetcher, fetch_url
+
+DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+DEFAULT_MAX_IMAGE_PIXELS = 40_000_000  # e.g. 8000 x 5000; a 336px model gains nothing from more
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    image: Image.Image  # mode "RGB", EXIF orientation applied
+    content_hash: str   # hex sha256 of size + RGB pixels
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height), PIL order."""
+        return self.image.size
+
+
+def load_image(
+    source: Union[str, bytes, bytearray, memoryview],
+    *,
+    field: str = "image",
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    allowed_dir: Optional[Union[str, os.PathLike]] = None,
+    fetcher: Optional[Fetcher] = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> LoadedImage:
+    """Read `source` (raw bytes, `http(s)://`, `data:image/...;base64,`, or a path under `allowed_dir`)."""
+    data = read_source(source, field=field, max_bytes=max_bytes, allowed_dir=allowed_dir,
+                       fetcher=fetcher, timeout_s=timeout_s)
+    image = decode_image(data, field=field, max_image_pixels=max_image_pixels)
+    return LoadedImage(image=image, content_hash=content_hash(image))
+
+
+def read_source(source, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BYTES,
+                allowed_dir=None, fetcher: Optional[Fetcher] = None,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> bytes:
+    """The encoded bytes behind `source`, at most `max_bytes` of them."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        _check_byte_count(len(data), field, max_bytes)
+        return data
+    if not isinstance(source, str):
+        raise InputError(f"{field}: expected bytes or a string (URL, data URL or path), "
+                         f"got {type(source).__name__}")
+    if not source.strip():
+        raise InputError(f"{field}: empty; pass an http(s) URL, a data:image/...;base64 URL or a path")
+    lowered = source[:16].lower()
+    if lowered.startswith("data:"):
+        return decode_data_url(source, field=field, max_bytes=max_bytes)
+    if lowered.startswith(("http://", "https://")):
+        data = fetch_url(source, field=field, max_bytes=max_bytes, fetcher=fetcher, timeout_s=timeout_s)
+        _check_byte_count(len(data), field, max_bytes)
+        return data
+    if lowered.startswith("file://"):
+        return read_local(urllib.parse.unquote(urllib.parse.urlparse(source).path), field=field,
+                          max_bytes=max_bytes, allowed_dir=allowed_dir)
+    if "://" in source[:32]:
+        scheme = source.split("://", 1)[0]
+        raise InputError(f"{field}: unsupported URL scheme {scheme!r}; "
+                         "allowed: http://, https://, data:image/...;base64, or a local path")
+    return read_local(source, field=field, max_bytes=max_bytes, allowed_dir=allowed_dir)
+
+
+def _check_byte_count(n: int, field: str, max_bytes: int) -> None:
+    if n > max_bytes:
+        raise InputError(f"{field}: image is {n} bytes; the limit is {max_bytes} bytes")
+    if n == 0:
+        raise InputError(f"{field}: image is empty (0 bytes); send an encoded PNG, JPEG, WebP, GIF or BMP")
+
+
+# --- data: URLs -------------------------------------------------------------------------------
+
+def decode_data_url(url: str, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """`data:image/<type>;base64,<payload>` → bytes. Only base64 image payloads are accepted."""
+    header, sep, payload = url.partition(",")
+    if not sep:
+        raise InputError(f"{field}: data URL has no ',' before the payload; "
+                         "expected data:image/<type>;base64,<payload>")
+    params = [p.strip() for p in header[len("data:"):].split(";")]
+    mime = params[0].lower()
+    if not mime.startswith("image/") or mime == "image/":
+        raise InputError(f"{field}: data URL mime type is {mime or 'missing'!r}; "
+                         "allowed: image/* (e.g. image/png, image/jpeg)")
+    if "base64" not in (p.lower() for p in params[1:]):
+        raise InputError(f"{field}: data URL is not base64-encoded; expected data:{mime};base64,<payload>")
+    payload = "".join(payload.split())  # line breaks and spaces are common in pasted payloads
+    if len(payload) // 4 * 3 > max_bytes + 3:
+        raise InputError(f"{field}: image is about {len(payload) // 4 * 3} bytes; the limit is {max_bytes} bytes")
+    payload += "=" * (-len(payload) % 4)  # tolerate missing padding
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(f"{field}: data URL payload is not valid base64; "
+                         "allowed: standard base64 (A-Z a-z 0-9 + / =)") from None
+    _check_byte_count(len(data), field, max_bytes)
+    return data
+
+
+# --- local files ------------------------------------------------------------------------------
+
+def read_local(path: str, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BYTES,
+               allowed_dir=None) -> bytes:
+    """Read a file that resolves (symlinks and `..` followed) to a place inside `allowed_dir`."""
+    if allowed_dir is None:
+        raise InputError(f"{field}: local paths are disabled on this server; "
+                         "send an http(s) URL or a data:image/...;base64 URL")
+    if "\0" in path:
+        raise InputError(f"{field}: path contains a NUL character; give a plain file name")
+    root = os.path.realpath(allowed_dir)
+    candidate = os.path.realpath(os.path.join(root, path))  # a relative path is relative to the root
+    if os.path.commonpath([root, candidate]) != root:
+        raise InputError(f"{field}: path {path!r} is outside the allowed image directory; "
+                         "allowed: files inside the configured image directory")
+    try:
+        with open(candidate, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            _check_byte_count(size, field, max_bytes)
+            data = f.read(max_bytes + 1)
+    except InputError:
+        raise
+    except FileNotFoundError:
+        raise InputError(f"{field}: no such file {path!r} in the image directory") from None
+    except IsADirectoryError:
+        raise InputError(f"{field}: {path!r} is a directory; give an image file") from None
+    except OSError as e:
+        raise InputError(f"{field}: cannot read {path!r} ({e.strerror or e})") from None
+    _check_byte_count(len(data), field, max_bytes)
+    return data
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+def decode_image(data: bytes, *, field: str = "image",
+                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image.Image:
+    """Encoded bytes → upright RGB. The pixel count is checked from the header before decoding."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > max_image_pixels:
+                raise InputError(f"{field}: image is {width}x{height} = {width * height} pixels; "
+                                 f"the limit is {max_image_pixels} pixels")
+            if width <= 0 or height <= 0:
+                raise InputError(f"{field}: image has no pixels ({width}x{height})")
+            image.load()  # first frame only for animations
+    except InputError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise InputError(f"{field}: image is too large to decode ({e}); "
+                         f"the limit is {max_image_pixels} pixels") from None
+    except UnidentifiedImageError:
+        raise InputError(f"{field}: not an image Pillow can read; "
+                         "send PNG, JPEG, WebP, GIF, BMP or TIFF") from None
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
+        raise InputError(f"{field}: the image data is truncated or corrupt ({e}); "
+                         "send the complete file") from None
+    try:
+        image = ImageOps.exif_transpose(image)
+    except Exception:  # noqa: BLE001 - unreadable EXIF: keep the stored orientation
+        pass
+    return to_rgb(image)
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any Pillow mode → RGB. Transparency is composited on white; 16-bit and float are scaled to 8 bits."""
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        return Image.fromarray(_to_uint8(np.asarray(image), mode)).convert("RGB")
+    has_alpha = "A" in image.getbands() or "transparency" in image.info
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV, RGBX, ...
+
+
+def _to_uint8(array: np.ndarray, mode: str) -> np.ndarray:
+    array = array.astype(np.float64)
+    if mode == "F":
+        scale = 255.0 if array.size and np.nanmax(array) <= 1.0 else 1.0
+    elif mode == "I" and array.size and np.max(array) <= 255:
+        scale = 1.0  # an 8-bit image stored as 32-bit ints
+    else:
+        scale = 255.0 / 65535.0  # 16-bit samples
+    return np.clip(np.rint(np.nan_to_num(array) * scale), 0, 255).astype(np.uint8)
+
+
+def content_hash(image: Image.Image) -> str:
+    """Hex sha256 of the RGB pixels and the size: equal pictures get equal keys however they arrived."""
+    rgb = to_rgb(image)
+    digest = hashlib.sha256(f"rgb:{rgb.width}x{rgb.height}:".encode())
+    digest.update(rgb.tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,326 @@
+"""Image loading: every bad input is an InputError naming the field; orientation and modes are normalised."""
+import base64
+import http.server
+import os
+import struct
+import threading
+import urllib.error
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from appliance.errors import InputError
+from appliance.vision.fetch import urllib_fetch
+from appliance.vision.image_load import (content_hash, decode_data_url, decode_image, load_image, read_source,
+                                         to_rgb)
+
+from .helpers import encode, photo_like
+
+
+def data_url(data, mime="image/png"):
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def fake_fetcher(body=None, error=None):
+    calls = []
+
+    def fetch(url, timeout_s, max_bytes):
+        calls.append((url, timeout_s, max_bytes))
+        if error is not None:
+            raise error
+        return body
+    fetch.calls = calls
+    return fetch
+
+
+@pytest.fixture
+def png():
+    return encode(photo_like(40, 30))
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+def test_same_picture_same_hash_from_every_source(png, tmp_path):
+    (tmp_path / "a.png").write_bytes(png)
+    fetch = fake_fetcher(png)
+    loaded = [
+        load_image(png),
+        load_image(data_url(png)),
+        load_image("https://example.test/a.png", fetcher=fetch, timeout_s=3),
+        load_image("a.png", allowed_dir=tmp_path),
+        load_image(str(tmp_path / "a.png"), allowed_dir=tmp_path),
+        load_image(f"file://{tmp_path}/a.png", allowed_dir=tmp_path),
+    ]
+    assert {im.content_hash for im in loaded} == {loaded[0].content_hash}
+    assert loaded[0].size == (40, 30) and loaded[0].image.mode == "RGB"
+    assert fetch.calls == [("https://example.test/a.png", 3, 20 * 1024 * 1024)]
+
+
+def test_hash_changes_with_one_pixel_and_with_shape():
+    a = Image.new("RGB", (2, 3), (10, 20, 30))
+    b = a.copy()
+    b.putpixel((1, 1), (10, 20, 31))
+    assert content_hash(a) != content_hash(b)
+    assert content_hash(a) != content_hash(Image.new("RGB", (3, 2), (10, 20, 30)))  # same bytes, other size
+    assert content_hash(a) == content_hash(a.convert("RGBA"))  # opaque alpha: same picture
+
+
+@pytest.mark.parametrize("source,fragment", [
+    ("", "empty"),
+    ("ftp://example.test/a.png", "unsupported URL scheme 'ftp'"),
+    (b"", "0 bytes"),
+    (b"hello, not an image", "not an image"),
+    (12, "expected bytes or a string"),
+])
+def test_bad_sources(source, fragment):
+    with pytest.raises(InputError, match=fragment) as e:
+        load_image(source, allowed_dir="/tmp")
+    assert str(e.value).startswith("image: ")
+
+
+def test_field_name_is_in_the_message():
+    with pytest.raises(InputError, match=r"^messages\[0\]\.content\[1\]\.image_url: "):
+        load_image(b"junk", field="messages[0].content[1].image_url")
+
+
+# --- data URLs -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url,fragment", [
+    ("data:image/png;base64", "no ','"),
+    ("data:text/plain;base64,aGVsbG8=", "mime type is 'text/plain'"),
+    ("data:;base64,aGVsbG8=", "mime type is 'missing'"),
+    ("data:image/png,rawbytes", "not base64-encoded"),
+    ("data:image/png;base64,@@@notbase64!!", "not valid base64"),
+    ("data:image/png;base64,", "0 bytes"),
+])
+def test_bad_data_urls(url, fragment):
+    with pytest.raises(InputError, match=fragment):
+        load_image(url)
+
+
+def test_data_url_tolerates_whitespace_missing_padding_and_case(png):
+    payload = base64.b64encode(png).decode().rstrip("=")
+    wrapped = "\n".join(payload[i:i + 76] for i in range(0, len(payload), 76))
+    assert load_image(f"DATA:Image/PNG;BASE64,{wrapped}").size == (40, 30)
+
+
+def test_data_url_over_the_byte_limit_is_refused_before_decoding():
+    with pytest.raises(InputError, match="limit is 1000 bytes"):
+        decode_data_url(data_url(b"x" * 5000), max_bytes=1000)
+
+
+# --- http(s) ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("error,fragment", [
+    (TimeoutError("read timed out"), "timed out after 2 s"),
+    (urllib.error.URLError(TimeoutError("timed out")), "timed out after 2 s"),
+    (urllib.error.HTTPError("https://h.test/x", 404, "Not Found", {}, None), "HTTP 404"),
+    (urllib.error.URLError("Name or service not known"), "could not fetch the image from h.test"),
+    (ConnectionResetError("reset by peer"), "could not fetch"),
+])
+def test_fetch_failures_become_input_errors(error, fragment):
+    with pytest.raises(InputError, match=fragment):
+        load_image("https://h.test/x.png", fetcher=fake_fetcher(error=error), timeout_s=2)
+
+
+def test_fetched_body_over_the_limit_and_non_image(png):
+    with pytest.raises(InputError, match="limit is 100 bytes"):
+        load_image("http://h.test/a", fetcher=fake_fetcher(png), max_bytes=100)
+    with pytest.raises(InputError, match="not an image"):
+        load_image("http://h.test/a", fetcher=fake_fetcher(b"<html>404</html>"))
+    with pytest.raises(InputError, match="0 bytes"):
+        load_image("http://h.test/a", fetcher=fake_fetcher(b""))
+    with pytest.raises(InputError, match="returned no bytes"):
+        load_image("http://h.test/a", fetcher=fake_fetcher(None))
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self):  # noqa: N802
+        if self.path.startswith("/redirect-"):
+            self.send_response(302)
+            self.send_header("Location", {"/redirect-file": "file:///etc/passwd",
+                                          "/redirect-ftp": "ftp://127.0.0.1/x.png"}[self.path])
+            self.end_headers()
+            return
+        if self.path == "/slow":
+            threading.Event().wait(2)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def loopback_server(png):
+    """A server on 127.0.0.1 (random port) for the default urllib fetcher; no outside network."""
+    _Handler.body = png
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_default_urllib_fetcher(loopback_server, png):
+    assert urllib_fetch(loopback_server + "/a.png", 5, 1 << 20) == png
+    assert load_image(loopback_server + "/a.png").size == (40, 30)
+    with pytest.raises(InputError, match="limit is 100 bytes"):
+        load_image(loopback_server + "/a.png", max_bytes=100)
+    with pytest.raises(InputError, match="timed out"):
+        load_image(loopback_server + "/slow", timeout_s=0.3)
+    for path in ("/redirect-file", "/redirect-ftp"):
+        with pytest.raises(InputError, match="redirected to a non-http"):
+            load_image(loopback_server + path)
+
+
+# --- local files -----------------------------------------------------------------------------
+
+def test_local_paths_refused_without_an_allowed_dir(png, tmp_path):
+    (tmp_path / "a.png").write_bytes(png)
+    with pytest.raises(InputError, match="local paths are disabled"):
+        load_image(str(tmp_path / "a.png"))
+
+
+def test_local_path_escapes_are_refused(png, tmp_path):
+    root, outside = tmp_path / "images", tmp_path / "secret"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "s.png").write_bytes(png)
+    (root / "sub").mkdir()
+    os.symlink(outside / "s.png", root / "link.png")
+    os.symlink(outside, root / "sub" / "dirlink")
+    for path in ["../secret/s.png", "sub/../../secret/s.png", str(outside / "s.png"), "link.png",
+                 "sub/dirlink/s.png", "/etc/passwd"]:
+        with pytest.raises(InputError, match="outside the allowed image directory"):
+            load_image(path, allowed_dir=root)
+    # a prefix of the root's name is not inside it
+    (tmp_path / "images2").mkdir()
+    (tmp_path / "images2" / "x.png").write_bytes(png)
+    with pytest.raises(InputError, match="outside"):
+        load_image(str(tmp_path / "images2" / "x.png"), allowed_dir=root)
+
+
+def test_local_symlink_inside_the_root_is_fine(png, tmp_path):
+    (tmp_path / "a.png").write_bytes(png)
+    os.symlink(tmp_path / "a.png", tmp_path / "b.png")
+    assert load_image("b.png", allowed_dir=tmp_path).size == (40, 30)
+
+
+def test_local_missing_directory_and_too_big(png, tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "a.png").write_bytes(png)
+    with pytest.raises(InputError, match="no such file"):
+        load_image("nope.png", allowed_dir=tmp_path)
+    with pytest.raises(InputError, match="is a directory"):
+        load_image("d", allowed_dir=tmp_path)
+    with pytest.raises(InputError, match="limit is 10 bytes"):
+        read_source("a.png", allowed_dir=tmp_path, max_bytes=10)
+    with pytest.raises(InputError, match="NUL"):
+        load_image("a.png\0.jpg", allowed_dir=tmp_path)
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+def _png_header_only(width, height):
+    """A PNG whose header claims width x height, with one tiny (invalid) data chunk."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + \
+        chunk(b"IEND", b"")
+
+
+def test_pixel_limit_is_checked_from_the_header():
+    with pytest.raises(InputError, match="10000x9000 = 90000000 pixels; the limit is 40000000"):
+        decode_image(_png_header_only(10000, 9000))
+    with pytest.raises(InputError, match="pixels"):  # beyond Pillow's own bomb limit too
+        decode_image(_png_header_only(30000, 30000))
+    with pytest.raises(InputError, match="50x40 = 2000 pixels; the limit is 1000"):
+        load_image(encode(photo_like(50, 40)), max_image_pixels=1000)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "WEBP"])
+def test_truncated_images(fmt):
+    data = encode(photo_like(64, 48), fmt)
+    with pytest.raises(InputError, match="truncated or corrupt|not an image"):
+        decode_image(data[: len(data) // 2])
+
+
+def test_exif_orientation_is_applied():
+    image = Image.new("RGB", (40, 20), (0, 0, 0))
+    image.paste((255, 0, 0), (0, 0, 10, 10))  # red block top-left as stored
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored image must be turned 90° clockwise to display
+    loaded = decode_image(encode(image, "JPEG", exif=exif, quality=95))
+    assert loaded.size == (20, 40)
+    r, g, b = loaded.getpixel((15, 5))  # top-left moves to top-right
+    assert r > 200 and g < 60 and b < 60
+    assert loaded.getpixel((5, 35))[0] < 60
+
+
+def _rgba_half_transparent():
+    image = Image.new("RGBA", (4, 2), (255, 0, 0, 255))
+    image.putpixel((0, 0), (0, 0, 255, 0))      # fully transparent blue → white
+    image.putpixel((1, 0), (0, 0, 0, 128))      # half-transparent black → mid grey
+    return image
+
+
+def test_alpha_is_composited_on_white():
+    rgb = decode_image(encode(_rgba_half_transparent()))
+    assert rgb.mode == "RGB"
+    assert rgb.getpixel((0, 0)) == (255, 255, 255)
+    assert all(abs(v - 127) <= 1 for v in rgb.getpixel((1, 0)))
+    assert rgb.getpixel((2, 0)) == (255, 0, 0)
+
+
+@pytest.mark.parametrize("mode,fmt,expect", [
+    ("LA", "PNG", (255, 255, 255)),
+    ("L", "PNG", (200, 200, 200)),
+    ("1", "PNG", (255, 255, 255)),
+    ("CMYK", "JPEG", None),
+    ("P", "PNG", None),
+    ("P", "GIF", None),
+])
+def test_modes_convert_to_rgb(mode, fmt, expect):
+    if mode == "LA":
+        image = Image.new("LA", (8, 8), (0, 0))  # transparent
+    elif mode in ("L", "1"):
+        image = Image.new("L", (8, 8), 200).convert(mode)
+    else:
+        image = photo_like(8, 8).convert(mode)
+    rgb = decode_image(encode(image, fmt))
+    assert rgb.mode == "RGB" and rgb.size == (8, 8)
+    if expect:
+        assert rgb.getpixel((3, 3)) == expect
+
+
+def test_palette_with_transparency_composites_on_white():
+    image = Image.new("P", (4, 4), 0)
+    image.putpalette([0, 0, 255] + [255, 0, 0] * 255)
+    image.putpixel((1, 1), 1)
+    image.info["transparency"] = 0
+    rgb = decode_image(encode(image, "PNG", transparency=0))
+    assert rgb.getpixel((0, 0)) == (255, 255, 255) and rgb.getpixel((1, 1)) == (255, 0, 0)
+
+
+def test_16_bit_and_float_images_are_scaled_not_clipped():
+    sixteen = Image.fromarray(np.full((4, 4), 32896, dtype=np.uint16))  # 0x8080 → 128
+    assert decode_image(encode(sixteen, "PNG")).getpixel((0, 0)) == (128, 128, 128)
+    as_int32 = Image.fromarray(np.full((4, 4), 65535, dtype=np.int32), mode="I")
+    assert to_rgb(as_int32).getpixel((0, 0)) == (255, 255, 255)
+    as_float = Image.fromarray(np.full((4, 4), 0.5, dtype=np.float32), mode="F")
+    assert decode_image(encode(as_float, "TIFF")).getpixel((0, 0)) == (128, 128, 128)
+
+
+def test_animated_gif_takes_the_first_frame():
+    frames = [Image.new("RGB", (6, 6), c) for c in ((255, 0, 0), (0, 255, 0))]
+    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
+    assert decode_image(data).getpixel((2, 2)) == (255, 0, 0)
