@@ -6,6 +6,8 @@ message names the field.
 """
 import logging
 import math
+import multiprocessing
+import signal
 from typing import Any, Dict, List
 
 import litserve as ls
@@ -82,5 +84,18 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
         middlewares=middlewares,
     )
     log.warning("serving pipeline %s on http://%s:%d", cfg.pipeline.name, cfg.server.host, cfg.server.port)
-    server.run(host=cfg.server.host, port=cfg.server.port, generate_client_file=False, log_level="warning")
+    # Kubernetes and test harnesses stop servers with SIGTERM: treat it like Ctrl-C so LitServe's
+    # graceful shutdown stops its worker processes instead of orphaning them.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.run(host=cfg.server.host, port=cfg.server.port, generate_client_file=False, log_level="warning")
+    finally:
+        # LitServe's shutdown can leave its inference worker blocked on a queue; stop what is left.
+        for child in multiprocessing.active_children():
+            child.terminate()
+            child.join(timeout=10)
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt

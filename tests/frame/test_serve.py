@@ -1,5 +1,6 @@
 """`appliance serve` as a real server process on 127.0.0.1, started and stopped by the test."""
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ def server(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "appliance.cli", "serve", f"server.port={port}", "server.api_key=s3cret"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -44,7 +46,26 @@ def server(tmp_path):
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            pass
+        deadline = time.monotonic() + 15  # workers and the resource tracker exit just after the server
+        while (leftovers := session_processes(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in leftovers:  # never leave a server behind, even when the test fails
+            os.kill(pid, signal.SIGKILL)
+        assert not leftovers, f"serve left processes behind after SIGTERM: {leftovers}"
+
+
+def session_processes(session_id: int):
+    """PIDs still alive in the server's session (it and every worker it started)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == session_id:
+                    pids.append(int(entry))
+            except ProcessLookupError:
+                pass
+    return pids
 
 
 def test_serve_runs_the_pipeline_and_rejects_bad_requests(server, tmp_path):
