@@ -1,0 +1,133 @@
+"""Paged attention: write this step's K/V into the per-layer pool, then attend over each sequence's
+blocks. Backends: `torch` (any device) and `xformers` (CUDA only)."""
+import importlib.util
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from appliance.engine.context import StepContext
+
+
+class TorchAttentionBackend:
+    """Reference backend on torch SDPA: decodes batched with a padding mask, prefills one by one."""
+
+    name = "torch"
+
+    def __init__(self):
+        self.scratch = {}  # reused gather buffers: fresh multi-MB tensors each layer cost page faults
+
+    def forward(self, q, k, v, k_cache, v_cache, ctx: StepContext, scale: float) -> torch.Tensor:
+        """q: [T, Hq, D]; k/v: [T, Hk, D] (this step's, already in the cache);
+        caches: [num_blocks, block_size, Hk, D]. Returns [T, Hq, D]."""
+        out = torch.empty_like(q)
+        bs = ctx.block_size
+        for group in ctx.decode_groups:
+            out[group.rows] = self._decode(q[group.rows], k_cache, v_cache, group, bs, scale)
+        for i, q_len in enumerate(ctx.query_lens):
+            if q_len == 1:
+                continue
+            ctx_len, start = ctx.context_lens[i], ctx.query_start[i]
+            qs = q[start:start + q_len].transpose(0, 1)  # [Hq, q_len, D]
+            if q_len == ctx_len:  # whole prompt in this step: its K/V are this step's rows, no gather
+                ks, vs = k[start:start + q_len].transpose(0, 1), v[start:start + q_len].transpose(0, 1)
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+            else:
+                blocks = torch.tensor(ctx.block_tables[i][: -(-ctx_len // bs)], device=q.device)
+                ks = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].transpose(0, 1)  # [Hk, L, D]
+                vs = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].transpose(0, 1)
+                # A later chunk (or after a prefix-cache hit): query j sits at position ctx_len - q_len + j.
+                qpos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
+                mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos[:, None]
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+            out[start:start + q_len] = o.transpose(0, 1)
+        return out
+
+    def _gather(self, name: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        n = blocks.numel()
+        buf = self.scratch.get(name)
+        if buf is None or buf.shape[0] < n or buf.dtype != cache.dtype or buf.device != cache.device:
+            buf = self.scratch[name] = torch.empty((max(n, 64),) + cache.shape[1:], dtype=cache.dtype,
+                                                   device=cache.device)
+        return torch.index_select(cache, 0, blocks, out=buf[:n])
+
+    def _decode(self, q, k_cache, v_cache, group, block_size: int, scale: float) -> torch.Tensor:
+        """One query per sequence, batched: gather each table (padded with block 0) and mask the pad."""
+        n, width = group.block_tables.shape
+        length = width * block_size
+        blocks = group.block_tables.flatten()
+        k = self._gather("k", k_cache, blocks).view(n, length, *k_cache.shape[2:]).transpose(1, 2)
+        v = self._gather("v", v_cache, blocks).view(n, length, *v_cache.shape[2:]).transpose(1, 2)
+        mask = torch.arange(length, device=q.device) < group.context_lens[:, None]
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :],
+                                           scale=scale, enable_gqa=True)
+        return o.squeeze(2)
+
+
+class XformersAttentionBackend:
+    """CUDA-only backend on xformers' paged block-diagonal causal bias.
+
+    UNTESTED ON CPU: xformers has no CPU kernels, so this path is exercised only on a GPU host.
+    """
+
+    name = "xformers"
+
+    def __init__(self):
+        from xformers.ops import fmha  # imported lazily: optional, CUDA-only dependency
+        self.fmha = fmha
+
+    def forward(self, q, k, v, k_cache, v_cache, ctx: StepContext, scale: float) -> torch.Tensor:
+        fmha = self.fmha
+        width = max(len(b) for b in ctx.block_tables)
+        tables = torch.tensor([b + [0] * (width - len(b)) for b in ctx.block_tables],
+                              dtype=torch.int32, device=q.device)
+        bias = fmha.attn_bias.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens(
+            q_seqlen=ctx.query_lens, kv_seqlen=ctx.context_lens, block_tables=tables,
+            page_size=ctx.block_size, device=q.device)
+        t, hq, d = q.shape
+        hk = k_cache.shape[2]
+        # Grouped layout [1, L, groups, heads_per_group, D] covers GQA without copying K/V.
+        qg = q.view(1, t, hk, hq // hk, d)
+        k = k_cache.view(1, -1, hk, 1, d).expand(-1, -1, -1, hq // hk, -1)
+        v = v_cache.view(1, -1, hk, 1, d).expand(-1, -1, -1, hq // hk, -1)
+        o = fmha.memory_efficient_attention_forward(qg, k, v, attn_bias=bias, scale=scale)
+        return o.view(t, hq, d)
+
+
+def select_backend(name: str, device: torch.device):
+    """`auto` picks xformers only on CUDA with xformers installed; otherwise torch."""
+    name = getattr(name, "value", name)
+    has_xformers = importlib.util.find_spec("xformers") is not None
+    if name == "auto":
+        name = "xformers" if device.type == "cuda" and has_xformers else "torch"
+    if name == "torch":
+        return TorchAttentionBackend()
+    if name == "xformers":
+        if device.type != "cuda" or not has_xformers:
+            raise ValueError("attention_backend=xformers needs a CUDA device and `pip install --no-deps "
+                             "xformers`; use attention_backend=torch (or auto) on this host")
+        return XformersAttentionBackend()
+    raise ValueError(f"unknown attention_backend {name!r}; choose auto, torch or xformers")
+
+
+class PagedAttention(nn.Module):
+    """One layer's attention over the paged KV pool. The model runner assigns `k_cache`/`v_cache`."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, backend):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.backend = backend
+        self.k_cache: Optional[torch.Tensor] = None  # [num_blocks, block_size, Hk, D]
+        self.v_cache: Optional[torch.Tensor] = None
+
+    def forward(self, q, k, v, ctx: StepContext) -> torch.Tensor:
+        """q: [T, Hq*D], k/v: [T, Hk*D] -> [T, Hq*D]."""
+        t = q.shape[0]
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        self.k_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = k
+        self.v_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = v
+        return self.backend.forward(q, k, v, self.k_cache, self.v_cache, ctx, self.scale).reshape(t, -1)

@@ -1,0 +1,73 @@
+"""Per-step batch metadata: built once by the model runner, read by every attention layer."""
+from dataclasses import dataclass
+from typing import List
+
+import torch
+
+
+@dataclass
+class StepInput:
+    """One step's flattened batch as plain Python data (cheap to pickle and broadcast to TP ranks).
+
+    Tokens of all scheduled sequences are concatenated; sequence i owns rows
+    [query_start[i], query_start[i] + query_lens[i]).
+    """
+
+    input_ids: List[int]
+    positions: List[int]
+    slot_mapping: List[int]  # cache slot (block_id * block_size + offset) each new token's K/V goes to
+    query_lens: List[int]  # new tokens per sequence
+    context_lens: List[int]  # tokens each sequence attends to after this step (cached + new)
+    block_tables: List[List[int]]
+    sample_rows: List[int]  # rows whose logits pick a next token (the last row of finished prefills)
+
+
+@dataclass
+class DecodeGroup:
+    rows: torch.Tensor  # [n] token rows
+    block_tables: torch.Tensor  # [n, width], padded with block 0
+    context_lens: torch.Tensor  # [n]
+
+
+DECODE_GROUP_SIZE = 8
+
+
+@dataclass
+class StepContext:
+    """Tensor form of a StepInput on the model's device, plus the splits the attention backend needs."""
+
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T]
+    query_lens: List[int]
+    context_lens: List[int]
+    query_start: List[int]  # len B + 1
+    block_tables: List[List[int]]
+    sample_rows: torch.Tensor  # [S]
+    block_size: int
+    # Sequences computing exactly one token (decodes) are batched by the torch backend, in groups of
+    # similar context length so that padding every table to the group's longest wastes little.
+    decode_seqs: List[int]
+    decode_groups: List["DecodeGroup"]
+
+    @classmethod
+    def build(cls, step: StepInput, block_size: int, device: torch.device) -> "StepContext":
+        def t(x):
+            return torch.tensor(x, dtype=torch.long, device=device)
+
+        query_start = [0]
+        for n in step.query_lens:
+            query_start.append(query_start[-1] + n)
+        decode_seqs = [i for i, n in enumerate(step.query_lens) if n == 1]
+        ctx = cls(positions=t(step.positions), slot_mapping=t(step.slot_mapping),
+                  query_lens=step.query_lens, context_lens=step.context_lens, query_start=query_start,
+                  block_tables=step.block_tables, sample_rows=t(step.sample_rows),
+                  block_size=block_size, decode_seqs=decode_seqs, decode_groups=[])
+        by_len = sorted(decode_seqs, key=lambda i: step.context_lens[i])
+        for g in range(0, len(by_len), DECODE_GROUP_SIZE):
+            seqs = by_len[g:g + DECODE_GROUP_SIZE]
+            width = len(step.block_tables[seqs[-1]])
+            ctx.decode_groups.append(DecodeGroup(
+                rows=t([query_start[i] for i in seqs]),
+                block_tables=t([step.block_tables[i] + [0] * (width - len(step.block_tables[i])) for i in seqs]),
+                context_lens=t([step.context_lens[i] for i in seqs])))
+        return ctx

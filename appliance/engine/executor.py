@@ -1,0 +1,29 @@
+"""Runs scheduled steps on the model: in-process for one rank (tensor-parallel executor: tp_executor)."""
+from appliance.config.schema import EngineConfig
+from appliance.engine.model_runner import ModelRunner
+from appliance.engine.sampler import SamplerOutput
+from appliance.engine.scheduler import SchedulerOutput
+
+
+class LocalExecutor:
+    def __init__(self, model_path: str, hf_config, cfg: EngineConfig, max_model_len: int):
+        self.runner = ModelRunner(model_path, hf_config, cfg, max_model_len)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.runner.num_kv_blocks
+
+    def run(self, out: SchedulerOutput) -> SamplerOutput:
+        return self.runner.run(self.runner.prepare(out), out)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def make_executor(model_path: str, hf_config, cfg: EngineConfig, max_model_len: int, tp_timeout_s: float):
+    if cfg.tensor_parallel_size < 1:
+        raise ValueError(f"engine.tensor_parallel_size must be >= 1, got {cfg.tensor_parallel_size}")
+    if cfg.tensor_parallel_size == 1:
+        return LocalExecutor(model_path, hf_config, cfg, max_model_len)
+    from appliance.engine.tp_executor import TPExecutor
+    return TPExecutor(model_path, hf_config, cfg, max_model_len, tp_timeout_s)

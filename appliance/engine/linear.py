@@ -1,0 +1,91 @@
+"""Tensor-parallel linear layers. Each parameter carries a `weight_loader` that takes the full
+checkpoint tensor and keeps this rank's shard; collectives are visible in `forward`."""
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from appliance.engine.parallel import ParallelState
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, model expects {tuple(param.shape)}")
+    param.data.copy_(loaded)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W split by output rows; each rank returns its slice of y (no collective)."""
+
+    def __init__(self, in_features: int, out_features: int, tp: ParallelState, bias: bool = False):
+        super().__init__()
+        self.tp = tp
+        self.out_local = tp.shard(out_features, "output features")
+        self.weight = nn.Parameter(torch.empty(self.out_local, in_features))
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.out_local))
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        n = param.shape[0]
+        param.data.copy_(loaded.narrow(0, self.tp.rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections fused into one matmul (e.g. gate_up); shard_id is the index."""
+
+    def __init__(self, in_features: int, output_sizes: List[int], tp: ParallelState, bias: bool = False):
+        super().__init__(in_features, sum(output_sizes), tp, bias)
+        self.local_sizes = [tp.shard(s, "merged output size") for s in output_sizes]
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = None) -> None:
+        n = self.local_sizes[shard_id]
+        dst = param.data.narrow(0, sum(self.local_sizes[:shard_id]), n)
+        dst.copy_(loaded.narrow(0, self.tp.rank * n, n))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul; each rank owns whole heads. shard_id is 'q', 'k' or 'v'."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 tp: ParallelState, bias: bool = False):
+        self.num_heads = tp.shard(num_heads, "num_attention_heads")
+        self.num_kv_heads = tp.shard(num_kv_heads, "num_key_value_heads")
+        self.head_dim = head_dim
+        super().__init__(hidden, (num_heads + 2 * num_kv_heads) * head_dim, tp, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[str] = None) -> None:
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        start, n = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
+        param.data.narrow(0, start, n).copy_(loaded.narrow(0, self.tp.rank * n, n))
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T with W split by input columns; partial sums are all-reduced across ranks."""
+
+    def __init__(self, in_features: int, out_features: int, tp: ParallelState, bias: bool = False):
+        super().__init__()
+        self.tp = tp
+        self.in_local = tp.shard(in_features, "input features")
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_local))
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features))
+            self.bias.weight_loader = default_weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        n = param.shape[1]
+        param.data.copy_(loaded.narrow(1, self.tp.rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        y = self.tp.all_reduce(y)
+        # Bias after the reduce, so it is added once rather than once per rank.
+        return y if self.bias is None else y + self.bias

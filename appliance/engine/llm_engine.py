@@ -1,0 +1,182 @@
+"""The generation engine: add requests, then step (schedule -> run -> postprocess) until done."""
+import itertools
+from typing import Dict, Iterable, List, Optional, Sequence as Seq, Union
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoConfig, AutoTokenizer
+
+from appliance.config.schema import EngineConfig, EngineKind
+from appliance.engine.block_manager import BlockManager
+from appliance.engine.detokenizer import IncrementalDetokenizer
+from appliance.engine.executor import make_executor
+from appliance.engine.outputs import RequestOutput
+from appliance.engine.sampler import SamplerOutput
+from appliance.engine.sampling_params import SamplingParams
+from appliance.engine.scheduler import Scheduler, SchedulerOutput
+from appliance.engine.sequence import MMRange, Sequence
+
+
+def engine_config_from(node) -> EngineConfig:
+    """An EngineConfig from a dataclass, an OmegaConf node or a plain dict."""
+    if isinstance(node, EngineConfig):
+        return node
+    if isinstance(node, DictConfig):
+        merged = OmegaConf.merge(OmegaConf.structured(EngineConfig), node)
+        return OmegaConf.to_object(merged)
+    return EngineConfig(**(node or {}))
+
+
+class LLMEngine:
+    def __init__(self, model_path: str, engine_config: Optional[EngineConfig] = None, tokenizer=None,
+                 tp_timeout_s: float = 120.0):
+        """`tp_timeout_s` bounds TP start-up and each collective, so a hung rank raises instead of hanging."""
+        cfg = engine_config_from(engine_config)
+        if getattr(cfg.kind, "value", cfg.kind) != EngineKind.generate.value:
+            raise ValueError("LLMEngine serves engine.kind=generate; use PoolEngine for kind=pool")
+        self.cfg = cfg
+        hf_config = AutoConfig.from_pretrained(model_path)
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
+        self.max_model_len = self._max_model_len(hf_config, cfg)
+        self.executor = make_executor(model_path, hf_config, cfg, self.max_model_len, tp_timeout_s)
+        self.block_manager = BlockManager(self.executor.num_kv_blocks, cfg.block_size,
+                                          cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                                   self.max_model_len)
+        self.eos_token_ids = self._eos_ids(hf_config, self.tokenizer)
+        self.seed_rng = torch.Generator().manual_seed(cfg.seed)  # seeds for requests that give none
+        self.device = torch.device(cfg.device)
+        self.detokenizers: Dict[str, IncrementalDetokenizer] = {}
+        self.arrivals = itertools.count()
+
+    @classmethod
+    def from_config(cls, app_cfg) -> "LLMEngine":
+        """From a composed app config: `model.path` (HF directory) and the `engine` group."""
+        path = app_cfg.model.path
+        if not path:
+            raise ValueError("model.path is not set; point it at a HF model directory")
+        return cls(path, engine_config_from(app_cfg.engine))
+
+    @staticmethod
+    def _max_model_len(hf_config, cfg: EngineConfig) -> int:
+        limit = hf_config.max_position_embeddings
+        window = getattr(hf_config, "sliding_window", None)
+        if window:  # no sliding-window attention here: stay within the window so results are exact
+            limit = min(limit, window)
+        if cfg.max_model_len and cfg.max_model_len > limit:
+            raise ValueError(f"engine.max_model_len={cfg.max_model_len} exceeds the model's limit {limit}")
+        return cfg.max_model_len or limit
+
+    @staticmethod
+    def _eos_ids(hf_config, tokenizer) -> set:
+        ids = getattr(hf_config, "eos_token_id", None)
+        ids = set(ids if isinstance(ids, (list, tuple)) else [ids])
+        ids.add(getattr(tokenizer, "eos_token_id", None))
+        return {i for i in ids if i is not None}
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, prompt: Union[str, List[int]], sampling_params: Optional[SamplingParams] = None,
+                    request_id: Optional[str] = None, mm_ranges: Optional[List[MMRange]] = None,
+                    mm_data=None) -> str:
+        params = sampling_params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        arrival = next(self.arrivals)
+        request_id = str(arrival) if request_id is None else request_id
+        seq = Sequence(request_id, ids, params, arrival, mm_ranges, mm_data)
+        seed = params.seed if params.seed is not None else int(
+            torch.randint(0, 2 ** 62, (1,), generator=self.seed_rng))
+        seq.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.scheduler.add(seq)  # raises if the request can never fit
+        self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        seq = self.scheduler.requests.get(request_id)
+        if seq is not None:
+            self._finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> List[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        if scheduled.is_empty:
+            if self.has_unfinished():  # admission checks make this unreachable; fail loudly, never spin
+                raise RuntimeError(f"scheduler made no progress with {len(self.scheduler.waiting)} waiting "
+                                   f"and {len(self.scheduler.running)} running requests")
+            return []
+        sampled = self.executor.run(scheduled)
+        return self._postprocess(scheduled, sampled)
+
+    def _postprocess(self, scheduled: SchedulerOutput, sampled: SamplerOutput) -> List[RequestOutput]:
+        self.scheduler.update(scheduled)
+        seqs = [item.seq for item in scheduled.scheduled if item.samples]
+        outputs = []
+        for seq, token, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs):
+            seq.append_token(token)
+            if logprobs is not None:
+                seq.output_logprobs.append(logprobs)
+            detok = self.detokenizers[seq.request_id]
+            delta = detok.add(token)
+            reason = self._finish_reason(seq, token, detok)
+            if reason:
+                delta += detok.flush()
+            out = self._output(seq, delta, [token], [logprobs] if logprobs is not None else None)
+            if reason:
+                self._finish(seq, reason)
+                out.finished, out.finish_reason = True, reason
+            outputs.append(out)
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token: int, detok: IncrementalDetokenizer) -> Optional[str]:
+        p = seq.sampling_params
+        if detok.stopped or token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self.detokenizers.pop(seq.request_id, None)
+
+    def _output(self, seq: Sequence, delta: str, new_ids: List[int], new_lps) -> RequestOutput:
+        detok = self.detokenizers[seq.request_id]
+        want_lps = seq.sampling_params.logprobs is not None
+        return RequestOutput(request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
+                             new_text=delta, new_token_ids=new_ids, new_logprobs=new_lps, text=detok.text,
+                             token_ids=seq.output_token_ids,
+                             logprobs=list(seq.output_logprobs) if want_lps else None)
+
+    # ---- convenience ----------------------------------------------------------------------------
+    def generate(self, prompts: Seq[Union[str, List[int]]],
+                 sampling_params: Union[SamplingParams, Iterable[SamplingParams], None] = None
+                 ) -> List[RequestOutput]:
+        """Run the prompts to completion; final outputs in input order."""
+        params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else \
+            [sampling_params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        final: Dict[str, RequestOutput] = {}
+        while any(i not in final for i in ids) and self.has_unfinished():
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {"num_preemptions": self.scheduler.num_preemptions,
+                "num_chunked_prefills": self.scheduler.num_chunked_prefills,
+                "prefix_cache_hit_tokens": bm.num_hit_tokens, "prefix_cache_query_tokens": bm.num_query_tokens,
+                "kv_blocks_total": bm.num_blocks, "kv_blocks_free": bm.num_free_blocks,
+                "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting)}
+
+    def close(self) -> None:
+        self.executor.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

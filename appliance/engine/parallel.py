@@ -1,0 +1,46 @@
+"""Tensor-parallel process state. Passed explicitly to every layer; world size 1 does no collectives.
+
+The group is a process-group object used directly (`group.allreduce(...)`), never torch's global
+default group, so several engines can live in one process.
+"""
+import datetime
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+def make_group(store: dist.Store, rank: int, world_size: int, device: torch.device, timeout_s: float):
+    """Gloo on CPU, NCCL on CUDA."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device.type == "cuda":
+        return dist.ProcessGroupNCCL(store, rank, world_size)
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+class ParallelState:
+    def __init__(self, rank: int = 0, world_size: int = 1, group: Optional[dist.ProcessGroup] = None):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} out of range for world size {world_size}")
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            self.group.allreduce([x]).wait()
+        return x
+
+    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        self.group.allgather([parts], [x.contiguous()]).wait()
+        return torch.cat(parts, dim=-1)
+
+    def shard(self, size: int, what: str) -> int:
+        """Per-rank share of a dimension that must split evenly."""
+        if size % self.world_size:
+            raise ValueError(f"{what} ({size}) is not divisible by tensor_parallel_size "
+                             f"({self.world_size}); pick a tensor_parallel_size that divides it")
+        return size // self.world_size

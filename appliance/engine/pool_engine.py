@@ -1,0 +1,127 @@
+"""Pool mode: the engine API for non-generative models (no KV cache, no sampling).
+
+A request carries N items (a tensor [N, ...] or a list of same-shaped tensors, e.g. image tiles
+[C, H, W]). Each step stacks up to `max_batch_size` items, FCFS across requests, runs one forward
+and scatters the rows back; a request finishes when all its items have run.
+"""
+import itertools
+from collections import deque
+from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from appliance.config.schema import EngineConfig, EngineKind
+from appliance.engine.model_runner import resolve_dtype
+from appliance.engine.outputs import PoolOutput
+
+
+class PoolRequest:
+    def __init__(self, request_id: str, items: List[torch.Tensor]):
+        self.request_id = request_id
+        self.items = items
+        self.outputs: List[Optional[torch.Tensor]] = [None] * len(items)
+        self.next_item = 0  # items before this one have been scheduled
+
+    @property
+    def done(self) -> bool:
+        return all(o is not None for o in self.outputs)
+
+
+def plan_batch(queue: Sequence[PoolRequest], max_batch_size: int) -> List[Tuple[PoolRequest, int]]:
+    """Pick the next items FCFS, at most `max_batch_size`, all shaped like the first one picked
+    (a batch must stack); items of another shape wait for a later step."""
+    batch: List[Tuple[PoolRequest, int]] = []
+    shape = None
+    for req in queue:
+        for i in range(req.next_item, len(req.items)):
+            if len(batch) == max_batch_size:
+                return batch
+            if shape is None:
+                shape = req.items[i].shape
+            if req.items[i].shape != shape:
+                return batch  # keep FCFS order: do not skip past a differently shaped item
+            batch.append((req, i))
+    return batch
+
+
+class PoolEngine:
+    def __init__(self, model: nn.Module, engine_config: Optional[EngineConfig] = None):
+        from appliance.engine.llm_engine import engine_config_from
+        cfg = engine_config_from(engine_config)
+        if cfg.max_batch_size < 1:
+            raise ValueError(f"engine.max_batch_size must be >= 1, got {cfg.max_batch_size}")
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype)
+        self.model = model.to(self.device, self.dtype).eval()
+        self.queue: Deque[PoolRequest] = deque()
+        self.requests: Dict[str, PoolRequest] = {}
+        self.ids = itertools.count()
+        self.num_forwards = 0
+
+    @classmethod
+    def from_config(cls, app_cfg) -> "PoolEngine":
+        """Build the registered model for `model.architecture` with its `from_config(model, engine)`."""
+        from appliance.engine.llm_engine import engine_config_from
+        from appliance.engine.models import get_model_class
+        cfg = engine_config_from(app_cfg.engine)
+        if getattr(cfg.kind, "value", cfg.kind) != EngineKind.pool.value:
+            raise ValueError("PoolEngine serves engine.kind=pool; use LLMEngine for kind=generate")
+        model_cls = get_model_class(app_cfg.model.architecture)
+        return cls(model_cls.from_config(app_cfg.model, cfg), cfg)
+
+    def add_request(self, items: Union[torch.Tensor, List[torch.Tensor]], request_id: Optional[str] = None) -> str:
+        items = list(items.unbind(0)) if isinstance(items, torch.Tensor) else list(items)
+        if not items:
+            raise ValueError("a pool request needs at least one item")
+        request_id = str(next(self.ids)) if request_id is None else request_id
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = PoolRequest(request_id, items)
+        self.requests[request_id] = req
+        self.queue.append(req)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is not None and req in self.queue:
+            self.queue.remove(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> List[PoolOutput]:
+        batch = plan_batch(self.queue, self.cfg.max_batch_size)
+        if not batch:
+            return []
+        for req, i in batch:
+            req.next_item = i + 1
+        while self.queue and self.queue[0].next_item == len(self.queue[0].items):
+            self.queue.popleft()  # fully scheduled; outputs are filled below
+        outputs = self._run(torch.stack([req.items[i] for req, i in batch]))
+        finished = []
+        for (req, i), out in zip(batch, outputs):
+            req.outputs[i] = out
+            if req.done and req.request_id in self.requests:
+                del self.requests[req.request_id]
+                finished.append(PoolOutput(req.request_id, torch.stack(req.outputs), True, "done"))
+        return finished
+
+    @torch.inference_mode()
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device, self.dtype if x.is_floating_point() else x.dtype)
+        self.num_forwards += 1
+        return self.model(x).cpu()
+
+    def close(self) -> None:
+        """Nothing to release (no worker processes); present so both engines close alike."""
+
+    def encode(self, inputs: List[Union[torch.Tensor, List[torch.Tensor]]]) -> List[torch.Tensor]:
+        """Run every request to completion; outputs ([N, ...] each) in input order."""
+        ids = [self.add_request(x) for x in inputs]
+        done: Dict[str, torch.Tensor] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                done[out.request_id] = out.output
+        return [done[i] for i in ids]

@@ -1,0 +1,70 @@
+"""State of one generation request as it moves through the engine."""
+from enum import Enum
+from typing import Dict, List, Optional, Tuple
+
+from appliance.engine.sampling_params import SamplingParams
+
+# (mm_hash, start, length): a run of placeholder tokens that stand for one multimodal item.
+MMRange = Tuple[str, int, int]
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Token ids (prompt + output), KV block table and progress of one request.
+
+    `num_computed_tokens` counts tokens whose K/V are in the cache. Preemption resets it to 0 and keeps
+    the tokens, so the request is recomputed later as if its output so far were part of the prompt.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: List[int], sampling_params: SamplingParams,
+                 arrival: int, mm_ranges: Optional[List[MMRange]] = None, mm_data=None):
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id!r} has an empty prompt; give at least one token")
+        self.request_id = request_id
+        self.token_ids: List[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.arrival = arrival
+        self.mm_ranges: List[MMRange] = list(mm_ranges or [])
+        self.mm_data = mm_data  # opaque to the scheduler; the model runner hands it to the model
+        self.status = SequenceStatus.WAITING
+        self.block_table: List[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hits at the last admission
+        self.num_preemptions = 0
+        self.finish_reason: Optional[str] = None
+        self.generator = None  # torch.Generator, made by the engine when the request is added
+        # One entry per output token: {token_id: logprob}, sampled token first.
+        self.output_logprobs: List[Dict[int, float]] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> List[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> List[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_table})")

@@ -1,0 +1,177 @@
+"""Offline throughput of the generation engine against transformers baselines.
+
+    .venv/bin/python benchmarks/engine_throughput.py                 # full run (32 requests)
+    .venv/bin/python benchmarks/engine_throughput.py --num-requests 8 --hf-requests 4   # quick
+
+Bench model: random Llama (hidden 512, intermediate 1408, 8 layers, 8 heads, vocab 32000), fp32.
+Requests: prompt lengths uniform in [32, 256], forced output lengths uniform in [16, 128]
+(ignore_eos), seed 0. Prints output tokens/s for our engine, HF generate one request at a time and HF
+generate in left-padded static batches, plus engine step time vs a bare forward of the same batch,
+KV slot utilisation, and the engine in bf16.
+"""
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def build_model(path: str) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = 32000
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="w2", bos_token="w1",
+                            unk_token="w0").save_pretrained(path)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024,
+                      bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+
+
+def make_requests(n: int, seed: int = 0):
+    rng = random.Random(seed)
+    return [([rng.randrange(3, 32000) for _ in range(rng.randint(32, 256))], rng.randint(16, 128))
+            for _ in range(n)]
+
+
+class StepProbe:
+    """Wraps the executor: times each engine step's model run, and re-runs the bare forward of
+    decode-only steps on the same inputs for the overhead figure. Also samples KV utilisation."""
+
+    def __init__(self, engine, bare_samples: int = 8):
+        self.engine, self.executor = engine, engine.executor
+        self.bare_samples = bare_samples
+        self.last_step = None
+        self.forward_s, self.batches, self.util = [], [], []
+        engine.executor = self
+
+    def run(self, out):
+        step = self.executor.runner.prepare(out)
+        self.last_step = step if all(n == 1 for n in step.query_lens) else None
+        return self.executor.runner.run(step, out)
+
+    def after_step(self):
+        running = self.engine.scheduler.running
+        slots = sum(len(s.block_table) for s in running) * self.engine.cfg.block_size
+        if slots:
+            self.util.append((sum(s.num_computed_tokens for s in running), slots))
+        if self.last_step is not None and len(self.forward_s) < self.bare_samples:
+            runner = self.executor.runner
+            t = time.perf_counter()
+            runner.execute(self.last_step)  # rewrites the same K/V values: harmless
+            self.forward_s.append(time.perf_counter() - t)
+            self.batches.append(len(self.last_step.query_lens))
+            return True
+        return False
+
+
+def run_engine(path, requests, dtype, max_seqs):
+    from appliance.config.schema import EngineConfig
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+
+    cfg = EngineConfig(dtype=dtype, kv_cache_memory_bytes=512 * 2 ** 20, max_num_seqs=max_seqs,
+                       max_num_batched_tokens=2048, enable_prefix_caching=False)
+    engine = LLMEngine(path, cfg)
+    engine.generate([requests[0][0][:8]], SamplingParams(temperature=0, max_tokens=2))  # warm-up
+    probe = StepProbe(engine)
+    for prompt, n in requests:
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, seed=0))
+    produced, decode_step_s, bare_time = 0, [], 0.0
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        t = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t
+        produced += sum(len(o.new_token_ids) for o in outs)
+        t = time.perf_counter()
+        if probe.after_step():
+            decode_step_s.append(dt)
+        bare_time += time.perf_counter() - t
+    wall = time.perf_counter() - start - bare_time
+    live, slots = map(sum, zip(*probe.util))
+    assert produced == sum(n for _, n in requests), "engine produced the wrong number of tokens"
+    return {"tok_s": produced / wall, "wall": wall, "step": statistics.median(decode_step_s),
+            "forward": statistics.median(probe.forward_s), "batch": statistics.median(probe.batches),
+            "util": live / slots, "stats": engine.stats()}
+
+
+def run_hf(path, requests, batch_size):
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    produced = 0
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(requests), batch_size):
+            chunk = requests[i:i + batch_size]
+            width = max(len(p) for p, _ in chunk)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in chunk])  # left padding
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+            n = max(m for _, m in chunk)
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)
+            produced += sum(m for _, m in chunk)  # useful tokens only; padding rows' extras don't count
+    return produced / (time.perf_counter() - start)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--hf-requests", type=int, default=None,
+                    help="requests for the HF sequential baseline (default: all; tokens/s is per-token)")
+    ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-bf16", action="store_true")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for every system (on a loaded shared host 1 avoids OpenMP stalls)")
+    ap.add_argument("--model-dir", default=None, help="reuse a bench model built by an earlier run")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()}")
+    tmp = None
+    path = args.model_dir
+    if path is None or not os.path.exists(os.path.join(path, "config.json")):
+        tmp = tempfile.TemporaryDirectory()
+        path = path or tmp.name
+        build_model(path)
+    requests = make_requests(args.num_requests)
+    print(f"{len(requests)} requests, {sum(len(p) for p, _ in requests)} prompt tokens, "
+          f"{sum(n for _, n in requests)} output tokens")
+
+    rows = []
+    fp32 = run_engine(path, requests, "float32", args.max_num_seqs)
+    rows.append(("engine fp32", fp32["tok_s"]))
+    if not args.skip_hf:
+        rows.append(("HF generate, sequential", run_hf(path, requests[: args.hf_requests], 1)))
+        rows.append((f"HF generate, static batch {args.hf_batch}", run_hf(path, requests, args.hf_batch)))
+    if not args.skip_bf16:
+        rows.append(("engine bf16", run_engine(path, requests, "bfloat16", args.max_num_seqs)["tok_s"]))
+
+    base = dict(rows).get("HF generate, sequential")
+    print(f"\n{'system':32s} {'out tok/s':>10s} {'vs sequential':>14s}")
+    for name, tps in rows:
+        print(f"{name:32s} {tps:10.1f} {(f'{tps / base:.1f}x' if base else '-'):>14s}")
+    overhead = (fp32["step"] - fp32["forward"]) / fp32["forward"] * 100
+    print(f"\ndecode step (batch {fp32['batch']}): engine step {fp32['step'] * 1e3:.1f} ms, bare forward "
+          f"{fp32['forward'] * 1e3:.1f} ms, overhead {overhead:.1f}%")
+    print(f"KV slot utilisation (live tokens / allocated slots, all steps): {fp32['util'] * 100:.1f}%")
+    print(f"engine stats: {fp32['stats']}")
+    print(f"load average after: {os.getloadavg()}")
+    if tmp:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

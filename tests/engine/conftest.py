@@ -1,0 +1,46 @@
+"""Tiny random Llama checkpoints (+ a byte-level BPE tokenizer) and shared parity helpers."""
+import pytest
+import torch
+
+from tests.engine.helpers import build_checkpoint
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory):
+    """GQA Llama (4 heads, 2 KV heads), untied, single safetensors file."""
+    return build_checkpoint(tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="session")
+def sharded_tied_dir(tmp_path_factory):
+    """Tied embeddings, saved as several shards with an index.json."""
+    return build_checkpoint(tmp_path_factory.mktemp("llama_tied"), tie_word_embeddings=True,
+                            max_shard_size="40KB", seed=1)
+
+
+ROPE_VARIANTS = {
+    "llama3": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "linear": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+}
+
+
+@pytest.fixture(scope="session", params=sorted(ROPE_VARIANTS))
+def rope_scaled_dir(request, tmp_path_factory):
+    return build_checkpoint(tmp_path_factory.mktemp(f"llama_rope_{request.param}"), seed=2,
+                            max_position_embeddings=256, rope_parameters=ROPE_VARIANTS[request.param])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    # The 2 cores are shared with other jobs: OpenMP threads stall each other badly on tiny ops.
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield

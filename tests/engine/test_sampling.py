@@ -1,0 +1,166 @@
+"""Sampling parameters, stop conditions, abort and incremental detokenization through the engine."""
+import pytest
+
+from appliance.config.schema import EngineConfig
+from appliance.engine.detokenizer import IncrementalDetokenizer
+from appliance.engine.llm_engine import LLMEngine
+from appliance.engine.sampling_params import SamplingParams
+from tests.engine.helpers import assert_no_block_leaks, random_prompts
+
+
+@pytest.fixture(scope="module")
+def engine(llama_dir):
+    eng = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=256, seed=123))
+    yield eng
+    assert_no_block_leaks(eng)
+
+
+PROMPTS = random_prompts(400, [4, 9, 17, 30, 6], seed=11)
+
+
+def sample(**kw):
+    return SamplingParams(**{"temperature": 1.0, "max_tokens": 16, "ignore_eos": True, **kw})
+
+
+def test_seed_reproducible_regardless_of_batch(engine):
+    alone = engine.generate([PROMPTS[0]], sample(seed=42))[0].token_ids
+    batched = engine.generate(PROMPTS, [sample(seed=42)] + [sample(seed=i) for i in range(1, 5)])
+    assert batched[0].token_ids == alone
+    other = engine.generate([PROMPTS[0]] * 3, [sample(seed=s) for s in (43, 44, 45)])
+    assert any(o.token_ids != alone for o in other), "different seeds should sample differently"
+
+
+def test_unseeded_requests_differ_but_engine_seed_is_reproducible(llama_dir, engine):
+    a = engine.generate([PROMPTS[1]] * 2, sample())
+    assert a[0].token_ids != a[1].token_ids
+    runs = [LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, seed=7)).generate([PROMPTS[1]] * 2, sample())
+            for _ in range(2)]
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+
+
+def test_top_k_one_equals_greedy(engine):
+    greedy = engine.generate(PROMPTS, sample(temperature=0))
+    top1 = engine.generate(PROMPTS, [sample(top_k=1, temperature=1.5, seed=i) for i in range(len(PROMPTS))])
+    assert [o.token_ids for o in top1] == [o.token_ids for o in greedy]
+
+
+def test_tiny_top_p_equals_greedy(engine):
+    greedy = engine.generate(PROMPTS, sample(temperature=0))
+    top_p = engine.generate(PROMPTS, sample(top_p=1e-6, seed=3))
+    assert [o.token_ids for o in top_p] == [o.token_ids for o in greedy]
+
+
+def test_max_tokens_and_logprobs(engine):
+    outs = engine.generate(PROMPTS, [sample(max_tokens=n, logprobs=3, seed=n) for n in (1, 2, 5, 7, 11)])
+    for n, o in zip((1, 2, 5, 7, 11), outs):
+        assert len(o.token_ids) == n and o.finish_reason == "length"
+        assert len(o.logprobs) == n
+        for tok, lps in zip(o.token_ids, o.logprobs):
+            assert next(iter(lps)) == tok  # sampled token first
+            assert 3 <= len(lps) <= 4 and all(lp <= 0 for lp in lps.values())
+
+
+def test_stop_token_ids(engine):
+    full = engine.generate([PROMPTS[2]], sample(temperature=0))[0]
+    stop_tok = full.token_ids[5]
+    first = full.token_ids.index(stop_tok)
+    out = engine.generate([PROMPTS[2]], sample(temperature=0, stop_token_ids=[stop_tok]))[0]
+    assert out.token_ids == full.token_ids[:first + 1] and out.finish_reason == "stop"
+
+
+def test_eos_and_ignore_eos(engine):
+    full = engine.generate([PROMPTS[3]], sample(temperature=0))[0]
+    saved = engine.eos_token_ids
+    engine.eos_token_ids = {full.token_ids[4]}  # pretend this token is the model's EOS
+    try:
+        first = full.token_ids.index(full.token_ids[4])
+        stopped = engine.generate([PROMPTS[3]], sample(temperature=0, ignore_eos=False))[0]
+        ignored = engine.generate([PROMPTS[3]], sample(temperature=0, ignore_eos=True))[0]
+    finally:
+        engine.eos_token_ids = saved
+    assert stopped.token_ids == full.token_ids[:first + 1] and stopped.finish_reason == "stop"
+    assert ignored.token_ids == full.token_ids and ignored.finish_reason == "length"
+
+
+def test_stop_string_truncates_text(engine):
+    full = engine.generate([PROMPTS[4]], sample(temperature=0, max_tokens=24))[0]
+    text = full.text
+    assert len(text) > 6
+    stop = text[3:6]
+    out = engine.generate([PROMPTS[4]], sample(temperature=0, max_tokens=24, stop=[stop]))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == text[: text.index(stop)]
+
+
+def test_streamed_deltas_add_up_to_text(engine):
+    engine.add_request(PROMPTS[0], sample(seed=5, max_tokens=20), request_id="stream")
+    deltas, final = [], None
+    while engine.has_unfinished():
+        for o in engine.step():
+            deltas.append(o.new_text)
+            final = o
+    assert final.finished and "".join(deltas) == final.text
+    assert final.text == engine.tokenizer.decode(final.token_ids, skip_special_tokens=True)
+
+
+def test_abort(engine):
+    engine.add_request(PROMPTS[0], sample(max_tokens=50), request_id="a")
+    engine.add_request(PROMPTS[1], sample(max_tokens=5), request_id="b")
+    engine.step()
+    engine.abort("a")
+    finished = []
+    while engine.has_unfinished():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished == ["b"]
+
+
+def test_invalid_params_are_clear():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+
+
+def test_request_too_long_for_cache_is_rejected(llama_dir):
+    eng = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=2))
+    with pytest.raises(ValueError, match="KV blocks"):
+        eng.add_request(list(range(3, 40)), SamplingParams(max_tokens=10))
+    assert not eng.has_unfinished()
+
+
+def test_multibyte_detokenization(engine):
+    tok = engine.tokenizer
+    text = "héllo 日本語 😀🚀 €∑ ça"
+    ids = tok.encode(text)
+    partial = [i for i in ids if "\ufffd" in tok.decode([i])]
+    assert partial, "the test tokenizer must split some multi-byte characters across tokens"
+    detok = IncrementalDetokenizer(tok, [5, 6])
+    deltas = [detok.add(i) for i in ids]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == text == detok.text
+
+
+def test_stop_string_spanning_tokens():
+    class CharTok:  # one character per token
+        def decode(self, ids, **kw):
+            return "".join(chr(i) for i in ids)
+
+    detok = IncrementalDetokenizer(CharTok(), [], stop=["cd"])
+    deltas = [detok.add(ord(c)) for c in "abcdef"]
+    assert detok.stopped and detok.text == "ab"
+    assert "".join(deltas).startswith("ab")
+
+
+def test_from_config_composes_engine_group(llama_dir):
+    from omegaconf import OmegaConf
+
+    from appliance.config.schema import AppConfig
+    app = OmegaConf.merge(OmegaConf.structured(AppConfig), {
+        "pipeline": {"name": "x", "inputs": [], "stages": []},
+        "model": {"name": "tiny", "architecture": "LlamaForCausalLM", "path": llama_dir},
+        "engine": {"num_kv_blocks": 32, "max_num_seqs": 4}})
+    engine = LLMEngine.from_config(app)
+    assert engine.block_manager.num_blocks == 32 and engine.scheduler.max_num_seqs == 4
+    out = engine.generate(["héllo wörld"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
+    assert len(out.token_ids) == 3
+    assert_no_block_leaks(engine)
