@@ -79,8 +79,11 @@ class EngineStage(Stage):
                 params = SamplingParams(**{**self.options.sampling, **(record.get("sampling") or {})})
             except (TypeError, ValueError) as e:
                 raise InputError(f"sampling: {e}") from None
-            request_id = self.engine.add_request(record["prompt"], params, mm_ranges=record.get("mm_ranges"),
-                                                 mm_data=record.get("mm_data"))
+            try:
+                request_id = self.engine.add_request(record["prompt"], params, mm_ranges=record.get("mm_ranges"),
+                                                     mm_data=record.get("mm_data"))
+            except ValueError as e:  # e.g. a prompt longer than the model's context
+                raise InputError(f"prompt: {e}") from None
             pending.append((request_id, record))
         while self.engine.has_unfinished():
             results.update({out.request_id: out for out in self.engine.step() if out.finished})

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+import rasterio
 
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.config import TilingConfig, effective_stride
@@ -38,6 +39,14 @@ def pad_to_tile(pixels: np.ndarray, tile_size: int, mode: str) -> np.ndarray:
     return np.pad(pixels, ((0, 0), (0, tile_size - h), (0, tile_size - w)), mode=mode)
 
 
+def block_cache_bytes(ds, tile_size: int) -> int:
+    """GDAL keeps decoded blocks up to GDAL_CACHEMAX (default 5% of RAM), so its cache grows with the
+    scene's area; one band of tile rows is enough for overlapping windows to hit it."""
+    block_height = ds.block_shapes[0][0]
+    row_band = (tile_size + 2 * block_height) * ds.width * ds.count * np.dtype(ds.dtypes[0]).itemsize
+    return max(16 << 20, row_band)
+
+
 @register_stage
 class Tile(Stage):
     name = "tile"
@@ -54,7 +63,7 @@ class Tile(Stage):
         for record in records:
             scene = record["scene"]
             plan = plan_tiles(scene.height, scene.width, size, self.stride)
-            with open_raster(scene.path) as ds:
+            with open_raster(scene.path) as ds, rasterio.Env(GDAL_CACHEMAX=block_cache_bytes(ds, size)):
                 for window in plan.tiles():
                     pixels, valid = read_window(ds, scene, window.y, window.x, window.height, window.width)
                     yield {

@@ -1,0 +1,186 @@
+"""`appliance run pipeline=prithvi_flood` as a user runs it: a subprocess, a real (tiny, random) Prithvi.
+
+Good runs write a GeoTIFF on the input's grid; bad inputs exit 2 with one stderr line naming the
+file or field, no traceback, and leave no mask or temp file behind.
+"""
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+import torch
+from affine import Affine
+from rasterio.errors import NotGeoreferencedWarning
+
+from appliance.config.compose import compose
+from appliance.engine.models.prithvi import build_prithvi_segmentation, save_safetensors
+from tests.conftest import assert_user_error, run_cli
+from tests.geo.conftest import synthetic
+
+# Prithvi's architecture at toy size: the run costs the CLI's start-up, not the model.
+TINY = ["model.prithvi.embed_dim=32", "model.prithvi.depth=2", "model.prithvi.num_heads=2",
+        "model.prithvi.selected_indices=[0,1,1,1]", "model.prithvi.decoder_channels=16",
+        "model.prithvi.coords_encoding=[]", "model.prithvi.coords_scale_learn=false"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    cfg = compose(["pipeline=prithvi_flood", *TINY])
+    torch.manual_seed(0)
+    model = build_prithvi_segmentation(cfg.model.prithvi, in_chans=len(cfg.model.geo.bands))
+    path = tmp_path_factory.mktemp("prithvi") / "tiny.safetensors"
+    save_safetensors(model, path)
+    return path
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    return src, out
+
+
+def flood(checkpoint, input, output, *extra):
+    """`appliance run pipeline=prithvi_flood` with the tiny model and 64-pixel tiles."""
+    if isinstance(input, (list, tuple)):
+        input = "[" + ",".join(map(str, input)) + "]"
+    return run_cli("run", "pipeline=prithvi_flood", f"input={input}", f"output={output}",
+                   f"model.checkpoint={checkpoint}", *TINY, "pipeline.stages.2.tile_size=64", *extra, timeout=120,
+                   env={"OMP_NUM_THREADS": "1"})  # one thread: faster on cores that others share
+
+
+def listing(*directories):
+    return [sorted(p.name for p in d.iterdir()) for d in directories]
+
+
+def write_raster(path, data, crs="EPSG:32615", nodata=None, descriptions=synthetic.BANDS):
+    count, height, width = data.shape
+    georef = dict(crs=crs, transform=Affine(30, 0, 500000, 0, -30, 3300000)) if crs else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=count,
+                           dtype=data.dtype, nodata=nodata, **georef) as dst:
+            dst.write(data)
+            for band, name in enumerate(descriptions[:count], 1):
+                dst.set_band_description(band, name)
+    return path
+
+
+def assert_mask_matches(mask_path, scene_path):
+    """The mask is on the scene's grid, uint8, 255 exactly where the scene has nodata, else 0/1."""
+    with rasterio.open(scene_path) as src, rasterio.open(mask_path) as dst:
+        assert (dst.width, dst.height, dst.count) == (src.width, src.height, 1)
+        assert dst.crs == src.crs and dst.transform == src.transform
+        assert dst.dtypes == ("uint8",) and dst.nodata == 255
+        nodata = (src.read() == src.nodata).any(axis=0)
+        mask = dst.read(1)
+    assert np.array_equal(mask == 255, nodata)
+    assert set(np.unique(mask[~nodata])) <= {0, 1}
+    return mask
+
+
+def test_run_writes_mask_on_the_input_grid(checkpoint, dirs):
+    src, out = dirs
+    scene = synthetic.write_scene(src / "a.tif", 100, 130, seed=1)
+    (out / "mask.tif").write_bytes(b"old")  # replaced: overwrite=true
+    result = flood(checkpoint, scene, out / "mask.tif", "overwrite=true")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [result.stdout.strip()]
+    assert result.stdout.startswith(f"wrote {out / 'mask.tif'}: 130x100, 6 tiles, water ")
+    assert "Traceback" not in result.stderr
+    mask = assert_mask_matches(out / "mask.tif", scene)
+    assert (mask == 255).any(), "the synthetic scene has nodata patches"
+    assert listing(src, out) == [["a.tif"], ["mask.tif"]]
+
+
+@pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")  # reading nocrs.tif here
+def test_several_inputs_into_a_directory_including_all_nodata_and_no_crs(checkpoint, dirs):
+    """One run, three scenes: a normal one, one that is all nodata (all 255), one without a CRS (a warning)."""
+    src, out = dirs
+    a = synthetic.write_scene(src / "a.tif", 70, 90, seed=1)
+    empty = write_raster(src / "empty.tif", np.full((6, 40, 50), -9999, np.int16), nodata=-9999)
+    dn, _ = synthetic.make_scene(40, 70, seed=4)
+    nocrs = write_raster(src / "nocrs.tif", dn, crs=None, nodata=synthetic.NODATA_DN)
+    result = flood(checkpoint, [a, empty, nocrs], out / "masks")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3, lines
+    assert "a.mask.tif: 90x70, 4 tiles" in lines[0]
+    assert "empty.mask.tif: 50x40, 1 tile, water n/a, nodata 100.0%" in lines[1]
+    assert "nocrs.mask.tif: 70x40, 2 tiles" in lines[2]
+    assert "nocrs.tif has no CRS" in result.stderr and "Traceback" not in result.stderr
+    assert listing(out / "masks") == [["a.mask.tif", "empty.mask.tif", "nocrs.mask.tif"]]
+    assert_mask_matches(out / "masks" / "a.mask.tif", a)
+    assert_mask_matches(out / "masks" / "nocrs.mask.tif", nocrs)
+    with rasterio.open(out / "masks" / "empty.mask.tif") as dst:
+        assert (dst.read(1) == 255).all() and (dst.width, dst.height) == (50, 40)
+
+
+def make_bad(kind, src, out):
+    """(input, output, extra overrides) for a bad run of `kind`."""
+    scene = src / "scene.tif"
+    if kind == "not_tiff":
+        scene.write_text("this is not a raster\n")
+    elif kind == "truncated":
+        synthetic.write_scene(scene, 300, 400, seed=1)
+        scene.write_bytes(scene.read_bytes()[: scene.stat().st_size // 2])
+    elif kind == "four_bands":
+        write_raster(scene, np.ones((4, 20, 20), np.int16))
+    else:
+        synthetic.write_scene(scene, 30, 30, seed=1)
+    if kind == "output_is_input":
+        return scene, scene, ["overwrite=true"]
+    if kind == "output_exists":
+        (out / "m.tif").write_bytes(b"old")
+    if kind == "missing_checkpoint":
+        return scene, out / "m.tif", ["model.checkpoint=/nope.pt"]
+    return scene, out / "m.tif", []
+
+
+@pytest.mark.parametrize("kind, fragments", [
+    ("not_tiff", ["scene.tif: cannot be read as a GeoTIFF"]),
+    ("truncated", ["scene.tif: is truncated or corrupt"]),
+    ("four_bands", ["scene.tif", "has 4 bands but the model expects 6"]),
+    ("output_is_input", ["output:", "scene.tif is an input scene"]),
+    ("output_exists", ["m.tif exists; pass overwrite=true"]),
+    ("missing_checkpoint", ["model.checkpoint: /nope.pt is not a file"]),
+])
+def test_bad_input_is_one_line_and_leaves_nothing(checkpoint, dirs, kind, fragments):
+    src, out = dirs
+    scene, output, extra = make_bad(kind, src, out)
+    before = listing(src, out)
+    result = flood(checkpoint, scene, output, *extra)
+    assert_user_error(result, *fragments)
+    assert result.stdout == ""
+    assert listing(src, out) == before
+    if kind == "output_exists":
+        assert (out / "m.tif").read_bytes() == b"old"
+
+
+def can_create_file_in(directory):
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def test_unwritable_output_directory(checkpoint, dirs):
+    src, out = dirs
+    scene = synthetic.write_scene(src / "s.tif", 30, 30, seed=1)
+    out.chmod(0o500)
+    try:
+        target = out
+        if can_create_file_in(out):  # root ignores the mode; sysfs refuses new files even to root
+            target = Path("/sys")
+            if not target.is_dir() or can_create_file_in(target):
+                pytest.skip("no directory this user cannot write to")
+        result = flood(checkpoint, scene, target / "m.tif")
+        assert_user_error(result, f"cannot write to directory {target}")
+        assert result.stdout == ""
+        assert listing(src, out) == [["s.tif"], []]
+    finally:
+        out.chmod(0o700)
