@@ -1,6 +1,6 @@
 """Per-step batch metadata: built once by the model runner, read by every attention layer."""
-from dataclasses import dataclass
-from typing import List
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 import torch
 
@@ -20,6 +20,10 @@ class StepInput:
     context_lens: List[int]  # tokens each sequence attends to after this step (cached + new)
     block_tables: List[List[int]]
     sample_rows: List[int]  # rows whose logits pick a next token (the last row of finished prefills)
+    # Multimodal: rows whose input embedding is an image embedding rather than the token's, and those
+    # embeddings [len(mm_rows), hidden] (rank 0 computes them). Empty / None on text-only steps.
+    mm_rows: List[int] = field(default_factory=list)
+    mm_embeds: Optional[torch.Tensor] = None
 
 
 @dataclass

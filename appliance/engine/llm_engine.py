@@ -10,6 +10,8 @@ from appliance.config.schema import EngineConfig, EngineKind
 from appliance.engine.block_manager import BlockManager
 from appliance.engine.detokenizer import IncrementalDetokenizer
 from appliance.engine.executor import make_executor
+from appliance.engine.models import get_model_class
+from appliance.engine.multimodal import mm_ranges as mm_ranges_of
 from appliance.engine.outputs import RequestOutput
 from appliance.engine.sampler import SamplerOutput
 from appliance.engine.sampling_params import SamplingParams
@@ -36,14 +38,17 @@ class LLMEngine:
             raise ValueError("LLMEngine serves engine.kind=generate; use PoolEngine for kind=pool")
         self.cfg = cfg
         hf_config = AutoConfig.from_pretrained(model_path)
+        self.hf_config = hf_config
+        token = getattr(hf_config, "image_token_id", None)  # multimodal models only
+        self.image_token_id = token if token is not None else getattr(hf_config, "image_token_index", None)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
-        self.max_model_len = self._max_model_len(hf_config, cfg)
+        self.max_model_len = self._max_model_len(hf_config.get_text_config(), cfg)
         self.executor = make_executor(model_path, hf_config, cfg, self.max_model_len, tp_timeout_s)
         self.block_manager = BlockManager(self.executor.num_kv_blocks, cfg.block_size,
                                           cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_batched_tokens, cfg.max_num_seqs,
                                    self.max_model_len)
-        self.eos_token_ids = self._eos_ids(hf_config, self.tokenizer)
+        self.eos_token_ids = self._eos_ids(hf_config.get_text_config(), self.tokenizer)
         self.seed_rng = torch.Generator().manual_seed(cfg.seed)  # seeds for requests that give none
         self.device = torch.device(cfg.device)
         self.detokenizers: Dict[str, IncrementalDetokenizer] = {}
@@ -80,6 +85,8 @@ class LLMEngine:
                     mm_data=None) -> str:
         params = sampling_params or SamplingParams()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if mm_data or self.image_token_id is not None:
+            mm_ranges = self._check_mm(ids, list(mm_data or []), mm_ranges)
         arrival = next(self.arrivals)
         request_id = str(arrival) if request_id is None else request_id
         seq = Sequence(request_id, ids, params, arrival, mm_ranges, mm_data)
@@ -89,6 +96,35 @@ class LLMEngine:
         self.scheduler.add(seq)  # raises if the request can never fit
         self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
         return request_id
+
+    def _check_mm(self, ids: List[int], mm_data, mm_ranges: Optional[List[MMRange]]) -> List[MMRange]:
+        """Items in prompt order, each on a run of image tokens, and no image token without an item;
+        the items' ranges key the prefix cache. Raises ValueError before anything is scheduled."""
+        token = self.image_token_id
+        if token is None:
+            raise ValueError(f"mm_data was given but {self.hf_config.architectures} is not a multimodal model")
+        n_placeholders = ids.count(token)
+        if n_placeholders != sum(item.num_tokens for item in mm_data):
+            raise ValueError(f"the prompt holds {n_placeholders} image tokens ({token}) but mm_data covers "
+                             f"{sum(item.num_tokens for item in mm_data)}; every image token must belong to "
+                             f"an ImageItem (expand each image's token to its num_tokens)")
+        if not mm_data:
+            return mm_ranges
+        model_cls = get_model_class(self.hf_config.architectures[0])
+        end = 0
+        for i, item in enumerate(mm_data):
+            model_cls.check_image_item(self.hf_config, item)
+            run = ids[item.offset:item.offset + item.num_tokens]
+            if item.offset < end or item.num_tokens < 1 or len(run) != item.num_tokens \
+                    or any(t != token for t in run):
+                raise ValueError(f"mm_data[{i}] ({item.content_hash}): offset {item.offset}, num_tokens "
+                                 f"{item.num_tokens} must cover a run of image tokens ({token}) in the "
+                                 f"prompt, in order and without overlap")
+            end = item.offset + item.num_tokens
+        derived = mm_ranges_of(mm_data)
+        if mm_ranges is not None and [tuple(r) for r in mm_ranges] != derived:
+            raise ValueError(f"mm_ranges {mm_ranges} disagree with mm_data's {derived}; pass mm_data alone")
+        return derived
 
     def abort(self, request_id: str) -> None:
         seq = self.scheduler.requests.get(request_id)
@@ -166,7 +202,9 @@ class LLMEngine:
 
     def stats(self) -> dict:
         bm = self.block_manager
-        return {"num_preemptions": self.scheduler.num_preemptions,
+        cache = self.executor.runner.encoder_cache
+        return {**(cache.stats() if cache is not None else {}),  # encoder cache: multimodal models
+                "num_preemptions": self.scheduler.num_preemptions,
                 "num_chunked_prefills": self.scheduler.num_chunked_prefills,
                 "prefix_cache_hit_tokens": bm.num_hit_tokens, "prefix_cache_query_tokens": bm.num_query_tokens,
                 "kv_blocks_total": bm.num_blocks, "kv_blocks_free": bm.num_free_blocks,

@@ -2,15 +2,24 @@
 
 It makes no scheduling decisions: `prepare` flattens what the scheduler chose, `execute` runs the
 forward (every tensor-parallel rank calls it), `run` adds sampling on rank 0.
+
+Multimodal models (those with `image_embeddings(item)`): `prepare` (rank 0 only) finds, for each
+scheduled chunk [start, end), the `ImageItem`s of `seq.mm_data` whose placeholder run overlaps it, gets
+each item's embeddings once per request (held for the request's later chunks; across requests through
+the `EncoderCache`, keyed by content hash; the step's misses in one `model.embed_images` call) and puts
+the overlapping slice into the step
+(`mm_rows`, `mm_embeds`). `execute` embeds the tokens and overwrites those rows.
 """
-from typing import Optional
+import weakref
+from typing import Dict, Optional
 
 import torch
 
 from appliance.config.schema import EngineConfig
 from appliance.engine.attention import select_backend
 from appliance.engine.context import StepContext, StepInput
-from appliance.engine.loader import load_weights
+from appliance.engine.encoder_cache import DEFAULT_BUDGET_BYTES, EncoderCache
+from appliance.engine.loader import iter_weights, load_weights
 from appliance.engine.models import get_model_class
 from appliance.engine.parallel import ParallelState
 from appliance.engine.sampler import Sampler, SamplerOutput
@@ -27,7 +36,8 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, cfg: EngineConfig, max_model_len: int,
-                 tp: Optional[ParallelState] = None, device: Optional[torch.device] = None):
+                 tp: Optional[ParallelState] = None, device: Optional[torch.device] = None,
+                 encoder_cache_bytes: int = DEFAULT_BUDGET_BYTES):
         self.cfg = cfg
         self.tp = tp or ParallelState()
         self.device = device or torch.device(cfg.device)
@@ -38,9 +48,16 @@ class ModelRunner:
         with torch.device(self.device):
             model = get_model_class(arch)(hf_config, self.tp, backend, max_model_len)
         self.model = model.to(self.dtype).eval()
-        load_weights(self.model, model_path)
+        if hasattr(self.model, "load_weights"):  # models with their own checkpoint layouts (LLaVA)
+            self.model.load_weights(iter_weights(model_path))
+        else:
+            load_weights(self.model, model_path)
         self.num_kv_blocks = self._allocate_kv_cache()
         self.sampler = Sampler()
+        self.multimodal = hasattr(self.model, "image_embeddings")
+        self.encoder_cache = EncoderCache(encoder_cache_bytes) if self.multimodal else None
+        # Per in-flight request: embeddings its later prefill chunks still need (gone with the Sequence).
+        self._held: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def _allocate_kv_cache(self) -> int:
         layers = self.model.attention_layers()
@@ -61,9 +78,14 @@ class ModelRunner:
         step = StepInput([], [], [], [], [], [], [])
         bs = self.block_size
         row = 0
+        mm_pieces = []
+        if self.multimodal:
+            self._encode_new_images(out)
         for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
+            if seq.mm_data and self.multimodal:
+                self._image_rows(seq, start, end, row, step.mm_rows, mm_pieces)
             step.input_ids += seq.token_ids[start:end]
             step.positions += range(start, end)
             table = seq.block_table
@@ -74,14 +96,60 @@ class ModelRunner:
             row += item.num_new_tokens
             if item.samples:
                 step.sample_rows.append(row - 1)
+        if mm_pieces:
+            step.mm_embeds = torch.cat(mm_pieces)
         return step
+
+    def _overlapping(self, seq, start: int, end: int):
+        for image in seq.mm_data:
+            lo, hi = max(start, image.offset), min(end, image.offset + image.num_tokens)
+            if lo < hi:
+                yield image, lo, hi
+
+    def _encode_new_images(self, out: SchedulerOutput) -> None:
+        """Embeddings of the step's images not yet held for their request: from the encoder cache, the
+        misses encoded together (one tower call for the step)."""
+        need = []
+        for item in out.scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            if seq.mm_data:
+                held = self._held.setdefault(seq, {})
+                need += [(held, image) for image, _, _ in self._overlapping(seq, start, start + item.num_new_tokens)
+                         if image.content_hash not in held]
+        if not need:
+            return
+        with torch.inference_mode():
+            embs = self.encoder_cache.get_or_compute_many(
+                [image.content_hash for _, image in need],
+                lambda idx: self.model.embed_images([need[i][1] for i in idx]))
+        for (held, image), emb in zip(need, embs):
+            held[image.content_hash] = emb
+
+    def _image_rows(self, seq, start: int, end: int, row: int, rows: list, pieces: list) -> None:
+        """Rows (of the flattened batch) and embeddings of the image placeholders in [start, end)."""
+        held: Dict[str, torch.Tensor] = self._held[seq]
+        for image, lo, hi in self._overlapping(seq, start, end):
+            emb = held[image.content_hash]
+            rows.extend(range(row + lo - start, row + hi - start))
+            pieces.append(emb[lo - image.offset:hi - image.offset])
+        # Stop holding what no later chunk needs (an image may appear twice in one prompt).
+        later = {im.content_hash for im in seq.mm_data if im.offset + im.num_tokens > end}
+        for h in [h for h in held if h not in later]:
+            del held[h]
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:
         """One forward over the flattened batch; logits [S, V] of the rows that sample."""
         ctx = StepContext.build(step, self.block_size, self.device)
         ids = torch.tensor(step.input_ids, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, ctx.positions, ctx)
+        if step.mm_rows:
+            rows = torch.tensor(step.mm_rows, dtype=torch.long, device=self.device)
+            ids[rows] = 0  # placeholder ids may lie outside the vocab; their embeddings are replaced
+            embeds = self.model.embed_tokens(ids)
+            embeds[rows] = step.mm_embeds.to(embeds.device, embeds.dtype)
+            hidden = self.model(None, ctx.positions, ctx, inputs_embeds=embeds)
+        else:
+            hidden = self.model(ids, ctx.positions, ctx)
         return self.model.compute_logits(hidden[ctx.sample_rows])
 
     def run(self, step: StepInput, out: SchedulerOutput) -> SamplerOutput:

@@ -1,11 +1,14 @@
 """Tensor parallelism: rank 0 runs in this process, ranks 1..N-1 in spawned worker processes.
 
 Control plane: rank 0 schedules and sends each step's StepInput to every worker over a pipe (workers
-block on it, so an idle engine never trips a collective timeout). Data plane: the model's own
-collectives (gloo on CPU, NCCL on CUDA) on a group built from a TCPStore on a port the OS picks.
+block on it, so an idle engine never trips a collective timeout). For multimodal models the StepInput
+carries the image embeddings of the step's placeholder rows, computed once on rank 0; text-only steps
+carry none. Data plane: the model's own collectives (gloo on CPU, NCCL on CUDA) on a group built
+from a TCPStore on a port the OS picks.
 A worker that dies is noticed before the next step (liveness check) or inside the forward (the
 collective fails or times out); either way the engine raises instead of hanging.
 """
+import dataclasses
 import datetime
 import os
 import time
@@ -120,10 +123,13 @@ class TPExecutor:
         if self.closed:
             raise WorkerDiedError("the tensor-parallel engine is shut down; create a new one")
         self.check_alive()
-        step = self.runner.prepare(out)
+        step = self.runner.prepare(out)  # rank 0 also computes the step's image embeddings, if any
+        wire = step
+        if step.mm_embeds is not None and step.mm_embeds.device.type != "cpu":
+            wire = dataclasses.replace(step, mm_embeds=step.mm_embeds.cpu())  # each rank moves them to its device
         try:
             for conn in self.conns:
-                conn.send(step)
+                conn.send(wire)
             return self.runner.run(step, out)
         except (RuntimeError, OSError) as e:
             self.check_alive()  # prefer naming the dead rank

@@ -10,6 +10,8 @@ import importlib
 MODEL_REGISTRY = {
     "LlamaForCausalLM": ("appliance.engine.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("appliance.engine.models.llama", "LlamaForCausalLM"),
+    "LlavaForConditionalGeneration": ("appliance.engine.models.llava", "LlavaForConditionalGeneration"),
+    "LlavaNextForConditionalGeneration": ("appliance.engine.models.llava_next", "LlavaNextForConditionalGeneration"),
     "PrithviSegmentation": ("appliance.engine.models.prithvi", "PrithviSegmentation"),
 }
 
