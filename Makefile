@@ -16,11 +16,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# The main job on the embedded default model: flood-map the bundled sample scene.
 demo: install
-	$(BIN)/appliance check
+	$(BIN)/appliance run pipeline=prithvi_flood input=appliance/assets/samples/flood_sample.tif \
+		output=demo-output/flood_sample.mask.tif overwrite=true
 
 test: install
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info demo-output
