@@ -8,6 +8,7 @@ import logging
 import math
 import multiprocessing
 import signal
+from pathlib import Path
 from typing import Any, Dict, List
 
 import litserve as ls
@@ -21,6 +22,7 @@ from appliance.pipeline import Pipeline, build_pipeline
 
 log = logging.getLogger(__name__)
 OPEN_PATHS = ("/health", "/info")
+PATH_FIELDS = {"input", "output"}  # the run verb's file fields: they name files on the server
 
 
 class PipelineAPI(ls.LitAPI):
@@ -41,7 +43,22 @@ class PipelineAPI(ls.LitAPI):
         unknown = sorted(set(request) - set(allowed))
         if unknown:
             raise HTTPException(422, f"{unknown[0]}: unknown field (allowed: {', '.join(allowed)})")
+        for field in PATH_FIELDS.intersection(request):
+            self._check_paths(field, request[field])
         return {field: request.get(field) for field in allowed}
+
+    def _check_paths(self, field: str, value: Any) -> None:
+        """A client may name server-side files only inside `server.allowed_local_media_dir`."""
+        media_dir = self.cfg_container["server"]["allowed_local_media_dir"]
+        for path in value if isinstance(value, list) else [value]:
+            if path is None:
+                continue
+            if not media_dir:
+                raise HTTPException(422, f"{field}: server-side paths are refused; start the server with "
+                                         "server.allowed_local_media_dir=DIR to allow files under DIR")
+            root = Path(media_dir).resolve()
+            if not isinstance(path, str) or not Path(root, path).resolve().is_relative_to(root):
+                raise HTTPException(422, f"{field}: {path!r} is outside the allowed directory {root}")
 
     def predict(self, record: Dict[str, Any]) -> List[Dict[str, Any]]:
         try:

@@ -23,7 +23,8 @@ def server(tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "APPLIANCE_CONF_DIR": str(FRAME_CONF)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "appliance.cli", "serve", f"server.port={port}", "server.api_key=s3cret"],
+        [sys.executable, "-m", "appliance.cli", "serve", f"server.port={port}", "server.api_key=s3cret",
+         f"server.allowed_local_media_dir={tmp_path / 'media'}"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
@@ -69,8 +70,11 @@ def session_processes(session_id: int):
 
 
 def test_serve_runs_the_pipeline_and_rejects_bad_requests(server, tmp_path):
-    numbers = tmp_path / "n.txt"
+    (tmp_path / "media").mkdir()
+    numbers = tmp_path / "media" / "n.txt"
     numbers.write_text("2 4\n")
+    outside = tmp_path / "secret.txt"
+    outside.write_text("1\n")
     auth = {"Authorization": "Bearer s3cret"}
     ok = httpx.post(f"{server}/predict", json={"input": str(numbers)}, headers=auth, timeout=60)
     assert ok.status_code == 200, ok.text
@@ -79,8 +83,29 @@ def test_serve_runs_the_pipeline_and_rejects_bad_requests(server, tmp_path):
     assert httpx.post(f"{server}/predict", json={"input": str(numbers)}, timeout=60).status_code == 401
     unknown = httpx.post(f"{server}/predict", json={"inptu": "x"}, headers=auth, timeout=60)
     assert unknown.status_code == 422 and "inptu" in unknown.json()["detail"]
-    missing = httpx.post(f"{server}/predict", json={"input": str(tmp_path / "nope.txt")}, headers=auth, timeout=60)
+    escape = httpx.post(f"{server}/predict", json={"input": str(outside)}, headers=auth, timeout=60)
+    assert escape.status_code == 422 and "outside the allowed directory" in escape.json()["detail"]
+    dotdot = httpx.post(f"{server}/predict", json={"input": "../secret.txt"}, headers=auth, timeout=60)
+    assert dotdot.status_code == 422
+    missing = httpx.post(f"{server}/predict", json={"input": str(tmp_path / "media" / "nope.txt")},
+                         headers=auth, timeout=60)
     assert missing.status_code == 422 and "nope.txt" in missing.json()["detail"]
     # The server keeps serving after bad requests.
     again = httpx.post(f"{server}/predict", json={"input": str(numbers)}, headers=auth, timeout=60)
     assert again.status_code == 200
+
+
+def test_paths_are_refused_unless_the_server_allows_a_directory(frame_conf, tmp_path):
+    from fastapi import HTTPException
+
+    from appliance.config.compose import compose
+    from appliance.serving.server import PipelineAPI
+
+    closed = PipelineAPI(compose([]))
+    with pytest.raises(HTTPException) as info:
+        closed.decode_request({"input": str(tmp_path / "n.txt")})
+    assert info.value.status_code == 422 and "allowed_local_media_dir" in info.value.detail
+    opened = PipelineAPI(compose([f"server.allowed_local_media_dir={tmp_path}"]))
+    assert opened.decode_request({"input": str(tmp_path / "n.txt")}) == {"input": str(tmp_path / "n.txt")}
+    with pytest.raises(HTTPException):
+        opened.decode_request({"input": [str(tmp_path / "a.txt"), "/etc/passwd"]})
