@@ -1,7 +1,7 @@
 """Load HF safetensors checkpoints (single file or sharded index) into our fused, sharded params."""
 import json
 import os
-from typing import Iterator, List, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from safetensors import safe_open
@@ -31,19 +31,35 @@ def iter_weights(path: str) -> Iterator[Tuple[str, torch.Tensor]]:
 
 
 def load_weights(model: nn.Module, path: str) -> None:
-    """Copy every checkpoint tensor into its parameter through the parameter's weight_loader."""
+    """Copy every checkpoint tensor in `path` into its parameter."""
+    tied = getattr(model, "tie_word_embeddings", False)
+
+    def skip(name: str) -> bool:
+        return "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight")
+
+    load_named_weights(model, iter_weights(path), skip, source=path)
+
+
+def load_named_weights(model: nn.Module, weights: Iterable[Tuple[Optional[str], torch.Tensor]],
+                       skip: Callable[[str], bool] = lambda name: False, fuse_under: str = "",
+                       source: str = "checkpoint") -> None:
+    """Copy (name, tensor) pairs into parameters through each parameter's weight_loader.
+
+    Names mapped to None and names `skip` accepts are dropped; q/k/v and gate/up are fused per
+    `packed_modules_mapping` only for names under `fuse_under` (a CLIP tower keeps its own q/k/v).
+    """
     params = dict(model.named_parameters())
     mapping = getattr(model, "packed_modules_mapping", {})
-    tied = getattr(model, "tie_word_embeddings", False)
     loaded = set()
-    for name, tensor in iter_weights(path):
-        if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+    for name, tensor in weights:
+        if name is None or skip(name):
             continue
         shard_id = None
-        for src, (dst, sid) in mapping.items():
-            if f".{src}." in name:
-                name, shard_id = name.replace(f".{src}.", f".{dst}."), sid
-                break
+        if name.startswith(fuse_under):
+            for src, (dst, sid) in mapping.items():
+                if f".{src}." in name:
+                    name, shard_id = name.replace(f".{src}.", f".{dst}."), sid
+                    break
         if name not in params:
             raise KeyError(f"checkpoint tensor {name!r} has no matching model parameter; is the "
                            f"architecture in config.json right for this checkpoint?")
@@ -57,6 +73,6 @@ def load_weights(model: nn.Module, path: str) -> None:
             else:
                 loader(param, tensor, shard_id)
         loaded.add(name)
-    missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
+    missing = {n for n in params if n not in loaded and not skip(n)}
     if missing:
-        raise KeyError(f"checkpoint at {path} lacks parameters: {sorted(missing)[:8]}")
+        raise KeyError(f"{source} lacks parameters: {sorted(missing)[:8]}")

@@ -12,7 +12,7 @@ from affine import Affine
 from rasterio.errors import NotGeoreferencedWarning
 
 from appliance.errors import InputError
-from tests.geo.conftest import run_geo, stages, synthetic
+from tests.geo.conftest import run_geo, synthetic
 
 
 @pytest.fixture

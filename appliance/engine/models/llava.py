@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from appliance.engine.context import StepContext
-from appliance.engine.linear import default_weight_loader
+from appliance.engine.loader import load_named_weights
 from appliance.engine.models.llama import LlamaForCausalLM
 from appliance.engine.multimodal import ImageItem
 from appliance.engine.parallel import ParallelState
@@ -185,7 +185,9 @@ class LlavaForConditionalGeneration(nn.Module):
     # ---- weights ----------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Checkpoint tensors (any layout in the module docstring) into our parameters."""
-        load_named_weights(self, ((checkpoint_name(n), t) for n, t in weights), self.skip_param)
+        # q/k/v and gate/up fusion only under `language_model.`: the CLIP tower keeps its own q/k/v.
+        load_named_weights(self, ((checkpoint_name(n), t) for n, t in weights), self.skip_param,
+                           fuse_under="language_model.")
 
     def skip_param(self, name: str) -> bool:
         m = re.match(r"vision_tower\.encoder\.layers\.(\d+)\.", name)
@@ -207,36 +209,3 @@ def check_count(emb: torch.Tensor, item: ImageItem) -> torch.Tensor:
                          f"image embeddings (shape {tuple(emb.shape)}) but the prompt holds {item.num_tokens} "
                          f"placeholder tokens; expand the image token to the model's count")
     return emb
-
-
-def load_named_weights(model: nn.Module, weights, skip) -> None:
-    """Like `appliance.engine.loader.load_weights`, over renamed tensors; q/k/v and gate/up fusion
-    only under `language_model.` (the CLIP tower has its own q/k/v projections, kept as they are)."""
-    params = dict(model.named_parameters())
-    mapping = model.packed_modules_mapping
-    loaded = set()
-    for name, tensor in weights:
-        if name is None or skip(name):
-            continue
-        shard_id = None
-        if name.startswith("language_model."):
-            for src, (dst, sid) in mapping.items():
-                if f".{src}." in name:
-                    name, shard_id = name.replace(f".{src}.", f".{dst}."), sid
-                    break
-        if name not in params:
-            raise KeyError(f"checkpoint tensor {name!r} has no matching model parameter; is the "
-                           f"architecture in config.json right for this checkpoint?")
-        param = params[name]
-        loader = getattr(param, "weight_loader", None)
-        with torch.no_grad():
-            if loader is None:
-                default_weight_loader(param, tensor)
-            elif shard_id is None:
-                loader(param, tensor)
-            else:
-                loader(param, tensor, shard_id)
-        loaded.add(name)
-    missing = {n for n in params if n not in loaded and not skip(n)}
-    if missing:
-        raise KeyError(f"checkpoint lacks parameters: {sorted(missing)[:8]}")
