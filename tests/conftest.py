@@ -35,3 +35,25 @@ def assert_user_error(result, *fragments):
 def frame_conf(monkeypatch):
     monkeypatch.setenv("APPLIANCE_CONF_DIR", str(FRAME_CONF))
     return FRAME_CONF
+
+
+# Prithvi's architecture at toy size, for tests that exercise the pipeline rather than the model.
+TINY_PRITHVI = ["model.prithvi.embed_dim=32", "model.prithvi.depth=2", "model.prithvi.num_heads=2",
+                "model.prithvi.selected_indices=[0,1,1,1]", "model.prithvi.decoder_channels=16",
+                "model.prithvi.coords_encoding=[]", "model.prithvi.coords_scale_learn=false"]
+
+
+@pytest.fixture(scope="session")
+def tiny_prithvi_checkpoint(tmp_path_factory):
+    """Random weights of TINY_PRITHVI saved as our safetensors checkpoint."""
+    import torch
+
+    from appliance.config.compose import compose
+    from appliance.engine.models.prithvi import build_prithvi_segmentation, save_safetensors
+
+    cfg = compose(["pipeline=prithvi_flood", *TINY_PRITHVI])
+    torch.manual_seed(0)
+    model = build_prithvi_segmentation(cfg.model.prithvi, in_chans=len(cfg.model.geo.bands))
+    path = tmp_path_factory.mktemp("prithvi") / "tiny.safetensors"
+    save_safetensors(model, path)
+    return path

@@ -10,29 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rasterio
-import torch
 from affine import Affine
 from rasterio.errors import NotGeoreferencedWarning
 
-from appliance.config.compose import compose
-from appliance.engine.models.prithvi import build_prithvi_segmentation, save_safetensors
+from tests.conftest import TINY_PRITHVI as TINY
 from tests.conftest import assert_user_error, run_cli
 from tests.geo.conftest import synthetic
 
-# Prithvi's architecture at toy size: the run costs the CLI's start-up, not the model.
-TINY = ["model.prithvi.embed_dim=32", "model.prithvi.depth=2", "model.prithvi.num_heads=2",
-        "model.prithvi.selected_indices=[0,1,1,1]", "model.prithvi.decoder_channels=16",
-        "model.prithvi.coords_encoding=[]", "model.prithvi.coords_scale_learn=false"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    cfg = compose(["pipeline=prithvi_flood", *TINY])
-    torch.manual_seed(0)
-    model = build_prithvi_segmentation(cfg.model.prithvi, in_chans=len(cfg.model.geo.bands))
-    path = tmp_path_factory.mktemp("prithvi") / "tiny.safetensors"
-    save_safetensors(model, path)
-    return path
+@pytest.fixture
+def checkpoint(tiny_prithvi_checkpoint):
+    return tiny_prithvi_checkpoint
 
 
 @pytest.fixture

@@ -1,28 +1,13 @@
 """The `engine` stage in pool mode: batches items across records, keeps order, equals per-item forward."""
-import pytest
 import torch
 
 from appliance.config.compose import compose
-from appliance.engine.models.prithvi import build_prithvi_segmentation, load_prithvi, save_safetensors
+from appliance.engine.models.prithvi import load_prithvi
 from appliance.pipeline import build_pipeline
+from tests.conftest import TINY_PRITHVI
 
-TINY = ["model.prithvi.embed_dim=32", "model.prithvi.depth=2", "model.prithvi.num_heads=2",
-        "model.prithvi.selected_indices=[0,1,1,1]", "model.prithvi.decoder_channels=16",
-        "model.prithvi.coords_encoding=[]", "model.prithvi.coords_scale_learn=false"]
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    cfg = compose(["pipeline=prithvi_flood", *TINY])
-    torch.manual_seed(0)
-    model = build_prithvi_segmentation(cfg.model.prithvi, in_chans=len(cfg.model.geo.bands))
-    path = tmp_path_factory.mktemp("prithvi") / "tiny.safetensors"
-    save_safetensors(model, path)
-    return path
-
-
-def test_pool_stage_batches_across_records_in_order(tiny_checkpoint):
-    cfg = compose(["pipeline=prithvi_flood", *TINY, f"model.checkpoint={tiny_checkpoint}", "engine.max_batch_size=3"])
+def test_pool_stage_batches_across_records_in_order(tiny_prithvi_checkpoint):
+    cfg = compose(["pipeline=prithvi_flood", *TINY_PRITHVI, f"model.checkpoint={tiny_prithvi_checkpoint}", "engine.max_batch_size=3"])
     cfg.pipeline.inputs = ["tensor", "key"]
     cfg.pipeline.stages = [{"stage": "engine"}]
     pipeline = build_pipeline(cfg)
