@@ -48,6 +48,7 @@ class StepProbe:
 
     def __init__(self, engine, bare_samples: int = 8):
         self.engine, self.executor = engine, engine.executor
+        self.runner = engine.executor.runner  # the engine reads its stats (encoder cache) through it
         self.bare_samples = bare_samples
         self.last_step = None
         self.forward_s, self.batches, self.util = [], [], []
