@@ -1,0 +1,139 @@
+"""`chat_prompt`: chat messages -> `prompt` (token ids), `mm_data` (ImageItems), `mm_ranges`.
+
+For each request: render the messages with the checkpoint's chat template, count the images against
+`model.vision_language.limit_per_prompt`, load and preprocess every image in a `PreprocessPool` (all
+requests' images are submitted before the first is awaited, so decoding and resizing overlap with the
+template work and each other), expand each single `<image>` token into the model's count of placeholder
+tokens, and refuse a prompt that does not fit the context. Every request of the run is checked before
+the first record goes on, so a bad request fails the run before the engine loads any weights (the
+engine stage holds all requests of a run anyway: it batches them).
+
+A text-only checkpoint (no `model.vision_language`) works too; images are then refused.
+"""
+import json
+import os
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Tuple
+
+from appliance.engine.multimodal import ImageItem, mm_ranges
+from appliance.errors import ConfigError, InputError
+from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.chat.images import ImageSide
+from appliance.stages.chat.template import (check_image_tokens, expand_placeholders, render_prompt,
+                                            template_messages)
+
+
+@dataclass
+class ChatPromptOptions:
+    workers: int = 2           # preprocessing threads
+    content_format: str = "auto"  # how message content reaches the template: auto | parts | string
+
+
+def context_length(model_path: str, max_model_len: Optional[int]) -> int:
+    """Tokens the engine accepts: engine.max_model_len, else the language model's max_position_embeddings
+    (capped by a sliding window, as the engine does)."""
+    with open(os.path.join(model_path, "config.json")) as f:
+        config = json.load(f)
+    text = config.get("text_config") or config
+    limit = int(text.get("max_position_embeddings") or config.get("max_position_embeddings") or 4096)
+    if text.get("sliding_window"):
+        limit = min(limit, int(text["sliding_window"]))
+    return min(limit, int(max_model_len)) if max_model_len else limit
+
+
+def check_length(num_tokens: int, images: List[ImageItem], limit: int, where: str) -> None:
+    """A prompt must leave room for at least one generated token (the engine refuses prompt >= limit)."""
+    if num_tokens < limit:
+        return
+    image_tokens = sum(item.num_tokens for item in images)
+    plural = "s" if len(images) != 1 else ""
+    detail = f" ({num_tokens - image_tokens} text + {image_tokens} image tokens for {len(images)} image{plural})" \
+        if images else ""
+    raise InputError(f"{where}: the prompt is {num_tokens} tokens{detail}; the model's context is {limit} "
+                     "tokens and the answer needs at least one; shorten the messages or send fewer or smaller images")
+
+
+@register_stage
+class ChatPrompt(Stage):
+    name = "chat_prompt"
+    Options = ChatPromptOptions
+    consumes = ("messages", "where", "media_dir")
+    produces = ("prompt", "mm_data", "mm_ranges")
+
+    def __init__(self, options: ChatPromptOptions, cfg):
+        super().__init__(options, cfg)
+        if options.content_format not in ("auto", "parts", "string"):
+            raise ConfigError(f"chat_prompt.content_format: {options.content_format!r}; allowed: auto, parts, string")
+        if options.workers < 1:
+            raise ConfigError(f"chat_prompt.workers: {options.workers}; allowed: 1 or more")
+        self.tokenizer = self.images = self.pool = None
+        self.max_len = 0
+
+    @property
+    def multimodal(self) -> bool:
+        return self.cfg.model.get("vision_language") is not None
+
+    def check(self) -> None:
+        if self.multimodal:
+            ImageSide.from_config(self.cfg)  # config.json, preprocessor_config.json, declared facts
+
+    def setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        from appliance.vision.pool import PreprocessPool
+
+        path = self.cfg.model.path
+        if not path:
+            raise ConfigError("model.path: required for chat (an HF directory with the tokenizer and chat template)")
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.images = ImageSide.from_config(self.cfg) if self.multimodal else None
+        self.max_len = context_length(path, self.cfg.engine.get("max_model_len"))
+        self.pool = PreprocessPool(workers=self.options.workers)
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        jobs: List[Tuple[Record, List[int], List[Future]]] = []
+        try:
+            for record in records:
+                ids, futures = self._submit(record)
+                jobs.append((record, ids, futures))
+            done = [(record, *self._finish(record, ids, futures)) for record, ids, futures in jobs]
+        except BaseException:
+            for _, _, futures in jobs:
+                for future in futures:
+                    future.cancel()
+            raise
+        for record, ids, items in done:
+            yield {**record, "prompt": ids, "mm_data": items or None, "mm_ranges": mm_ranges(items) or None}
+
+    def _submit(self, record: Record) -> Tuple[List[int], List[Future]]:
+        """Render the text now; queue the images."""
+        where = record["where"]
+        parts = self.options.content_format == "parts" or (self.options.content_format == "auto" and self.multimodal)
+        messages, urls = template_messages(record["messages"], parts)
+        if urls and self.images is None:
+            raise InputError(f"{where}: {urls[0][1]}: model {self.cfg.model.name} takes no images; "
+                             "send text only or choose a vision-language model")
+        if self.images is not None and len(urls) > self.images.vl.limit_per_prompt:
+            raise InputError(f"{where}: {len(urls)} images in one request; this model allows "
+                             f"{self.images.vl.limit_per_prompt} (model.vision_language.limit_per_prompt)")
+        ids = render_prompt(self.tokenizer, messages)
+        if self.images is not None:
+            check_image_tokens(ids, self.images.vl.image_token_id, len(urls), where)
+        futures = [self.pool.submit(self.images.prepare, url, f"{where}: {field}", record["media_dir"])
+                   for url, field in urls]
+        return ids, futures
+
+    def _finish(self, record: Record, ids: List[int], futures: List[Future]) -> Tuple[List[int], List[ImageItem]]:
+        items = [future.result() for future in futures]
+        if items:
+            ids, offsets = expand_placeholders(ids, self.images.vl.image_token_id, [i.num_tokens for i in items])
+            for item, offset in zip(items, offsets):
+                item.offset = offset
+        check_length(len(ids), items, self.max_len, record["where"])
+        return ids, items
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close(wait=False)
+            self.pool = None

@@ -1,0 +1,108 @@
+"""`chat_responses`: completions -> the answer text (single prompt) or the OpenAI batch output file.
+
+A single prompt yields `display` = the answer (surrounding whitespace stripped: a SentencePiece answer
+usually starts with a space) and `response` = the chat.completion object. A batch run
+collects its `request_count` answers and writes one line per request, in input order:
+
+    {"id": "batch_req_...", "custom_id": ..., "response": {"status_code": 200, "request_id": "req_...",
+     "body": <chat.completion>}, "error": null}
+
+to a temp file in the output directory, renamed over `output_path` only once every line is written
+(`write_atomic`), so a failed run never leaves a half-written file; `display` = "wrote N answers to ...".
+"""
+import json
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator, List
+
+from appliance.pipeline import Record, Stage, register_stage
+
+
+def chat_completion(completion: Any, model: str, created: int) -> Dict[str, Any]:
+    """The OpenAI chat.completion object for one finished `RequestOutput`."""
+    prompt_tokens, completion_tokens = len(completion.prompt_token_ids), len(completion.token_ids)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": completion.text},
+                     "logprobs": None, "finish_reason": completion.finish_reason}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+def batch_line(custom_id: str, body: Dict[str, Any]) -> Dict[str, Any]:
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
+            "response": {"status_code": 200, "request_id": f"req_{uuid.uuid4().hex}", "body": body},
+            "error": None}
+
+
+def write_atomic(path: str, lines: Iterable[Dict[str, Any]]) -> int:
+    """Write JSON lines to a temp file beside `path`, fsync, rename over `path`; returns the line count.
+    On any failure the temp file is removed and `path` is untouched."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+                count += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, file_mode())
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.remove(temp)
+        except FileNotFoundError:
+            pass
+        raise
+    return count
+
+
+def file_mode() -> int:
+    """Permissions a plain `open(path, "w")` would give (mkstemp makes 0600), read from /proc so as not to
+    set the process-wide umask (a race with other threads). Same rule as the geo writer's."""
+    try:
+        with open("/proc/self/status") as status:
+            mask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = 0o022
+    return 0o666 & ~mask
+
+
+@dataclass
+class ChatResponsesOptions:
+    pass
+
+
+@register_stage
+class ChatResponses(Stage):
+    name = "chat_responses"
+    Options = ChatResponsesOptions
+    consumes = ("completion", "custom_id", "model_name", "output_path", "request_index", "request_count")
+    produces = ("display", "response")
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        batches: Dict[str, List[Dict[str, Any]]] = {}
+        created = int(time.time())
+        for record in records:
+            body = chat_completion(record["completion"], record.get("model_name") or self.cfg.model.name, created)
+            path = record.get("output_path")
+            if not path:
+                answer = body["choices"][0]["message"]["content"]
+                yield {"custom_id": record["custom_id"], "display": answer.strip(), "response": body}
+                continue
+            lines = batches.setdefault(path, [])
+            lines.append(batch_line(record["custom_id"], body))
+            if len(lines) == record["request_count"]:
+                count = write_atomic(path, batches.pop(path))
+                yield {"output_path": path, "display": f"wrote {count} answers to {path}"}
+        if batches:  # the stream ended early (an upstream error): nothing is written
+            raise RuntimeError(f"chat_responses: incomplete batches for {', '.join(batches)}")

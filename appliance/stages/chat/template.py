@@ -1,0 +1,76 @@
+"""Render OpenAI chat messages with the checkpoint's chat template, and place the image tokens.
+
+`template_messages` turns OpenAI content parts into the form Hugging Face chat templates read: text
+parts stay `{"type": "text", "text"}`, each `image_url` part becomes `{"type": "image"}` (the template
+writes the model's `<image>` placeholder there) and its URL goes to a list, in prompt order.
+Vision-language templates (llava-hf's) iterate over content parts, so they get parts; text-only
+templates usually expect strings, so text-only models get the text parts joined.
+
+`expand_placeholders` (pure) replaces the i-th single image token with `counts[i]` copies and returns
+where each run starts: that is the `offset` of the i-th `ImageItem`.
+"""
+from typing import Any, Dict, List, Sequence, Tuple
+
+from appliance.errors import ConfigError, InputError
+from appliance.stages.chat.requests import image_url
+
+
+def template_messages(messages: List[Dict[str, Any]], parts: bool) -> Tuple[List[Dict[str, Any]], List[Tuple[str, str]]]:
+    """(messages for apply_chat_template, [(image URL, field name)] in prompt order)."""
+    rendered, images = [], []
+    for i, message in enumerate(messages):
+        content = message["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        out_parts = []
+        for j, part in enumerate(content):
+            if part["type"] == "image_url":
+                images.append((image_url(part), f"messages[{i}].content[{j}].image_url"))
+                out_parts.append({"type": "image"})
+            else:
+                out_parts.append({"type": "text", "text": part["text"]})
+        if not parts:
+            out_parts = " ".join(p["text"] for p in out_parts if p["type"] == "text")
+        rendered.append({"role": message["role"], "content": out_parts})
+    return rendered, images
+
+
+def render_prompt(tokenizer, messages: List[Dict[str, Any]]) -> List[int]:
+    """Token ids of the chat template applied to `messages`, ending with the generation prompt.
+    BOS is added by the tokenizer unless the template already wrote it."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("model.path: the tokenizer has no chat_template; use a chat/instruct checkpoint "
+                          "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    bos = getattr(tokenizer, "bos_token", None)
+    add_special = not (bos and text.startswith(bos))
+    return list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
+
+
+def expand_placeholders(ids: Sequence[int], image_token_id: int, counts: Sequence[int]) -> Tuple[List[int], List[int]]:
+    """Each single `image_token_id` in `ids` -> `counts[i]` copies; returns (new ids, start of each run).
+    The ids must hold exactly len(counts) image tokens (the caller checks user text for stray ones)."""
+    found = sum(1 for t in ids if t == image_token_id)
+    if found != len(counts):
+        raise ValueError(f"prompt holds {found} image tokens for {len(counts)} images")
+    out: List[int] = []
+    offsets: List[int] = []
+    for token in ids:
+        if token == image_token_id:
+            offsets.append(len(out))
+            out.extend([image_token_id] * counts[len(offsets) - 1])
+        else:
+            out.append(token)
+    return out, offsets
+
+
+def check_image_tokens(ids: Sequence[int], image_token_id: int, num_images: int, where: str) -> None:
+    """The rendered prompt must hold one image token per image: more means the user's text contains the
+    placeholder itself; fewer means the chat template dropped the images."""
+    found = sum(1 for t in ids if t == image_token_id)
+    if found > num_images:
+        raise InputError(f"{where}: the message text contains the image placeholder token "
+                         f"({found - num_images} extra); send images as image_url parts, not as text")
+    if found < num_images:
+        raise ConfigError(f"model.path: the chat template wrote {found} image placeholders for {num_images} "
+                          "images; it must render each {'type': 'image'} part as the <image> token")

@@ -1,0 +1,128 @@
+"""`chat_requests`: batch lines and run records, good and bad (pure parsing; no model)."""
+import json
+import os
+
+import pytest
+
+from appliance.errors import InputError
+from appliance.stages.chat.requests import parse_batch_line, plan_run, read_batch_file
+from tests.chat.conftest import batch_request, write_jsonl
+
+GOOD = [
+    ("text only, no sampling", batch_request("a", "Hi"), {}),
+    ("parts with an image", batch_request("b", [{"type": "text", "text": "What?"},
+                                                {"type": "image_url", "image_url": {"url": "x.png"}}]), {}),
+    ("sampling fields", batch_request("c", "Hi", max_tokens=5, temperature=0.5, top_p=0.9, top_k=3, seed=7,
+                                      stop=["\n"]),
+     {"max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 3, "seed": 7, "stop": ["\n"]}),
+    ("max_completion_tokens, integral float", batch_request("d", "Hi", max_completion_tokens=4.0), {"max_tokens": 4}),
+    ("null fields are unset", batch_request("e", "Hi", temperature=None), {}),
+    ("method and url may be left out", {"custom_id": "f", "body": {"messages": [{"role": "user", "content": "x"}]}},
+     {}),
+    ("system and assistant turns", {"custom_id": "g", "body": {"messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}]}}, {}),
+]
+
+
+@pytest.mark.parametrize("label,line,sampling", GOOD, ids=[g[0] for g in GOOD])
+def test_good_lines(label, line, sampling):
+    request = parse_batch_line(json.dumps(line), 3)
+    assert request.custom_id == line["custom_id"] and request.line == 3
+    assert request.sampling == sampling
+    assert request.messages == line["body"]["messages"]
+
+
+def _with(body=None, **top):
+    line = batch_request("r", "Hi")
+    line["body"].update(body or {})
+    line.update(top)
+    return json.dumps(line)
+
+
+BAD = [
+    ("not JSON", '{"custom_id": "a",', ["line 4", "not valid JSON"]),
+    ("not an object", "[1, 2]", ["line 4", "expected a JSON object"]),
+    ("unknown top-level field", _with(extra=1), ["line 4", "extra: unknown field"]),
+    ("missing custom_id", json.dumps({"body": {"messages": []}}), ["line 4", "custom_id: required"]),
+    ("wrong url", _with(url="/v1/completions"), ["line 4", "url", "/v1/chat/completions"]),
+    ("wrong method", _with(method="GET"), ["line 4", "method", "POST"]),
+    ("missing body", json.dumps({"custom_id": "a", "url": "/v1/chat/completions"}), ["line 4", "body: required"]),
+    ("missing messages", json.dumps({"custom_id": "a", "body": {"model": "m"}}), ["line 4", "body.messages: required"]),
+    ("empty messages", _with({"messages": []}), ["line 4", "body.messages", "non-empty"]),
+    ("unknown sampling field", _with({"frequency_penalty": 0.5}), ["line 4", "body.frequency_penalty", "allowed"]),
+    ("logprobs unsupported", _with({"logprobs": True}), ["line 4", "body.logprobs"]),
+    ("temperature wrong type", _with({"temperature": "hot"}), ["line 4", "body.temperature", "a number"]),
+    ("max_tokens bool", _with({"max_tokens": True}), ["line 4", "body.max_tokens", "an integer"]),
+    ("max_tokens fraction", _with({"max_tokens": 2.5}), ["line 4", "body.max_tokens", "an integer"]),
+    ("negative temperature", _with({"temperature": -1}), ["line 4", "temperature must be >= 0"]),
+    ("zero max_tokens", _with({"max_tokens": 0}), ["line 4", "max_tokens must be >= 1"]),
+    ("stop wrong type", _with({"stop": 5}), ["line 4", "body.stop"]),
+    ("n > 1", _with({"n": 2}), ["line 4", "body.n", "n=1"]),
+    ("stream", _with({"stream": True}), ["line 4", "body.stream"]),
+    ("bad role", _with({"messages": [{"role": "robot", "content": "x"}]}), ["line 4", "messages[0].role", "allowed"]),
+    ("bad part type", _with({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}),
+     ["line 4", "messages[0].content[0].type", "text, image_url"]),
+    ("image_url without url", _with({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {}}]}]}), ["line 4", "content[0].image_url.url: required"]),
+    ("text part without text", _with({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+     ["line 4", "content[0].text: required"]),
+]
+
+
+@pytest.mark.parametrize("label,text,fragments", BAD, ids=[b[0] for b in BAD])
+def test_bad_lines(label, text, fragments):
+    with pytest.raises(InputError) as e:
+        parse_batch_line(text, 4)
+    for fragment in fragments:
+        assert fragment in str(e.value), (fragment, str(e.value))
+
+
+def test_file_checks_every_line_and_names_the_line(tmp_path):
+    good = batch_request("a", "Hi")
+    path = write_jsonl(tmp_path / "r.jsonl", [good, "", batch_request("b", "x"), {**good, "custom_id": "b"}])
+    with pytest.raises(InputError, match="line 4: custom_id 'b' repeats line 3"):
+        read_batch_file(str(path))
+    with pytest.raises(InputError, match="holds no requests"):
+        read_batch_file(str(write_jsonl(tmp_path / "empty.jsonl", [""])))
+
+
+def _record(**kw):
+    return {"input": None, "output": None, "prompt": None, **kw}
+
+
+def test_run_records(tmp_path):
+    image = tmp_path / "photo.png"
+    image.write_bytes(b"not decoded here")
+    requests, output, media, _ = plan_run(_record(input=str(image), prompt="What?"), None)
+    assert output is None and media == os.path.realpath(tmp_path)
+    assert requests[0].messages == [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "photo.png"}}, {"type": "text", "text": "What?"}]}]
+    requests, _, _, _ = plan_run(_record(prompt="Hello"), None)
+    assert requests[0].messages == [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]
+    batch = write_jsonl(tmp_path / "r.jsonl", [batch_request("a", "Hi"), batch_request("b", "Yo")])
+    requests, output, media, _ = plan_run(_record(input=str(batch), output=str(tmp_path / "a.jsonl")), None)
+    assert [r.custom_id for r in requests] == ["a", "b"] and media == str(tmp_path)
+    _, _, media, _ = plan_run(_record(input=str(batch), output=str(tmp_path / "a.jsonl")), "/srv/media")
+    assert media == "/srv/media"
+
+
+@pytest.mark.parametrize("record,fragment", [
+    (dict(input="r.jsonl"), "output: required with a .jsonl input"),
+    (dict(input="r.jsonl", output="r.jsonl"), "is the input file"),
+    (dict(input="r.jsonl", output="exists.jsonl"), "exists; remove it"),
+    (dict(input="r.jsonl", output="."), "is a directory"),
+    (dict(input="r.jsonl", output="nodir/a.jsonl"), "cannot write to directory"),
+    (dict(input="r.jsonl", output="a.jsonl", prompt="x"), "prompt: not used with a .jsonl input"),
+    (dict(input="photo.png"), "prompt: required"),
+    (dict(input="photo.png", prompt="x", output="a.jsonl"), "output: only used with a .jsonl input"),
+    (dict(input="missing.png", prompt="x"), "input: missing.png is not a file"),
+    (dict(), "prompt: required"),
+])
+def test_bad_run_records(tmp_path, monkeypatch, record, fragment):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "r.jsonl", [batch_request("a", "Hi")])
+    (tmp_path / "exists.jsonl").write_text("")
+    (tmp_path / "photo.png").write_bytes(b"x")
+    with pytest.raises(InputError, match=fragment.replace(".", r"\.")):
+        plan_run(_record(**record), None)
