@@ -16,10 +16,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-# The main job on the embedded default model: flood-map the bundled sample scene.
+# The main job on the embedded default model: flood-map the bundled sample scene; then ask the
+# embedded tiny LLaVA about the bundled sample image.
 demo: install
 	$(BIN)/appliance run pipeline=prithvi_flood input=appliance/assets/samples/flood_sample.tif \
 		output=demo-output/flood_sample.mask.tif overwrite=true
+	$(BIN)/appliance run pipeline=llava_chat input=appliance/assets/samples/orange_star.png \
+		prompt="What color is the shape?"
 
 test: install
 	$(BIN)/python -m pytest
