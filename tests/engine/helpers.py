@@ -1,6 +1,6 @@
 """Builders and comparisons shared by the engine tests."""
 import math
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -51,16 +51,27 @@ def build_checkpoint(path, tie_word_embeddings=False, max_shard_size=None, seed=
 
 
 def hf_greedy(model_dir: str, prompts: Sequence[List[int]], max_tokens: int, top_n: int = 5):
-    """Reference: a manual greedy loop over HF forward (full recompute, no cache classes)."""
+    """Reference for a Llama checkpoint: `greedy_reference` over transformers' LlamaForCausalLM."""
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return greedy_reference(model, prompts, max_tokens, top_n)
+
+
+def greedy_reference(model, prompts: Sequence[List[int]], max_tokens: int, top_n: int = 5,
+                     extra_inputs: Optional[Sequence[dict]] = None):
+    """A manual greedy loop over an HF model's forward (full recompute, no cache classes).
+
+    `extra_inputs[i]` holds prompt i's keyword inputs besides input_ids (pixel_values, image_sizes).
+    Returns, per prompt, the greedy tokens and each step's top-N logprobs.
+    """
     results = []
     with torch.no_grad():
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
+            extra = extra_inputs[i] if extra_inputs else {}
             ids, tokens, lps = list(prompt), [], []
             for _ in range(max_tokens):
-                logits = model(torch.tensor([ids])).logits[0, -1].float()
+                logits = model(input_ids=torch.tensor([ids]), **extra).logits[0, -1].float()
                 logprobs = torch.log_softmax(logits, -1)
                 vals, top = logprobs.topk(top_n)
                 tok = int(logits.argmax())

@@ -10,7 +10,7 @@ from appliance.engine.llm_engine import LLMEngine
 from appliance.engine.models.llava import checkpoint_name
 from appliance.engine.multimodal import ImageItem
 from appliance.engine.sampling_params import SamplingParams
-from tests.engine.helpers import assert_no_block_leaks, build_tokenizer, check_logprobs_close
+from tests.engine.helpers import assert_no_block_leaks, build_tokenizer, check_logprobs_close, greedy_reference
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
@@ -98,23 +98,10 @@ def run_engine(engine, requests, params=GREEDY):
 
 
 def hf_greedy_vlm(model_dir, model_cls, requests, hf_inputs, max_tokens=MAX_TOKENS, top_n=5):
-    """Manual greedy loop over the HF model (full recompute each token)."""
+    """The transformers reference for (prompt ids, image items) requests."""
     model = model_cls.from_pretrained(model_dir, dtype=torch.float32).eval()
-    results = []
-    with torch.no_grad():
-        for ids, items in requests:
-            ids, tokens, lps = list(ids), [], []
-            extra = hf_inputs(items)
-            for _ in range(max_tokens):
-                logits = model(input_ids=torch.tensor([ids]), **extra).logits[0, -1].float()
-                logprobs = torch.log_softmax(logits, -1)
-                vals, top = logprobs.topk(top_n)
-                tok = int(logits.argmax())
-                tokens.append(tok)
-                lps.append(dict(zip(top.tolist(), vals.tolist())))
-                ids.append(tok)
-            results.append((tokens, lps))
-    return results
+    return greedy_reference(model, [ids for ids, _ in requests], max_tokens, top_n,
+                            [hf_inputs(items) for _, items in requests])
 
 
 def compare(refs, outs):
