@@ -1,8 +1,12 @@
 import importlib.util
+import warnings
 from pathlib import Path
 
 import pytest
+import rasterio
+from affine import Affine
 from omegaconf import OmegaConf
+from rasterio.errors import NotGeoreferencedWarning
 
 import appliance.stages.geo  # noqa: F401  (registers the geo stages)
 from appliance.config.schema import AppConfig
@@ -63,3 +67,17 @@ def scene(tmp_path):
     path, labels = tmp_path / "scene.tif", tmp_path / "labels.tif"
     synthetic.write_scene(path, 300, 400, seed=3, labels_path=labels)
     return path, labels
+
+
+def write_raster(path, data, crs="EPSG:32615", nodata=None, descriptions=None):
+    """A GeoTIFF of `data` [bands, h, w]: georeferenced unless crs=None, band names when given."""
+    count, height, width = data.shape
+    kwargs = dict(crs=crs, transform=Affine(30, 0, 0, 0, -30, 0)) if crs else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=count,
+                           dtype=data.dtype, nodata=nodata, **kwargs) as dst:
+            dst.write(data)
+            for band, name in enumerate(descriptions or [], 1):
+                dst.set_band_description(band, name)
+    return path

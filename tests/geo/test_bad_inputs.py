@@ -2,17 +2,15 @@
 import logging
 import os
 import struct
-import warnings
 
 import numpy as np
 import pytest
 import rasterio
 import rasterio.shutil
 from affine import Affine
-from rasterio.errors import NotGeoreferencedWarning
 
 from appliance.errors import InputError
-from tests.geo.conftest import run_geo, synthetic
+from tests.geo.conftest import run_geo, synthetic, write_raster
 
 
 @pytest.fixture
@@ -25,19 +23,6 @@ def dirs(tmp_path):
 
 def leftovers(directory):
     return sorted(p.name for p in directory.iterdir())
-
-
-def write_raster(path, data, crs="EPSG:32615", nodata=None, descriptions=None):
-    count, height, width = data.shape
-    kwargs = dict(crs=crs, transform=Affine(30, 0, 0, 0, -30, 0)) if crs else {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NotGeoreferencedWarning)
-        with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=count,
-                           dtype=data.dtype, nodata=nodata, **kwargs) as dst:
-            dst.write(data)
-            for band, name in enumerate(descriptions or [], 1):
-                dst.set_band_description(band, name)
-    return path
 
 
 def zero_size_tiff(path):

@@ -4,18 +4,15 @@ Good runs write a GeoTIFF on the input's grid; bad inputs exit 2 with one stderr
 file or field, no traceback, and leave no mask or temp file behind.
 """
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import rasterio
-from affine import Affine
-from rasterio.errors import NotGeoreferencedWarning
 
 from tests.conftest import TINY_PRITHVI as TINY
 from tests.conftest import assert_user_error, run_cli
-from tests.geo.conftest import synthetic
+from tests.geo.conftest import synthetic, write_raster
 
 @pytest.fixture
 def checkpoint(tiny_prithvi_checkpoint):
@@ -41,19 +38,6 @@ def flood(checkpoint, input, output, *extra):
 
 def listing(*directories):
     return [sorted(p.name for p in d.iterdir()) for d in directories]
-
-
-def write_raster(path, data, crs="EPSG:32615", nodata=None, descriptions=synthetic.BANDS):
-    count, height, width = data.shape
-    georef = dict(crs=crs, transform=Affine(30, 0, 500000, 0, -30, 3300000)) if crs else {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NotGeoreferencedWarning)
-        with rasterio.open(path, "w", driver="GTiff", height=height, width=width, count=count,
-                           dtype=data.dtype, nodata=nodata, **georef) as dst:
-            dst.write(data)
-            for band, name in enumerate(descriptions[:count], 1):
-                dst.set_band_description(band, name)
-    return path
 
 
 def assert_mask_matches(mask_path, scene_path):
@@ -88,9 +72,11 @@ def test_several_inputs_into_a_directory_including_all_nodata_and_no_crs(checkpo
     """One run, three scenes: a normal one, one that is all nodata (all 255), one without a CRS (a warning)."""
     src, out = dirs
     a = synthetic.write_scene(src / "a.tif", 70, 90, seed=1)
-    empty = write_raster(src / "empty.tif", np.full((6, 40, 50), -9999, np.int16), nodata=-9999)
+    empty = write_raster(src / "empty.tif", np.full((6, 40, 50), -9999, np.int16), nodata=-9999,
+                         descriptions=synthetic.BANDS)
     dn, _ = synthetic.make_scene(40, 70, seed=4)
-    nocrs = write_raster(src / "nocrs.tif", dn, crs=None, nodata=synthetic.NODATA_DN)
+    nocrs = write_raster(src / "nocrs.tif", dn, crs=None, nodata=synthetic.NODATA_DN,
+                         descriptions=synthetic.BANDS)
     result = flood(checkpoint, [a, empty, nocrs], out / "masks")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -115,7 +101,7 @@ def make_bad(kind, src, out):
         synthetic.write_scene(scene, 300, 400, seed=1)
         scene.write_bytes(scene.read_bytes()[: scene.stat().st_size // 2])
     elif kind == "four_bands":
-        write_raster(scene, np.ones((4, 20, 20), np.int16))
+        write_raster(scene, np.ones((4, 20, 20), np.int16), descriptions=synthetic.BANDS[:4])
     else:
         synthetic.write_scene(scene, 30, 30, seed=1)
     if kind == "output_is_input":
