@@ -68,7 +68,9 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
 
 def _run(cfg, pipeline) -> int:
     pipeline.check()
-    record = {field: cfg.get(field) for field in cfg.pipeline.inputs}
+    # Plain Python values: stages see lists as lists, not OmegaConf nodes.
+    record = {field: OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+              for field, value in ((f, cfg.get(f)) for f in cfg.pipeline.inputs)}
     try:
         for result in pipeline.run([record]):
             if result.get("display") is not None:

@@ -6,8 +6,10 @@
 - `text_llama_dir`: the engine tests' tiny random Llama with a chat template: runs end to end.
 """
 import base64
+import importlib.util
 import io
 import json
+import sys
 
 import pytest
 import torch
@@ -134,3 +136,14 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+def synthetic_shapes():
+    """scripts/synthetic_shapes.py as a module (scripts/ is not a package)."""
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("synthetic_shapes", REPO / "scripts" / "synthetic_shapes.py")
+    shapes = importlib.util.module_from_spec(spec)
+    sys.modules["synthetic_shapes"] = shapes  # its dataclasses look their module up while being built
+    spec.loader.exec_module(shapes)
+    return shapes

@@ -6,14 +6,12 @@
   exist: a synthetic shape image -> an answer naming the shape's colour.
 """
 import base64
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 
-from tests.chat.conftest import batch_request, text_overrides, write_jsonl
+from tests.chat.conftest import batch_request, synthetic_shapes, text_overrides, write_jsonl
 from tests.conftest import REPO, assert_user_error, run_cli
 
 LLAVA_TINY = REPO / "appliance" / "assets" / "models" / "llava_tiny"
@@ -126,14 +124,6 @@ def _llava_missing():
     return None
 
 
-def _shapes():
-    spec = importlib.util.spec_from_file_location("synthetic_shapes", REPO / "scripts" / "synthetic_shapes.py")
-    shapes = importlib.util.module_from_spec(spec)
-    sys.modules["synthetic_shapes"] = shapes
-    spec.loader.exec_module(shapes)
-    return shapes
-
-
 def _clear_samples(shapes, count, first_seed=1000):
     """Seeded samples drawn plainly (aspect <= 2, shape >= 40 % of the short side): what the demo is for."""
     seed = first_seed
@@ -157,7 +147,7 @@ llava_tiny = pytest.mark.skipif(_llava_missing() is not None, reason=str(_llava_
 @llava_tiny
 def test_llava_tiny_names_the_colour(tmp_path):
     """The demo command: `appliance run pipeline=llava_chat input=shape.png prompt="What color is the shape?"`."""
-    shapes = _shapes()
+    shapes = synthetic_shapes()
     image, labels = next(_clear_samples(shapes, 1))
     image.save(tmp_path / "shape.png")
     result = _chat("pipeline=llava_chat", PLUGIN, f"input={tmp_path / 'shape.png'}", "prompt=What color is the shape?")
@@ -168,7 +158,7 @@ def test_llava_tiny_names_the_colour(tmp_path):
 @llava_tiny
 def test_llava_tiny_batch_of_images(tmp_path):
     """12 images in one batch file (data URLs and local paths): at least 10 answers name the right colour."""
-    shapes = _shapes()
+    shapes = synthetic_shapes()
     samples = list(_clear_samples(shapes, 12, first_seed=2000))
     lines = []
     for i, (image, _) in enumerate(samples):
