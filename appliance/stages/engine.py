@@ -7,7 +7,7 @@ Records come out in the order they went in, with the engine's result added.
 """
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterator, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, Tuple
 
 from appliance.config.schema import EngineKind
 from appliance.errors import InputError
@@ -91,6 +91,5 @@ class EngineStage(Stage):
             yield {**record, "completion": results.pop(request_id)}
 
     def close(self) -> None:
-        close: Optional[Any] = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        if self.engine is not None:
+            self.engine.close()
