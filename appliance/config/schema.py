@@ -143,6 +143,7 @@ class EngineConfig:
     max_model_len: Optional[int] = None  # defaults to the model's max_position_embeddings
     max_batch_size: int = 8  # pool mode: items per forward
     enable_prefix_caching: bool = True
+    encoder_cache_bytes: int = 256 * 1024 * 1024  # image embeddings kept by content hash (rank 0); 0 = none
     attention_backend: AttentionBackend = AttentionBackend.auto
     seed: int = 0
 

@@ -1,22 +1,22 @@
 """Image embeddings by content hash: LRU within a byte budget, so an image seen again is not re-encoded.
 
-Only rank 0 holds one (it is the rank that runs the vision tower). An entry larger than the whole
-budget is returned to the caller but not kept. The model runner also holds, per in-flight request,
-the embeddings its later prefill chunks still need, so eviction never makes a request encode an image
-twice (a preempted request that recomputes looks the image up again).
+Only rank 0 uses one (it is the rank that runs the vision tower). The budget is
+`engine.encoder_cache_bytes`. An entry larger than the whole budget is returned to the caller but not
+kept; a budget of 0 keeps nothing, so every request encodes its images again (each lookup a miss).
+The model runner also holds, per in-flight request, the embeddings its later prefill chunks still
+need, so eviction never makes a request encode an image twice (a preempted request that recomputes
+looks the image up again).
 """
 from collections import OrderedDict
 from typing import Callable, Dict, List, Optional
 
 import torch
 
-DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
-
 
 class EncoderCache:
-    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES):
+    def __init__(self, budget_bytes: int):
         if budget_bytes < 0:
-            raise ValueError(f"encoder cache budget must be >= 0 bytes, got {budget_bytes}")
+            raise ValueError(f"encoder cache budget must be >= 0 bytes (0 = no cache), got {budget_bytes}")
         self.budget_bytes = budget_bytes
         self.entries: "OrderedDict[str, torch.Tensor]" = OrderedDict()
         self.used_bytes = 0
@@ -41,7 +41,7 @@ class EncoderCache:
         size = self.nbytes(t)
         if key in self.entries:
             self.used_bytes -= self.nbytes(self.entries.pop(key))
-        if size > self.budget_bytes:
+        if not self.budget_bytes or size > self.budget_bytes:
             return
         while self.used_bytes + size > self.budget_bytes:
             _, old = self.entries.popitem(last=False)
@@ -60,7 +60,11 @@ class EncoderCache:
     def get_or_compute_many(self, keys: List[str],
                             compute: Callable[[List[int]], List[torch.Tensor]]) -> List[torch.Tensor]:
         """One lookup per key; the misses computed together by `compute(indices into keys)`. A key
-        repeated in `keys` misses once and hits after that."""
+        repeated in `keys` misses once and hits after that, unless the budget is 0 (no cache): then
+        every key misses and is computed."""
+        if not self.budget_bytes:
+            self.misses += len(keys)
+            return compute(list(range(len(keys))))
         found: Dict[str, torch.Tensor] = {}
         missing: Dict[str, int] = {}
         for i, key in enumerate(keys):

@@ -23,6 +23,9 @@ class LocalExecutor:
 def make_executor(model_path: str, hf_config, cfg: EngineConfig, max_model_len: int, tp_timeout_s: float):
     if cfg.tensor_parallel_size < 1:
         raise ValueError(f"engine.tensor_parallel_size must be >= 1, got {cfg.tensor_parallel_size}")
+    if cfg.encoder_cache_bytes < 0:
+        raise ValueError(f"engine.encoder_cache_bytes must be >= 0 (0 = no encoder cache: every request "
+                         f"encodes its images again), got {cfg.encoder_cache_bytes}")
     if cfg.tensor_parallel_size == 1:
         return LocalExecutor(model_path, hf_config, cfg, max_model_len)
     from appliance.engine.tp_executor import TPExecutor

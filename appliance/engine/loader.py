@@ -23,11 +23,14 @@ def checkpoint_files(path: str) -> List[str]:
     return [os.path.join(path, f) for f in files]
 
 
-def iter_weights(path: str) -> Iterator[Tuple[str, torch.Tensor]]:
+def iter_weights(path: str, keep: Callable[[str], bool] = lambda name: True
+                 ) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(name, tensor) of every checkpoint tensor whose name `keep` accepts; the others are not read."""
     for file in checkpoint_files(path):
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if keep(name):
+                    yield name, f.get_tensor(name)
 
 
 def load_weights(model: nn.Module, path: str) -> None:

@@ -6,9 +6,9 @@ forward (every tensor-parallel rank calls it), `run` adds sampling on rank 0.
 Multimodal models (those with `image_embeddings(item)`): `prepare` (rank 0 only) finds, for each
 scheduled chunk [start, end), the `ImageItem`s of `seq.mm_data` whose placeholder run overlaps it, gets
 each item's embeddings once per request (held for the request's later chunks; across requests through
-the `EncoderCache`, keyed by content hash; the step's misses in one `model.embed_images` call) and puts
-the overlapping slice into the step
-(`mm_rows`, `mm_embeds`). `execute` embeds the tokens and overwrites those rows.
+the `EncoderCache`, keyed by content hash, within `engine.encoder_cache_bytes`; the step's misses in one
+`model.embed_images` call) and puts the overlapping slice into the step (`mm_rows`, `mm_embeds`).
+`execute` embeds the tokens and overwrites those rows.
 """
 import weakref
 from typing import Dict, Optional
@@ -18,7 +18,7 @@ import torch
 from appliance.config.schema import EngineConfig
 from appliance.engine.attention import select_backend
 from appliance.engine.context import StepContext, StepInput
-from appliance.engine.encoder_cache import DEFAULT_BUDGET_BYTES, EncoderCache
+from appliance.engine.encoder_cache import EncoderCache
 from appliance.engine.loader import iter_weights, load_weights
 from appliance.engine.models import get_model_class
 from appliance.engine.parallel import ParallelState
@@ -36,8 +36,7 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, cfg: EngineConfig, max_model_len: int,
-                 tp: Optional[ParallelState] = None, device: Optional[torch.device] = None,
-                 encoder_cache_bytes: int = DEFAULT_BUDGET_BYTES):
+                 tp: Optional[ParallelState] = None, device: Optional[torch.device] = None):
         self.cfg = cfg
         self.tp = tp or ParallelState()
         self.device = device or torch.device(cfg.device)
@@ -55,7 +54,7 @@ class ModelRunner:
         self.num_kv_blocks = self._allocate_kv_cache()
         self.sampler = Sampler()
         self.multimodal = hasattr(self.model, "image_embeddings")
-        self.encoder_cache = EncoderCache(encoder_cache_bytes) if self.multimodal else None
+        self.encoder_cache = EncoderCache(cfg.encoder_cache_bytes) if self.multimodal else None
         # Per in-flight request: embeddings its later prefill chunks still need (gone with the Sequence).
         self._held: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -107,15 +106,17 @@ class ModelRunner:
                 yield image, lo, hi
 
     def _encode_new_images(self, out: SchedulerOutput) -> None:
-        """Embeddings of the step's images not yet held for their request: from the encoder cache, the
-        misses encoded together (one tower call for the step)."""
+        """Embeddings of the step's images not yet held for their request (one lookup per request and
+        image, even if the image repeats in the prompt): from the encoder cache, the misses encoded
+        together (one tower call for the step)."""
         need = []
         for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             if seq.mm_data:
                 held = self._held.setdefault(seq, {})
-                need += [(held, image) for image, _, _ in self._overlapping(seq, start, start + item.num_new_tokens)
-                         if image.content_hash not in held]
+                overlapping = self._overlapping(seq, start, start + item.num_new_tokens)
+                new = {image.content_hash: image for image, _, _ in overlapping if image.content_hash not in held}
+                need += [(held, image) for image in new.values()]
         if not need:
             return
         with torch.inference_mode():

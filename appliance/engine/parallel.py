@@ -34,8 +34,9 @@ class ParallelState:
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:
             return x
+        x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        self.group.allgather([parts], [x.contiguous()]).wait()
+        self.group.allgather([parts], [x]).wait()
         return torch.cat(parts, dim=-1)
 
     def shard(self, size: int, what: str) -> int:

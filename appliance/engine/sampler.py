@@ -18,7 +18,6 @@ class Sampler:
                  generators: List[Optional[torch.Generator]]) -> SamplerOutput:
         """logits: [S, V], one row per sequence that samples this step."""
         logits = logits.float()
-        logprobs = torch.log_softmax(logits, dim=-1)  # raw logits, as the HF reference reports them
         tokens = logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sample_rows:
@@ -26,7 +25,7 @@ class Sampler:
             tokens[rows] = self._sample(logits[rows], [params[i] for i in sample_rows],
                                         [generators[i] for i in sample_rows])
         token_list = tokens.tolist()
-        return SamplerOutput(token_list, self._logprobs(logprobs, token_list, params))
+        return SamplerOutput(token_list, self._logprobs(logits, token_list, params))
 
     def _sample(self, logits, params, generators) -> torch.Tensor:
         temp = torch.tensor([p.temperature for p in params], device=logits.device)
@@ -52,10 +51,11 @@ class Sampler:
         return order.gather(1, choice[:, None]).squeeze(1)
 
     @staticmethod
-    def _logprobs(logprobs, tokens, params) -> List[Optional[Dict[int, float]]]:
+    def _logprobs(logits, tokens, params) -> List[Optional[Dict[int, float]]]:
         want = [p.logprobs for p in params]
         if all(n is None for n in want):
             return [None] * len(params)
+        logprobs = torch.log_softmax(logits, dim=-1)  # of the raw logits, as the HF reference reports them
         n_max = max(n or 0 for n in want)
         top_vals, top_ids = logprobs.topk(n_max, dim=-1) if n_max else (None, None)
         chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None]).squeeze(1).tolist()

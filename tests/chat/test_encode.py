@@ -1,10 +1,41 @@
 """`pipeline=llava_encode`: the tower's features, fed back as image_features, give the pixel answer."""
+import torch
 from safetensors.torch import load_file
 
+from appliance.config.compose import compose
+from appliance.pipeline import build_pipeline
 from tests.chat.conftest import synthetic_shapes
 from tests.conftest import assert_user_error, run_cli
 
 shapes = synthetic_shapes()
+
+
+def test_llava_encode_builds_and_reads_the_vision_tower_only(monkeypatch, tmp_path):
+    from appliance.engine import loader
+    from appliance.engine.models.llava import checkpoint_name
+
+    real_iter_weights = loader.iter_weights
+    read = {}
+
+    def spy(path, keep=lambda name: True):
+        for name, tensor in real_iter_weights(path, keep):
+            read[name] = tensor.numel()
+            yield name, tensor
+
+    monkeypatch.setattr(loader, "iter_weights", spy)
+    stage = build_pipeline(compose(["pipeline=llava_encode"])).stages[0]
+    stage.setup()
+    params = dict(stage.model.named_parameters())
+    assert params and all(name.startswith("vision_tower.") for name in params)  # no projector, no LM
+    assert not hasattr(stage.model, "language_model") and not hasattr(stage.model, "multi_modal_projector")
+    assert read and all(checkpoint_name(name).startswith("vision_tower.") for name in read)  # LM tensors unread
+    assert sum(p.numel() for p in params.values()) == sum(read.values())  # each parameter read once
+    image, _ = shapes.make_sample(7)
+    image.save(tmp_path / "a.png")
+    item = stage.side.prepare(str(tmp_path / "a.png"), "input", media_dir=str(tmp_path))
+    with torch.no_grad():
+        features = stage.model.vision_features(item.pixel_values[None])[0]
+    assert tuple(features.shape) == (64, 64)  # the tower's output: 64 patches, vision hidden 64
 
 
 def test_features_from_llava_encode_give_the_same_answers_as_pixels(tmp_path):

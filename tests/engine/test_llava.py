@@ -146,8 +146,8 @@ def test_greedy_batch_matches_hf(llava_dir, llava_refs):
     engine = LLMEngine(llava_dir, EngineConfig(num_kv_blocks=128))
     compare(refs, run_engine(engine, requests))
     stats = engine.stats()
-    assert stats["encoder_cache_misses"] == 8  # 8 distinct images; the 6 repeats hit
-    assert stats["encoder_cache_hits"] == 6
+    assert stats["encoder_cache_misses"] == 8  # 8 distinct images; the 5 repeats in other requests hit
+    assert stats["encoder_cache_hits"] == 5  # (the last request's image twice is one lookup)
     assert_no_block_leaks(engine)
 
 
@@ -213,6 +213,57 @@ def test_tp2_matches_tp1(llava15_dir):
         assert_no_block_leaks(engine)
     finally:
         engine.close()
+
+
+def run_each(engine, requests):
+    """The requests one after another, each run to completion before the next is added."""
+    return [run_engine(engine, [request])[0] for request in requests]
+
+
+@pytest.mark.parametrize("budget, hits, misses", [
+    (None, 6, 8),  # default (256 MiB): 11 requests, 8 distinct images; 5 repeats + the sequential one hit
+    (0, 0, 14),  # no encoder cache: each (request, image) encoded again; a repeat within a prompt once
+])
+def test_encoder_cache_budget_from_config(llava15_dir, budget, hits, misses):
+    from appliance.config.compose import compose
+
+    requests = llava_requests(llava15_dir, seed=80)
+    again = make_request([9, 4], [("img0", requests[0][1][0].pixel_values)], tokens_per_image(llava15_dir), 99)
+    overrides = ["pipeline=llava_chat", f"model.path={llava15_dir}", "engine.num_kv_blocks=128",
+                 "engine.enable_prefix_caching=false"]
+    if budget is not None:
+        overrides.append(f"engine.encoder_cache_bytes={budget}")
+    reference = LLMEngine(llava15_dir, EngineConfig(num_kv_blocks=128, enable_prefix_caching=False))
+    expected = run_engine(reference, requests) + run_each(reference, [again])
+    engine = LLMEngine.from_config(compose(overrides))
+    outs = run_engine(engine, requests) + run_each(engine, [again])  # a batch, then the first image again
+    for i, (a, b) in enumerate(zip(expected, outs)):
+        assert a.token_ids == b.token_ids, f"request {i}"
+        check_logprobs_close(a.token_ids, a.logprobs, b.token_ids, b.logprobs, name=f"request {i}")
+    stats = engine.stats()
+    assert (stats["encoder_cache_hits"], stats["encoder_cache_misses"]) == (hits, misses)
+    assert stats["encoder_cache_budget_bytes"] == (256 * 1024 * 1024 if budget is None else 0)
+    if budget == 0:
+        assert (stats["encoder_cache_entries"], stats["encoder_cache_bytes"]) == (0, 0)
+    assert_no_block_leaks(engine)
+
+
+def test_negative_encoder_cache_budget_is_a_clear_error(llava15_dir):
+    with pytest.raises(ValueError, match=r"engine\.encoder_cache_bytes must be >= 0.*got -1"):
+        LLMEngine(llava15_dir, EngineConfig(encoder_cache_bytes=-1))
+
+
+def test_encoder_cache_budget_zero_keeps_nothing():
+    from appliance.engine.encoder_cache import EncoderCache
+    cache = EncoderCache(budget_bytes=0)
+    calls = []
+    for _ in range(2):
+        cache.get_or_compute("a", lambda: calls.append("a") or torch.zeros(10))
+    batches = []
+    cache.get_or_compute_many(["a", "b", "a"], lambda idx: batches.append(idx) or [torch.zeros(10) for _ in idx])
+    assert calls == ["a", "a"] and batches == [[0, 1, 2]]  # every lookup computed, repeats included
+    assert (cache.hits, cache.misses, cache.evictions) == (0, 5, 0)
+    assert (len(cache.entries), cache.used_bytes) == (0, 0)
 
 
 def test_encoder_cache_lru_within_budget():

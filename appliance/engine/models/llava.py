@@ -10,6 +10,9 @@ Image embeddings for one `ImageItem` (`image_embeddings`):
     feature axis) -> drop CLS ("default") or keep it ("full") -> projector -> [tokens, text hidden]
     features [tokens, vision hidden * k] (image_input_type=image_features) -> projector only
 `vision_features(pixel_values)` is the tower-only half, which is what image_features inputs hold.
+`LlavaVisionTower` is that half alone (the CLIP tower and the feature selection, no projector, no
+language model); `LlavaForConditionalGeneration` extends it, so both share parameter names and
+loading, and `pipeline=llava_encode` builds and loads the tower only.
 
 Checkpoint layouts accepted (see `checkpoint_name`): transformers 4.x llava-hf
 (`language_model.model.*`, `language_model.lm_head.*`, `vision_tower.vision_model.*`,
@@ -28,6 +31,7 @@ from appliance.engine.loader import load_named_weights
 from appliance.engine.models.llama import LlamaForCausalLM
 from appliance.engine.multimodal import ImageItem
 from appliance.engine.parallel import ParallelState
+
 
 def feature_layers(hf_config) -> Tuple[int, ...]:
     """`vision_feature_layer` as absolute indices into the tower's hidden states (0 = embeddings)."""
@@ -75,20 +79,18 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
-class LlavaForConditionalGeneration(nn.Module):
-    packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping  # applied to language_model.* only
+class LlavaVisionTower(nn.Module):
+    """LLaVA's vision half: the CLIP tower cut after the deepest layer `vision_feature_layer` reads, and
+    the feature selection. Its output is what the projector reads and what image_features inputs hold."""
 
-    def __init__(self, hf_config, tp: ParallelState, backend, max_positions: Optional[int] = None):
+    def __init__(self, hf_config):
         super().__init__()
         from transformers import CLIPVisionConfig, CLIPVisionModel
 
-        self.config = hf_config
-        text = hf_config.text_config
         vision = hf_config.vision_config
         if getattr(vision, "model_type", "clip_vision_model") != "clip_vision_model":
             raise ValueError(f"config.json: vision_config.model_type {vision.model_type!r} is not supported; "
                              f"only CLIP vision towers (clip_vision_model) are")
-        self.image_token_id = image_token_id(hf_config)
         self.select_strategy = hf_config.vision_feature_select_strategy
         if self.select_strategy not in ("default", "full"):
             raise ValueError(f"config.json: vision_feature_select_strategy {self.select_strategy!r}; "
@@ -99,6 +101,40 @@ class LlavaForConditionalGeneration(nn.Module):
         cut = CLIPVisionConfig(**{**vision.to_dict(), "num_hidden_layers": self.tower_depth})
         cut._attn_implementation = "sdpa"
         self.vision_tower = CLIPVisionModel(cut)
+
+    def vision_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Tower output after feature selection: [views, 3, S, S] -> [views, tokens, vision hidden * k]."""
+        p = next(self.vision_tower.parameters())
+        out = self.vision_tower(pixel_values.to(p.device, p.dtype), output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
+        return feats[:, 1:] if self.select_strategy == "default" else feats
+
+    def needs(self, checkpoint_tensor: str) -> bool:
+        """Whether the tower loads this checkpoint tensor (any layout). Pass it as
+        `iter_weights(path, keep=tower.needs)` so the projector and LM tensors are never read."""
+        name = checkpoint_name(checkpoint_tensor)
+        return name is not None and name.startswith("vision_tower.") and not self.skip_param(name)
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        """The vision tower's tensors of a LLaVA checkpoint; the projector's and the LM's are ignored."""
+        load_named_weights(self, ((checkpoint_name(n), t) for n, t in weights if self.needs(n)), self.skip_param)
+
+    def skip_param(self, name: str) -> bool:
+        m = re.match(r"vision_tower\.encoder\.layers\.(\d+)\.", name)
+        return bool(m) and int(m.group(1)) >= self.tower_depth  # a tower layer after the deepest selected one
+
+
+class LlavaForConditionalGeneration(LlavaVisionTower):
+    """The vision tower (the base class), the projector and our Llama."""
+
+    packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping  # applied to language_model.* only
+
+    def __init__(self, hf_config, tp: ParallelState, backend, max_positions: Optional[int] = None):
+        super().__init__(hf_config)
+        self.config = hf_config
+        text = hf_config.text_config
+        vision = hf_config.vision_config
+        self.image_token_id = image_token_id(hf_config)
         self.multi_modal_projector = LlavaProjector(
             vision.hidden_size * len(self.feature_layers), text.hidden_size, hf_config.projector_hidden_act,
             getattr(hf_config, "multimodal_projector_bias", True))
@@ -144,13 +180,6 @@ class LlavaForConditionalGeneration(nn.Module):
                              f"{' or '.join(map(str, shapes))}")
         check_num_tokens(item, cls.view_tokens(hf_config))
 
-    def vision_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Tower output after feature selection: [views, 3, S, S] -> [views, tokens, vision hidden * k]."""
-        p = next(self.vision_tower.parameters())
-        out = self.vision_tower(pixel_values.to(p.device, p.dtype), output_hidden_states=True)
-        feats = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
-        return feats[:, 1:] if self.select_strategy == "default" else feats
-
     def project(self, features: torch.Tensor) -> torch.Tensor:
         p = self.multi_modal_projector.linear_1.weight
         return self.multi_modal_projector(features.to(p.device, p.dtype))
@@ -190,10 +219,7 @@ class LlavaForConditionalGeneration(nn.Module):
                            fuse_under="language_model.")
 
     def skip_param(self, name: str) -> bool:
-        m = re.match(r"vision_tower\.encoder\.layers\.(\d+)\.", name)
-        if m and int(m.group(1)) >= self.tower_depth:
-            return True  # a tower layer after the deepest selected one
-        return self.tie_word_embeddings and name == "language_model.lm_head.weight"
+        return super().skip_param(name) or (self.tie_word_embeddings and name == "language_model.lm_head.weight")
 
 
 def check_num_tokens(item: ImageItem, expected: int) -> None:

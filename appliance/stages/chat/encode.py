@@ -3,6 +3,8 @@
 The tower can then run apart from the language model: a features file it writes, given as the image
 of a `llava_chat` request with `model.vision_language.image_input_type=image_features`, gives the same
 answer as the image itself. LLaVA-1.5 only (LLaVA-NeXT's feature count depends on each image).
+Only the vision tower is built and only its tensors are read from the checkpoint (`LlavaVisionTower`):
+the features are the tower's output, before the projector.
 """
 import os
 import tempfile
@@ -34,20 +36,17 @@ class VisionEncode(Stage):
     def setup(self) -> None:
         from transformers import AutoConfig
 
-        from appliance.engine.attention import select_backend
         from appliance.engine.loader import iter_weights
-        from appliance.engine.models.llava import LlavaForConditionalGeneration
-        from appliance.engine.parallel import ParallelState
+        from appliance.engine.models.llava import LlavaVisionTower
 
         self.side = ImageSide.from_config(self.cfg)
         if self.side.preprocess is None or self.side.anyres is not None:
             raise ConfigError("pipeline=llava_encode: needs a LLaVA-1.5 model with image_input_type=pixel_values")
-        device = torch.device(self.cfg.engine.device)
         hf_config = AutoConfig.from_pretrained(self.cfg.model.path)
-        with torch.device(device):
-            model = LlavaForConditionalGeneration(hf_config, ParallelState(), select_backend("torch", device))
-        model.load_weights(iter_weights(self.cfg.model.path))
-        self.model = model.eval()
+        with torch.device(torch.device(self.cfg.engine.device)):
+            tower = LlavaVisionTower(hf_config)  # no projector, no language model
+        tower.load_weights(iter_weights(self.cfg.model.path, keep=tower.needs))
+        self.model = tower.eval()
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
