@@ -43,22 +43,29 @@ class PipelineAPI(ls.LitAPI):
         unknown = sorted(set(request) - set(allowed))
         if unknown:
             raise HTTPException(422, f"{unknown[0]}: unknown field (allowed: {', '.join(allowed)})")
+        record = {field: request.get(field) for field in allowed}
         for field in PATH_FIELDS.intersection(request):
-            self._check_paths(field, request[field])
-        return {field: request.get(field) for field in allowed}
+            record[field] = self._resolve_paths(field, request[field])
+        return record
 
-    def _check_paths(self, field: str, value: Any) -> None:
-        """A client may name server-side files only inside `server.allowed_local_media_dir`."""
+    def _resolve_paths(self, field: str, value: Any) -> Any:
+        """A client may name server-side files only inside `server.allowed_local_media_dir`; relative
+        names are taken from that directory (not the server's working directory)."""
         media_dir = self.cfg_container["server"]["allowed_local_media_dir"]
+        resolved = []
         for path in value if isinstance(value, list) else [value]:
             if path is None:
+                resolved.append(None)
                 continue
             if not media_dir:
                 raise HTTPException(422, f"{field}: server-side paths are refused; start the server with "
                                          "server.allowed_local_media_dir=DIR to allow files under DIR")
             root = Path(media_dir).resolve()
-            if not isinstance(path, str) or not Path(root, path).resolve().is_relative_to(root):
+            full = Path(root, path).resolve() if isinstance(path, str) else None
+            if full is None or not full.is_relative_to(root):
                 raise HTTPException(422, f"{field}: {path!r} is outside the allowed directory {root}")
+            resolved.append(str(full))
+        return resolved if isinstance(value, list) else resolved[0]
 
     def predict(self, record: Dict[str, Any]) -> List[Dict[str, Any]]:
         try:

@@ -1,72 +1,16 @@
 """`appliance serve` as a real server process on 127.0.0.1, started and stopped by the test."""
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-
 import httpx
 import pytest
 
-from tests.conftest import FRAME_CONF, REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import FRAME_CONF
+from tests.server_process import running_server
 
 
 @pytest.fixture
 def server(tmp_path):
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "APPLIANCE_CONF_DIR": str(FRAME_CONF)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "appliance.cli", "serve", f"server.port={port}", "server.api_key=s3cret",
-         f"server.allowed_local_media_dir={tmp_path / 'media'}"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("server did not become healthy")
+    with running_server("server.api_key=s3cret", f"server.allowed_local_media_dir={tmp_path / 'media'}",
+                        cwd=tmp_path, conf_dir=FRAME_CONF) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + 15  # workers and the resource tracker exit just after the server
-        while (leftovers := session_processes(proc.pid)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        for pid in leftovers:  # never leave a server behind, even when the test fails
-            os.kill(pid, signal.SIGKILL)
-        assert not leftovers, f"serve left processes behind after SIGTERM: {leftovers}"
-
-
-def session_processes(session_id: int):
-    """PIDs still alive in the server's session (it and every worker it started)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == session_id:
-                    pids.append(int(entry))
-            except ProcessLookupError:
-                pass
-    return pids
 
 
 def test_serve_runs_the_pipeline_and_rejects_bad_requests(server, tmp_path):
@@ -107,5 +51,7 @@ def test_paths_are_refused_unless_the_server_allows_a_directory(frame_conf, tmp_
     assert info.value.status_code == 422 and "allowed_local_media_dir" in info.value.detail
     opened = PipelineAPI(compose([f"server.allowed_local_media_dir={tmp_path}"]))
     assert opened.decode_request({"input": str(tmp_path / "n.txt")}) == {"input": str(tmp_path / "n.txt")}
+    # A relative name is taken from the allowed directory, whatever the server's working directory.
+    assert opened.decode_request({"input": ["n.txt", None]}) == {"input": [str(tmp_path.resolve() / "n.txt"), None]}
     with pytest.raises(HTTPException):
         opened.decode_request({"input": [str(tmp_path / "a.txt"), "/etc/passwd"]})
