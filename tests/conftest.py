@@ -11,7 +11,8 @@ FRAME_CONF = REPO / "tests" / "frame" / "conf"
 
 def run_cli(*args, conf_dir=None, cwd=None, timeout=300, env=None):
     """Run `python -m appliance.cli ARGS` as a user would; returns the CompletedProcess."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # keep carried packages
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     full_env.pop("APPLIANCE_CONF_DIR", None)
     if conf_dir is not None:
         full_env["APPLIANCE_CONF_DIR"] = str(conf_dir)

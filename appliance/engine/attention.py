@@ -95,18 +95,27 @@ class XformersAttentionBackend:
         return o.view(t, hq, d)
 
 
-def select_backend(name: str, device: torch.device):
-    """`auto` picks xformers only on CUDA with xformers installed; otherwise torch."""
+# xformers runs paged KV only in its flash and triton split-k kernels, which take fp16/bf16; its fp32
+# kernel (cutlass) has no paged bias (xformers 0.0.35, ops/fmha/{flash,triton_splitk,cutlass}.py).
+XFORMERS_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32):
+    """`auto` picks xformers on CUDA with xformers installed and an fp16/bf16 model; otherwise torch."""
     name = getattr(name, "value", name)
     has_xformers = importlib.util.find_spec("xformers") is not None
     if name == "auto":
-        name = "xformers" if device.type == "cuda" and has_xformers else "torch"
+        name = "xformers" if device.type == "cuda" and has_xformers and dtype in XFORMERS_DTYPES else "torch"
     if name == "torch":
         return TorchAttentionBackend()
     if name == "xformers":
         if device.type != "cuda" or not has_xformers:
             raise ValueError("attention_backend=xformers needs a CUDA device and `pip install --no-deps "
                              "xformers`; use attention_backend=torch (or auto) on this host")
+        if dtype not in XFORMERS_DTYPES:
+            raise ValueError(f"attention_backend=xformers needs engine.dtype float16 or bfloat16 (its paged "
+                             f"kernels have no {str(dtype).replace('torch.', '')} version); use "
+                             f"attention_backend=torch (or auto) for float32")
         return XformersAttentionBackend()
     raise ValueError(f"unknown attention_backend {name!r}; choose auto, torch or xformers")
 

@@ -43,7 +43,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(cfg.dtype)
         self.block_size = cfg.block_size
         arch = (getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])[0]
-        backend = select_backend(cfg.attention_backend, self.device)
+        backend = select_backend(cfg.attention_backend, self.device, self.dtype)
         with torch.device(self.device):
             model = get_model_class(arch)(hf_config, self.tp, backend, max_model_len)
         self.model = model.to(self.dtype).eval()
