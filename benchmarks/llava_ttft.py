@@ -63,24 +63,13 @@ def build_model(path: str, tower_hidden: int, tower_layers: int) -> None:
         json.dump(CLIP_336, f)
 
 
-def photo_like(seed: int, width: int = 640, height: int = 480):
-    """A smooth colour field with noise: a stand-in for a photo (the tower's cost does not depend on it)."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:height, 0:width]
-    phase = rng.uniform(0, 6.28, 3)
-    base = np.stack([128 + 100 * np.sin(xx / 41 + yy / 67 + phase[0]), 128 + 90 * np.cos(yy / 31 + phase[1]),
-                     255 * (xx + yy) / (width + height) + 20 * np.sin(phase[2])], axis=-1)
-    return Image.fromarray((base + rng.normal(0, 18, base.shape)).clip(0, 255).astype(np.uint8))
-
-
 def make_image(path: str, seed: int):
     """(content hash, pixel values [3, 336, 336]) as the chat stages make them."""
     from appliance.vision.clip_preprocess import clip_preprocess, load_preprocess_config
     from appliance.vision.image_load import content_hash
+    from image_preprocess import photo_like  # the benchmarks' photo stand-in (run from benchmarks/)
 
-    image = photo_like(seed)
+    image = photo_like(seed, 640, 480)
     return content_hash(image), clip_preprocess(image, load_preprocess_config(path))
 
 
