@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 
 from appliance.errors import UserError
 from appliance.pipeline import Pipeline, build_pipeline
+from appliance.vision.image_load import is_remote_image
 
 log = logging.getLogger(__name__)
 OPEN_PATHS = ("/health", "/info")
@@ -54,8 +55,8 @@ class PipelineAPI(ls.LitAPI):
         media_dir = self.cfg_container["server"]["allowed_local_media_dir"]
         resolved = []
         for path in value if isinstance(value, list) else [value]:
-            if path is None:
-                resolved.append(None)
+            if path is None or is_remote_image(path):  # not a server file: the loader applies its limits
+                resolved.append(path)
                 continue
             if not media_dir:
                 raise HTTPException(422, f"{field}: server-side paths are refused; start the server with "

@@ -60,6 +60,11 @@ def load_image(
     return LoadedImage(image=image, content_hash=content_hash(image))
 
 
+def is_remote_image(source) -> bool:
+    """An image the request carries itself (data: URL) or names on the web (http(s)): no server file."""
+    return isinstance(source, str) and source[:16].lower().startswith(("data:", "http://", "https://"))
+
+
 def read_source(source, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BYTES,
                 allowed_dir=None, fetcher: Optional[Fetcher] = None,
                 timeout_s: float = DEFAULT_TIMEOUT_S) -> bytes:

@@ -107,6 +107,16 @@ def test_run_records(tmp_path):
     assert media == "/srv/media"
 
 
+@pytest.mark.parametrize("url", ["data:image/png;base64,iVBORw0KGgo=", "https://example.com/cat.jpg"])
+def test_an_image_url_input_is_one_request_and_no_file(url):
+    """Not a server file: the URL goes to the image loader (size limits, fetch timeout) as a part."""
+    requests, output, media, source = plan_run(_record(input=url, prompt="What?"), None)
+    assert output is None and media is None and source == "input"
+    assert requests[0].messages[0]["content"][0] == {"type": "image_url", "image_url": {"url": url}}
+    with pytest.raises(InputError, match="output: only used with a .jsonl input"):
+        plan_run(_record(input=url, prompt="What?", output="a.jsonl"), None)
+
+
 @pytest.mark.parametrize("record,fragment", [
     (dict(input="r.jsonl"), "output: required with a .jsonl input"),
     (dict(input="r.jsonl", output="r.jsonl"), "is the input file"),

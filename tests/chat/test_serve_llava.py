@@ -1,4 +1,5 @@
 """`appliance serve pipeline=llava_chat` with the embedded tiny LLaVA, as a real server process."""
+import base64
 import shutil
 
 import httpx
@@ -28,3 +29,17 @@ def test_serve_llava_chat_answers_about_an_image_under_the_allowed_dir(tmp_path)
         assert missing.status_code == 422 and "nope.png" in missing.json()["detail"], missing.text
         outside = httpx.post(f"{base}/predict", json={"input": str(SAMPLE), "prompt": "Hi?"}, timeout=60)
         assert outside.status_code == 422 and "outside the allowed directory" in outside.json()["detail"]
+
+
+def test_serve_llava_chat_with_no_other_argument_takes_data_urls_and_refuses_paths(tmp_path):
+    data_url = "data:image/png;base64," + base64.b64encode(SAMPLE.read_bytes()).decode()
+    with running_server("pipeline=llava_chat", cwd=tmp_path) as base:
+        answer = httpx.post(f"{base}/predict", json={"input": data_url, "prompt": "What color is the shape?"},
+                            timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert "orange" in answer.json()["results"][0]["display"].lower(), answer.text
+        path = httpx.post(f"{base}/predict", json={"input": str(SAMPLE), "prompt": "Hi?"}, timeout=60)
+        assert path.status_code == 422 and "allowed_local_media_dir" in path.json()["detail"], path.text
+        broken = httpx.post(f"{base}/predict", json={"input": "data:image/png;base64,AAAA", "prompt": "Hi?"},
+                            timeout=60)
+        assert broken.status_code == 422 and "input" in broken.json()["detail"], broken.text

@@ -1,7 +1,8 @@
 """`chat_requests`: the run record -> one record per chat request, every request validated first.
 
 Inputs (`appliance run pipeline=llava_chat ...`):
-  - `input=photo.png prompt="..."`: one request, a user message with the image and the text;
+  - `input=photo.png prompt="..."`: one request, a user message with the image and the text (the image
+    may also be an http(s) or data: URL);
   - `prompt="..."` alone: one text-only request;
   - `input=requests.jsonl output=answers.jsonl`: one request per line in the OpenAI batch format
     `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {"messages", ...}}`.
@@ -18,6 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.vision.image_load import is_remote_image
 
 BATCH_URL = "/v1/chat/completions"
 ROLES = ("system", "user", "assistant")
@@ -183,7 +185,8 @@ def single_request(image: Optional[str], prompt: Optional[str]) -> ChatRequest:
         raise InputError('prompt: required with an image input; pass prompt="What is in the image?"')
     parts: List[Dict[str, Any]] = []
     if image is not None:
-        parts.append({"type": "image_url", "image_url": {"url": os.path.basename(image)}})
+        url = image if is_remote_image(image) else os.path.basename(image)  # a file: under its media dir
+        parts.append({"type": "image_url", "image_url": {"url": url}})
     parts.append({"type": "text", "text": prompt})
     return ChatRequest("prompt", [{"role": "user", "content": parts}], {})
 
@@ -217,6 +220,10 @@ def plan_run(record: Record, media_dir: Optional[str]) -> Tuple[List[ChatRequest
         if output not in (None, ""):
             raise InputError("output: only used with a .jsonl input; a single prompt prints its answer")
         return [single_request(None, prompt)], None, media_dir, "prompt"
+    if is_remote_image(source):  # loaded (with its size limits) by chat_prompt, like an image_url part
+        if output not in (None, ""):
+            raise InputError("output: only used with a .jsonl input; a single prompt prints its answer")
+        return [single_request(source, prompt)], None, media_dir, "input"
     if not os.path.isfile(source):
         raise InputError(f"input: {source} is not a file; pass an image or a .jsonl batch file")
     allowed = media_dir or os.path.dirname(os.path.abspath(source))
