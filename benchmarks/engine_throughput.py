@@ -5,9 +5,9 @@
 
 Bench model: random Llama (hidden 512, intermediate 1408, 8 layers, 8 heads, vocab 32000), fp32.
 Requests: prompt lengths uniform in [32, 256], forced output lengths uniform in [16, 128]
-(ignore_eos), seed 0. Prints output tokens/s for our engine, HF generate one request at a time and HF
-generate in left-padded static batches, plus engine step time vs a bare forward of the same batch,
-KV slot utilisation, and the engine in bf16.
+(ignore_eos), seed 0. Prints output tokens/s for our engine (with its CPU kernels, and with torch's alone), HF generate
+one request at a time and HF generate in left-padded static batches, plus engine step time vs a
+bare forward of the same batch, KV slot utilisation, and the engine in bf16.
 """
 import argparse
 import os
@@ -46,7 +46,7 @@ class StepProbe:
     """Wraps the executor: times each engine step's model run, and re-runs the bare forward of
     decode-only steps on the same inputs for the overhead figure. Also samples KV utilisation."""
 
-    def __init__(self, engine, bare_samples: int = 8):
+    def __init__(self, engine, bare_samples: int = 24):
         self.engine, self.executor = engine, engine.executor
         self.runner = engine.executor.runner  # the engine reads its stats (encoder cache) through it
         self.bare_samples = bare_samples
@@ -74,13 +74,13 @@ class StepProbe:
         return False
 
 
-def run_engine(path, requests, dtype, max_seqs):
+def run_engine(path, requests, dtype, max_seqs, cpu_kernels=True):
     from appliance.config.schema import EngineConfig
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
 
     cfg = EngineConfig(dtype=dtype, kv_cache_memory_bytes=512 * 2 ** 20, max_num_seqs=max_seqs,
-                       max_num_batched_tokens=2048, enable_prefix_caching=False)
+                       max_num_batched_tokens=2048, enable_prefix_caching=False, cpu_kernels=cpu_kernels)
     engine = LLMEngine(path, cfg)
     engine.generate([requests[0][0][:8]], SamplingParams(temperature=0, max_tokens=2))  # warm-up
     probe = StepProbe(engine)
@@ -133,6 +133,8 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-bf16", action="store_true")
+    ap.add_argument("--skip-torch-kernels", action="store_true",
+                    help="skip the engine run with engine.cpu_kernels=false")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for every system (on a loaded shared host 1 avoids OpenMP stalls)")
     ap.add_argument("--model-dir", default=None, help="reuse a bench model built by an earlier run")
@@ -154,6 +156,9 @@ def main():
     rows = []
     fp32 = run_engine(path, requests, "float32", args.max_num_seqs)
     rows.append(("engine fp32", fp32["tok_s"]))
+    if not args.skip_torch_kernels:
+        rows.append(("engine fp32, torch kernels only",
+                     run_engine(path, requests, "float32", args.max_num_seqs, cpu_kernels=False)["tok_s"]))
     if not args.skip_hf:
         rows.append(("HF generate, sequential", run_hf(path, requests[: args.hf_requests], 1)))
         rows.append((f"HF generate, static batch {args.hf_batch}", run_hf(path, requests, args.hf_batch)))

@@ -126,6 +126,7 @@ class EngineKind(str, Enum):
 class AttentionBackend(str, Enum):
     auto = "auto"
     torch = "torch"
+    cpu = "cpu"
     xformers = "xformers"
 
 
@@ -145,6 +146,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     encoder_cache_bytes: int = 256 * 1024 * 1024  # image embeddings kept by content hash (rank 0); 0 = none
     attention_backend: AttentionBackend = AttentionBackend.auto
+    cpu_kernels: bool = True  # our AVX2 GEMM and paged decode attention for fp32 on CPU, where they build
     seed: int = 0
 
 

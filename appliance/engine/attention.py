@@ -1,5 +1,6 @@
 """Paged attention: write this step's K/V into the per-layer pool, then attend over each sequence's
-blocks. Backends: `torch` (any device) and `xformers` (CUDA only)."""
+blocks. Backends: `torch` (any device), `cpu` (torch plus our AVX2 decode kernel) and `xformers` (CUDA
+only)."""
 import importlib.util
 from typing import Optional
 
@@ -7,13 +8,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from appliance.engine.context import StepContext
+from appliance.engine import cpu_kernels
+from appliance.engine.context import DECODE_GROUP_SIZE, StepContext
 
 
 class TorchAttentionBackend:
     """Reference backend on torch SDPA: decodes batched with a padding mask, prefills one by one."""
 
     name = "torch"
+    decode_group_size: Optional[int] = DECODE_GROUP_SIZE  # decodes of similar length padded together
 
     def __init__(self):
         self.scratch = {}  # reused gather buffers: fresh multi-MB tensors each layer cost page faults
@@ -21,27 +24,30 @@ class TorchAttentionBackend:
     def forward(self, q, k, v, k_cache, v_cache, ctx: StepContext, scale: float) -> torch.Tensor:
         """q: [T, Hq, D]; k/v: [T, Hk, D] (this step's, already in the cache);
         caches: [num_blocks, block_size, Hk, D]. Returns [T, Hq, D]."""
-        out = torch.empty_like(q)
         bs = ctx.block_size
+        if len(ctx.decode_groups) == 1 and ctx.decode_groups[0].all_rows:  # a decode-only step
+            return self._decode(q, k_cache, v_cache, ctx.decode_groups[0], bs, scale)
+        out = torch.empty_like(q)
         for group in ctx.decode_groups:
             out[group.rows] = self._decode(q[group.rows], k_cache, v_cache, group, bs, scale)
         for i, q_len in enumerate(ctx.query_lens):
             if q_len == 1:
                 continue
             ctx_len, start = ctx.context_lens[i], ctx.query_start[i]
-            qs = q[start:start + q_len].transpose(0, 1)  # [Hq, q_len, D]
+            # 4-D [1, H, L, D] throughout: torch runs 3-D inputs on its 3-4x slower math kernel on CPU.
+            qs = q[start:start + q_len].transpose(0, 1)[None]
             if q_len == ctx_len:  # whole prompt in this step: its K/V are this step's rows, no gather
-                ks, vs = k[start:start + q_len].transpose(0, 1), v[start:start + q_len].transpose(0, 1)
+                ks, vs = k[start:start + q_len].transpose(0, 1)[None], v[start:start + q_len].transpose(0, 1)[None]
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
             else:
                 blocks = torch.tensor(ctx.block_tables[i][: -(-ctx_len // bs)], device=q.device)
-                ks = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].transpose(0, 1)  # [Hk, L, D]
-                vs = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].transpose(0, 1)
+                ks = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].transpose(0, 1)[None]  # [1, Hk, L, D]
+                vs = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].transpose(0, 1)[None]
                 # A later chunk (or after a prefix-cache hit): query j sits at position ctx_len - q_len + j.
                 qpos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
                 mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos[:, None]
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
-            out[start:start + q_len] = o.transpose(0, 1)
+            out[start:start + q_len] = o[0].transpose(0, 1)
         return out
 
     def _gather(self, name: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -63,6 +69,20 @@ class TorchAttentionBackend:
         o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :],
                                            scale=scale, enable_gqa=True)
         return o.squeeze(2)
+
+
+class CpuAttentionBackend(TorchAttentionBackend):
+    """fp32 on CPU: decodes read the paged K/V in place with our kernel (no gathered, padded copy);
+    prefills as in the torch backend."""
+
+    name = "cpu"
+    decode_group_size = None  # no padding to limit: one call for all of a step's decodes
+
+    def _decode(self, q, k_cache, v_cache, group, block_size: int, scale: float) -> torch.Tensor:
+        if not cpu_kernels.handles_paged_decode(q, k_cache):
+            return super()._decode(q, k_cache, v_cache, group, block_size, scale)
+        return cpu_kernels.paged_decode_attention(q, k_cache, v_cache, group.block_tables,
+                                                  group.context_lens, scale)
 
 
 class XformersAttentionBackend:
@@ -101,13 +121,28 @@ XFORMERS_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32):
-    """`auto` picks xformers on CUDA with xformers installed and an fp16/bf16 model; otherwise torch."""
+    """`auto` picks xformers on CUDA with xformers installed and an fp16/bf16 model, our CPU kernel for
+    fp32 on CPU where it builds (and engine.cpu_kernels is on); otherwise torch."""
     name = getattr(name, "value", name)
     has_xformers = importlib.util.find_spec("xformers") is not None
     if name == "auto":
-        name = "xformers" if device.type == "cuda" and has_xformers and dtype in XFORMERS_DTYPES else "torch"
+        if device.type == "cuda" and has_xformers and dtype in XFORMERS_DTYPES:
+            name = "xformers"
+        elif device.type == "cpu" and dtype == torch.float32 and cpu_kernels.available():
+            name = "cpu"
+        else:
+            name = "torch"
     if name == "torch":
         return TorchAttentionBackend()
+    if name == "cpu":
+        if device.type != "cpu" or dtype != torch.float32:
+            raise ValueError("attention_backend=cpu needs engine.device=cpu and engine.dtype=float32; use "
+                             "attention_backend=torch (or auto)")
+        if not cpu_kernels.available():
+            why = cpu_kernels.unavailable_reason() or "engine.cpu_kernels=false"
+            raise ValueError(f"attention_backend=cpu: our CPU kernels are unavailable ({why}); use "
+                             f"attention_backend=torch (or auto)")
+        return CpuAttentionBackend()
     if name == "xformers":
         if device.type != "cuda" or not has_xformers:
             raise ValueError("attention_backend=xformers needs a CUDA device and `pip install --no-deps "
@@ -117,7 +152,7 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.f
                              f"kernels have no {str(dtype).replace('torch.', '')} version); use "
                              f"attention_backend=torch (or auto) for float32")
         return XformersAttentionBackend()
-    raise ValueError(f"unknown attention_backend {name!r}; choose auto, torch or xformers")
+    raise ValueError(f"unknown attention_backend {name!r}; choose auto, torch, cpu or xformers")
 
 
 class PagedAttention(nn.Module):
@@ -137,6 +172,9 @@ class PagedAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        self.k_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = k
-        self.v_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = v
+        if cpu_kernels.fits(k, v, self.k_cache) and k.stride(1) == v.stride(1) == self.head_dim:
+            cpu_kernels.write_kv(k, v, ctx.slot_mapping, self.k_cache, self.v_cache)
+        else:
+            self.k_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = k
+            self.v_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = v
         return self.backend.forward(q, k, v, self.k_cache, self.v_cache, ctx, self.scale).reshape(t, -1)

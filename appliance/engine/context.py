@@ -31,6 +31,7 @@ class DecodeGroup:
     rows: torch.Tensor  # [n] token rows
     block_tables: torch.Tensor  # [n, width], padded with block 0
     context_lens: torch.Tensor  # [n]
+    all_rows: bool = False  # rows == 0..T-1: the step is this group alone, in order
 
 
 DECODE_GROUP_SIZE = 8
@@ -54,7 +55,10 @@ class StepContext:
     decode_groups: List["DecodeGroup"]
 
     @classmethod
-    def build(cls, step: StepInput, block_size: int, device: torch.device) -> "StepContext":
+    def build(cls, step: StepInput, block_size: int, device: torch.device,
+              decode_group_size: Optional[int] = DECODE_GROUP_SIZE) -> "StepContext":
+        """decode_group_size None: all decodes in one group, in batch order (for a backend that reads
+        each table as it is, with no padded copy)."""
         def t(x):
             return torch.tensor(x, dtype=torch.long, device=device)
 
@@ -66,12 +70,16 @@ class StepContext:
                   query_lens=step.query_lens, context_lens=step.context_lens, query_start=query_start,
                   block_tables=step.block_tables, sample_rows=t(step.sample_rows),
                   block_size=block_size, decode_seqs=decode_seqs, decode_groups=[])
-        by_len = sorted(decode_seqs, key=lambda i: step.context_lens[i])
-        for g in range(0, len(by_len), DECODE_GROUP_SIZE):
-            seqs = by_len[g:g + DECODE_GROUP_SIZE]
-            width = len(step.block_tables[seqs[-1]])
+        if decode_group_size is None:
+            order, decode_group_size = decode_seqs, max(len(decode_seqs), 1)
+        else:
+            order = sorted(decode_seqs, key=lambda i: step.context_lens[i])
+        for g in range(0, len(order), decode_group_size):
+            seqs = order[g:g + decode_group_size]
+            width = max(len(step.block_tables[i]) for i in seqs)
             ctx.decode_groups.append(DecodeGroup(
                 rows=t([query_start[i] for i in seqs]),
                 block_tables=t([step.block_tables[i] + [0] * (width - len(step.block_tables[i])) for i in seqs]),
-                context_lens=t([step.context_lens[i] for i in seqs])))
+                context_lens=t([step.context_lens[i] for i in seqs]),
+                all_rows=[query_start[i] for i in seqs] == list(range(query_start[-1]))))
         return ctx

@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from appliance.engine.linear import PackableLinear
 from appliance.engine.parallel import ParallelState
 
 
@@ -31,12 +32,15 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
     """Hidden states -> logits over the full vocab (shards gathered from all ranks)."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # W @ h^T, not h @ W^T: for the few rows of a decode step MKL streams the big weight about
-        # 1.6x faster in this orientation (benchmarks/engine_throughput.py, docs/engine.md).
-        logits = torch.mm(self.weight, hidden.t()).t()
+        if self.packed is not None:
+            logits = self.matmul(hidden)
+        else:
+            # W @ h^T, not h @ W^T: for the few rows of a decode step MKL streams the big weight about
+            # 1.6x faster in this orientation (docs/engine.md).
+            logits = torch.mm(self.weight, hidden.t()).t()
         logits = self.tp.all_gather_last_dim(logits)
         return logits[..., : self.vocab_size]

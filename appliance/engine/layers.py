@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from appliance.engine import cpu_kernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -14,6 +16,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and cpu_kernels.fits(x, self.weight):  # one fused op instead of eight
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         # Normalise in fp32, as the reference does, so bf16 runs do not lose precision here.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -24,6 +28,8 @@ class SiluAndMul(nn.Module):
     """SwiGLU: silu(gate) * up, with gate and up concatenated on the last dim."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and cpu_kernels.fits(x):
+            return cpu_kernels.silu_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
@@ -71,7 +77,10 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin(), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, Hq, D], k: [T, Hk, D]; positions: [T]."""
+        """q: [T, Hq, D], k: [T, Hk, D]; positions: [T]. With our CPU kernels q and k are rotated in place."""
+        if cpu_kernels.fits(q, k, self.cos) and q.stride(1) == q.shape[2] and k.stride(1) == k.shape[2]:
+            cpu_kernels.rotary_(q, k, positions, self.cos, self.sin)
+            return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

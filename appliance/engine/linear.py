@@ -1,11 +1,16 @@
 """Tensor-parallel linear layers. Each parameter carries a `weight_loader` that takes the full
-checkpoint tensor and keeps this rank's shard; collectives are visible in `forward`."""
+checkpoint tensor and keeps this rank's shard; collectives are visible in `forward`.
+
+With our CPU kernels (fp32 on CPU, engine.cpu_kernels) the runner calls `pack_for_cpu(model)` once the
+weights are loaded: each layer's weight is repacked for our GEMM and the [N, K] copy is freed."""
+from collections import Counter
 from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from appliance.engine import cpu_kernels
 from appliance.engine.parallel import ParallelState
 
 
@@ -15,7 +20,29 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
     param.data.copy_(loaded)
 
 
-class ColumnParallelLinear(nn.Module):
+class PackableLinear(nn.Module):
+    """x W^T on torch's GEMM, or on ours once `pack` has repacked W."""
+
+    packed: Optional[cpu_kernels.PackedWeight] = None
+
+    def pack(self, keep_weight: bool = False) -> None:
+        self.packed = cpu_kernels.PackedWeight(self.weight.data)
+        if not keep_weight:
+            self.weight.data = torch.empty(0)  # the Parameter (and its name) stays; its memory goes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight) if self.packed is None else cpu_kernels.linear(x, self.packed)
+
+
+def pack_for_cpu(model: nn.Module) -> None:
+    """Pack every PackableLinear's weight; a weight another module also uses (tied embeddings) is kept."""
+    users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+    for m in model.modules():
+        if isinstance(m, PackableLinear):
+            m.pack(keep_weight=users[id(m.weight)] > 1)
+
+
+class ColumnParallelLinear(PackableLinear):
     """y = x W^T with W split by output rows; each rank returns its slice of y (no collective)."""
 
     def __init__(self, in_features: int, out_features: int, tp: ParallelState, bias: bool = False):
@@ -34,7 +61,8 @@ class ColumnParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(0, self.tp.rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        y = self.matmul(x)
+        return y if self.bias is None else y + self.bias
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -66,7 +94,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         param.data.narrow(0, start, n).copy_(loaded.narrow(0, self.tp.rank * n, n))
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(PackableLinear):
     """y = x W^T with W split by input columns; partial sums are all-reduced across ranks."""
 
     def __init__(self, in_features: int, out_features: int, tp: ParallelState, bias: bool = False):
@@ -85,7 +113,7 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.tp.rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = self.matmul(x)
         y = self.tp.all_reduce(y)
         # Bias after the reduce, so it is added once rather than once per rank.
         return y if self.bias is None else y + self.bias

@@ -16,9 +16,11 @@ from typing import Dict, Optional
 import torch
 
 from appliance.config.schema import EngineConfig
+from appliance.engine import cpu_kernels
 from appliance.engine.attention import select_backend
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
+from appliance.engine.linear import pack_for_cpu
 from appliance.engine.loader import iter_weights, load_weights
 from appliance.engine.models import get_model_class
 from appliance.engine.parallel import ParallelState
@@ -43,14 +45,17 @@ class ModelRunner:
         self.dtype = resolve_dtype(cfg.dtype)
         self.block_size = cfg.block_size
         arch = (getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])[0]
-        backend = select_backend(cfg.attention_backend, self.device, self.dtype)
+        cpu_kernels.enable(cfg.cpu_kernels)
+        self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype)
         with torch.device(self.device):
-            model = get_model_class(arch)(hf_config, self.tp, backend, max_model_len)
+            model = get_model_class(arch)(hf_config, self.tp, self.attn_backend, max_model_len)
         self.model = model.to(self.dtype).eval()
         if hasattr(self.model, "load_weights"):  # models with their own checkpoint layouts (LLaVA)
             self.model.load_weights(iter_weights(model_path))
         else:
             load_weights(self.model, model_path)
+        if self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.available():
+            pack_for_cpu(self.model)
         self.num_kv_blocks = self._allocate_kv_cache()
         self.sampler = Sampler()
         self.multimodal = hasattr(self.model, "image_embeddings")
@@ -141,7 +146,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:
         """One forward over the flattened batch; logits [S, V] of the rows that sample."""
-        ctx = StepContext.build(step, self.block_size, self.device)
+        ctx = StepContext.build(step, self.block_size, self.device,
+                                getattr(self.attn_backend, "decode_group_size", None))
         ids = torch.tensor(step.input_ids, dtype=torch.long, device=self.device)
         if step.mm_rows:
             rows = torch.tensor(step.mm_rows, dtype=torch.long, device=self.device)

@@ -4,6 +4,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from appliance.engine import cpu_kernels
 from appliance.engine.sampling_params import SamplingParams
 
 
@@ -18,7 +19,7 @@ class Sampler:
                  generators: List[Optional[torch.Generator]]) -> SamplerOutput:
         """logits: [S, V], one row per sequence that samples this step."""
         logits = logits.float()
-        tokens = logits.argmax(dim=-1)
+        tokens = cpu_kernels.argmax_rows(logits) if cpu_kernels.fits(logits) else logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sample_rows:
             rows = torch.tensor(sample_rows, device=logits.device)

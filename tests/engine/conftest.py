@@ -2,7 +2,17 @@
 import pytest
 import torch
 
+from appliance.engine import cpu_kernels
 from tests.engine.helpers import build_checkpoint
+
+
+@pytest.fixture(params=[True, False], ids=["our_cpu_kernels", "torch_kernels"])
+def kernels(request):
+    """engine.cpu_kernels for parity tests: both paths must match the reference."""
+    if request.param and not cpu_kernels.available():
+        pytest.skip(f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+    yield request.param
+    cpu_kernels.enable(True)  # the switch is process-wide; leave it at its default
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, l
 def run_and_compare(model_dir, prompts, cfg: EngineConfig, warmup=()):
     ref = hf_greedy(model_dir, prompts, MAX_TOKENS)
     engine = LLMEngine(model_dir, cfg)
+    runner = engine.executor.runner
+    uses_ours = runner.attn_backend.name == "cpu" and runner.model.lm_head.packed is not None
+    assert uses_ours == cfg.cpu_kernels, "engine.cpu_kernels did not select the kernels it names"
     if warmup:
         engine.generate(list(warmup), GREEDY)
     outs = engine.generate(prompts, GREEDY)
@@ -24,43 +27,45 @@ def run_and_compare(model_dir, prompts, cfg: EngineConfig, warmup=()):
     return engine
 
 
-def test_greedy_batch_matches_hf(llama_dir):
-    run_and_compare(llama_dir, random_prompts(400, LENGTHS), EngineConfig(num_kv_blocks=256))
+def test_greedy_batch_matches_hf(llama_dir, kernels):
+    run_and_compare(llama_dir, random_prompts(400, LENGTHS), EngineConfig(cpu_kernels=kernels, num_kv_blocks=256))
 
 
-def test_sharded_checkpoint_with_tied_embeddings(sharded_tied_dir):
+def test_sharded_checkpoint_with_tied_embeddings(sharded_tied_dir, kernels):
     import os
     assert os.path.exists(os.path.join(sharded_tied_dir, "model.safetensors.index.json"))
-    run_and_compare(sharded_tied_dir, random_prompts(400, LENGTHS[:10], seed=3), EngineConfig(num_kv_blocks=256))
+    run_and_compare(sharded_tied_dir, random_prompts(400, LENGTHS[:10], seed=3),
+                    EngineConfig(cpu_kernels=kernels, num_kv_blocks=256))
 
 
-def test_preemption_keeps_outputs_identical(llama_dir):
+def test_preemption_keeps_outputs_identical(llama_dir, kernels):
     # 12 blocks of 16 slots cannot hold all 12 sequences at once: the scheduler must preempt.
     engine = run_and_compare(llama_dir, random_prompts(400, LENGTHS, seed=4),
-                             EngineConfig(num_kv_blocks=12, enable_prefix_caching=False))
+                             EngineConfig(cpu_kernels=kernels, num_kv_blocks=12, enable_prefix_caching=False))
     assert engine.stats()["num_preemptions"] > 0
 
 
-def test_prefix_caching_keeps_outputs_identical(llama_dir):
+def test_prefix_caching_keeps_outputs_identical(llama_dir, kernels):
     shared = random_prompts(400, [40], seed=5)[0]
     tails = random_prompts(400, [1, 2, 5, 9, 16, 20, 3, 7, 11, 30], seed=6)
     prompts = [shared + t for t in tails]
-    engine = run_and_compare(llama_dir, prompts, EngineConfig(num_kv_blocks=256, enable_prefix_caching=True),
+    engine = run_and_compare(llama_dir, prompts,
+                             EngineConfig(cpu_kernels=kernels, num_kv_blocks=256, enable_prefix_caching=True),
                              warmup=[shared + [7]])
     stats = engine.stats()
     assert stats["prefix_cache_hit_tokens"] >= 2 * 16 * len(prompts)
 
 
-def test_chunked_prefill_keeps_outputs_identical(llama_dir):
+def test_chunked_prefill_keeps_outputs_identical(llama_dir, kernels):
     engine = run_and_compare(llama_dir, random_prompts(400, LENGTHS, seed=7),
-                             EngineConfig(num_kv_blocks=256, max_num_batched_tokens=16))
+                             EngineConfig(cpu_kernels=kernels, num_kv_blocks=256, max_num_batched_tokens=16))
     assert engine.stats()["num_chunked_prefills"] > 0
 
 
-def test_rope_scaling_matches_hf(rope_scaled_dir):
+def test_rope_scaling_matches_hf(rope_scaled_dir, kernels):
     # Prompts longer than original_max_position_embeddings (32) exercise the scaled frequencies.
     run_and_compare(rope_scaled_dir, random_prompts(400, [5, 33, 60, 100, 17, 80, 45, 2, 64, 90], seed=8),
-                    EngineConfig(num_kv_blocks=128))
+                    EngineConfig(cpu_kernels=kernels, num_kv_blocks=128))
 
 
 def test_unsupported_rope_type_is_a_clear_error():
@@ -69,12 +74,12 @@ def test_unsupported_rope_type_is_a_clear_error():
         rope_inv_freq(16, {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
 
 
-def test_seeded_sampling_survives_preemption(llama_dir):
+def test_seeded_sampling_survives_preemption(llama_dir, kernels):
     prompts = random_prompts(400, LENGTHS, seed=9)
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=MAX_TOKENS, ignore_eos=True)
               for i in range(len(prompts))]
-    calm = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=256)).generate(prompts, params)
-    pressured = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=12, max_num_batched_tokens=32))
+    calm = LLMEngine(llama_dir, EngineConfig(cpu_kernels=kernels, num_kv_blocks=256)).generate(prompts, params)
+    pressured = LLMEngine(llama_dir, EngineConfig(cpu_kernels=kernels, num_kv_blocks=12, max_num_batched_tokens=32))
     outs = pressured.generate(prompts, params)
     assert pressured.stats()["num_preemptions"] > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in calm]

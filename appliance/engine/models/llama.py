@@ -31,7 +31,7 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = x.shape[0]
         q, k = self.rotary(positions, q.view(t, -1, self.head_dim), k.view(t, -1, self.head_dim))
-        return self.o_proj(self.attn(q, k, v.contiguous(), ctx))
+        return self.o_proj(self.attn(q, k, v, ctx))
 
 
 class LlamaMLP(nn.Module):

@@ -1,0 +1,90 @@
+"""Our CPU kernels (appliance/engine/csrc/cpu_kernels.c) against the torch code they replace.
+
+    .venv/bin/python benchmarks/cpu_kernels.py --threads 2
+
+GEMMs: the bench model's layer shapes (benchmarks/engine_throughput.py) and its LM head, with eight
+copies of each weight used in turn so that they come from memory, as in a decode step; torch's
+F.linear (MKL) vs our packed GEMM, median of 7. Decode attention: 32 sequences of 150-300 tokens in
+scattered blocks (8 KV heads x 64), torch's gather + SDPA (the torch backend) vs our in-place kernel.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from appliance.engine import cpu_kernels
+
+
+def median_s(fn, repeats: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def gemm_rows(rows_list, copies: int = 8):
+    shapes = {"qkv 1536x512": (1536, 512), "o 512x512": (512, 512), "gate_up 2816x512": (2816, 512),
+              "down 512x1408": (512, 1408), "LM head 32000x512": (32000, 512)}
+    for name, (n, k) in shapes.items():
+        count = 2 if n == 32000 else copies
+        weights = [torch.randn(n, k) for _ in range(count)]
+        packed = [cpu_kernels.PackedWeight(w) for w in weights]
+        for rows in rows_list:
+            if n == 32000 and rows > 256:
+                continue  # the LM head sees one row per sampled sequence
+            x = torch.randn(rows, k)
+            ours = median_s(lambda: [cpu_kernels.linear(x, p) for p in packed])
+            mkl = median_s(lambda: [F.linear(x, w) for w in weights])
+            flops = 2 * rows * n * k * count
+            yield name, rows, flops / mkl / 1e9, flops / ours / 1e9, mkl / ours
+
+
+def attention_row():
+    torch.manual_seed(0)
+    blocks, block_size, kv_heads, head_dim, batch = 1024, 16, 8, 64, 32
+    k_cache = torch.randn(blocks, block_size, kv_heads, head_dim)
+    v_cache = torch.randn(blocks, block_size, kv_heads, head_dim)
+    lens = torch.randint(150, 300, (batch,))
+    width = -(-int(lens.max()) // block_size)
+    tables = torch.randperm(blocks)[: batch * width].view(batch, width)
+    q = torch.randn(batch, kv_heads, head_dim)
+
+    def gather_sdpa():
+        length = width * block_size
+        k = k_cache.index_select(0, tables.flatten()).view(batch, length, kv_heads, head_dim).transpose(1, 2)
+        v = v_cache.index_select(0, tables.flatten()).view(batch, length, kv_heads, head_dim).transpose(1, 2)
+        mask = torch.arange(length) < lens[:, None]
+        return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :])
+
+    torch_s = median_s(gather_sdpa, 15)
+    ours_s = median_s(lambda: cpu_kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125), 15)
+    kv_bytes = int(lens.sum()) * kv_heads * head_dim * 4 * 2
+    return torch_s, ours_s, kv_bytes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 256, 2048])
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not cpu_kernels.available():
+        raise SystemExit(f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+    print(f"torch threads {torch.get_num_threads()}\n")
+    print(f"{'GEMM':20s} {'rows':>5s} {'MKL GFLOP/s':>12s} {'ours GFLOP/s':>13s} {'speed-up':>9s}")
+    for name, rows, mkl, ours, speedup in gemm_rows(args.rows):
+        print(f"{name:20s} {rows:5d} {mkl:12.0f} {ours:13.0f} {speedup:8.2f}x")
+    torch_s, ours_s, kv_bytes = attention_row()
+    print(f"\ndecode attention, 32 sequences ({kv_bytes / 1e6:.0f} MB of K/V): gather + SDPA "
+          f"{torch_s * 1e3:.2f} ms, ours {ours_s * 1e3:.2f} ms ({torch_s / ours_s:.1f}x, "
+          f"{kv_bytes / ours_s / 1e9:.1f} GB/s)")
+
+
+if __name__ == "__main__":
+    main()

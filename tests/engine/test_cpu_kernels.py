@@ -1,0 +1,148 @@
+"""Our AVX2 kernels (appliance/engine/csrc/cpu_kernels.c) against the torch code they replace."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from appliance.engine import cpu_kernels
+from appliance.engine.layers import RMSNorm, RotaryEmbedding, SiluAndMul
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
+                                reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def close(a, b, tol=1e-5):
+    """Equal up to fp32 summation order, relative to the tensors' scale."""
+    scale = max(b.abs().max().item(), 1.0)
+    assert a.shape == b.shape
+    assert (a - b).abs().max().item() <= tol * scale, (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 37, 130])  # 130 > one 120-row x block
+@pytest.mark.parametrize("n, k", [(1, 8), (15, 7), (16, 64), (17, 512), (100, 600)])  # 600 > one K pass
+def test_packed_linear_matches_torch(m, n, k):
+    x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    packed = cpu_kernels.PackedWeight(w)
+    close(cpu_kernels.linear(x, packed), F.linear(x, w))
+    close(cpu_kernels.linear(x, packed, b), F.linear(x, w, b))
+
+
+def test_packed_linear_takes_strided_rows_and_leading_dims():
+    w = torch.randn(24, 32)
+    packed = cpu_kernels.PackedWeight(w)
+    rows = torch.randn(10, 48)[:, 8:40]  # row stride 48
+    close(cpu_kernels.linear(rows, packed), F.linear(rows, w))
+    x3 = torch.randn(2, 3, 32)
+    close(cpu_kernels.linear(x3, packed), F.linear(x3, w))
+    assert cpu_kernels.linear(torch.randn(0, 32), packed).shape == (0, 24)
+
+
+def test_packed_linear_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="fp32 CPU weights"):
+        cpu_kernels.PackedWeight(torch.randn(4, 8, dtype=torch.bfloat16))
+    packed = cpu_kernels.PackedWeight(torch.randn(4, 8))
+    with pytest.raises(ValueError, match=r"input \[\.\.\., 8\]"):
+        cpu_kernels.linear(torch.randn(2, 9), packed)
+
+
+def reference_decode(q, k_cache, v_cache, tables, lens, scale):
+    out = []
+    for i, n in enumerate(lens.tolist()):
+        k = k_cache[tables[i]].flatten(0, 1)[:n].transpose(0, 1)[None]
+        v = v_cache[tables[i]].flatten(0, 1)[:n].transpose(0, 1)[None]
+        out.append(F.scaled_dot_product_attention(q[i][None, :, None], k, v, scale=scale, enable_gqa=True)[0, :, 0])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 16])  # few sequences: a task per head; many: a task per sequence
+@pytest.mark.parametrize("heads, kv_heads, head_dim, block_size", [(4, 4, 8, 4), (8, 2, 64, 16), (6, 3, 128, 16)])
+def test_paged_decode_attention_matches_sdpa(batch, heads, kv_heads, head_dim, block_size):
+    torch.manual_seed(batch)
+    num_blocks, width = 128, 6
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
+    lens = torch.randint(1, width * block_size + 1, (batch,))
+    lens[0] = 1
+    if batch > 1:
+        lens[1] = width * block_size  # every slot of every block
+    tables = torch.randperm(num_blocks)[: batch * width].view(batch, width)  # scattered blocks
+    q = torch.randn(batch, heads, head_dim)
+    got = cpu_kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim ** -0.5)
+    close(got, reference_decode(q, k_cache, v_cache, tables, lens, head_dim ** -0.5))
+
+
+def test_rms_norm_matches_torch_path():
+    norm = RMSNorm(96, eps=1e-5)
+    norm.weight.data = torch.randn(96)
+    x = torch.randn(300, 128)[:, :96]  # strided rows
+    reference = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    close(cpu_kernels.rms_norm(x, norm.weight, norm.eps), reference)
+    close(norm(x), reference)  # the layer dispatches to the kernel
+
+
+def test_rotary_in_place_matches_torch_path():
+    rope = RotaryEmbedding(32, 64)
+    qkv = torch.randn(9, (4 + 2 + 2) * 32)
+    q, k = qkv[:, :128].view(9, 4, 32), qkv[:, 128:192].view(9, 2, 32)  # views into the fused output
+    positions = torch.tensor([0, 1, 2, 63, 5, 5, 7, 30, 8])
+    cpu_kernels.enable(False)
+    try:
+        ref_q, ref_k = rope(positions, q.clone(), k.clone())
+    finally:
+        cpu_kernels.enable(True)
+    untouched = qkv[:, 192:].clone()
+    got_q, got_k = rope(positions, q, k)
+    close(got_q, ref_q)
+    close(got_k, ref_k)
+    assert got_q.data_ptr() == q.data_ptr() and torch.equal(qkv[:, 192:], untouched)
+
+
+def test_write_kv_matches_index_put():
+    k_cache, v_cache = torch.zeros(8, 4, 2, 16), torch.zeros(8, 4, 2, 16)
+    qkv = torch.randn(5, 3 * 32)
+    k, v = qkv[:, 32:64].view(5, 2, 16), qkv[:, 64:].view(5, 2, 16)
+    slots = torch.tensor([3, 0, 31, 17, 9])
+    cpu_kernels.write_kv(k, v, slots, k_cache, v_cache)
+    ref_k, ref_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    ref_k.view(-1, 2, 16)[slots] = k
+    ref_v.view(-1, 2, 16)[slots] = v
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+
+
+@pytest.mark.parametrize("rows, inter", [(1, 13), (32, 1408), (200, 64)])
+def test_silu_mul_matches_torch(rows, inter):
+    x = torch.randn(rows, 2 * inter) * 6  # wide range: exp's reduction and saturation
+    x[0, 0], x[0, 1] = -100.0, 100.0
+    close(cpu_kernels.silu_mul(x), F.silu(x[:, :inter]) * x[:, inter:])
+    close(SiluAndMul()(x), F.silu(x[:, :inter]) * x[:, inter:])
+
+
+def test_argmax_rows_matches_torch_with_ties_and_nan():
+    x = torch.randn(7, 1000)
+    x[1, 10] = x[1, 500] = 50.0  # tie: the first index wins
+    x[2, 3] = float("nan")  # NaN wins, as in torch
+    assert torch.equal(cpu_kernels.argmax_rows(x), x.argmax(dim=-1))
+
+
+def test_unbuildable_kernels_leave_the_engine_on_torch(tmp_path):
+    """No working compiler: available() is False with the reason, and auto picks the torch backend."""
+    code = ("import torch; from appliance.engine import cpu_kernels as k; "
+            "from appliance.engine.attention import select_backend; "
+            "print(k.available(), select_backend('auto', torch.device('cpu')).name); print(k.unavailable_reason())")
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    first, reason = out.stdout.splitlines()
+    assert first == "False torch"
+    assert "no-such-cc" in reason
+
+
+def test_fresh_cache_builds_once(tmp_path):
+    code = "from appliance.engine import cpu_kernels as k; print(k.available())"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    for _ in range(2):  # the second run loads what the first built
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "True"
+    assert len(list((tmp_path / "appliance" / "kernels").glob("cpu_kernels-*.so"))) == 1
