@@ -125,16 +125,22 @@ PANEL = 16  # output columns per packed panel (csrc/cpu_kernels.c)
 
 
 class PackedWeight:
-    """A linear layer's [N, K] fp32 weight repacked for our GEMM: [ceil(N/16), K, 16], zero-padded."""
+    """A linear layer's [N, K] fp32 weight repacked for our GEMM: [ceil(N/16), K, 16], zero-padded.
+    `out`, if given, is the flat buffer (of `numel(N, K)` floats) to pack into."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None):
         if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
             raise ValueError(f"only 2-D fp32 CPU weights pack, got {weight.dtype} {tuple(weight.shape)} "
                              f"on {weight.device}")
         self.out_features, self.in_features = weight.shape
+        shape = (-(-self.out_features // PANEL), self.in_features, PANEL)
+        self.data = torch.empty(shape, dtype=torch.float32) if out is None else out.view(shape)
         w = weight.contiguous()
-        self.data = torch.empty((-(-self.out_features // PANEL), self.in_features, PANEL), dtype=torch.float32)
         _load().pack_weight_f32(w.data_ptr(), self.out_features, self.in_features, self.data.data_ptr())
+
+    @staticmethod
+    def numel(out_features: int, in_features: int) -> int:
+        return -(-out_features // PANEL) * in_features * PANEL
 
 
 def linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -157,8 +163,12 @@ def linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] =
 
 def fits(*tensors: torch.Tensor) -> bool:
     """Our kernels apply: they are on, and every tensor is fp32 on CPU with unit stride in its last dim."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1
-               for t in tensors) and available()
+    if not available():
+        return False
+    for t in tensors:  # a plain loop: this runs ~50 times a decode step
+        if not t.is_cpu or t.dtype != torch.float32 or t.stride(-1) != 1:
+            return False
+    return True
 
 
 def handles_paged_decode(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from appliance.engine import cpu_kernels
+from appliance.engine import cpu_kernels, hugepages
 from appliance.engine.parallel import ParallelState
 
 
@@ -25,8 +25,8 @@ class PackableLinear(nn.Module):
 
     packed: Optional[cpu_kernels.PackedWeight] = None
 
-    def pack(self, keep_weight: bool = False) -> None:
-        self.packed = cpu_kernels.PackedWeight(self.weight.data)
+    def pack(self, out: Optional[torch.Tensor] = None, keep_weight: bool = False) -> None:
+        self.packed = cpu_kernels.PackedWeight(self.weight.data, out)
         if not keep_weight:
             self.weight.data = torch.empty(0)  # the Parameter (and its name) stays; its memory goes
 
@@ -35,11 +35,16 @@ class PackableLinear(nn.Module):
 
 
 def pack_for_cpu(model: nn.Module) -> None:
-    """Pack every PackableLinear's weight; a weight another module also uses (tied embeddings) is kept."""
+    """Pack every PackableLinear's weight, all into one huge-page arena (a decode step streams them
+    all); a weight another module also uses (tied embeddings) is kept."""
+    layers = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    sizes = [cpu_kernels.PackedWeight.numel(*m.weight.shape) for m in layers]
+    arena = hugepages.empty([sum(sizes)])
     users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
-    for m in model.modules():
-        if isinstance(m, PackableLinear):
-            m.pack(keep_weight=users[id(m.weight)] > 1)
+    start = 0
+    for m, size in zip(layers, sizes):
+        m.pack(arena[start:start + size], keep_weight=users[id(m.weight)] > 1)
+        start += size
 
 
 class ColumnParallelLinear(PackableLinear):

@@ -16,7 +16,7 @@ from typing import Dict, Optional
 import torch
 
 from appliance.config.schema import EngineConfig
-from appliance.engine import cpu_kernels
+from appliance.engine import cpu_kernels, hugepages
 from appliance.engine.attention import select_backend
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
@@ -72,10 +72,14 @@ class ModelRunner:
         if n < 1:
             raise ValueError(f"engine.kv_cache_memory_bytes={self.cfg.kv_cache_memory_bytes} holds no KV "
                              f"block ({bytes_per_block} bytes each); raise it or set engine.num_kv_blocks")
-        for layer in layers:
-            shape = (n, self.block_size, a.num_kv_heads, a.head_dim)
-            layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # One pool for every layer's K and V (on CPU in huge pages: decode attention streams it).
+        shape = (len(layers), 2, n, self.block_size, a.num_kv_heads, a.head_dim)
+        if self.device.type == "cpu":
+            pool = hugepages.empty(shape, self.dtype).zero_()  # zeros: padded gathers read unused slots
+        else:
+            pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(layers):
+            layer.k_cache, layer.v_cache = pool[i, 0], pool[i, 1]
         return n
 
     def prepare(self, out: SchedulerOutput) -> StepInput:
