@@ -179,17 +179,10 @@ static inline float dot(const float* q, const float* k, int64_t D) {
     return hsum(acc);
 }
 
-// Block i of a sequence's paged K or V, at KV head h0; NULL past the sequence's last block.
-static inline const float* block_at(const float* cache, const int64_t* table, int64_t i, int64_t L,
-                                    int64_t block_size, int64_t stride, int64_t h0, int64_t D) {
-    return i * block_size < L ? cache + table[i] * block_size * stride + h0 * D : NULL;
-}
-
-// While token t of a block is read, prefetch token t of the next block (blocks lie anywhere in the
-// pool, so the hardware prefetcher cannot guess where the next one starts).
-static inline void prefetch_token(const float* next, int64_t t, int64_t stride, int64_t bytes) {
-    if (next)
-        for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch((const char*)(next + t * stride) + c, _MM_HINT_T0);
+// Prefetch a token's row (`bytes` of it) ahead of its use: blocks lie anywhere in the pool, so the
+// hardware prefetcher cannot guess where the next one starts.
+static inline void prefetch_row(const float* row, int64_t bytes) {
+    for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch((const char*)row + c, _MM_HINT_T0);
 }
 
 // One query token per sequence against that sequence's paged K/V, read in place through its block
@@ -212,27 +205,25 @@ void paged_decode_attention_f32(const float* q, const float* k_cache, const floa
         const float* qb = q + (b * Hq + h0 * g) * D;
         float* ob = out + (b * Hq + h0 * g) * D;
         float* scores = malloc(sizeof(float) * rows * L);  // [rows][L]
+        int64_t* row = malloc(sizeof(int64_t) * L);  // where token p's K/V (at head h0) sit in a cache
+        for (int64_t p = 0; p < L; p++)
+            row[p] = (table[p / block_size] * block_size + p % block_size) * stride + h0 * D;
         int64_t head_bytes = heads * D * (int64_t)sizeof(float);  // what the task reads of a token
-        // Pass 1: scaled scores.
-        for (int64_t p0 = 0; p0 < L; p0 += block_size) {
-            int64_t i = p0 / block_size, n = L - p0 < block_size ? L - p0 : block_size;
-            const float* kb = block_at(k_cache, table, i, L, block_size, stride, h0, D);
-            const float* next = block_at(k_cache, table, i + 1, L, block_size, stride, h0, D);
-            for (int64_t t = 0; t < n; t++) {
-                const float* kt = kb + t * stride;
-                prefetch_token(next, t, stride, head_bytes);
-                float* s = scores + p0 + t;
-                int64_t r = 0;
-                for (; r + 4 <= rows; r += 4) {
-                    float v[4];
-                    __m128 d4 = dot4(qb + r * D, kt + r / g * D, qb + (r + 1) * D, kt + (r + 1) / g * D,
-                                     qb + (r + 2) * D, kt + (r + 2) / g * D,
-                                     qb + (r + 3) * D, kt + (r + 3) / g * D, D);
-                    _mm_storeu_ps(v, _mm_mul_ps(d4, _mm_set1_ps(scale)));
-                    for (int j = 0; j < 4; j++) s[(r + j) * L] = v[j];
-                }
-                for (; r < rows; r++) s[r * L] = dot(qb + r * D, kt + r / g * D, D) * scale;
+        // Pass 1: scaled scores. Rows are read in order: each block front to back, the same token of
+        // the next block prefetched meanwhile.
+        for (int64_t p = 0; p < L; p++) {
+            const float* kt = k_cache + row[p];
+            if (p + block_size < L) prefetch_row(k_cache + row[p + block_size], head_bytes);
+            float* s = scores + p;
+            int64_t r = 0;
+            for (; r + 4 <= rows; r += 4) {
+                float v[4];
+                __m128 d4 = dot4(qb + r * D, kt + r / g * D, qb + (r + 1) * D, kt + (r + 1) / g * D,
+                                 qb + (r + 2) * D, kt + (r + 2) / g * D, qb + (r + 3) * D, kt + (r + 3) / g * D, D);
+                _mm_storeu_ps(v, _mm_mul_ps(d4, _mm_set1_ps(scale)));
+                for (int j = 0; j < 4; j++) s[(r + j) * L] = v[j];
             }
+            for (; r < rows; r++) s[r * L] = dot(qb + r * D, kt + r / g * D, D) * scale;
         }
         // Softmax per row (max subtracted); the normalisation is applied to the output at the end.
         for (int64_t r = 0; r < rows; r++) {
@@ -245,21 +236,16 @@ void paged_decode_attention_f32(const float* q, const float* k_cache, const floa
             for (; p < L; p++) s[p] = expf(s[p] - mx);
             for (int64_t d = 0; d < D; d++) ob[r * D + d] = 0.f;
         }
-        // Pass 2: weighted sum of V rows (the output rows stay in L1).
-        for (int64_t p0 = 0; p0 < L; p0 += block_size) {
-            int64_t i = p0 / block_size, n = L - p0 < block_size ? L - p0 : block_size;
-            const float* vb = block_at(v_cache, table, i, L, block_size, stride, h0, D);
-            const float* next = block_at(v_cache, table, i + 1, L, block_size, stride, h0, D);
-            for (int64_t t = 0; t < n; t++) {
-                const float* vt = vb + t * stride;
-                prefetch_token(next, t, stride, head_bytes);
-                for (int64_t r = 0; r < rows; r++) {
-                    __m256 pv = _mm256_set1_ps(scores[r * L + p0 + t]);
-                    const float* vr = vt + r / g * D;
-                    float* o = ob + r * D;
-                    for (int64_t d = 0; d < D; d += 8)
-                        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + d), _mm256_loadu_ps(o + d)));
-                }
+        // Pass 2: weighted sum of V rows, in the same order (the output rows stay in L1).
+        for (int64_t p = 0; p < L; p++) {
+            const float* vt = v_cache + row[p];
+            if (p + block_size < L) prefetch_row(v_cache + row[p + block_size], head_bytes);
+            for (int64_t r = 0; r < rows; r++) {
+                __m256 pv = _mm256_set1_ps(scores[r * L + p]);
+                const float* vr = vt + r / g * D;
+                float* o = ob + r * D;
+                for (int64_t d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + d), _mm256_loadu_ps(o + d)));
             }
         }
         for (int64_t r = 0; r < rows; r++) {
@@ -267,6 +253,7 @@ void paged_decode_attention_f32(const float* q, const float* k_cache, const floa
             for (int64_t p = 0; p < L; p++) sum += scores[r * L + p];
             for (int64_t d = 0; d < D; d++) ob[r * D + d] /= sum;
         }
+        free(row);
         free(scores);
     }
 }
