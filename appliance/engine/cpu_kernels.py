@@ -1,5 +1,5 @@
-"""Our AVX2 kernels for fp32 on CPU (csrc/cpu_kernels.c): a GEMM on prepacked weights and paged
-decode attention.
+"""Our AVX2 kernels for fp32 on CPU (csrc/cpu_kernels.c): a GEMM on prepacked weights, paged decode
+attention reading K/V in place, and fused small ops (RMSNorm, rotary, KV-cache write, SwiGLU, argmax).
 
 Built on first use with the system C compiler into a per-user cache (keyed by the source's hash) and
 loaded with ctypes, so no build step and no torch headers are needed. Where they cannot be built
@@ -194,6 +194,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm over the last dim of a 2-D x (rows may be strided)."""
     m, d = x.shape
+    assert x.stride(1) == 1
     out = torch.empty((m, d), dtype=torch.float32)
     w = weight.contiguous()
     _load().rms_norm_f32(x.data_ptr(), x.stride(0), w.data_ptr(), eps, out.data_ptr(), m, d)
@@ -223,9 +224,10 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_cache: tor
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU of a contiguous [M, 2I]: silu(x[:, :I]) * x[:, I:]."""
+    x = x.contiguous()  # bound to a name: a temporary would be freed before the C call reads it
     m, two_i = x.shape
     out = torch.empty((m, two_i // 2), dtype=torch.float32)
-    _load().silu_mul_f32(x.contiguous().data_ptr(), out.data_ptr(), m, two_i // 2)
+    _load().silu_mul_f32(x.data_ptr(), out.data_ptr(), m, two_i // 2)
     return out
 
 

@@ -30,8 +30,10 @@ class PackableLinear(nn.Module):
         if not keep_weight:
             self.weight.data = torch.empty(0)  # the Parameter (and its name) stays; its memory goes
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight) if self.packed is None else cpu_kernels.linear(x, self.packed)
+    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, bias)
+        return cpu_kernels.linear(x, self.packed, bias)
 
 
 def pack_for_cpu(model: nn.Module) -> None:
@@ -66,8 +68,7 @@ class ColumnParallelLinear(PackableLinear):
         param.data.copy_(loaded.narrow(0, self.tp.rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.matmul(x)
-        return y if self.bias is None else y + self.bias
+        return self.matmul(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

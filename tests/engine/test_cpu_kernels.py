@@ -112,6 +112,11 @@ def test_write_kv_matches_index_put():
     assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
 
 
+def test_silu_mul_takes_a_strided_input():
+    x = torch.randn(300, 2 * 96 + 8)[:, 8:]  # rows of stride 200: copied to contiguous first
+    close(cpu_kernels.silu_mul(x), F.silu(x[:, :96]) * x[:, 96:])
+
+
 @pytest.mark.parametrize("rows, inter", [(1, 13), (32, 1408), (200, 64)])
 def test_silu_mul_matches_torch(rows, inter):
     x = torch.randn(rows, 2 * inter) * 6  # wide range: exp's reduction and saturation
