@@ -1,12 +1,26 @@
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FRAME_CONF = REPO / "tests" / "frame" / "conf"
+
+
+@contextmanager
+def one_torch_thread():
+    """torch on one thread, then back: 2 OpenMP threads on 2 shared cores stall each other on tiny ops."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def run_cli(*args, conf_dir=None, cwd=None, timeout=300, env=None):

@@ -12,11 +12,11 @@ import json
 import sys
 
 import pytest
-import torch
 from PIL import Image
 
 from appliance.config.compose import compose
 from appliance.pipeline import build_pipeline
+from tests.conftest import one_torch_thread
 
 LLAVA_TEMPLATE = (
     "{% for message in messages %}{{ message['role'].upper() + ': ' }}"
@@ -132,10 +132,8 @@ def batch_request(custom_id, content, **body):
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with one_torch_thread():
+        yield
 
 
 def synthetic_shapes():

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from appliance.engine import cpu_kernels
+from tests.conftest import one_torch_thread
 from tests.engine.helpers import build_checkpoint
 
 
@@ -43,11 +44,8 @@ def rope_scaled_dir(request, tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread():
-    # The 2 cores are shared with other jobs: OpenMP threads stall each other badly on tiny ops.
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(autouse=True)
