@@ -21,8 +21,9 @@ class IncrementalDetokenizer:
         self.stop = list(stop)
         self.stopped = False
 
-    def add(self, token_id: int) -> str:
-        """Append one token and return the new text (possibly empty; always empty once stopped)."""
+    def add(self, token_id: int, check_stop: bool = True) -> str:
+        """Append one token and return the new text (possibly empty; always empty once stopped).
+        `check_stop=False` (before a request's min_tokens) appends without looking for stop strings."""
         if self.stopped:
             return ""
         self.ids.append(token_id)
@@ -32,6 +33,9 @@ class IncrementalDetokenizer:
             return ""
         delta = after[len(before):]
         self.prefix, self.read = self.read, len(self.ids)
+        if not check_stop:
+            self.text += delta
+            return delta
         return self._append(delta)
 
     def flush(self) -> str:

@@ -93,6 +93,9 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2 ** 62, (1,), generator=self.seed_rng))
         seq.generator = torch.Generator(device=self.device).manual_seed(seed)
+        if params.min_tokens:
+            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+            seq.min_tokens_suppress = tuple(sorted(stops))
         self.scheduler.add(seq)  # raises if the request can never fit
         self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
         return request_id
@@ -154,7 +157,7 @@ class LLMEngine:
             if logprobs is not None:
                 seq.output_logprobs.append(logprobs)
             detok = self.detokenizers[seq.request_id]
-            delta = detok.add(token)
+            delta = detok.add(token, check_stop=seq.num_output_tokens >= seq.sampling_params.min_tokens)
             reason = self._finish_reason(seq, token, detok)
             if reason:
                 delta += detok.flush()
@@ -167,7 +170,9 @@ class LLMEngine:
 
     def _finish_reason(self, seq: Sequence, token: int, detok: IncrementalDetokenizer) -> Optional[str]:
         p = seq.sampling_params
-        if detok.stopped or token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+        may_stop = seq.num_output_tokens >= p.min_tokens
+        if detok.stopped or (may_stop and (token in p.stop_token_ids or
+                                           (not p.ignore_eos and token in self.eos_token_ids))):
             return "stop"
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"

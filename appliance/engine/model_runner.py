@@ -166,4 +166,5 @@ class ModelRunner:
     def run(self, step: StepInput, out: SchedulerOutput) -> SamplerOutput:
         logits = self.execute(step)
         sampled = [item.seq for item in out.scheduled if item.samples]
-        return self.sampler(logits, [s.sampling_params for s in sampled], [s.generator for s in sampled])
+        return self.sampler(logits, [s.sampling_params for s in sampled], [s.generator for s in sampled],
+                            [s.suppressed_ids() for s in sampled])

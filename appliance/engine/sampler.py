@@ -1,6 +1,6 @@
 """Batched next-token selection: greedy, temperature, top-k, top-p, per-request seeds, top-N logprobs."""
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -16,9 +16,16 @@ class SamplerOutput:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, params: List[SamplingParams],
-                 generators: List[Optional[torch.Generator]]) -> SamplerOutput:
-        """logits: [S, V], one row per sequence that samples this step."""
-        logits = logits.float()
+                 generators: List[Optional[torch.Generator]],
+                 suppress: Optional[List[Sequence[int]]] = None) -> SamplerOutput:
+        """logits: [S, V], one row per sequence that samples this step; `suppress[i]`: token ids row i
+        must not pick (stop tokens before the request's min_tokens). Logprobs stay those of the raw logits."""
+        raw = logits = logits.float()
+        if suppress and any(suppress):
+            logits = raw.clone()
+            for row, ids in enumerate(suppress):
+                if ids:
+                    logits[row, list(ids)] = float("-inf")
         tokens = cpu_kernels.argmax_rows(logits) if cpu_kernels.fits(logits) else logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sample_rows:
@@ -26,7 +33,7 @@ class Sampler:
             tokens[rows] = self._sample(logits[rows], [params[i] for i in sample_rows],
                                         [generators[i] for i in sample_rows])
         token_list = tokens.tolist()
-        return SamplerOutput(token_list, self._logprobs(logits, token_list, params))
+        return SamplerOutput(token_list, self._logprobs(raw, token_list, params))
 
     def _sample(self, logits, params, generators) -> torch.Tensor:
         temp = torch.tensor([p.temperature for p in params], device=logits.device)

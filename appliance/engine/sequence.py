@@ -39,6 +39,7 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason: Optional[str] = None
         self.generator = None  # torch.Generator, made by the engine when the request is added
+        self.min_tokens_suppress: Tuple[int, ...] = ()  # EOS / stop ids masked until min_tokens (engine sets)
         # One entry per output token: {token_id: logprob}, sampled token first.
         self.output_logprobs: List[Dict[int, float]] = []
 
@@ -61,6 +62,10 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    def suppressed_ids(self) -> Tuple[int, ...]:
+        """Token ids the sampler must not pick at this step (stop tokens before `min_tokens`)."""
+        return self.min_tokens_suppress if self.num_output_tokens < self.sampling_params.min_tokens else ()
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

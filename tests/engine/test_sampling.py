@@ -82,6 +82,35 @@ def test_eos_and_ignore_eos(engine):
     assert ignored.token_ids == full.token_ids and ignored.finish_reason == "length"
 
 
+def test_min_tokens_suppresses_eos_stop_ids_and_stop_strings(engine):
+    full = engine.generate([PROMPTS[3]], sample(temperature=0, max_tokens=12))[0]
+    eos, stop_id = full.token_ids[1], full.token_ids[2]
+    saved = engine.eos_token_ids
+    engine.eos_token_ids = {eos}
+    try:
+        early = engine.generate([PROMPTS[3]], sample(temperature=0, max_tokens=12, ignore_eos=False))[0]
+        held = engine.generate([PROMPTS[3]], sample(temperature=0, max_tokens=12, ignore_eos=False,
+                                                    stop_token_ids=[stop_id], min_tokens=6, logprobs=1))[0]
+    finally:
+        engine.eos_token_ids = saved
+    assert early.token_ids == full.token_ids[:2] and early.finish_reason == "stop"
+    assert len(held.token_ids) >= 6
+    assert eos not in held.token_ids[:6] and stop_id not in held.token_ids[:6]
+    # The first token was not masked (it is neither id), so it matches the unmasked greedy choice.
+    assert held.token_ids[0] == full.token_ids[0]
+    # Logprobs stay those of the raw logits: at step 2 the raw argmax (eos) still tops the list.
+    assert held.token_ids[1] != eos and held.logprobs[1][eos] > held.logprobs[1][held.token_ids[1]]
+    text = full.text
+    stop = text[:2]
+    out = engine.generate([PROMPTS[3]], sample(temperature=0, max_tokens=12, stop=[stop], min_tokens=4))[0]
+    assert len(out.token_ids) >= 4
+
+
+def test_min_tokens_is_checked():
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
 def test_stop_string_truncates_text(engine):
     full = engine.generate([PROMPTS[4]], sample(temperature=0, max_tokens=24))[0]
     text = full.text
