@@ -29,6 +29,10 @@ class Stage:
     # Instances may narrow or widen these in __init__ when they depend on options.
     consumes: Tuple[str, ...] = ()
     produces: Tuple[str, ...] = ()
+    # False for a stage of the offline verb only: a source that expands the run record (input files) or a
+    # sink that prints or writes the run's answers. `appliance serve` takes requests from HTTP bodies and
+    # shapes answers itself, and runs only the online stages (appliance/serving/pipeline_split.py).
+    online: ClassVar[bool] = True
 
     def __init__(self, options: Any, cfg: DictConfig):
         """Cheap: parse options and remember config. Never load weights here (`check` builds stages)."""
@@ -67,9 +71,16 @@ def register_stage(cls: Type[Stage]) -> Type[Stage]:
 
 
 class Pipeline:
-    def __init__(self, stages: List[Stage]):
+    def __init__(self, stages: List[Stage], ready: bool = False):
+        """`ready=True`: the stages are set up already (a server's per-request view of its stages)."""
         self.stages = stages
-        self._ready: Set[int] = set()  # indices of stages whose setup() has run
+        self._ready: Set[int] = set(range(len(stages))) if ready else set()  # stages whose setup() has run
+
+    def replaced(self, index: int, stage: Stage) -> "Pipeline":
+        """The same stages, set up as they are, with the one at `index` swapped for `stage` (set up)."""
+        clone = Pipeline([*self.stages[:index], stage, *self.stages[index + 1:]])
+        clone._ready = {*self._ready, index}
+        return clone
 
     def check(self) -> None:
         for stage in self.stages:

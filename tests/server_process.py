@@ -1,5 +1,5 @@
-"""`appliance serve` as a real process on 127.0.0.1: started, awaited healthy, stopped (with every
-worker it started) by the test that uses it."""
+"""`appliance serve` as a real process on 127.0.0.1: started, awaited ready, stopped (with every worker
+it started) by the test that uses it."""
 import contextlib
 import os
 import signal
@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -20,46 +21,70 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class Server:
+    base: str
+    proc: subprocess.Popen
+
+    def output(self) -> str:
+        """What the server printed (read after it stopped)."""
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
 @contextlib.contextmanager
-def running_server(*overrides, cwd, conf_dir=None, startup_s: float = 120):
-    """Yields the base URL of `appliance serve OVERRIDES server.port=<free>`; on exit SIGTERMs it and
-    fails if any process of its session is still alive 15 s later (they are killed either way)."""
+def server_process(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=None, ready: bool = True):
+    """Yields a `Server` for `appliance serve OVERRIDES server.port=<free>` once /ready (or, with
+    ready=False, /health) answers 200; on exit SIGTERMs it and fails if any process of its session is
+    still alive 15 s later (they are killed either way)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("APPLIANCE_CONF_DIR", None)
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env.pop("APPLIANCE_CONF_DIR", None)
     if conf_dir is not None:
-        env["APPLIANCE_CONF_DIR"] = str(conf_dir)
+        full_env["APPLIANCE_CONF_DIR"] = str(conf_dir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "appliance.cli", "serve", *map(str, overrides), f"server.port={port}"],
-        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
-    base = f"http://127.0.0.1:{port}"
+    server = Server(f"http://127.0.0.1:{port}", proc)
+    probe = "/ready" if ready else "/health"
     try:
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
             assert proc.poll() is None, proc.stdout.read()
             try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{server.base}{probe}", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.3)
         else:
-            pytest.fail("server did not become healthy")
-        yield base
+            pytest.fail(f"server did not answer {probe}")
+        yield server
     finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
+    if proc.poll() is None:
         proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + 15  # workers and the resource tracker exit just after the server
-        while (leftovers := session_processes(proc.pid)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        for pid in leftovers:  # never leave a server behind, even when the test fails
-            os.kill(pid, signal.SIGKILL)
-        assert not leftovers, f"serve left processes behind after SIGTERM: {leftovers}"
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + 15  # workers and the resource tracker exit just after the server
+    while (leftovers := session_processes(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in leftovers:  # never leave a server behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"serve left processes behind after SIGTERM: {leftovers}"
+
+
+@contextlib.contextmanager
+def running_server(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=None):
+    """Like `server_process`, yielding only the base URL."""
+    with server_process(*overrides, cwd=cwd, conf_dir=conf_dir, startup_s=startup_s, env=env) as server:
+        yield server.base
 
 
 def session_processes(session_id: int):
@@ -68,8 +93,16 @@ def session_processes(session_id: int):
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.getsid(int(entry)) == session_id:
+                if os.getsid(int(entry)) == session_id and not _zombie(int(entry)):
                     pids.append(int(entry))
             except ProcessLookupError:
                 pass
     return pids
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

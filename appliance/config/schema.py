@@ -152,18 +152,25 @@ class EngineConfig:
 
 @dataclass
 class ServerLimits:
-    max_request_bytes: int = 20 * 1024 * 1024
+    max_request_bytes: int = 20 * 1024 * 1024  # request body (413 above), and each fetched image or GeoTIFF
     max_image_pixels: int = 64_000_000
-    request_timeout_s: float = 600.0
-    max_concurrent_requests: int = 256
+    request_timeout_s: float = 600.0  # a request still unanswered after this long is aborted (504)
+    fetch_timeout_s: float = 30.0  # a URL the request names must arrive within this (images, GeoTIFFs)
+    max_queued_requests: int = 256  # accepted but not yet running; past it new requests get 429 at once
 
 
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: Optional[str] = None
-    allowed_local_media_dir: Optional[str] = None
+    served_model_name: Optional[str] = None  # the model name clients send and /v1/models lists; None: model.name
+    api_key: Optional[str] = None  # Bearer key on inference routes; also read from $APPLIANCE_API_KEY
+    allowed_local_media_dir: Optional[str] = None  # client-named server files only under this directory
+    allowed_media_domains: List[str] = field(default_factory=list)  # hosts fetched even at private addresses
+    output_dir: Optional[str] = None  # where /pooling writes outputs asked for as paths (out_data_format: path)
+    spool_dir: Optional[str] = None  # uploads and outputs in flight; None: a private temp directory
+    preprocess_workers: int = 4  # threads that prepare requests (fetch, decode, tile) ahead of the engine
+    drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
     limits: ServerLimits = field(default_factory=ServerLimits)
 
 

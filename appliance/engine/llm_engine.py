@@ -16,7 +16,7 @@ from appliance.engine.outputs import RequestOutput
 from appliance.engine.sampler import SamplerOutput
 from appliance.engine.sampling_params import SamplingParams
 from appliance.engine.scheduler import Scheduler, SchedulerOutput
-from appliance.engine.sequence import MMRange, Sequence
+from appliance.engine.sequence import MMRange, Sequence, SequenceStatus
 
 
 def engine_config_from(node) -> EngineConfig:
@@ -136,6 +136,11 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def is_running(self, request_id: str) -> bool:
+        """The request has been scheduled (and not preempted back to waiting) since it was added."""
+        seq = self.scheduler.requests.get(request_id)
+        return seq is not None and seq.status == SequenceStatus.RUNNING
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> List[RequestOutput]:

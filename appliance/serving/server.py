@@ -1,126 +1,123 @@
-"""`appliance serve`: the pipeline behind an HTTP endpoint (LitServe).
+"""`appliance serve`: the pipeline behind LitServe, one engine fed by every request (docs/serving.md).
 
-POST /predict with a JSON object whose keys are the pipeline's `inputs`; the answer is the list of
-records the pipeline's last stage yields (their JSON-serialisable fields). Bad input is a 4xx whose
-message names the field.
+Processes (LitServe's): this main process supervises; one HTTP process (uvicorn) runs the routes; one
+inference worker runs the `EngineLoop`. The main process stops them on SIGTERM after a drain (new
+requests get 503, in-flight ones get `server.drain_timeout_s` to finish) and exits 0, or exits 1 when
+the engine died (so an orchestrator restarts the server).
 """
 import logging
-import math
-import multiprocessing
+import os
+import shutil
 import signal
-from pathlib import Path
-from typing import Any, Dict, List
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Iterator
 
-import litserve as ls
-from fastapi import HTTPException
 from omegaconf import DictConfig, OmegaConf
-from starlette.middleware.base import BaseHTTPMiddleware
-from starlette.responses import JSONResponse
 
-from appliance.errors import UserError
-from appliance.pipeline import Pipeline, build_pipeline
-from appliance.vision.image_load import is_remote_image
+from appliance.pipeline import Pipeline
+from appliance.serving.split import split_online
+from appliance.serving.state import DEAD, SharedState
 
 log = logging.getLogger(__name__)
-OPEN_PATHS = ("/health", "/info")
-PATH_FIELDS = {"input", "output"}  # the run verb's file fields: they name files on the server
-
-
-class PipelineAPI(ls.LitAPI):
-    def __init__(self, cfg: DictConfig):
-        super().__init__(api_path="/predict")
-        # LitServe pickles the API into its worker process; a plain container travels safely.
-        self.cfg_container = OmegaConf.to_container(cfg)
-        self.pipeline: Pipeline = None
-
-    def setup(self, device):
-        self.pipeline = build_pipeline(OmegaConf.create(self.cfg_container))
-        self.pipeline.setup()
-
-    def decode_request(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        if not isinstance(request, dict):
-            raise HTTPException(422, "request body: expected a JSON object")
-        allowed = self.cfg_container["pipeline"]["inputs"]
-        unknown = sorted(set(request) - set(allowed))
-        if unknown:
-            raise HTTPException(422, f"{unknown[0]}: unknown field (allowed: {', '.join(allowed)})")
-        record = {field: request.get(field) for field in allowed}
-        for field in PATH_FIELDS.intersection(request):
-            record[field] = self._resolve_paths(field, request[field])
-        return record
-
-    def _resolve_paths(self, field: str, value: Any) -> Any:
-        """A client may name server-side files only inside `server.allowed_local_media_dir`; relative
-        names are taken from that directory (not the server's working directory)."""
-        media_dir = self.cfg_container["server"]["allowed_local_media_dir"]
-        resolved = []
-        for path in value if isinstance(value, list) else [value]:
-            if path is None or is_remote_image(path):  # not a server file: the loader applies its limits
-                resolved.append(path)
-                continue
-            if not media_dir:
-                raise HTTPException(422, f"{field}: server-side paths are refused; start the server with "
-                                         "server.allowed_local_media_dir=DIR to allow files under DIR")
-            root = Path(media_dir).resolve()
-            full = Path(root, path).resolve() if isinstance(path, str) else None
-            if full is None or not full.is_relative_to(root):
-                raise HTTPException(422, f"{field}: {path!r} is outside the allowed directory {root}")
-            resolved.append(str(full))
-        return resolved if isinstance(value, list) else resolved[0]
-
-    def predict(self, record: Dict[str, Any]) -> List[Dict[str, Any]]:
-        try:
-            return [_jsonable(result) for result in self.pipeline.run([record])]
-        except UserError as e:
-            raise HTTPException(422, str(e)) from None
-
-    def encode_response(self, results: List[Dict[str, Any]]) -> Dict[str, Any]:
-        return {"results": results}
-
-
-def _jsonable(record: Dict[str, Any]) -> Dict[str, Any]:
-    """Keep the fields a client can read; tensors and arrays stay on the server."""
-    return {k: v for k, v in record.items() if isinstance(v, (str, int, bool, type(None))) or
-            (isinstance(v, float) and math.isfinite(v))}
-
-
-class APIKeyMiddleware(BaseHTTPMiddleware):
-    """`Authorization: Bearer KEY` (OpenAI clients) or `X-API-Key: KEY`; health stays open for probes."""
-
-    def __init__(self, app, api_key: str):
-        super().__init__(app)
-        self.api_key = api_key
-
-    async def dispatch(self, request, call_next):
-        if request.url.path not in OPEN_PATHS:
-            given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
-            if given != self.api_key:
-                return JSONResponse({"detail": "missing or wrong API key"}, status_code=401)
-        return await call_next(request)
 
 
 def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
     pipeline.check()
-    middlewares = [(APIKeyMiddleware, {"api_key": cfg.server.api_key})] if cfg.server.api_key else []
-    server = ls.LitServer(
-        PipelineAPI(cfg),
-        accelerator="cpu" if cfg.engine.device == "cpu" else "auto",
-        timeout=cfg.server.limits.request_timeout_s,
-        middlewares=middlewares,
-    )
-    log.warning("serving pipeline %s on http://%s:%d", cfg.pipeline.name, cfg.server.host, cfg.server.port)
-    # Kubernetes and test harnesses stop servers with SIGTERM: treat it like Ctrl-C so LitServe's
-    # graceful shutdown stops its worker processes instead of orphaning them.
-    signal.signal(signal.SIGTERM, _interrupt)
+    online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
+    from appliance.serving.metrics import multiprocess_dir
+
+    with multiprocess_dir(), spool_directory(cfg.server.spool_dir) as spool:
+        return _serve(cfg, online.kind, spool)
+
+
+def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
+    import litserve as ls
+    from fastapi.exceptions import HTTPException as FastAPIHTTPException
+    from starlette.exceptions import HTTPException
+
+    from appliance.serving.api import EngineAPI
+    from appliance.serving.errors import APIError, api_error_handler, http_exception_handler
+    from appliance.serving.middleware import APIKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
+    from appliance.serving.spec import ApplianceSpec
+
+    shared = SharedState()
+    mux_uid = f"engine-loop-{uuid.uuid4().hex}"
+    container = OmegaConf.to_container(cfg, resolve=True)
+    spec = ApplianceSpec(cfg, container, shared, mux_uid, spool, kind)
+    api_key = cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")
+    middlewares = [(BodyLimitMiddleware, {"max_bytes": int(cfg.server.limits.max_request_bytes)}),
+                   (MetricsMiddleware, {"metrics": spec.frontend.http_metrics, "routes": spec.route_paths()})]
+    if api_key:
+        middlewares.insert(0, (APIKeyMiddleware, {"api_key": api_key}))
+    # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
+    server = ls.LitServer(EngineAPI(container, shared, spec, mux_uid), accelerator="cpu", timeout=False,
+                          healthcheck_path="/litserve/health", info_path="/litserve/info", middlewares=middlewares)
+    for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
+                           (FastAPIHTTPException, http_exception_handler)):
+        server.app.add_exception_handler(error, handler)
+    server._monitor_workers = False  # the Supervisor watches the engine (exit code, drain)
+    supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s))
+    signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())
+    threading.Thread(target=supervisor.watch, name="supervisor", daemon=True).start()
+    log.warning("serving pipeline %s (%s) on http://%s:%d", cfg.pipeline.name, kind, cfg.server.host,
+                cfg.server.port)
+    server.run(host=cfg.server.host, port=cfg.server.port, num_api_servers=1, generate_client_file=False,
+               log_level="warning", api_server_worker_type="process")
+    return supervisor.exit_code
+
+
+class Supervisor:
+    """Stops the server when asked (SIGTERM, after draining) or when the engine dies (exit code 1)."""
+
+    def __init__(self, server, shared: SharedState, drain_timeout_s: float):
+        self.server, self.shared, self.drain_timeout_s = server, shared, drain_timeout_s
+        self.exit_code = 0
+        self.stopping = threading.Event()
+
+    def drain(self) -> None:
+        if not self.shared.draining:
+            self.shared.start_draining()
+            threading.Thread(target=self._drain, name="drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout_s
+        while self.shared.inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.shared.inflight:
+            log.warning("drain: %d requests still running after server.drain_timeout_s=%g s; stopping anyway",
+                        self.shared.inflight, self.drain_timeout_s)
+        self.stop()
+
+    def watch(self) -> None:
+        while not self.stopping.is_set():
+            workers = getattr(self.server, "inference_workers", None) or []
+            if self.shared.phase == DEAD or any(not w.is_alive() for w in workers):
+                log.error("the engine stopped; shutting the server down")
+                self.exit_code = 1
+                self.stop()
+                return
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        while getattr(self.server, "_shutdown_event", None) is None:  # still starting up
+            time.sleep(0.05)
+        self.server._shutdown_event.set()
+
+
+@contextmanager
+def spool_directory(configured) -> Iterator[str]:
+    """Where uploads and outputs in flight live: `server.spool_dir`, else a private temp directory."""
+    if configured:
+        os.makedirs(configured, exist_ok=True)
+        yield configured
+        return
+    path = tempfile.mkdtemp(prefix="appliance-spool-")
     try:
-        server.run(host=cfg.server.host, port=cfg.server.port, generate_client_file=False, log_level="warning")
+        yield path
     finally:
-        # LitServe's shutdown can leave its inference worker blocked on a queue; stop what is left.
-        for child in multiprocessing.active_children():
-            child.terminate()
-            child.join(timeout=10)
-    return 0
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+        shutil.rmtree(path, ignore_errors=True)

@@ -5,9 +5,13 @@ of one or many scenes) are batched up to `engine.max_batch_size` per forward. Ge
 record's prompt becomes a request; all requests in the stream are batched continuously.
 Records come out in the order they went in, with the engine's result added.
 """
+import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Iterator, Tuple
+
+from omegaconf import OmegaConf
 
 from appliance.config.schema import EngineKind
 from appliance.errors import InputError
@@ -19,6 +23,38 @@ class EngineStageOptions:
     input: str = "tensor"  # pool mode: record field holding one item [C, H, W]
     output: str = "logits"  # pool mode: record field receiving the model's output for the item
     sampling: Dict[str, Any] = field(default_factory=dict)  # generate mode: default SamplingParams fields
+
+
+def sampling_defaults(cfg) -> Dict[str, Any]:
+    """The engine stage's `sampling` in the configured pipeline: what a request's own fields override."""
+    for node in cfg.pipeline.stages:
+        if node.get("stage") == "engine":
+            sampling = node.get("sampling")
+            return dict(OmegaConf.to_container(sampling) if OmegaConf.is_config(sampling) else sampling or {})
+    return {}
+
+
+class GenerateProgress:
+    """On a terminal: requests done of total and output tokens/s, for a batch of more than one request."""
+
+    def __init__(self, total: int):
+        self.bar = None
+        if total > 1 and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="requests", unit="req", leave=False, file=sys.stderr)
+        self.start, self.tokens = time.monotonic(), 0
+
+    def update(self, new_tokens: int, finished: int) -> None:
+        self.tokens += new_tokens
+        if self.bar is not None and (finished or new_tokens):
+            self.bar.set_postfix_str(f"{self.tokens / max(time.monotonic() - self.start, 1e-9):.1f} tok/s",
+                                     refresh=False)
+            self.bar.update(finished)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 @register_stage
@@ -85,8 +121,15 @@ class EngineStage(Stage):
             except ValueError as e:  # e.g. a prompt longer than the model's context
                 raise InputError(f"prompt: {e}") from None
             pending.append((request_id, record))
-        while self.engine.has_unfinished():
-            results.update({out.request_id: out for out in self.engine.step() if out.finished})
+        progress = GenerateProgress(len(pending))
+        try:
+            while self.engine.has_unfinished():
+                outputs = self.engine.step()
+                done = {out.request_id: out for out in outputs if out.finished}
+                results.update(done)
+                progress.update(sum(len(out.new_token_ids) for out in outputs), len(done))
+        finally:
+            progress.close()
         for request_id, record in pending:
             yield {**record, "completion": results.pop(request_id)}
 

@@ -145,3 +145,20 @@ def synthetic_shapes():
     sys.modules["synthetic_shapes"] = shapes  # its dataclasses look their module up while being built
     spec.loader.exec_module(shapes)
     return shapes
+
+
+def clear_samples(shapes, count, first_seed=1000):
+    """Seeded samples drawn plainly (aspect <= 2, shape >= 40 % of the short side): what the demo is for."""
+    seed = first_seed
+    while count:
+        image, labels = shapes.make_sample(seed)
+        width, height = labels.image_size
+        if max(width, height) <= 2 * min(width, height) and labels.bbox[2] - labels.bbox[0] >= 0.4 * min(width, height):
+            count -= 1
+            yield image, labels
+        seed += 1
+
+
+def names_only(answer, colour, colours):
+    answer = answer.lower()
+    return colour in answer and not [c for c in colours if c != colour and c in answer]

@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from tests.chat.conftest import batch_request, synthetic_shapes, text_overrides, write_jsonl
+from tests.chat.conftest import (batch_request, clear_samples, names_only, synthetic_shapes, text_overrides,
+                                 write_jsonl)
 from tests.conftest import REPO, assert_user_error, run_cli
 
 LLAVA_TINY = REPO / "appliance" / "assets" / "models" / "llava_tiny"
@@ -124,23 +125,6 @@ def _llava_missing():
     return None
 
 
-def _clear_samples(shapes, count, first_seed=1000):
-    """Seeded samples drawn plainly (aspect <= 2, shape >= 40 % of the short side): what the demo is for."""
-    seed = first_seed
-    while count:
-        image, labels = shapes.make_sample(seed)
-        width, height = labels.image_size
-        if max(width, height) <= 2 * min(width, height) and labels.bbox[2] - labels.bbox[0] >= 0.4 * min(width, height):
-            count -= 1
-            yield image, labels
-        seed += 1
-
-
-def _names_only(answer, colour, colours):
-    answer = answer.lower()
-    return colour in answer and not [c for c in colours if c != colour and c in answer]
-
-
 llava_tiny = pytest.mark.skipif(_llava_missing() is not None, reason=str(_llava_missing()))
 
 
@@ -148,18 +132,18 @@ llava_tiny = pytest.mark.skipif(_llava_missing() is not None, reason=str(_llava_
 def test_llava_tiny_names_the_colour(tmp_path):
     """The demo command: `appliance run pipeline=llava_chat input=shape.png prompt="What color is the shape?"`."""
     shapes = synthetic_shapes()
-    image, labels = next(_clear_samples(shapes, 1))
+    image, labels = next(clear_samples(shapes, 1))
     image.save(tmp_path / "shape.png")
     result = _chat("pipeline=llava_chat", PLUGIN, f"input={tmp_path / 'shape.png'}", "prompt=What color is the shape?")
     assert result.returncode == 0, result.stderr
-    assert _names_only(result.stdout, labels.color, shapes.COLORS), (labels, result.stdout)
+    assert names_only(result.stdout, labels.color, shapes.COLORS), (labels, result.stdout)
 
 
 @llava_tiny
 def test_llava_tiny_batch_of_images(tmp_path):
     """12 images in one batch file (data URLs and local paths): at least 10 answers name the right colour."""
     shapes = synthetic_shapes()
-    samples = list(_clear_samples(shapes, 12, first_seed=2000))
+    samples = list(clear_samples(shapes, 12, first_seed=2000))
     lines = []
     for i, (image, _) in enumerate(samples):
         image.save(tmp_path / f"{i}.png")
@@ -174,6 +158,6 @@ def test_llava_tiny_batch_of_images(tmp_path):
     answers = [json.loads(line) for line in out.read_text().splitlines()]
     assert [a["custom_id"] for a in answers] == [f"img-{i}" for i in range(12)]
     texts = [a["response"]["body"]["choices"][0]["message"]["content"] for a in answers]
-    right = sum(_names_only(text, labels.color, shapes.COLORS) for text, (_, labels) in zip(texts, samples))
+    right = sum(names_only(text, labels.color, shapes.COLORS) for text, (_, labels) in zip(texts, samples))
     assert right >= 10, list(zip(texts, [labels.color for _, labels in samples]))
     assert all(a["response"]["body"]["usage"]["prompt_tokens"] > 64 for a in answers)  # 64 image tokens each

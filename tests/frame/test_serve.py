@@ -26,32 +26,36 @@ def test_serve_runs_the_pipeline_and_rejects_bad_requests(server, tmp_path):
 
     assert httpx.post(f"{server}/predict", json={"input": str(numbers)}, timeout=60).status_code == 401
     unknown = httpx.post(f"{server}/predict", json={"inptu": "x"}, headers=auth, timeout=60)
-    assert unknown.status_code == 422 and "inptu" in unknown.json()["detail"]
+    assert unknown.status_code == 400 and "inptu" in message(unknown)
+    assert unknown.json()["error"]["param"] == "inptu"
     escape = httpx.post(f"{server}/predict", json={"input": str(outside)}, headers=auth, timeout=60)
-    assert escape.status_code == 422 and "outside the allowed directory" in escape.json()["detail"]
+    assert escape.status_code == 400 and "outside the allowed directory" in message(escape)
     dotdot = httpx.post(f"{server}/predict", json={"input": "../secret.txt"}, headers=auth, timeout=60)
-    assert dotdot.status_code == 422
+    assert dotdot.status_code == 400
     missing = httpx.post(f"{server}/predict", json={"input": str(tmp_path / "media" / "nope.txt")},
                          headers=auth, timeout=60)
-    assert missing.status_code == 422 and "nope.txt" in missing.json()["detail"]
+    assert missing.status_code == 400 and "nope.txt" in message(missing)
     # The server keeps serving after bad requests.
     again = httpx.post(f"{server}/predict", json={"input": str(numbers)}, headers=auth, timeout=60)
     assert again.status_code == 200
 
 
+def message(response) -> str:
+    return response.json()["error"]["message"]
+
+
 def test_paths_are_refused_unless_the_server_allows_a_directory(frame_conf, tmp_path):
-    from fastapi import HTTPException
-
     from appliance.config.compose import compose
-    from appliance.serving.server import PipelineAPI
+    from appliance.serving.errors import APIError
+    from appliance.serving.routes_ops import PredictRoute
 
-    closed = PipelineAPI(compose([]))
-    with pytest.raises(HTTPException) as info:
-        closed.decode_request({"input": str(tmp_path / "n.txt")})
-    assert info.value.status_code == 422 and "allowed_local_media_dir" in info.value.detail
-    opened = PipelineAPI(compose([f"server.allowed_local_media_dir={tmp_path}"]))
-    assert opened.decode_request({"input": str(tmp_path / "n.txt")}) == {"input": str(tmp_path / "n.txt")}
+    closed = PredictRoute(None, compose([]))
+    with pytest.raises(APIError) as info:
+        closed._resolve("input", str(tmp_path / "n.txt"))
+    assert info.value.status == 400 and "allowed_local_media_dir" in info.value.message
+    opened = PredictRoute(None, compose([f"server.allowed_local_media_dir={tmp_path}"]))
+    assert opened._resolve("input", str(tmp_path / "n.txt")) == str(tmp_path.resolve() / "n.txt")
     # A relative name is taken from the allowed directory, whatever the server's working directory.
-    assert opened.decode_request({"input": ["n.txt", None]}) == {"input": [str(tmp_path.resolve() / "n.txt"), None]}
-    with pytest.raises(HTTPException):
-        opened.decode_request({"input": [str(tmp_path / "a.txt"), "/etc/passwd"]})
+    assert opened._resolve("input", ["n.txt", None]) == [str(tmp_path.resolve() / "n.txt"), None]
+    with pytest.raises(APIError):
+        opened._resolve("input", [str(tmp_path / "a.txt"), "/etc/passwd"])

@@ -16,19 +16,13 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.protocol.openai_requests import parse_chat
+from appliance.stages.engine import sampling_defaults
 from appliance.vision.image_load import is_remote_image
 
 BATCH_URL = "/v1/chat/completions"
-ROLES = ("system", "user", "assistant")
-# body field -> SamplingParams field (top_k is an extension, as in vLLM)
-SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
-                   "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop"}
-OTHER_FIELDS = ("messages", "model", "n", "stream", "user")
-NUMBER_FIELDS = {"temperature": float, "top_p": float, "max_tokens": int, "max_completion_tokens": int,
-                 "top_k": int, "seed": int}
 
 
 @dataclass
@@ -38,6 +32,7 @@ class ChatRequest:
     sampling: Dict[str, Any]        # SamplingParams fields the request sets
     model: Optional[str] = None     # body.model, echoed in the response
     line: Optional[int] = None      # 1-based line of the batch file, None for a single prompt
+    top_logprobs: Optional[int] = None  # logprobs asked for: the sampled token's plus the top N
 
     def where(self, source: str) -> str:
         """How errors name this request: `requests.jsonl line 3 (custom_id 'a')` or `input`."""
@@ -48,8 +43,9 @@ class ChatRequest:
 
 # ---- one line ------------------------------------------------------------------------------------
 
-def parse_batch_line(text: str, line: int) -> ChatRequest:
-    """One line of an OpenAI batch input file -> ChatRequest; InputError naming the line and field."""
+def parse_batch_line(text: str, line: int, defaults: Optional[Dict[str, Any]] = None) -> ChatRequest:
+    """One line of an OpenAI batch input file -> ChatRequest; InputError naming the line and field.
+    `defaults`: the pipeline's sampling defaults (the engine stage's `sampling`)."""
     at = f"line {line}"
     try:
         obj = json.loads(text)
@@ -71,92 +67,13 @@ def parse_batch_line(text: str, line: int) -> ChatRequest:
     body = obj.get("body")
     if not isinstance(body, dict):
         raise InputError(f"{at}: body: required, an object with messages (a chat completion request)")
-    model, sampling = parse_body(body, f"{at}: body")
-    return ChatRequest(custom_id, check_messages(body.get("messages"), f"{at}: body.messages"), sampling,
-                       model, line)
-
-
-def parse_body(body: Dict[str, Any], at: str) -> Tuple[Optional[str], Dict[str, Any]]:
-    """(model, sampling) of a chat completion request body; checks every field but messages."""
-    allowed = sorted({*SAMPLING_FIELDS, *OTHER_FIELDS})
-    for key in body:
-        if key not in SAMPLING_FIELDS and key not in OTHER_FIELDS:
-            raise InputError(f"{at}.{key}: unknown or unsupported field; allowed: {', '.join(allowed)}")
-    if "messages" not in body:
-        raise InputError(f"{at}.messages: required, a list of {{role, content}} messages")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise InputError(f"{at}.model: expected a string, got {model!r}")
-    if body.get("n", 1) != 1:
-        raise InputError(f"{at}.n: {body['n']!r}; only n=1 is supported")
-    if body.get("stream", False) is not False:
-        raise InputError(f"{at}.stream: {body['stream']!r}; batch requests cannot stream (use false)")
-    sampling: Dict[str, Any] = {}
-    for key, target in SAMPLING_FIELDS.items():
-        if key not in body or body[key] is None:
-            continue
-        value = body[key]
-        kind = NUMBER_FIELDS.get(key)
-        if kind is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                 or (kind is int and not float(value).is_integer())):
-            raise InputError(f"{at}.{key}: expected {'an integer' if kind is int else 'a number'}, got {value!r}")
-        if key == "stop" and not (isinstance(value, str) or (isinstance(value, list)
-                                                            and all(isinstance(s, str) for s in value))):
-            raise InputError(f"{at}.stop: expected a string or a list of strings, got {value!r}")
-        sampling[target] = kind(value) if kind is not None else value
-    try:
-        SamplingParams(**sampling)
-    except ValueError as e:
-        raise InputError(f"{at}: {e}") from None
-    return model, sampling
-
-
-def check_messages(messages: Any, at: str) -> List[Dict[str, Any]]:
-    """OpenAI chat messages: roles system/user/assistant; content a string or text / image_url parts."""
-    if not isinstance(messages, list) or not messages:
-        raise InputError(f"{at}: required, a non-empty list of {{role, content}} messages")
-    for i, message in enumerate(messages):
-        where = f"{at}[{i}]"
-        if not isinstance(message, dict):
-            raise InputError(f"{where}: expected an object {{role, content}}, got {type(message).__name__}")
-        if message.get("role") not in ROLES:
-            raise InputError(f"{where}.role: {message.get('role')!r}; allowed: {', '.join(ROLES)}")
-        extra = sorted(set(message) - {"role", "content", "name"})
-        if extra:
-            raise InputError(f"{where}.{extra[0]}: unknown field; allowed: role, content, name")
-        content = message.get("content")
-        if isinstance(content, str):
-            continue
-        if not isinstance(content, list) or not content:
-            raise InputError(f"{where}.content: expected a string or a non-empty list of parts")
-        for j, part in enumerate(content):
-            check_part(part, f"{where}.content[{j}]")
-    return messages
-
-
-def check_part(part: Any, at: str) -> None:
-    kind = part.get("type") if isinstance(part, dict) else None
-    if kind == "text":
-        if not isinstance(part.get("text"), str):
-            raise InputError(f"{at}.text: required, a string")
-    elif kind == "image_url":
-        url = image_url(part)
-        if not isinstance(url, str) or not url:
-            raise InputError(f"{at}.image_url.url: required, a data:image/...;base64 URL, an http(s) URL or a "
-                             "path inside the allowed media directory")
-    else:
-        raise InputError(f"{at}.type: {kind!r}; allowed: text, image_url")
-
-
-def image_url(part: Dict[str, Any]) -> Any:
-    """The URL of an image_url part: `{"image_url": {"url": ...}}` (or the bare string some clients send)."""
-    value = part.get("image_url")
-    return value.get("url") if isinstance(value, dict) else value
+    request = parse_chat(body, defaults, at=f"{at}: body", allow_stream=False)
+    return ChatRequest(custom_id, request.messages, request.sampling, request.model, line, request.top_logprobs)
 
 
 # ---- the whole run -------------------------------------------------------------------------------
 
-def read_batch_file(path: str) -> List[ChatRequest]:
+def read_batch_file(path: str, defaults: Optional[Dict[str, Any]] = None) -> List[ChatRequest]:
     """Every line of a batch file, parsed and checked; duplicate custom_ids and empty files refused."""
     requests: List[ChatRequest] = []
     seen: Dict[str, int] = {}
@@ -165,7 +82,7 @@ def read_batch_file(path: str) -> List[ChatRequest]:
             for line, text in enumerate(f, 1):
                 if not text.strip():
                     continue
-                request = parse_batch_line(text, line)
+                request = parse_batch_line(text, line, defaults)
                 if request.custom_id in seen:
                     raise InputError(f"line {line}: custom_id {request.custom_id!r} repeats line "
                                      f"{seen[request.custom_id]}; each request needs its own")
@@ -211,7 +128,8 @@ def check_batch_output(source: str, output: Any) -> str:
     return output
 
 
-def plan_run(record: Record, media_dir: Optional[str]) -> Tuple[List[ChatRequest], Optional[str], Optional[str], str]:
+def plan_run(record: Record, media_dir: Optional[str], defaults: Optional[Dict[str, Any]] = None
+             ) -> Tuple[List[ChatRequest], Optional[str], Optional[str], str]:
     """(requests, output path or None, allowed media directory, source name) for one run record."""
     source, output, prompt = record.get("input"), record.get("output"), record.get("prompt")
     if source is not None and not isinstance(source, str):
@@ -230,7 +148,7 @@ def plan_run(record: Record, media_dir: Optional[str]) -> Tuple[List[ChatRequest
     if source.lower().endswith(".jsonl"):
         if prompt not in (None, ""):
             raise InputError("prompt: not used with a .jsonl input; each request carries its own messages")
-        return read_batch_file(source), check_batch_output(source, output), allowed, source
+        return read_batch_file(source, defaults), check_batch_output(source, output), allowed, source
     if output not in (None, ""):
         raise InputError("output: only used with a .jsonl input; a single prompt prints its answer")
     real = os.path.realpath(source)  # the file named on the command line is allowed, wherever a link points
@@ -239,18 +157,23 @@ def plan_run(record: Record, media_dir: Optional[str]) -> Tuple[List[ChatRequest
 
 @register_stage
 class ChatRequests(Stage):
-    """One record per request: messages, sampling, custom_id, model_name, where (how errors name it),
-    media_dir (local paths allowed under it), output_path (batch only), request_index, request_count."""
+    """One record per request: messages, sampling, top_logprobs, custom_id, model_name, where (how errors
+    name it), media_dir (local paths allowed under it), output_path (batch only), request_index, request_count.
+
+    Offline only: the server takes requests from HTTP bodies (appliance/serving) instead."""
 
     name = "chat_requests"
     consumes = ("input", "output", "prompt")
-    produces = ("messages", "sampling", "custom_id", "model_name", "where", "media_dir", "output_path",
-                "request_index", "request_count")
+    produces = ("messages", "sampling", "top_logprobs", "custom_id", "model_name", "where", "media_dir",
+                "output_path", "request_index", "request_count")
+    online = False
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
-            requests, output, allowed, source = plan_run(record, self.cfg.server.allowed_local_media_dir)
+            requests, output, allowed, source = plan_run(record, self.cfg.server.allowed_local_media_dir,
+                                                         sampling_defaults(self.cfg))
             for index, request in enumerate(requests):
-                yield {"messages": request.messages, "sampling": request.sampling, "custom_id": request.custom_id,
+                yield {"messages": request.messages, "sampling": request.sampling,
+                       "top_logprobs": request.top_logprobs, "custom_id": request.custom_id,
                        "model_name": request.model, "where": request.where(source), "media_dir": allowed,
                        "output_path": output, "request_index": index, "request_count": len(requests)}

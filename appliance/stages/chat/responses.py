@@ -19,21 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List
 
 from appliance.pipeline import Record, Stage, register_stage
-
-
-def chat_completion(completion: Any, model: str, created: int) -> Dict[str, Any]:
-    """The OpenAI chat.completion object for one finished `RequestOutput`."""
-    prompt_tokens, completion_tokens = len(completion.prompt_token_ids), len(completion.token_ids)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": completion.text},
-                     "logprobs": None, "finish_reason": completion.finish_reason}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
-    }
+from appliance.protocol.openai_responses import chat_completion, new_id, token_decoder, token_logprobs, usage
 
 
 def batch_line(custom_id: str, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -84,16 +70,23 @@ class ChatResponsesOptions:
 
 @register_stage
 class ChatResponses(Stage):
+    """Offline only: the server shapes its answers from the engine's outputs itself (appliance/serving)."""
+
     name = "chat_responses"
     Options = ChatResponsesOptions
     consumes = ("completion", "custom_id", "model_name", "output_path", "request_index", "request_count")
     produces = ("display", "response")
+    online = False
+
+    def __init__(self, options, cfg):
+        super().__init__(options, cfg)
+        self.decode = None  # token text, made on the first request that asks for logprobs
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         batches: Dict[str, List[Dict[str, Any]]] = {}
         created = int(time.time())
         for record in records:
-            body = chat_completion(record["completion"], record.get("model_name") or self.cfg.model.name, created)
+            body = self._completion(record, created)
             path = record.get("output_path")
             if not path:
                 answer = body["choices"][0]["message"]["content"]
@@ -106,3 +99,20 @@ class ChatResponses(Stage):
                 yield {"output_path": path, "display": f"wrote {count} answers to {path}"}
         if batches:  # the stream ended early (an upstream error): nothing is written
             raise RuntimeError(f"chat_responses: incomplete batches for {', '.join(batches)}")
+
+    def _completion(self, record: Record, created: int) -> Dict[str, Any]:
+        out = record["completion"]
+        top_n = record.get("top_logprobs")
+        logprobs = None
+        if top_n is not None and out.logprobs is not None:
+            logprobs = token_logprobs(out.token_ids, out.logprobs, top_n, self._decoder())
+        return chat_completion(new_id("chatcmpl"), record.get("model_name") or self.cfg.model.name, created,
+                               out.text, out.finish_reason, usage(len(out.prompt_token_ids), len(out.token_ids)),
+                               logprobs)
+
+    def _decoder(self):
+        if self.decode is None:
+            from transformers import AutoTokenizer
+
+            self.decode = token_decoder(AutoTokenizer.from_pretrained(self.cfg.model.path))
+        return self.decode

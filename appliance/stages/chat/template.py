@@ -12,7 +12,7 @@ where each run starts: that is the `offset` of the i-th `ImageItem`.
 from typing import Any, Dict, List, Sequence, Tuple
 
 from appliance.errors import ConfigError, InputError
-from appliance.stages.chat.requests import image_url
+from appliance.protocol.openai_requests import image_url
 
 
 def template_messages(messages: List[Dict[str, Any]], parts: bool) -> Tuple[List[Dict[str, Any]], List[Tuple[str, str]]]:

@@ -90,6 +90,7 @@ class RasterInputs(Stage):
     name = "raster_inputs"
     consumes = ("input", "output", "overwrite")
     produces = ("input_path", "output_path", "scene_index")
+    online = False  # the server gets one scene per request, spooled or named in the body
 
     @dataclass
     class Options:

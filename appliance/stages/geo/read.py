@@ -36,13 +36,14 @@ class RasterRead(Stage):
         self.geo = geo_contract(cfg, self.name)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        # A record's own `bands` (a server request's band indexes) wins over the option.
         # Check every scene's header before the first tile is read: a bad third scene must not
         # surface after two masks were written. Records here are one per file, so buffering is cheap.
         pending = list(records)
         scenes = [
             inspect_scene(
                 record["input_path"], record.get("scene_index", i), list(self.geo.bands),
-                requested=self.options.bands, scale=self.options.scale, model_scale=self.geo.scale,
+                requested=record.get("bands") or self.options.bands, scale=self.options.scale, model_scale=self.geo.scale,
                 nodata=self.options.nodata, nodata_fill=self.options.nodata_fill,
             )
             for i, record in enumerate(pending)

@@ -159,7 +159,7 @@ class RasterWrite(Stage):
     def _finish(self, record: Record, writer: MaskWriter) -> Record:
         scene, path = record["scene"], record["output_path"]
         text = describe(path, scene, record["strip"].tiles, writer.counts, writer.nodata_pixels, writer.class_names)
-        if self.options.quicklook:
+        if record.get("quicklook", self.options.quicklook):  # a server request may ask for one
             target = quicklook_path(path)
             write_quicklook(scene, path, target, self.options.quicklook_size)
             text += f" (quicklook {target})"

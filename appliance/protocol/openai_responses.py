@@ -1,0 +1,139 @@
+"""OpenAI response bodies: chat.completion(.chunk), text_completion, usage, logprobs, errors.
+
+Pure functions over plain values, shared by the offline batch verb (its output file holds
+chat.completion bodies) and the server (answers and SSE chunks). Logprobs travel as `TokenLogprob`s:
+the engine reports `{token_id: logprob}` per output token (sampled token first, then the top N);
+`token_logprobs` turns them into text once, wherever the tokenizer lives.
+"""
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: Tuple[Tuple[str, float], ...]  # the N most likely tokens, most likely first (may hold `token`)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Dict[int, float]], top_n: int,
+                   decode: Callable[[int], str]) -> List[TokenLogprob]:
+    """Engine logprobs (one dict per output token, sampled token first) -> `TokenLogprob`s."""
+    out = []
+    for token_id, entry in zip(token_ids, logprobs):
+        ranked = sorted(entry.items(), key=lambda item: -item[1])[:top_n]  # the sampled one drops out if not top
+        out.append(TokenLogprob(decode(token_id), float(entry[token_id]),
+                                tuple((decode(t), float(lp)) for t, lp in ranked)))
+    return out
+
+
+def token_decoder(tokenizer) -> Callable[[int], str]:
+    """Token id -> its text as it reads inside an answer, leading space included. Decoding one id alone
+    drops a SentencePiece word's leading space, so each id is decoded after an anchor token whose own
+    text is then cut off."""
+    anchor = tokenizer.encode("a", add_special_tokens=False)[-1:]
+    anchor_text = tokenizer.decode(anchor)
+    cache: Dict[int, str] = {}
+
+    def decode(token_id: int) -> str:
+        text = cache.get(token_id)
+        if text is None:
+            both = tokenizer.decode(anchor + [token_id])
+            text = both[len(anchor_text):] if both.startswith(anchor_text) else tokenizer.decode([token_id])
+            if len(cache) < 65536:
+                cache[token_id] = text
+        return text
+
+    return decode
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _bytes(text: str) -> List[int]:
+    return list(text.encode("utf-8"))
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> Dict[str, Any]:
+    return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": _bytes(e.token),
+                         "top_logprobs": [{"token": t, "logprob": lp, "bytes": _bytes(t)} for t, lp in e.top]}
+                        for e in entries]}
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], text_offset: int = 0) -> Dict[str, Any]:
+    """The legacy completions format; `text_offset` is where the first token starts in the whole text."""
+    offsets = []
+    for e in entries:
+        offsets.append(text_offset)
+        text_offset += len(e.token)
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [dict(e.top) for e in entries], "text_offset": offsets}
+
+
+def chat_completion(request_id: str, model: str, created: int, text: str, finish_reason: Optional[str],
+                    usage_: Dict[str, int], logprobs: Optional[Sequence[TokenLogprob]] = None) -> Dict[str, Any]:
+    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
+                         "finish_reason": finish_reason}],
+            "usage": usage_}
+
+
+def chat_chunk(request_id: str, model: str, created: int, delta: Dict[str, Any],
+               finish_reason: Optional[str] = None, logprobs: Optional[Sequence[TokenLogprob]] = None,
+               usage_: Any = ...) -> Dict[str, Any]:
+    """One `chat.completion.chunk`; `usage_` is left out unless given (None or a usage object)."""
+    chunk = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [{"index": 0, "delta": delta,
+                          "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
+                          "finish_reason": finish_reason}]}
+    if usage_ is not ...:
+        chunk["usage"] = usage_
+    return chunk
+
+
+def text_completion(request_id: str, model: str, created: int, text: str, finish_reason: Optional[str],
+                    usage_: Dict[str, int], logprobs: Optional[Sequence[TokenLogprob]] = None) -> Dict[str, Any]:
+    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text,
+                         "logprobs": completion_logprobs(logprobs) if logprobs is not None else None,
+                         "finish_reason": finish_reason}],
+            "usage": usage_}
+
+
+def text_chunk(request_id: str, model: str, created: int, text: str, finish_reason: Optional[str] = None,
+               logprobs: Optional[Sequence[TokenLogprob]] = None, text_offset: int = 0,
+               usage_: Any = ...) -> Dict[str, Any]:
+    chunk = {"id": request_id, "object": "text_completion", "created": created, "model": model,
+             "choices": [{"index": 0, "text": text,
+                          "logprobs": completion_logprobs(logprobs, text_offset) if logprobs is not None else None,
+                          "finish_reason": finish_reason}]}
+    if usage_ is not ...:
+        chunk["usage"] = usage_
+    return chunk
+
+
+def usage_chunk(kind: str, request_id: str, model: str, created: int, usage_: Dict[str, int]) -> Dict[str, Any]:
+    """The last chunk of a stream asked for `stream_options.include_usage`: no choices, the usage."""
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [], "usage": usage_}
+
+
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+               405: "MethodNotAllowedError", 413: "RequestTooLargeError", 422: "BadRequestError",
+               429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError",
+               504: "TimeoutError"}
+
+
+def error_body(status: int, message: str, param: Optional[str] = None) -> Dict[str, Any]:
+    """OpenAI's error object, `code` the HTTP status (as vLLM answers)."""
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "BadRequestError" if status < 500
+                                                                    else "InternalServerError"),
+                      "param": param, "code": status}}

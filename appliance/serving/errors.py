@@ -1,0 +1,53 @@
+"""HTTP errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, for every route."""
+import json
+from typing import Dict, Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from appliance.errors import InputError
+from appliance.protocol.openai_responses import error_body
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 headers: Optional[Dict[str, str]] = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers
+
+    @classmethod
+    def from_input(cls, error: InputError) -> "APIError":
+        return cls(error.status, str(error), error.param)
+
+
+def error_response(status: int, message: str, param: Optional[str] = None,
+                   headers: Optional[Dict[str, str]] = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+async def api_error_handler(request: Request, error: APIError) -> JSONResponse:
+    return error_response(error.status, error.message, error.param, error.headers)
+
+
+async def http_exception_handler(request: Request, error) -> JSONResponse:
+    """FastAPI's and Starlette's own errors (404 route, 405 method) in the same shape."""
+    detail = getattr(error, "detail", None) or str(error)
+    status = getattr(error, "status_code", 500)
+    if status == 404:
+        detail = f"{request.url.path}: no such route"
+    elif status == 405:
+        detail = f"{request.method} {request.url.path}: method not allowed"
+    return error_response(status, str(detail), headers=getattr(error, "headers", None))
+
+
+def parse_json(body: bytes) -> object:
+    """A request body as JSON; NaN and Infinity are refused (they are not JSON)."""
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not a JSON number")
+
+    try:
+        return json.loads(body, parse_constant=refuse)
+    except UnicodeDecodeError:
+        raise APIError(400, "body: not UTF-8 text; send a JSON object") from None
+    except ValueError as e:
+        raise APIError(400, f"body: not valid JSON ({e}); send a JSON object") from None

@@ -1,0 +1,200 @@
+"""Generation requests on the engine loop: chat and completion requests in, token events out.
+
+A request's life: `admit` queues its preparation in the pool (chat: the online head, i.e. `chat_prompt`:
+template, images, placeholders; completion: tokenize), `on_prepared` adds it to the `LLMEngine` on the
+loop's thread, every `step` turns the engine's outputs into `Tokens` events (each step's delta when the
+client streams, the whole answer at the end otherwise), `abort` frees its KV blocks at once.
+"""
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from appliance.engine.sampling_params import SamplingParams
+from appliance.errors import InputError
+from appliance.pipeline import Pipeline
+from appliance.protocol.openai_requests import GenerateRequest
+from appliance.protocol.openai_responses import token_decoder, token_logprobs
+from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
+from appliance.serving.worker import Worker, elapsed
+from appliance.stages.engine import sampling_defaults
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    request: GenerateRequest
+    arrival: float
+    in_engine: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started: bool = False           # the engine has run it once (queue time observed)
+    last_token_at: float = 0.0
+
+
+class GenerateWorker(Worker):
+    def start(self) -> None:
+        from transformers import AutoTokenizer
+
+        self.engine = self.online.engine.engine
+        self.defaults = sampling_defaults(self.cfg)
+        self.head = Pipeline(self.online.head, ready=True)
+        self.sessions: Dict[str, Session] = {}
+        # Completion prompts are tokenized in the pool, with a tokenizer of their own (the engine's
+        # detokenizes on the loop's thread); the lock keeps one pool thread in it at a time.
+        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
+        self.tokenizer_lock = threading.Lock()
+        self.vocab_size = self.engine.hf_config.get_text_config().vocab_size
+        self.counted: Dict[str, int] = {}
+        self.decode = token_decoder(self.engine.tokenizer)
+        ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
+        self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
+
+    # ---- requests -------------------------------------------------------------------------------
+    def admit(self, uid: str, arrival: float, job: GenerateJob) -> None:
+        self.sessions[uid] = Session(job.request, arrival)
+        self.pool.submit(self._prepare, uid, job)
+
+    def _prepare(self, uid: str, job: GenerateJob) -> None:
+        """In a pool thread: the token ids (and images) the engine gets, or a Failed event."""
+        try:
+            request = job.request
+            if request.kind == "chat":
+                record = {"messages": request.messages, "sampling": request.sampling, "where": "messages",
+                          "media_dir": job.media_dir, "custom_id": uid, "model_name": request.model}
+                (out,) = list(self.head.run([record]))
+                prompt, mm_data = out["prompt"], out.get("mm_data")
+            else:
+                prompt, mm_data = self._tokenize(request.prompt), None
+            self._check_fits(len(prompt), request)
+            self.post("prepared", uid, (prompt, mm_data))
+        except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
+            self.post("failed", uid, self.failure(e, "preparing the request"))
+
+    def _tokenize(self, prompt) -> List[int]:
+        if isinstance(prompt, str):
+            with self.tokenizer_lock:
+                return list(self.tokenizer.encode(prompt))
+        bad = [t for t in prompt if t >= self.vocab_size]
+        if bad:
+            raise InputError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                             param="prompt")
+        return prompt
+
+    def _check_fits(self, prompt_tokens: int, request: GenerateRequest) -> None:
+        limit = self.engine.max_model_len
+        field = "messages" if request.kind == "chat" else "prompt"
+        if prompt_tokens >= limit:
+            raise InputError(f"{field}: the prompt is {prompt_tokens} tokens; the model's context is {limit} "
+                             "tokens and the answer needs at least one; shorten it", param=field)
+        max_tokens = request.sampling.get("max_tokens")
+        if max_tokens is not None and prompt_tokens + max_tokens > limit:
+            raise InputError(f"max_tokens: the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
+                             f"{prompt_tokens + max_tokens} in all; the model's context is {limit} tokens, so "
+                             f"max_tokens may be at most {limit - prompt_tokens}", param="max_tokens")
+
+    def on_prepared(self, uid: str, payload: Tuple[List[int], Optional[list]]) -> None:
+        session = self.sessions.get(uid)
+        if session is None:  # aborted while it was being prepared
+            return
+        prompt, mm_data = payload
+        try:
+            params = SamplingParams(**{**self.defaults, **session.request.sampling})
+            self.engine.add_request(prompt, params, request_id=uid, mm_data=mm_data)
+        except ValueError as e:  # the engine's own checks (cache too small, image tokens, ...)
+            field = "messages" if session.request.kind == "chat" else "prompt"
+            self.fail(uid, Failed(400, f"{field}: {e}", field))
+            return
+        session.in_engine, session.prompt_tokens = True, len(prompt)
+        self.metrics.prompt_tokens.inc(len(prompt))
+        self.emit(uid, Admitted(len(prompt)))
+
+    def abort(self, uid: str) -> None:
+        if uid in self.sessions:
+            self.forget(uid)
+            self.metrics.success("abort").inc()
+
+    def forget(self, uid: str) -> bool:
+        session = self.sessions.pop(uid, None)
+        if session is not None and session.in_engine:
+            self.engine.abort(uid)
+        return session is not None
+
+    # ---- the step -------------------------------------------------------------------------------
+    def busy(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def step(self) -> None:
+        if self.engine.has_unfinished():
+            outputs = self.engine.step()
+            now = time.monotonic()
+            for out in outputs:
+                session = self.sessions.get(out.request_id)
+                if session is not None:
+                    self._deliver(out.request_id, session, out, now)
+            self._observe_starts()
+        self.publish()
+
+    def _deliver(self, uid: str, session: Session, out, now: float) -> None:
+        n = len(out.new_token_ids)
+        if n:
+            if session.completion_tokens == 0:
+                self.metrics.ttft.observe(now - session.arrival)
+            else:
+                self.metrics.itl.observe(now - session.last_token_at)
+            session.last_token_at = now
+            session.completion_tokens += n
+            self.metrics.generation_tokens.inc(n)
+        top_n = session.request.top_logprobs
+        if session.request.stream:
+            logprobs = self._logprobs(out.new_token_ids, out.new_logprobs, top_n)
+            self.emit(uid, Tokens(out.new_text, n, session.prompt_tokens, session.completion_tokens, logprobs,
+                                  out.finish_reason if out.finished else None))
+        elif out.finished:
+            logprobs = self._logprobs(out.token_ids, out.logprobs, top_n)
+            self.emit(uid, Tokens(out.text, len(out.token_ids), session.prompt_tokens, session.completion_tokens,
+                                  logprobs, out.finish_reason))
+        if out.finished:
+            del self.sessions[uid]
+            self.metrics.e2e.observe(now - session.arrival)
+            self.metrics.success(out.finish_reason).inc()
+
+    def _logprobs(self, token_ids, logprobs, top_n):
+        if top_n is None or logprobs is None:
+            return None
+        return token_logprobs(token_ids, logprobs, top_n, self.decode)
+
+    def _observe_starts(self) -> None:
+        for uid, session in self.sessions.items():
+            if session.in_engine and not session.started and self.engine.is_running(uid):
+                session.started = True
+                self.metrics.queue.observe(elapsed(session.arrival))
+
+    def publish(self) -> None:
+        """Gauges, counters that mirror the engine's own, and the running count the HTTP side reads."""
+        stats = self.engine.stats()
+        running = stats["num_running"]
+        self.shared.set_running(running)
+        self.metrics.running.set(running)
+        self.metrics.waiting.set(stats["num_waiting"] + sum(not s.in_engine for s in self.sessions.values()))
+        total = stats["kv_blocks_total"]
+        self.metrics.kv_usage.set((total - stats["kv_blocks_free"]) / total if total else 0.0)
+        for counter, key in ((self.metrics.preemptions, "num_preemptions"),
+                             (self.metrics.prefix_queries, "prefix_cache_query_tokens"),
+                             (self.metrics.prefix_hits, "prefix_cache_hit_tokens"),
+                             (self.metrics.encoder_hits, "encoder_cache_hits")):
+            self._mirror(counter, key, stats.get(key, 0))
+        lookups = stats.get("encoder_cache_hits", 0) + stats.get("encoder_cache_misses", 0)
+        self._mirror(self.metrics.encoder_queries, "encoder_cache_lookups", lookups)
+
+    def _mirror(self, counter, key: str, value: int) -> None:
+        delta = value - self.counted.get(key, 0)
+        if delta > 0:
+            counter.inc(delta)
+        self.counted[key] = value
+
+    def fail_all(self, failure: Failed) -> None:
+        for uid in list(self.sessions):
+            self.fail(uid, failure)

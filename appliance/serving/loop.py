@@ -1,0 +1,111 @@
+"""The engine loop: LitServe's inference worker runs it, one per server, and it never returns.
+
+Each turn: hand the worker what arrived (new requests and aborts from the HTTP process, prepared
+requests and tiles from the worker pool), run one engine step if there is work, and send the turn's
+events to the HTTP process as one message. A receiver thread moves LitServe's request queue into the
+worker's inbox, so the loop sleeps on one queue when idle and never waits on IPC while the engine runs.
+
+The model loads here, not in `LitAPI.setup`, so the HTTP server answers /health while weights load and
+/ready turns 200 after the warm-up step.
+"""
+import logging
+import signal
+import threading
+import traceback
+from typing import Any, Dict, List, Tuple
+
+from litserve.loops.base import LitLoop
+from litserve.utils import LitAPIStatus, LoopResponseType
+
+from appliance.serving.messages import Failed
+from appliance.serving.state import DEAD, READY
+
+log = logging.getLogger(__name__)
+IDLE_WAIT_S = 0.05  # how long an idle loop sleeps on its inbox (a new request wakes it at once)
+
+
+class EngineLoop(LitLoop):
+    def run(self, lit_api, device, worker_id, request_queue, transport, workers_setup_status, callback_runner):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; the server stops us
+        signal.signal(signal.SIGTERM, _exit)  # LitServe's shutdown: close the engine (and its TP ranks)
+        shared = lit_api.shared
+        try:
+            worker = lit_api.build_worker()
+            worker.start()
+        except SystemExit:
+            raise
+        except BaseException:
+            log.error("the engine could not start:\n%s", traceback.format_exc())
+            shared.set_phase(DEAD)
+            raise
+        try:
+            self._serve(lit_api, worker, request_queue, transport)
+        finally:
+            worker.close()
+
+    def _serve(self, lit_api, worker, request_queue, transport) -> None:
+        shared = lit_api.shared
+        consumers: Dict[str, int] = {}
+        threading.Thread(target=self._receive, args=(request_queue, worker, consumers),
+                         name="request-receiver", daemon=True).start()
+        shared.set_phase(READY)
+        log.info("engine loop ready")
+        try:
+            while True:
+                worker.drain_inbox(0 if worker.busy() else IDLE_WAIT_S)
+                try:
+                    worker.step()
+                except Exception as e:  # noqa: BLE001
+                    if is_fatal(e):
+                        raise
+                    log.exception("engine step failed; failing the requests it held")
+                    worker.fail_all(Failed(500, f"the engine failed while running this request "
+                                                f"({type(e).__name__}: {e}); the server goes on"))
+                self._send(transport, lit_api.mux_uid, worker.take_events(), consumers)
+        except SystemExit:
+            raise
+        except BaseException as e:
+            log.error("the engine loop stopped:\n%s", traceback.format_exc())
+            shared.set_phase(DEAD)
+            worker.fail_all(Failed(503, f"the engine stopped ({type(e).__name__}: {e}); the server is "
+                                        "shutting down, retry on another replica"))
+            self._send(transport, lit_api.mux_uid, worker.take_events(), consumers)
+            raise
+
+    @staticmethod
+    def _receive(request_queue, worker, consumers: Dict[str, int]) -> None:
+        while True:
+            try:
+                item = request_queue.get()
+            except (EOFError, OSError):  # the server is shutting down
+                return
+            if item is None or item[1] is None:
+                continue
+            consumer, uid, arrival, message = item
+            consumers[uid] = consumer
+            worker.post("request", uid, message, arrival)
+
+    def _send(self, transport, mux_uid: str, events: List[Tuple[str, Any]], consumers: Dict[str, int]) -> None:
+        """One message per HTTP consumer for the whole turn (LitServe's per-token messages cost an IPC
+        round trip each); the HTTP side routes events by uid."""
+        if not events:
+            return
+        batches: Dict[int, List[Tuple[str, Any]]] = {}
+        for uid, event in events:
+            batches.setdefault(consumers.get(uid, 0), []).append((uid, event))
+            if event.final:
+                consumers.pop(uid, None)
+        for consumer, batch in batches.items():
+            transport.send((mux_uid, (batch, LitAPIStatus.OK, LoopResponseType.STREAMING, self.worker_id)),
+                           consumer_id=consumer)
+
+
+def _exit(signum, frame):
+    raise SystemExit(0)
+
+
+def is_fatal(error: BaseException) -> bool:
+    """A tensor-parallel rank that died takes the engine with it; other step errors fail only requests."""
+    from appliance.engine.tp_executor import WorkerDiedError
+
+    return isinstance(error, WorkerDiedError)

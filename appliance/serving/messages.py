@@ -1,0 +1,79 @@
+"""What travels between the HTTP process and the engine loop (pickled through LitServe's queues).
+
+HTTP -> engine loop, one tuple per message on the request queue: `(consumer_id, uid, arrival, message)`
+with `arrival` from `time.monotonic()` (one clock for every process on the host) and `message` a job or
+an `Abort`. Engine loop -> HTTP: once per loop turn, one list of `(uid, event)` for all requests; an
+event whose `final` is true is the request's last.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from appliance.protocol.openai_requests import GenerateRequest
+from appliance.protocol.openai_responses import TokenLogprob
+
+
+# ---- jobs ------------------------------------------------------------------------------------------
+
+@dataclass
+class GenerateJob:
+    request: GenerateRequest
+    media_dir: Optional[str]  # client-named image files resolve inside it (None: refused)
+
+
+@dataclass
+class PoolJob:
+    input_path: Optional[str]   # a GeoTIFF on the server (spooled upload or an allowed file)
+    input_url: Optional[str]    # or fetched by the worker pool into `input_path`
+    output_path: str            # where the output GeoTIFF is written (atomically)
+    field: str                  # how errors name the input (`data.data`, `body`)
+    quicklook: bool = False     # also write <output stem>.quicklook.png
+    bands: Optional[List[int]] = None  # 1-based band indexes to feed the model, in its band order
+
+
+@dataclass
+class PredictJob:
+    record: Dict[str, Any]  # the pipeline's inputs (engine-less pipelines)
+
+
+@dataclass
+class Abort:
+    reason: str = "client disconnected"
+
+
+# ---- events ----------------------------------------------------------------------------------------
+
+@dataclass
+class Admitted:
+    """The request passed every check and waits for (or runs in) the engine."""
+    prompt_tokens: int = 0
+    final = False
+
+
+@dataclass
+class Tokens:
+    """New output of a generation request; the last one carries `finish_reason`."""
+    text: str
+    num_tokens: int                  # tokens behind `text`
+    prompt_tokens: int
+    completion_tokens: int           # so far
+    logprobs: Optional[List[TokenLogprob]] = None
+    finish_reason: Optional[str] = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Done:
+    """A pool or predict request's result."""
+    result: Dict[str, Any] = field(default_factory=dict)
+    final = True
+
+
+@dataclass
+class Failed:
+    status: int
+    message: str
+    param: Optional[str] = None
+    final = True

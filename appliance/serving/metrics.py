@@ -1,0 +1,118 @@
+"""Prometheus metrics, in prometheus-client's multiprocess mode.
+
+The engine loop (LitServe's inference worker) and the HTTP process are two processes: each writes its
+samples to memory-mapped files under $PROMETHEUS_MULTIPROC_DIR and `/metrics` merges them
+(`MultiProcessCollector`). prometheus-client picks its value store when it is first imported, so
+`appliance serve` sets that variable before anything imports it (`multiprocess_dir`). Metric objects
+belong to the `EngineMetrics` / `HttpMetrics` instance that uses them (no default registry).
+
+Names follow vLLM's, prefixed `appliance_`, every series labelled `model_name`.
+"""
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                   40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+@contextmanager
+def multiprocess_dir() -> Iterator[str]:
+    """$PROMETHEUS_MULTIPROC_DIR for this server: the caller's if set (kept), else a fresh temp directory
+    (removed on exit). Must run before prometheus_client is imported in this process."""
+    given = os.environ.get(ENV)
+    if given:
+        os.makedirs(given, exist_ok=True)
+        yield given
+        return
+    path = tempfile.mkdtemp(prefix="appliance-metrics-")
+    os.environ[ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_multiprocess() -> None:
+    from prometheus_client import values
+
+    if ENV not in os.environ or values.ValueClass.__name__ != "MmapedValue":
+        raise RuntimeError("prometheus_client was imported before $PROMETHEUS_MULTIPROC_DIR was set; "
+                           "metrics from the engine process would be lost")
+
+
+class EngineMetrics:
+    """Written by the engine loop."""
+
+    def __init__(self, model_name: str):
+        from prometheus_client import Counter, Gauge, Histogram
+
+        _check_multiprocess()
+        labels = ["model_name"]
+
+        def histogram(name, doc, buckets=LATENCY_BUCKETS):
+            return Histogram(f"appliance_{name}", doc, labels, buckets=buckets, registry=None).labels(model_name)
+
+        def counter(name, doc):
+            return Counter(f"appliance_{name}", doc, labels, registry=None).labels(model_name)
+
+        def gauge(name, doc):
+            return Gauge(f"appliance_{name}", doc, labels, registry=None,
+                         multiprocess_mode="livemostrecent").labels(model_name)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first output token")
+        self.itl = histogram("inter_token_latency_seconds", "Between consecutive output tokens", ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to the last output (or pool result)")
+        self.queue = histogram("request_queue_time_seconds", "Arrival to the first engine step that runs it")
+        self.running = gauge("num_requests_running", "Requests the engine is running")
+        self.waiting = gauge("num_requests_waiting", "Requests accepted, not yet running")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1)")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests, image tokens included")
+        self.generation_tokens = counter("generation_tokens", "Output tokens")
+        self.preemptions = counter("num_preemptions", "Sequences preempted (recomputed later)")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.encoder_queries = counter("encoder_cache_queries", "Images looked up in the encoder cache")
+        self.encoder_hits = counter("encoder_cache_hits", "Images found in the encoder cache")
+        self.tiles = counter("tiles", "Tiles run by the pooling engine")
+        self._success = Counter("appliance_request_success", "Finished requests by finish reason",
+                                ["model_name", "finished_reason"], registry=None)
+        self._pool = Counter("appliance_pool_requests", "Pool (GeoTIFF) requests by outcome",
+                             ["model_name", "outcome"], registry=None)
+        self.model_name = model_name
+
+    def success(self, reason: str):
+        return self._success.labels(self.model_name, reason)
+
+    def pool_request(self, outcome: str):
+        return self._pool.labels(self.model_name, outcome)
+
+
+class HttpMetrics:
+    """Written by the HTTP process."""
+
+    def __init__(self, model_name: str):
+        from prometheus_client import Counter
+
+        _check_multiprocess()
+        self._requests = Counter("appliance_http_requests", "HTTP requests by route and status",
+                                 ["model_name", "route", "status"], registry=None)
+        self.model_name = model_name
+
+    def request(self, route: str, status: int) -> None:
+        self._requests.labels(self.model_name, route, str(status)).inc()
+
+
+def render() -> bytes:
+    """Every process's samples, merged, in the text exposition format."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    return generate_latest(registry)

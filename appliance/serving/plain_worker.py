@@ -1,0 +1,53 @@
+"""Pipelines without an engine stage (`POST /predict`): each request runs the whole pipeline on its
+record in the worker pool, and answers with the JSON-readable fields of the records it yields."""
+import math
+import time
+from typing import Any, Dict
+
+from appliance.pipeline import Pipeline, Record
+from appliance.serving.messages import Done, PredictJob
+from appliance.serving.worker import Worker
+
+
+class PlainWorker(Worker):
+    def start(self) -> None:
+        self.pipeline = Pipeline(self.online.head, ready=True)
+        self.requests: Dict[str, float] = {}  # uid -> arrival
+
+    def admit(self, uid: str, arrival: float, job: PredictJob) -> None:
+        self.requests[uid] = arrival
+        self.shared.set_running(len(self.requests))
+        self.pool.submit(self._run, uid, job.record)
+
+    def _run(self, uid: str, record: Record) -> None:
+        try:
+            results = [jsonable(out) for out in self.pipeline.run([record])]
+            self.post("finished", uid, {"results": results})
+        except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
+            self.post("failed", uid, self.failure(e, "running the pipeline"))
+
+    def on_finished(self, uid: str, result: Dict[str, Any]) -> None:
+        arrival = self.requests.pop(uid, None)
+        if arrival is not None:
+            self.metrics.e2e.observe(time.monotonic() - arrival)
+            self.metrics.success("stop").inc()
+            self.emit(uid, Done(result))
+        self.shared.set_running(len(self.requests))
+
+    def abort(self, uid: str) -> None:
+        self.forget(uid)  # the pipeline runs to its end; its answer is dropped
+
+    def forget(self, uid: str) -> bool:
+        found = self.requests.pop(uid, None) is not None
+        self.shared.set_running(len(self.requests))
+        return found
+
+    def fail_all(self, failure) -> None:
+        for uid in list(self.requests):
+            self.fail(uid, failure)
+
+
+def jsonable(record: Record) -> Dict[str, Any]:
+    """The fields a client can read; tensors and arrays stay on the server."""
+    return {k: v for k, v in record.items() if isinstance(v, (str, int, bool, type(None))) or
+            (isinstance(v, float) and math.isfinite(v))}

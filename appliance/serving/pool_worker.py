@@ -1,0 +1,193 @@
+"""Pooling requests (GeoTIFF scenes) on the engine loop: tiles of every request share engine batches.
+
+Each request runs the pipeline's online stages (`raster_read -> tile -> normalize -> engine -> stitch ->
+raster_write`) in a pool thread, with the `engine` stage replaced by an `EngineBridge`: tiles go to the
+loop's inbox (at most `2 x engine.max_batch_size` of one request in flight, so memory stays bounded), the
+loop adds them to the one `PoolEngine`, and each step's outputs go back to their requests' threads,
+which stitch and write as offline. An abort stops the request's thread at its next tile and drops its
+tiles from the engine; the writer's cleanup removes its temp file.
+"""
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Deque, Dict, Iterator, Optional, Tuple
+
+import torch
+
+from appliance.errors import UserError
+from appliance.pipeline import Pipeline, Record, Stage
+from appliance.serving.messages import Done, Failed, PoolJob
+from appliance.serving.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+class RequestCancelled(Exception):
+    """Raised in a request's thread when its client went away."""
+
+
+class PoolSession:
+    def __init__(self, uid: str, arrival: float, job: PoolJob, worker: "PoolWorker"):
+        self.uid, self.arrival, self.job, self.worker = uid, arrival, job, worker
+        self.results: "queue.Queue[Tuple[int, Any]]" = queue.Queue()
+        self.cancelled = threading.Event()
+
+    def send(self, seq: int, item: torch.Tensor) -> None:
+        if self.cancelled.is_set():
+            raise RequestCancelled()
+        self.worker.post("tile", self.uid, (seq, item))
+
+    def receive(self) -> Tuple[int, Any]:
+        seq, output = self.results.get()
+        if seq < 0:
+            raise RequestCancelled()
+        return seq, output
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.results.put((-1, None))
+
+
+class EngineBridge(Stage):
+    """Stands in for the `engine` stage inside one request's thread (see the module docstring)."""
+
+    name = "engine"
+
+    def __init__(self, session: PoolSession, input_field: str, output_field: str, in_flight: int):
+        super().__init__(None, None)
+        self.session, self.input, self.output, self.in_flight = session, input_field, output_field, in_flight
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        pending: Deque[Tuple[int, Record]] = deque()
+        done: Dict[int, Any] = {}
+        for seq, record in enumerate(records):
+            self.session.send(seq, record[self.input])
+            pending.append((seq, record))
+            while len(pending) - len(done) >= self.in_flight:
+                yield from self._release(pending, done, wait=True)
+            yield from self._release(pending, done, wait=False)
+        while pending:
+            yield from self._release(pending, done, wait=True)
+
+    def _release(self, pending, done, wait: bool) -> Iterator[Record]:
+        """Yield, in order, the records whose outputs are in; with `wait`, block for one more first."""
+        if wait:
+            seq, output = self.session.receive()
+            done[seq] = output
+        while not self.session.results.empty():
+            seq, output = self.session.receive()
+            done[seq] = output
+        while pending and pending[0][0] in done:
+            seq, record = pending.popleft()
+            out = {k: v for k, v in record.items() if k != self.input}
+            out[self.output] = done.pop(seq)
+            yield out
+
+
+class PoolWorker(Worker):
+    def start(self) -> None:
+        stage = self.online.engine
+        self.engine = stage.engine
+        self.input_field, self.output_field = stage.options.input, stage.options.output
+        self.in_flight = 2 * self.engine.cfg.max_batch_size
+        self.stages = Pipeline(self.online.stages(), ready=True)
+        self.engine_index = len(self.online.head)
+        self.sessions: Dict[str, PoolSession] = {}
+        self.tiles: Dict[str, Tuple[str, int]] = {}  # engine request id -> (uid, seq)
+        item = warmup_item(self.cfg, self.online)
+        if item is not None:
+            self.engine.encode([item[None]])  # one forward, so the first request pays no start-up costs
+
+    # ---- requests -------------------------------------------------------------------------------
+    def admit(self, uid: str, arrival: float, job: PoolJob) -> None:
+        session = PoolSession(uid, arrival, job, self)
+        self.sessions[uid] = session
+        self.pool.submit(self._run, session)
+
+    def _run(self, session: PoolSession) -> None:
+        """In a pool thread: fetch (URL inputs), then the online stages with the bridge; post the result."""
+        job = session.job
+        self.metrics.queue.observe(time.monotonic() - session.arrival)
+        try:
+            if job.input_url is not None:
+                from appliance.fetch import FetchPolicy, fetch_to_file
+
+                fetch_to_file(job.input_url, job.input_path, FetchPolicy.from_server_config(self.cfg.server),
+                              job.field)
+            record = {"input_path": job.input_path, "output_path": job.output_path, "scene_index": 0,
+                      "overwrite": True, "quicklook": job.quicklook, "bands": job.bands}
+            bridge = EngineBridge(session, self.input_field, self.output_field, self.in_flight)
+            last: Optional[Record] = None
+            for last in self.stages.replaced(self.engine_index, bridge).run([record]):
+                pass
+            self.post("finished", session.uid, {"display": (last or {}).get("display")})
+        except RequestCancelled:
+            pass
+        except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
+            if isinstance(e, UserError):  # name the request's field, never a spool path
+                e = type(e)(str(e).replace(job.input_path, job.field))
+            self.post("failed", session.uid, self.failure(e, "running the scene"))
+
+    def on_tile(self, uid: str, payload: Tuple[int, torch.Tensor]) -> None:
+        if uid not in self.sessions:
+            return  # aborted: its remaining tiles never reach the engine
+        seq, item = payload
+        self.tiles[self.engine.add_request([item])] = (uid, seq)
+
+    def on_finished(self, uid: str, result: Dict[str, Any]) -> None:
+        session = self.sessions.pop(uid, None)
+        if session is not None:
+            self.metrics.e2e.observe(time.monotonic() - session.arrival)
+            self.metrics.pool_request("success").inc()
+            self.emit(uid, Done(result))
+
+    def abort(self, uid: str) -> None:
+        if self.forget(uid):
+            self.metrics.pool_request("abort").inc()
+
+    def forget(self, uid: str) -> bool:
+        session = self.sessions.pop(uid, None)
+        if session is None:
+            return False
+        session.cancel()
+        for request_id in [r for r, (owner, _) in self.tiles.items() if owner == uid]:
+            self.engine.abort(request_id)
+            del self.tiles[request_id]
+        return True
+
+    def fail(self, uid: str, failure: Failed) -> None:
+        if self.forget(uid):
+            self.metrics.pool_request("failed").inc()
+            self.emit(uid, failure)
+
+    # ---- the step -------------------------------------------------------------------------------
+    def busy(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def step(self) -> None:
+        if self.engine.has_unfinished():
+            for out in self.engine.step():
+                owner = self.tiles.pop(out.request_id, None)
+                if owner is not None and owner[0] in self.sessions:
+                    self.sessions[owner[0]].results.put((owner[1], out.output[0]))
+                    self.metrics.tiles.inc()
+        self.shared.set_running(len(self.sessions))
+        self.metrics.running.set(len(self.sessions))
+        self.metrics.waiting.set(0)
+
+    def fail_all(self, failure: Failed) -> None:
+        for uid in list(self.sessions):
+            self.fail(uid, failure)
+
+
+def warmup_item(cfg, online) -> Optional[torch.Tensor]:
+    """A zero tile shaped as the `tile` stage cuts them, with the model's bands; None if unknown."""
+    tile = next((s for s in online.head if s.name == "tile"), None)
+    geo = cfg.model.get("geo")
+    if tile is None or geo is None:
+        log.info("no tile stage or model.geo: the pool engine starts without a warm-up forward")
+        return None
+    size = tile.options.tile_size
+    return torch.zeros(len(geo.bands), size, size)

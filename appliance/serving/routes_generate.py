@@ -1,0 +1,146 @@
+"""`POST /v1/chat/completions` and `POST /v1/completions`, streaming (SSE) or not.
+
+The body is parsed by the same code as the offline batch verb (appliance/protocol); preparation
+(template, images, tokenizing) and every check that needs the model happen in the engine process, so
+the route waits for the request's first event: `Admitted` (then it answers 200 and streams, or collects
+the answer) or `Failed` (then it answers the error's status, before any byte of a stream). An error
+after a stream started goes out as a `data: {"error": ...}` event, then the stream ends.
+"""
+import asyncio
+import json
+import time
+from typing import Any, AsyncIterator, Dict, List
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from appliance.errors import InputError
+from appliance.protocol import openai_responses as shape
+from appliance.protocol.openai_requests import GenerateRequest, parse_chat, parse_completion
+from appliance.serving.errors import APIError, error_response, parse_json
+from appliance.serving.frontend import Channel, ClientGone, Frontend, wait_disconnect
+from appliance.serving.messages import Failed, GenerateJob, Tokens
+from appliance.stages.engine import sampling_defaults
+
+
+class GenerateRoutes:
+    def __init__(self, frontend: Frontend, cfg):
+        self.frontend = frontend
+        self.defaults = sampling_defaults(cfg)
+        self.media_dir = cfg.server.allowed_local_media_dir
+
+    async def chat(self, request: Request):
+        return await self._handle(request, "chat")
+
+    async def completions(self, request: Request):
+        return await self._handle(request, "completion")
+
+    async def _handle(self, request: Request, kind: str):
+        body = parse_json(await request.body())
+        try:
+            parsed = (parse_chat if kind == "chat" else parse_completion)(body, self.defaults)
+        except InputError as e:
+            raise APIError.from_input(e) from None
+        check_model(parsed.model, self.frontend.model_name)
+        uid = shape.new_id("chatcmpl" if kind == "chat" else "cmpl")
+        channel = self.frontend.open(uid)
+        disconnect = asyncio.ensure_future(wait_disconnect(request))
+        streaming = False
+        try:
+            self.frontend.submit(channel, GenerateJob(parsed, self.media_dir))
+            first = await self.frontend.next_event(channel, disconnect)
+            if isinstance(first, Failed):
+                return error_response(first.status, first.message, first.param)
+            answer = Answer(uid, kind, parsed, self.frontend.model_name)
+            if parsed.stream:
+                streaming = True
+                return StreamingResponse(self._stream(answer, channel, disconnect), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return await self._collect(answer, channel, disconnect)
+        except ClientGone:
+            return JSONResponse({}, status_code=499)  # nobody reads it; the request was aborted
+        finally:
+            if not streaming:
+                disconnect.cancel()
+                self.frontend.close(channel)
+
+    async def _collect(self, answer: "Answer", channel: Channel, disconnect) -> JSONResponse:
+        while True:
+            event = await self.frontend.next_event(channel, disconnect)
+            if isinstance(event, Failed):
+                return error_response(event.status, event.message, event.param)
+            if isinstance(event, Tokens) and event.final:
+                return JSONResponse(answer.whole(event))
+
+    async def _stream(self, answer: "Answer", channel: Channel, disconnect) -> AsyncIterator[str]:
+        try:
+            yield sse(answer.opening())
+            while True:
+                try:
+                    event = await self.frontend.next_event(channel, disconnect)
+                except APIError as e:  # the deadline passed mid-stream
+                    yield sse(shape.error_body(e.status, e.message))
+                    break
+                if isinstance(event, Failed):
+                    yield sse(shape.error_body(event.status, event.message, event.param))
+                    break
+                if isinstance(event, Tokens):
+                    for chunk in answer.chunks(event):
+                        yield sse(chunk)
+                    if event.final:
+                        break
+            yield "data: [DONE]\n\n"
+        except ClientGone:
+            pass
+        finally:
+            disconnect.cancel()
+            self.frontend.close(channel)
+
+
+class Answer:
+    """Shapes one request's events into OpenAI bodies and chunks."""
+
+    def __init__(self, uid: str, kind: str, request: GenerateRequest, model: str):
+        self.uid, self.kind, self.request, self.model = uid, kind, request, model
+        self.created = int(time.time())
+        self.text_offset = 0  # completions' logprobs count characters from the start of the answer
+
+    def whole(self, event: Tokens) -> Dict[str, Any]:
+        usage = shape.usage(event.prompt_tokens, event.completion_tokens)
+        if self.kind == "chat":
+            return shape.chat_completion(self.uid, self.model, self.created, event.text, event.finish_reason,
+                                         usage, event.logprobs)
+        return shape.text_completion(self.uid, self.model, self.created, event.text, event.finish_reason,
+                                     usage, event.logprobs)
+
+    def opening(self) -> Dict[str, Any]:
+        usage = None if self.request.include_usage else ...
+        if self.kind == "chat":
+            return shape.chat_chunk(self.uid, self.model, self.created, {"role": "assistant", "content": ""},
+                                    usage_=usage)
+        return shape.text_chunk(self.uid, self.model, self.created, "", usage_=usage)
+
+    def chunks(self, event: Tokens) -> List[Dict[str, Any]]:
+        usage = shape.usage(event.prompt_tokens, event.completion_tokens)
+        per_chunk = usage if self.request.continuous_usage else (None if self.request.include_usage else ...)
+        if self.kind == "chat":
+            chunk = shape.chat_chunk(self.uid, self.model, self.created, {"content": event.text},
+                                     event.finish_reason, event.logprobs, usage_=per_chunk)
+        else:
+            chunk = shape.text_chunk(self.uid, self.model, self.created, event.text, event.finish_reason,
+                                     event.logprobs, self.text_offset, usage_=per_chunk)
+            self.text_offset += len(event.text)
+        chunks = [chunk] if event.text or event.finish_reason or event.logprobs else []
+        if event.final and self.request.include_usage:
+            chunks.append(shape.usage_chunk(self.kind, self.uid, self.model, self.created, usage))
+        return chunks
+
+
+def sse(payload: Dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def check_model(requested, served: str) -> None:
+    if requested is not None and requested != served:
+        raise APIError(404, f"model: {requested!r} does not exist; this server serves {served!r} (GET /v1/models)",
+                       param="model")

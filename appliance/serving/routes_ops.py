@@ -1,0 +1,101 @@
+"""Routes every server has: probes, version, metrics, models; and `POST /predict` for pipelines without
+an engine stage (the record of `pipeline.inputs` in, the records the pipeline yields out)."""
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from appliance import __version__
+from appliance.serving.errors import APIError, error_response, parse_json
+from appliance.serving.frontend import ClientGone, Frontend, wait_disconnect
+from appliance.serving.messages import Done, Failed, PredictJob
+from appliance.serving.state import DEAD, READY
+from appliance.vision.image_load import is_remote_image
+
+PATH_FIELDS = {"input", "output"}  # the run verb's file fields: they name files on the server
+
+
+class OpsRoutes:
+    def __init__(self, frontend: Frontend, cfg):
+        self.frontend = frontend
+        self.pipeline = cfg.pipeline.name
+        self.created = int(time.time())
+
+    async def health(self, request: Request):
+        if self.frontend.shared.phase == DEAD:
+            return JSONResponse({"status": "dead"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: Request):
+        shared = self.frontend.shared
+        if shared.phase != READY or shared.draining:
+            state = "draining" if shared.draining else ("dead" if shared.phase == DEAD else "loading")
+            return JSONResponse({"status": state}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    async def version(self, request: Request):
+        return JSONResponse({"version": __version__, "pipeline": self.pipeline, "model": self.frontend.model_name})
+
+    async def metrics(self, request: Request):
+        from appliance.serving.metrics import render
+
+        return Response(await asyncio.to_thread(render), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def models(self, request: Request):
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.frontend.model_name, "object": "model", "created": self.created, "owned_by": "appliance",
+             "root": self.frontend.model_name, "parent": None}]})
+
+
+class PredictRoute:
+    def __init__(self, frontend: Frontend, cfg):
+        self.frontend = frontend
+        self.inputs = list(cfg.pipeline.inputs)
+        self.media_dir = cfg.server.allowed_local_media_dir
+
+    async def predict(self, request: Request):
+        body = parse_json(await request.body())
+        if not isinstance(body, dict):
+            raise APIError(400, "body: expected a JSON object with the pipeline's inputs")
+        unknown = sorted(set(body) - set(self.inputs))
+        if unknown:
+            raise APIError(400, f"{unknown[0]}: unknown field (allowed: {', '.join(self.inputs)})", param=unknown[0])
+        record = {field: body.get(field) for field in self.inputs}
+        for field in PATH_FIELDS.intersection(body):
+            record[field] = self._resolve(field, body[field])
+        uid = f"predict-{time.monotonic_ns()}"
+        channel = self.frontend.open(uid)
+        disconnect = asyncio.ensure_future(wait_disconnect(request))
+        try:
+            self.frontend.submit(channel, PredictJob(record))
+            event = await self.frontend.next_event(channel, disconnect)
+            if isinstance(event, Failed):
+                return error_response(event.status, event.message, event.param)
+            assert isinstance(event, Done)
+            return JSONResponse(event.result)
+        except ClientGone:
+            return JSONResponse({}, status_code=499)
+        finally:
+            disconnect.cancel()
+            self.frontend.close(channel)
+
+    def _resolve(self, field: str, value: Any) -> Any:
+        """Client-named server files only inside `server.allowed_local_media_dir`; relative names are
+        taken from that directory (not the server's working directory)."""
+        resolved = []
+        for path in value if isinstance(value, list) else [value]:
+            if path is None or is_remote_image(path):
+                resolved.append(path)
+                continue
+            if not self.media_dir:
+                raise APIError(400, f"{field}: server-side paths are refused; start the server with "
+                                    "server.allowed_local_media_dir=DIR to allow files under DIR", param=field)
+            root = Path(self.media_dir).resolve()
+            full = Path(root, path).resolve() if isinstance(path, str) else None
+            if full is None or not full.is_relative_to(root):
+                raise APIError(400, f"{field}: {path!r} is outside the allowed directory {root}", param=field)
+            resolved.append(str(full))
+        return resolved if isinstance(value, list) else resolved[0]

@@ -1,0 +1,170 @@
+"""GeoTIFF routes of pooling pipelines: `POST /pooling` (vLLM's IO-processor body) and `POST /v1/pool`
+(the GeoTIFF itself as the body, for curl; the answer is the output GeoTIFF, or its PNG quicklook with
+`?quicklook=true`).
+
+Inputs spool to files in the server's spool directory (a base64 body is decoded there, a raw body
+streams there under the body limit, a URL is fetched there by the engine process's worker pool; a path
+is used in place, inside `server.allowed_local_media_dir` only). The engine process reads them by
+windows and writes the output atomically; the spooled input and output are deleted once answered.
+Outputs asked for as paths go to `server.output_dir`, named after the request id.
+"""
+import asyncio
+import base64
+import binascii
+import os
+from pathlib import Path
+from typing import Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from appliance.errors import InputError
+from appliance.protocol.openai_responses import new_id
+from appliance.protocol.pooling import parse_pooling, pooling_response
+from appliance.serving.errors import APIError, error_response, parse_json
+from appliance.serving.frontend import ClientGone, Frontend, wait_disconnect
+from appliance.serving.messages import Done, Failed, PoolJob
+from appliance.serving.routes_generate import check_model
+from appliance.stages.geo.quicklook import quicklook_path
+
+RAW_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")
+
+
+class PoolRoutes:
+    def __init__(self, frontend: Frontend, cfg, spool_dir: str):
+        self.frontend = frontend
+        self.spool = spool_dir
+        self.media_dir = cfg.server.allowed_local_media_dir
+        self.output_dir = cfg.server.output_dir
+        self.max_bytes = int(cfg.server.limits.max_request_bytes)
+
+    async def pooling(self, request: Request):
+        body = parse_json(await request.body())
+        try:
+            parsed = parse_pooling(body)
+        except InputError as e:
+            raise APIError.from_input(e) from None
+        check_model(parsed.model, self.frontend.model_name)
+        uid = new_id("pool")
+        input_path, url, spooled = None, None, []
+        if parsed.data_format == "path":
+            input_path = self._allowed_path(parsed.data)
+        else:
+            input_path = self._spool(uid, ".in.tif")
+            spooled.append(input_path)
+            if parsed.data_format == "url":
+                url = parsed.data
+            else:
+                await asyncio.to_thread(write_base64, parsed.data, input_path)
+        if parsed.out_data_format == "path":
+            if not self.output_dir:
+                self._remove(spooled)
+                raise APIError(400, "data.out_data_format: path needs the server started with "
+                                    "server.output_dir=DIR; use b64_json", param="data.out_data_format")
+            output = os.path.join(self.output_dir, f"{uid}.tif")
+        else:
+            output = self._spool(uid, ".out.tif")
+            spooled += [output, output + ".aux.xml"]
+        job = PoolJob(input_path, url, output, "data.data", bands=parsed.bands)
+        result = await self._run(request, uid, job, spooled)
+        if isinstance(result, Response):
+            return result
+        data = output if parsed.out_data_format == "path" else await asyncio.to_thread(read_base64, output)
+        self._remove(spooled)
+        return JSONResponse(pooling_response(uid, parsed.out_data_format, data))
+
+    async def raw(self, request: Request):
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind not in RAW_TYPES:
+            raise APIError(415, f"Content-Type: {kind or 'missing'}; send the GeoTIFF as the body with "
+                                f"Content-Type: {RAW_TYPES[0]}")
+        quicklook = request.query_params.get("quicklook", "false").lower()
+        if quicklook not in ("true", "false", "1", "0"):
+            raise APIError(400, f"quicklook: {quicklook!r}; allowed: true, false", param="quicklook")
+        quicklook = quicklook in ("true", "1")
+        uid = new_id("pool")
+        input_path, output = self._spool(uid, ".in.tif"), self._spool(uid, ".out.tif")
+        spooled = [input_path, output, output + ".aux.xml", quicklook_path(output)]
+        try:
+            size = 0
+            with open(input_path, "wb") as f:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    await asyncio.to_thread(f.write, chunk)
+            if size == 0:
+                raise APIError(400, "body: empty; send the GeoTIFF as the request body")
+        except BaseException:
+            self._remove(spooled)
+            raise
+        job = PoolJob(input_path, None, output, "body", quicklook=quicklook)
+        result = await self._run(request, uid, job, spooled)
+        if isinstance(result, Response):
+            return result
+        path, media = (quicklook_path(output), "image/png") if quicklook else (output, "image/tiff")
+        content = await asyncio.to_thread(Path(path).read_bytes)
+        self._remove(spooled)
+        return Response(content, media_type=media, headers={"X-Request-Id": uid})
+
+    async def _run(self, request: Request, uid: str, job: PoolJob, spooled) -> Optional[Response]:
+        """Submit and wait; an error Response, or None once the output is written."""
+        try:
+            channel = self.frontend.open(uid)
+        except APIError:
+            self._remove(spooled)
+            raise
+        disconnect = asyncio.ensure_future(wait_disconnect(request))
+        answered = False
+        try:
+            self.frontend.submit(channel, job)
+            while True:
+                event = await self.frontend.next_event(channel, disconnect)
+                if isinstance(event, Failed):
+                    return error_response(event.status, event.message, event.param)
+                if isinstance(event, Done):
+                    answered = True
+                    return None
+        except ClientGone:
+            return JSONResponse({}, status_code=499)
+        finally:
+            disconnect.cancel()
+            self.frontend.close(channel)
+            if not answered:
+                self._remove(spooled)
+
+    def _spool(self, uid: str, suffix: str) -> str:
+        return os.path.join(self.spool, uid + suffix)
+
+    def _allowed_path(self, name: str) -> str:
+        if not self.media_dir:
+            raise APIError(400, "data.data: server-side paths are refused; start the server with "
+                                "server.allowed_local_media_dir=DIR to allow files under DIR", param="data.data")
+        root = Path(self.media_dir).resolve()
+        full = Path(root, name).resolve()
+        if not full.is_relative_to(root):
+            raise APIError(400, f"data.data: {name!r} is outside the allowed directory {root}", param="data.data")
+        if not full.is_file():
+            raise APIError(400, f"data.data: {name!r} is not a file in {root}", param="data.data")
+        return str(full)
+
+    @staticmethod
+    def _remove(paths) -> None:
+        for path in paths:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+
+
+def write_base64(text: str, path: str) -> None:
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, "data.data: not valid base64; with data_format b64_json send the GeoTIFF's bytes "
+                            "base64-encoded", param="data.data") from None
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def read_base64(path: str) -> str:
+    with open(path, "rb") as f:
+        return base64.b64encode(f.read()).decode("ascii")

@@ -1,0 +1,62 @@
+"""The routes of `appliance serve`, as a LitSpec on LitServe's FastAPI app.
+
+The pipeline's kind decides the API: a generating engine gets OpenAI's `/v1/chat/completions`,
+`/v1/completions` and `/v1/models`; a pooling engine gets vLLM's `/pooling` and the raw `/v1/pool`;
+a pipeline without an engine gets LitServe's generic `POST /predict`. Every server has `/health`,
+`/ready`, `/version` and `/metrics`.
+"""
+from litserve.specs.base import LitSpec
+
+from appliance.serving.frontend import Frontend
+from appliance.serving.routes_generate import GenerateRoutes
+from appliance.serving.routes_ops import OpsRoutes, PredictRoute
+from appliance.serving.routes_pool import PoolRoutes
+
+ENGINE_QUEUE = "/engine-queue"  # keys LitServe's request queue to the engine loop; not a route
+
+
+class ApplianceSpec(LitSpec):
+    def __init__(self, cfg, cfg_container: dict, shared, mux_uid: str, spool_dir: str, kind: str):
+        super().__init__()
+        self.api_path = ENGINE_QUEUE
+        self.frontend = Frontend(cfg_container, shared, mux_uid)
+        ops = OpsRoutes(self.frontend, cfg)
+        for path, handler in (("/health", ops.health), ("/ready", ops.ready), ("/version", ops.version),
+                              ("/metrics", ops.metrics)):
+            self.add_endpoint(path, handler, ["GET"])
+        if kind == "generate":
+            routes = GenerateRoutes(self.frontend, cfg)
+            self.add_endpoint("/v1/models", ops.models, ["GET"])
+            self.add_endpoint("/v1/chat/completions", routes.chat, ["POST"])
+            self.add_endpoint("/v1/completions", routes.completions, ["POST"])
+        elif kind == "pool":
+            routes = PoolRoutes(self.frontend, cfg, spool_dir)
+            self.add_endpoint("/v1/models", ops.models, ["GET"])
+            self.add_endpoint("/pooling", routes.pooling, ["POST"])
+            self.add_endpoint("/v1/pool", routes.raw, ["POST"])
+        else:
+            self.add_endpoint("/predict", PredictRoute(self.frontend, cfg).predict, ["POST"])
+
+    @property
+    def stream(self) -> bool:
+        # LitServe then queues every engine-loop message for the frontend instead of keeping the last.
+        return True
+
+    def setup(self, server) -> None:
+        super().setup(server)
+        self.frontend.connect(self.request_queue, self.response_buffer)
+
+    def route_paths(self):
+        return [path for path, _, _ in self.endpoints]
+
+    def __getstate__(self):
+        """The engine process gets the spec too (inside the LitAPI) but serves no route."""
+        state = super().__getstate__()
+        state.update(frontend=None, _endpoints=[], response_buffer=None, request_queue=None)
+        return state
+
+    def decode_request(self, request, context_kwargs=None):
+        raise NotImplementedError("routes parse their own bodies")
+
+    def encode_response(self, output, context_kwargs=None):
+        raise NotImplementedError("routes shape their own answers")

@@ -1,0 +1,49 @@
+"""What the server's processes share: a handful of counters in shared memory, no locks on hot paths.
+
+Made by `appliance serve` in the main process before LitServe starts its processes, and handed to them
+inside the LitAPI and the spec (multiprocessing values travel only that way, by inheritance):
+  - the engine loop (inference worker) writes `phase` and `running`;
+  - the HTTP process writes `inflight` and reads the rest (/health, /ready, 429 decisions);
+  - the main process writes `draining` on SIGTERM and waits for `inflight` to reach 0.
+"""
+import multiprocessing as mp
+
+STARTING, READY, DEAD = 0, 1, 2
+
+
+class SharedState:
+    def __init__(self, ctx=None):
+        ctx = ctx or mp.get_context("spawn")
+        self._phase = ctx.Value("i", STARTING, lock=False)
+        self._running = ctx.Value("i", 0, lock=False)     # requests the engine is working on
+        self._inflight = ctx.Value("i", 0, lock=False)    # requests the HTTP process accepted, not yet answered
+        self._draining = ctx.Value("b", False, lock=False)
+
+    # Single writers per field (see the docstring), so plain reads and writes of aligned ints suffice.
+    @property
+    def phase(self) -> int:
+        return self._phase.value
+
+    def set_phase(self, phase: int) -> None:
+        self._phase.value = phase
+
+    @property
+    def running(self) -> int:
+        return self._running.value
+
+    def set_running(self, count: int) -> None:
+        self._running.value = count
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight.value
+
+    def set_inflight(self, count: int) -> None:
+        self._inflight.value = count
+
+    @property
+    def draining(self) -> bool:
+        return bool(self._draining.value)
+
+    def start_draining(self) -> None:
+        self._draining.value = True

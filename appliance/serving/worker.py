@@ -1,0 +1,126 @@
+"""The engine loop's side of the server: requests in, engine steps, events out.
+
+A `Worker` owns the engine (through the pipeline's `engine` stage), the online stages around it and a
+thread pool that prepares requests (fetch, decode, template, tile) so that no engine step waits for
+one. Everything that touches the engine runs on the loop's thread; pool threads talk to it only through
+`post` (the inbox), and the loop answers clients only through `emit` (events, sent once per turn).
+"""
+import logging
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, List, Optional, Tuple
+
+from appliance.errors import ConfigError, InputError, UserError
+from appliance.serving.messages import Abort, Failed
+from appliance.serving.metrics import EngineMetrics
+from appliance.serving.split import OnlinePipeline
+from appliance.serving.state import SharedState
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, cfg, online: OnlinePipeline, metrics: EngineMetrics, shared: SharedState):
+        self.cfg = cfg
+        self.online = online
+        self.metrics = metrics
+        self.shared = shared
+        self.inbox: "queue.SimpleQueue[Tuple[str, str, float, Any]]" = queue.SimpleQueue()
+        self.pool = ThreadPoolExecutor(cfg.server.preprocess_workers, thread_name_prefix="prepare")
+        self.events: List[Tuple[str, Any]] = []
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def post(self, kind: str, uid: str, payload: Any = None, arrival: float = 0.0) -> None:
+        """Thread-safe: hand the loop something to do on its thread."""
+        self.inbox.put((kind, uid, arrival, payload))
+
+    def emit(self, uid: str, event: Any) -> None:
+        self.events.append((uid, event))
+
+    def take_events(self) -> List[Tuple[str, Any]]:
+        events, self.events = self.events, []
+        return events
+
+    def drain_inbox(self, timeout: float) -> None:
+        """Handle everything posted; wait up to `timeout` for the first item when there is none."""
+        try:
+            item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            try:
+                self.handle(*item)
+            except Exception as e:  # noqa: BLE001 - a bug with one request must not stop the engine
+                self.emit(item[1], self.failure(e, f"handling a {item[0]} message"))
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def handle(self, kind: str, uid: str, arrival: float, payload: Any) -> None:
+        if kind == "request":
+            if isinstance(payload, Abort):
+                self.abort(uid)
+            else:
+                self.admit(uid, arrival, payload)
+        elif kind == "failed":
+            self.fail(uid, payload)
+        else:
+            getattr(self, f"on_{kind}")(uid, payload)
+
+    def fail(self, uid: str, failure: Failed) -> None:
+        if self.forget(uid):
+            self.emit(uid, failure)
+
+    def failure(self, error: BaseException, where: str) -> Failed:
+        """The event for an exception raised while preparing or running a request."""
+        if isinstance(error, InputError):
+            return Failed(error.status, str(error), error.param or field_of(str(error)))
+        if isinstance(error, ConfigError):  # the server's config cannot serve this request
+            return Failed(500, f"server configuration: {error}")
+        if isinstance(error, UserError):
+            return Failed(400, str(error), field_of(str(error)))
+        log.exception("request failed while %s", where)
+        return Failed(500, f"internal error while {where} ({type(error).__name__}); see the server log")
+
+    # ---- what a worker kind defines -------------------------------------------------------------
+    def start(self) -> None:
+        """Load, warm up; the server reports ready after this returns."""
+
+    def admit(self, uid: str, arrival: float, job: Any) -> None:
+        raise NotImplementedError
+
+    def abort(self, uid: str) -> None:
+        raise NotImplementedError
+
+    def forget(self, uid: str) -> bool:
+        """Drop the request's state; False when it was already gone (aborted or answered)."""
+        raise NotImplementedError
+
+    def busy(self) -> bool:
+        """The engine has work: the loop must not sleep."""
+        return False
+
+    def step(self) -> None:
+        """One engine step, if there is work."""
+
+    def fail_all(self, failure: Failed) -> None:
+        """The engine cannot go on: answer everything in flight."""
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for stage in reversed(self.online.stages()):
+            stage.close()
+
+
+def field_of(message: str) -> Optional[str]:
+    """`messages[0].content[1].image_url: ...` -> the field path that starts a message, if it does."""
+    head = message.split(": ", 1)[0]
+    if head and all(c.isalnum() or c in "._[]" for c in head) and head[0].isalpha():
+        return head
+    return None
+
+
+def elapsed(since: float) -> float:
+    return max(0.0, time.monotonic() - since)

@@ -1,0 +1,181 @@
+"""`appliance serve pipeline=llava_chat` through the official `openai` client, as users reach it."""
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.chat.conftest import batch_request, clear_samples, names_only, synthetic_shapes, write_jsonl
+from tests.conftest import run_cli
+from tests.serving.conftest import data_url, error, image_question, png_data_url
+
+
+@pytest.fixture(scope="module")
+def client(llava_server):
+    return openai.OpenAI(base_url=f"{llava_server.base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_list_names_the_served_model(client):
+    assert [m.id for m in client.models.list()] == ["llava-tiny"]
+
+
+def test_chat_streaming_and_not_give_the_same_greedy_answer(client):
+    messages = image_question(data_url())
+    whole = client.chat.completions.create(model="llava-tiny", messages=messages, max_tokens=16, temperature=0)
+    choice = whole.choices[0]
+    assert "orange" in choice.message.content.lower() and choice.finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model="llava-tiny", messages=messages, max_tokens=16,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert all(c.usage is None for c in chunks[:-1])
+    # 64 image placeholder tokens and the chat-templated text are all prompt tokens.
+    assert whole.usage.prompt_tokens > 64
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+
+def test_usage_and_finish_reason_are_exact(client):
+    short = client.chat.completions.create(model="llava-tiny", messages=image_question(data_url()), max_tokens=2,
+                                           temperature=0, logprobs=True)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
+    assert len(short.choices[0].logprobs.content) == 2
+    full = client.chat.completions.create(model="llava-tiny", messages=image_question(data_url()), max_tokens=40,
+                                          temperature=0, logprobs=True)
+    # EOS ends the answer and counts as a completion token (one logprob per token generated).
+    assert full.choices[0].finish_reason == "stop"
+    assert full.usage.completion_tokens == len(full.choices[0].logprobs.content)
+    assert full.usage.prompt_tokens == short.usage.prompt_tokens
+
+
+def test_logprobs_rank_the_greedy_token_first(client):
+    out = client.chat.completions.create(model="llava-tiny", messages=image_question(data_url()), max_tokens=6,
+                                         temperature=0, logprobs=True, top_logprobs=3)
+    entries = out.choices[0].logprobs.content
+    assert "".join(e.token for e in entries).strip() in out.choices[0].message.content + "</s>"
+    for entry in entries:
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == entry.logprob
+        assert entry.bytes == list(entry.token.encode())
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+
+
+def test_completions_text_and_token_ids_streaming_and_not(client):
+    whole = client.completions.create(model="llava-tiny", prompt="The shape is", max_tokens=5, temperature=0,
+                                      logprobs=2)
+    text = whole.choices[0].text
+    assert whole.usage.completion_tokens == len(whole.choices[0].logprobs.tokens)
+    assert "".join(whole.choices[0].logprobs.tokens) in (text, text + "</s>")
+    streamed = client.completions.create(model="llava-tiny", prompt="The shape is", max_tokens=5, temperature=0,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == text
+    ids = httpx.post(f"{client.base_url}completions", json={"prompt": [1, 20, 30, 40], "max_tokens": 3}, timeout=60)
+    assert ids.status_code == 200 and ids.json()["usage"]["prompt_tokens"] == 4
+    outside = httpx.post(f"{client.base_url}completions", json={"prompt": [1, 100000]}, timeout=60)
+    assert outside.status_code == 400 and "token id 100000" in error(outside)["message"]
+
+
+def test_sampling_fields_seed_stop_and_extensions(client):
+    messages = image_question(data_url())
+    seeded = [client.chat.completions.create(model="llava-tiny", messages=messages, max_tokens=8, temperature=1.0,
+                                             seed=7).choices[0].message.content for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    greedy = client.chat.completions.create(model="llava-tiny", messages=messages, max_tokens=16, temperature=0)
+    word = greedy.choices[0].message.content.split()[1]
+    stopped = client.chat.completions.create(model="llava-tiny", messages=messages, max_tokens=16, temperature=0,
+                                             stop=[word])
+    assert stopped.choices[0].finish_reason == "stop" and word not in stopped.choices[0].message.content
+    long = client.chat.completions.create(model="llava-tiny", messages=messages, max_tokens=12, temperature=0,
+                                          extra_body={"ignore_eos": True, "min_tokens": 12})
+    assert long.choices[0].finish_reason == "length" and long.usage.completion_tokens == 12
+
+
+def test_the_server_answers_as_the_offline_batch_verb(client, tmp_path):
+    """One implementation of request parsing and response shaping: same greedy text, same usage."""
+    questions = {"a": "What color is the shape?", "b": "What shape is this?"}
+    lines = [batch_request(cid, [{"type": "image_url", "image_url": {"url": data_url()}},
+                                 {"type": "text", "text": q}], max_tokens=12, temperature=0)
+             for cid, q in questions.items()]
+    batch = write_jsonl(tmp_path / "requests.jsonl", lines)
+    result = run_cli("run", "pipeline=llava_chat", f"input={batch}", f"output={tmp_path / 'answers.jsonl'}")
+    assert result.returncode == 0, result.stderr
+    offline = [json.loads(line)["response"]["body"] for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    for line, body in zip(lines, offline):
+        online = client.chat.completions.create(**{**line["body"], "model": "llava-tiny"})
+        assert online.choices[0].message.content == body["choices"][0]["message"]["content"]
+        assert online.usage.model_dump() == body["usage"]
+
+
+def test_sixteen_concurrent_image_questions_are_answered_right(llava_server, client):
+    shapes = synthetic_shapes()
+    candidates = list(clear_samples(shapes, 24, first_seed=3000))
+    alone = {}
+    for image, labels in candidates:  # one at a time first: which the tiny model gets right
+        url = png_data_url(image)
+        answer = client.chat.completions.create(model="llava-tiny", messages=image_question(url), max_tokens=12,
+                                                temperature=0).choices[0].message.content
+        if names_only(answer, labels.color, shapes.COLORS):
+            alone[url] = (answer, labels.color)
+        if len(alone) == 16:
+            break
+    assert len(alone) == 16, "the tiny LLaVA answers fewer than 16 of 24 plain shapes right alone"
+
+    async def ask_all():
+        async with openai.AsyncOpenAI(base_url=f"{llava_server.base}/v1", api_key="x", max_retries=0,
+                                      timeout=300) as aclient:
+            return await asyncio.gather(*[aclient.chat.completions.create(
+                model="llava-tiny", messages=image_question(url), max_tokens=12, temperature=0) for url in alone])
+
+    together = asyncio.run(ask_all())
+    for (url, (answer, colour)), result in zip(alone.items(), together):
+        assert result.choices[0].message.content == answer
+        assert names_only(result.choices[0].message.content, colour, shapes.COLORS)
+
+
+BAD_CHAT = [
+    ("wrong type", {"temperature": "hot"}, "temperature", "expected a number"),
+    ("negative", {"temperature": -1}, "temperature", "temperature must be >= 0"),
+    ("n above one", {"n": 2}, "n", "only n=1"),
+    ("unknown field", {"tools": []}, "tools", "unknown or unsupported field"),
+    ("top_logprobs without logprobs", {"top_logprobs": 2}, "top_logprobs", "logprobs: true"),
+    ("stream_options without stream", {"stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
+    ("max_tokens past the context", {"max_tokens": 5000}, "max_tokens", "max_tokens is 5000"),
+    ("bad role", {"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "allowed: system"),
+    ("empty messages", {"messages": []}, "messages", "non-empty"),
+    ("two images", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, {"type": "text", "text": "?"}]}]},
+     "messages", "2 images in one request"),
+    ("broken data URL", {"messages": image_question("data:image/png;base64,AAAA")},
+     "messages[0].content[0].image_url", "image"),
+    ("server path without a media dir", {"messages": image_question("/etc/passwd")},
+     "messages[0].content[0].image_url", "allowed"),
+]
+
+
+@pytest.mark.parametrize("label,fields,param,fragment", BAD_CHAT, ids=[b[0] for b in BAD_CHAT])
+def test_bad_chat_requests_get_400_naming_the_field(llava_server, label, fields, param, fragment):
+    body = {"model": "llava-tiny", "messages": image_question(data_url()), "max_tokens": 4, **fields}
+    response = httpx.post(f"{llava_server.base}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    err = error(response)
+    assert err["param"] == param and fragment in err["message"], err
+    assert err["type"] == "BadRequestError"
+
+
+def test_unknown_model_is_404_and_bad_json_400(llava_server, client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.body["param"] == "model" and "llava-tiny" in info.value.body["message"]
+    bad = httpx.post(f"{llava_server.base}/v1/chat/completions", content=b'{"messages": [', timeout=10)
+    assert bad.status_code == 400 and "not valid JSON" in error(bad)["message"]
+    nan = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=10,
+                     content=b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}')
+    assert nan.status_code == 400 and "NaN" in error(nan)["message"]
+    route = httpx.get(f"{llava_server.base}/v1/nothing", timeout=10)
+    assert route.status_code == 404 and error(route)["message"] == "/v1/nothing: no such route"
+    assert httpx.get(f"{llava_server.base}/health", timeout=10).json() == {"status": "ok"}
