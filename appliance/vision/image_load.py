@@ -1,9 +1,10 @@
 """Load a user's image (bytes, http(s) URL, data: URL or an allowed local file) as an upright RGB image.
 
 Every problem the user can cause becomes `InputError("<field>: what is wrong; what is allowed")`:
-bad base64, a non-image mime type, a fetch that fails or times out, a path outside the allowed
-directory, too many bytes, too many pixels (checked from the header, before decoding), a file that is
-not an image or is truncated. Nothing here raises a bare OSError at the caller.
+bad base64, a non-image mime type, a fetch that fails or is refused (appliance.fetch: private
+addresses, timeouts, redirects), a path outside the allowed directory, too many bytes, too many pixels
+(checked from the header, before decoding), a file that is not an image or is truncated. Nothing here
+raises a bare OSError at the caller.
 
 `content_hash` keys the encoder cache and the prefix cache: it hashes the decoded RGB pixels and the
 size, so the same picture sent as a URL, a data URL or raw bytes gets the same key, and two pictures
@@ -26,7 +27,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from appliance.errors import InputError
-from appliance.vision.fetch import DEFAULT_TIMEOUT_S, Fetcher, fetch_url
+from appliance.fetch import FetchPolicy, Fetcher, fetch_bytes
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000  # e.g. 8000 x 5000; a 336px model gains nothing from more
@@ -50,12 +51,15 @@ def load_image(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     allowed_dir: Optional[Union[str, os.PathLike]] = None,
+    fetch_policy: Optional[FetchPolicy] = None,
     fetcher: Optional[Fetcher] = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> LoadedImage:
-    """Read `source` (raw bytes, `http(s)://`, `data:image/...;base64,`, or a path under `allowed_dir`)."""
+    """Read `source` (raw bytes, `http(s)://`, `data:image/...;base64,`, or a path under `allowed_dir`).
+
+    URLs go through `fetcher(url, policy, field)` (default: the safe `appliance.fetch.fetch_bytes`)
+    under `fetch_policy` (default: no allowed domains, default timeouts, `max_bytes`)."""
     data = read_source(source, field=field, max_bytes=max_bytes, allowed_dir=allowed_dir,
-                       fetcher=fetcher, timeout_s=timeout_s)
+                       fetch_policy=fetch_policy, fetcher=fetcher)
     image = decode_image(data, field=field, max_image_pixels=max_image_pixels)
     return LoadedImage(image=image, content_hash=content_hash(image))
 
@@ -66,8 +70,8 @@ def is_remote_image(source) -> bool:
 
 
 def read_source(source, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BYTES,
-                allowed_dir=None, fetcher: Optional[Fetcher] = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> bytes:
+                allowed_dir=None, fetch_policy: Optional[FetchPolicy] = None,
+                fetcher: Optional[Fetcher] = None) -> bytes:
     """The encoded bytes behind `source`, at most `max_bytes` of them."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
@@ -82,7 +86,7 @@ def read_source(source, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BY
     if lowered.startswith("data:"):
         return decode_data_url(source, field=field, max_bytes=max_bytes)
     if lowered.startswith(("http://", "https://")):
-        data = fetch_url(source, field=field, max_bytes=max_bytes, fetcher=fetcher, timeout_s=timeout_s)
+        data = fetch_remote(source, fetch_policy or FetchPolicy(max_bytes=max_bytes), field, fetcher)
         _check_byte_count(len(data), field, max_bytes)
         return data
     if lowered.startswith("file://"):
@@ -93,6 +97,25 @@ def read_source(source, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BY
         raise InputError(f"{field}: unsupported URL scheme {scheme!r}; "
                          "allowed: http://, https://, data:image/...;base64, or a local path")
     return read_local(source, field=field, max_bytes=max_bytes, allowed_dir=allowed_dir)
+
+
+def fetch_remote(url: str, policy: FetchPolicy, field: str, fetcher: Optional[Fetcher] = None) -> bytes:
+    """`fetcher` (default: the safe fetcher) on `url`; whatever an injected fetcher raises is an InputError.
+    The default raises only InputError for the URL's faults, so anything else from it is a bug and stays one."""
+    if fetcher is None:
+        return fetch_bytes(url, policy, field)
+    try:
+        data = fetcher(url, policy, field)
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a fetch failure is the user's URL, never a server error
+        host = urllib.parse.urlsplit(url).hostname or "the URL"  # never the query string or userinfo
+        raise InputError(f"{field}: could not fetch the image from {host} ({type(e).__name__}); "
+                         "the URL must be reachable over http(s) from the server") from None
+    if not isinstance(data, (bytes, bytearray)):
+        raise InputError(f"{field}: fetching the image from {urllib.parse.urlsplit(url).hostname} "
+                         "returned no bytes")
+    return bytes(data)
 
 
 def _check_byte_count(n: int, field: str, max_bytes: int) -> None:

@@ -4,7 +4,6 @@ import http.server
 import os
 import struct
 import threading
-import urllib.error
 import zlib
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 from PIL import Image
 
 from appliance.errors import InputError
-from appliance.vision.fetch import urllib_fetch
+from appliance.fetch import FetchPolicy
 from appliance.vision.image_load import (content_hash, decode_data_url, decode_image, load_image, read_source,
                                          to_rgb)
 
@@ -26,8 +25,8 @@ def data_url(data, mime="image/png"):
 def fake_fetcher(body=None, error=None):
     calls = []
 
-    def fetch(url, timeout_s, max_bytes):
-        calls.append((url, timeout_s, max_bytes))
+    def fetch(url, policy, field):
+        calls.append((url, policy, field))
         if error is not None:
             raise error
         return body
@@ -45,17 +44,20 @@ def png():
 def test_same_picture_same_hash_from_every_source(png, tmp_path):
     (tmp_path / "a.png").write_bytes(png)
     fetch = fake_fetcher(png)
+    policy = FetchPolicy(max_bytes=1 << 20, total_timeout_s=3)
     loaded = [
         load_image(png),
         load_image(data_url(png)),
-        load_image("https://example.test/a.png", fetcher=fetch, timeout_s=3),
+        load_image("https://example.test/a.png", fetcher=fetch, fetch_policy=policy),
         load_image("a.png", allowed_dir=tmp_path),
         load_image(str(tmp_path / "a.png"), allowed_dir=tmp_path),
         load_image(f"file://{tmp_path}/a.png", allowed_dir=tmp_path),
     ]
     assert {im.content_hash for im in loaded} == {loaded[0].content_hash}
     assert loaded[0].size == (40, 30) and loaded[0].image.mode == "RGB"
-    assert fetch.calls == [("https://example.test/a.png", 3, 20 * 1024 * 1024)]
+    assert fetch.calls == [("https://example.test/a.png", policy, "image")]
+    load_image("https://example.test/a.png", fetcher=fetch, max_bytes=12345)  # no policy: the default one
+    assert fetch.calls[-1][1] == FetchPolicy(max_bytes=12345)
 
 
 def test_hash_changes_with_one_pixel_and_with_shape():
@@ -114,15 +116,15 @@ def test_data_url_over_the_byte_limit_is_refused_before_decoding():
 # --- http(s) ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("error,fragment", [
-    (TimeoutError("read timed out"), "timed out after 2 s"),
-    (urllib.error.URLError(TimeoutError("timed out")), "timed out after 2 s"),
-    (urllib.error.HTTPError("https://h.test/x", 404, "Not Found", {}, None), "HTTP 404"),
-    (urllib.error.URLError("Name or service not known"), "could not fetch the image from h.test"),
-    (ConnectionResetError("reset by peer"), "could not fetch"),
+    (TimeoutError("read timed out"), r"could not fetch the image from h\.test \(TimeoutError\)"),
+    (ConnectionResetError("reset by peer"), r"could not fetch the image from h\.test \(ConnectionResetError\)"),
+    (ValueError("https://h.test/x.png?token=SECRET"), r"\(ValueError\); the URL must be reachable"),
+    (InputError("image: h.test answered HTTP 404; ..."), "^image: h.test answered HTTP 404"),  # passed through
 ])
-def test_fetch_failures_become_input_errors(error, fragment):
-    with pytest.raises(InputError, match=fragment):
-        load_image("https://h.test/x.png", fetcher=fake_fetcher(error=error), timeout_s=2)
+def test_an_injected_fetchers_failures_become_input_errors(error, fragment):
+    with pytest.raises(InputError, match=fragment) as e:
+        load_image("https://user:pw@h.test/x.png?token=SECRET", fetcher=fake_fetcher(error=error))
+    assert "SECRET" not in str(e.value) and "pw" not in str(e.value)
 
 
 def test_fetched_body_over_the_limit_and_non_image(png):
@@ -159,7 +161,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def loopback_server(png):
-    """A server on 127.0.0.1 (random port) for the default urllib fetcher; no outside network."""
+    """A server on 127.0.0.1 (random port) for the default fetcher; no outside network."""
     _Handler.body = png
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -169,16 +171,20 @@ def loopback_server(png):
     server.server_close()
 
 
-def test_default_urllib_fetcher(loopback_server, png):
-    assert urllib_fetch(loopback_server + "/a.png", 5, 1 << 20) == png
-    assert load_image(loopback_server + "/a.png").size == (40, 30)
+def test_the_default_fetcher_is_the_safe_one(loopback_server, png):
+    """Real fetches (the rule itself is tested in tests/fetch): loopback is refused unless allowed."""
+    with pytest.raises(InputError, match=r"^image: host 127\.0\.0\.1:\d+ resolves to 127\.0\.0\.1, a loopback"):
+        load_image(loopback_server + "/a.png")
+    allowed = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 20)
+    assert load_image(loopback_server + "/a.png", fetch_policy=allowed).size == (40, 30)
     with pytest.raises(InputError, match="limit is 100 bytes"):
-        load_image(loopback_server + "/a.png", max_bytes=100)
-    with pytest.raises(InputError, match="timed out"):
-        load_image(loopback_server + "/slow", timeout_s=0.3)
-    for path in ("/redirect-file", "/redirect-ftp"):
-        with pytest.raises(InputError, match="redirected to a non-http"):
-            load_image(loopback_server + path)
+        load_image(loopback_server + "/a.png", fetch_policy=allowed, max_bytes=100)
+    with pytest.raises(InputError, match="took longer than 0.3 s"):
+        load_image(loopback_server + "/slow", fetch_policy=FetchPolicy(
+            allowed_domains=("127.0.0.1",), max_bytes=1 << 20, total_timeout_s=0.3))
+    for path, scheme in (("/redirect-file", "file:"), ("/redirect-ftp", "ftp:")):
+        with pytest.raises(InputError, match=f"led to a {scheme} URL; only http:// and https://"):
+            load_image(loopback_server + path, fetch_policy=allowed)
 
 
 # --- local files -----------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 `vision_language` facts, `preprocessor_config.json`, and for LLaVA-NeXT the anyres grid. `prepare` is
 safe to run in a thread pool (no shared mutable state):
   - pixel_values, LLaVA-1.5: load (server limits), CLIP preprocess -> [3, S, S]; `image_feature_size` tokens;
+    http(s) URLs are fetched under `FetchPolicy.from_server_config`, the same rule in the server and the CLI;
   - pixel_values, LLaVA-NeXT: load, anyres -> [1 + tiles, 3, S, S]; `llava_next_feature_count` tokens;
   - image_features (LLaVA-1.5 only): a `.safetensors` (one tensor) or `.pt` file inside the allowed media
     directory holding the vision tower's output `image_input_shape` = [tokens, hidden]; no pixels here.
@@ -19,6 +20,7 @@ import torch
 from appliance.config.schema import ImageInputType
 from appliance.engine.multimodal import ImageItem
 from appliance.errors import ConfigError, InputError
+from appliance.fetch import FetchPolicy
 from appliance.vision.anyres import AnyresConfig, anyres_preprocess, llava_next_feature_count
 from appliance.vision.clip_preprocess import ClipPreprocessConfig, clip_preprocess, load_preprocess_config
 from appliance.vision.image_load import load_image, read_local
@@ -34,6 +36,7 @@ class ImageSide:
     anyres: Optional[AnyresConfig]              # LLaVA-NeXT only
     max_bytes: int
     max_image_pixels: int
+    fetch_policy: FetchPolicy  # the same rule for the server and the offline CLI
 
     @classmethod
     def from_config(cls, cfg: Any) -> "ImageSide":
@@ -52,14 +55,15 @@ class ImageSide:
             raise ConfigError(f"model.path: preprocessor_config.json makes {list(preprocess.output_hw)} images, "
                               f"the vision tower takes {list(vl.image_input_shape[1:])}")
         limits = cfg.server.limits
-        return cls(vl, preprocess, anyres, int(limits.max_request_bytes), int(limits.max_image_pixels))
+        return cls(vl, preprocess, anyres, int(limits.max_request_bytes), int(limits.max_image_pixels),
+                   FetchPolicy.from_server_config(cfg.server))
 
     def prepare(self, url: str, field: str, media_dir: Optional[str]) -> ImageItem:
         """Load and preprocess one image; `offset` is left 0 for the caller to set."""
         if self.preprocess is None:
             return self._features(url, field, media_dir)
         loaded = load_image(url, field=field, max_bytes=self.max_bytes, max_image_pixels=self.max_image_pixels,
-                            allowed_dir=media_dir)
+                            allowed_dir=media_dir, fetch_policy=self.fetch_policy)
         size = (loaded.image.height, loaded.image.width)
         if self.anyres is not None:
             pixels = anyres_preprocess(loaded.image, self.preprocess).pixel_values

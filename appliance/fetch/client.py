@@ -1,0 +1,261 @@
+"""`fetch_bytes` and `fetch_to_file`: one GET that follows redirects by hand, re-checking every hop.
+
+Each hop: the scheme must be http or https; the host is resolved once and every address it resolves
+to must be public (see addresses.py) unless the host is in `policy.allowed_domains`; the connection
+goes to those vetted addresses. Timeouts: connect and each read on the socket, each also cut short
+by the total deadline, which is checked between reads too. The byte cap is checked from
+Content-Length before reading and while streaming (reading stops at max_bytes + 1).
+
+Every failure is an InputError "<field>: <host> ...: what was wrong; what is allowed". Messages
+name the host (and port), never the URL's path, query string or userinfo.
+"""
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import ssl
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass
+from typing import BinaryIO, Callable, NoReturn, Optional, Union
+
+from appliance.errors import InputError
+from appliance.fetch.addresses import first_refused, resolve
+from appliance.fetch.connection import PinnedHTTPConnection, PinnedHTTPSConnection
+from appliance.fetch.policy import FetchPolicy
+
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+CHUNK_BYTES = 1 << 16
+HEADERS = {"User-Agent": "appliance-fetch", "Accept-Encoding": "identity", "Connection": "close"}
+
+# fetch_bytes's shape; image loading takes one of these so tests can stand in for the network.
+Fetcher = Callable[[str, FetchPolicy, str], bytes]
+
+
+def fetch_bytes(url: str, policy: FetchPolicy, field: str, *,
+                ssl_context: Optional[ssl.SSLContext] = None) -> bytes:
+    """The body of `url` (at most policy.max_bytes of it), or an InputError naming `field`."""
+    chunks: list[bytes] = []
+    _Transfer(url, policy, field, ssl_context).run(chunks.append)
+    return b"".join(chunks)
+
+
+def fetch_to_file(url: str, path: Union[str, os.PathLike, BinaryIO], policy: FetchPolicy, field: str, *,
+                  ssl_context: Optional[ssl.SSLContext] = None) -> int:
+    """Stream `url` into `path` and return the bytes written. On failure nothing is left behind.
+
+    A path is written through a temporary file beside it and renamed into place, so a failure leaves
+    whatever was at `path` before (usually nothing). An open binary file is truncated back to where it
+    stood. Errors writing locally (disk full, no such directory) stay OSError: they are not the URL's.
+    """
+    transfer = _Transfer(url, policy, field, ssl_context)
+    if hasattr(path, "write"):
+        start = path.tell()
+        try:
+            return transfer.run(path.write)
+        except BaseException:
+            path.seek(start)
+            path.truncate()
+            raise
+    target = os.fspath(path)
+    directory, name = os.path.split(os.path.abspath(target))
+    temporary = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.part")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode 0o666 minus the umask
+    try:
+        with os.fdopen(fd, "wb") as f:
+            written = transfer.run(f.write)
+        os.replace(temporary, target)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise
+    return written
+
+
+@dataclass(frozen=True)
+class _Hop:
+    """One request of the chain: where it goes and how messages name it."""
+    scheme: str
+    host: str
+    port: int
+    path: str   # path and query, sent on the request line only
+    where: str  # "media.example.com" or "10.1.2.3:8080 (redirected from media.example.com)"
+
+
+class _Transfer:
+    """One fetch: the policy, the field for messages, and the deadline shared by every hop."""
+
+    def __init__(self, url: str, policy: FetchPolicy, field: str, ssl_context: Optional[ssl.SSLContext]):
+        self.url, self.policy, self.field, self.ssl_context = url, policy, field, ssl_context
+        self.deadline = time.monotonic() + policy.total_timeout_s
+
+    def run(self, write: Callable[[bytes], object]) -> int:
+        url, origin = self.url, None
+        for _ in range(self.policy.max_redirects + 1):
+            hop = self._hop(url, origin)
+            connection = self._connect(hop)
+            sock, response = connection.sock, None  # http.client drops .sock once a closing response starts
+            try:
+                response = self._get(connection, sock, hop)
+                if response.status not in REDIRECT_STATUSES:
+                    return self._stream(sock, response, hop, write)
+                url, origin = self._redirect_target(response, url, hop), origin or hop.where
+            finally:  # all three, so the socket really closes now and the server sees us stop reading
+                if response is not None:
+                    response.close()
+                connection.close()
+                sock.close()
+        self._fail(f"{origin} redirected more than {self.policy.max_redirects} times; "
+                   f"at most {self.policy.max_redirects} redirects are followed")
+
+    # --- one hop -----------------------------------------------------------------------------
+
+    def _hop(self, url: str, origin: Optional[str]) -> _Hop:
+        redirected = f" (redirected from {origin})" if origin else ""
+        try:
+            parts = urllib.parse.urlsplit(url)
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            self._fail(f"not a valid URL{redirected}; give an http:// or https:// URL with a host name and "
+                       "an optional numeric port")
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https"):
+            shown = f"{scheme}:" if scheme else "scheme-less"
+            where = f"a redirect from {origin} led to a {shown} URL" if origin else \
+                f"unsupported URL scheme {scheme or 'missing'!r}" + (f" (host {host})" if host else "")
+            self._fail(f"{where}; only http:// and https:// URLs are fetched")
+        if not host:
+            self._fail(f"URL has no host{redirected}; give an http:// or https:// URL with a host name")
+        if not host.isascii():
+            try:
+                host = host.encode("idna").decode("ascii")  # the Host header and DNS take the ASCII form
+            except UnicodeError:
+                self._fail(f"host {host!r}{redirected} is not a valid host name")
+        default_port = 443 if scheme == "https" else 80
+        port = port or default_port
+        shown_host = f"[{host}]" if ":" in host else host
+        label = shown_host if port == default_port else f"{shown_host}:{port}"
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        return _Hop(scheme, host, port, path, label + redirected)
+
+    def _connect(self, hop: _Hop) -> http.client.HTTPConnection:
+        self._check_deadline(hop)
+        try:
+            addresses = resolve(hop.host, hop.port)
+        except (socket.gaierror, ValueError) as e:  # ValueError: UnicodeError, NUL in the name
+            reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            self._fail(f"could not resolve host {hop.where} ({reason}); the host needs a DNS name the server "
+                       "can resolve")
+        if not self.policy.allows(hop.host):
+            refused = first_refused(addresses)
+            if refused is not None:
+                ip, reason = refused
+                self._fail(f"host {hop.where} resolves to {ip}, {reason}; only public addresses are fetched "
+                           "(an operator can allow this host with server.allowed_media_domains)")
+        timeout = self.policy.connect_timeout_s
+        if hop.scheme == "https":
+            connection = PinnedHTTPSConnection(hop.host, hop.port, addresses, timeout, self.deadline,
+                                               self.ssl_context)
+        else:
+            connection = PinnedHTTPConnection(hop.host, hop.port, addresses, timeout, self.deadline)
+        try:
+            connection.connect()
+        except TimeoutError:
+            connection.close()
+            self._timed_out(hop, "connecting to", self.policy.connect_timeout_s)
+        except ssl.SSLCertVerificationError as e:
+            connection.close()
+            self._fail(f"TLS certificate check failed for {hop.where} ({e.verify_message or e.reason}); "
+                       "the host needs a valid certificate for its name")
+        except OSError as e:
+            connection.close()
+            self._fail(f"could not connect to {hop.where} ({e.strerror or e.__class__.__name__}); the host must "
+                       "accept http(s) connections from the server")
+        return connection
+
+    def _get(self, connection: http.client.HTTPConnection, sock: socket.socket,
+             hop: _Hop) -> http.client.HTTPResponse:
+        try:
+            self._set_read_timeout(sock, hop)
+            connection.request("GET", hop.path, headers=HEADERS)
+            return connection.getresponse()
+        except (http.client.InvalidURL, UnicodeError):
+            self._fail(f"the URL for {hop.where} holds characters that cannot be sent (spaces, control or "
+                       "non-ASCII characters); percent-encode them")
+        except TimeoutError:
+            self._timed_out(hop, "waiting for the response from", self.policy.read_timeout_s)
+        except (http.client.HTTPException, OSError) as e:
+            self._fail(f"{hop.where} did not send a valid HTTP response ({type(e).__name__}); the URL must "
+                       "answer an HTTP GET")
+
+    def _redirect_target(self, response: http.client.HTTPResponse, url: str, hop: _Hop) -> str:
+        location = response.getheader("Location")
+        if not location:
+            self._fail(f"{hop.where} answered HTTP {response.status} without a Location; "
+                       "the URL must answer 200 with the file")
+        return urllib.parse.urljoin(url, location.strip())
+
+    def _stream(self, sock: socket.socket, response: http.client.HTTPResponse, hop: _Hop,
+                write: Callable[[bytes], object]) -> int:
+        limit = self.policy.max_bytes
+        if response.status != 200:
+            self._fail(f"{hop.where} answered HTTP {response.status}; the URL must answer 200 with the file")
+        declared = response.length  # from Content-Length; None when chunked or absent
+        if declared is not None and declared > limit:
+            self._fail(f"{hop.where} sends {declared} bytes; the limit is {limit} bytes")
+        total = 0
+        while True:
+            chunk = self._read(sock, response, hop, min(CHUNK_BYTES, limit + 1 - total), total)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                self._fail(f"{hop.where} sent more than {limit} bytes; the limit is {limit} bytes")
+            write(chunk)  # a local write error stays an OSError: it is not the URL's fault
+        if declared is not None and total != declared:
+            self._fail(f"{hop.where} closed the connection after {total} of {declared} bytes; "
+                       "the host must send the whole file")
+        return total
+
+    def _read(self, sock: socket.socket, response: http.client.HTTPResponse, hop: _Hop, size: int,
+              so_far: int) -> bytes:
+        """At most `size` bytes from one socket read (read1: a slow drip cannot hold up the deadline check)."""
+        self._set_read_timeout(sock, hop)
+        try:
+            return response.read1(size)
+        except TimeoutError:
+            self._timed_out(hop, "reading the body from", self.policy.read_timeout_s)
+        except (http.client.HTTPException, OSError) as e:
+            self._fail(f"{hop.where} broke off the response after {so_far} bytes ({type(e).__name__}); "
+                       "the host must send the whole file")
+
+    # --- time and errors ---------------------------------------------------------------------
+
+    def _set_read_timeout(self, sock: socket.socket, hop: _Hop) -> None:
+        """Each read waits read_timeout_s at most, and never past the deadline (checked here too)."""
+        sock.settimeout(min(self.policy.read_timeout_s, self._check_deadline(hop)))
+
+    def _check_deadline(self, hop: _Hop) -> float:
+        """Seconds left before the total deadline; an InputError once it has passed."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self._too_slow(hop)
+        return left
+
+    def _timed_out(self, hop: _Hop, doing: str, limit_s: float) -> NoReturn:
+        if self.deadline - time.monotonic() < 0.05:  # the socket waited until the deadline, not limit_s
+            self._too_slow(hop)
+        self._fail(f"{doing} {hop.where} timed out after {limit_s:g} s; the host must answer within "
+                   f"{limit_s:g} s (or send the data inline)")
+
+    def _too_slow(self, hop: _Hop) -> NoReturn:
+        total = self.policy.total_timeout_s
+        self._fail(f"fetching from {hop.where} took longer than {total:g} s; the whole transfer must finish "
+                   f"within {total:g} s (server.limits.fetch_timeout_s)")
+
+    def _fail(self, what: str) -> NoReturn:
+        raise InputError(f"{self.field}: {what}")
