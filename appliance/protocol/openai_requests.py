@@ -22,11 +22,12 @@ SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tok
 FLOAT_FIELDS = ("temperature", "top_p")
 INT_FIELDS = ("max_tokens", "max_completion_tokens", "top_k", "seed", "min_tokens", "top_logprobs")
 # Fields OpenAI clients may send that we accept only at their neutral value.
-NEUTRAL_FIELDS = {"n": (1,), "frequency_penalty": (0,), "presence_penalty": (0,), "echo": (False,),
-                  "best_of": (1,), "logit_bias": (None, {}), "suffix": (None, "")}
-COMMON_FIELDS = ("model", "stream", "stream_options", "user", *SAMPLING_FIELDS, *NEUTRAL_FIELDS)
+NEUTRAL_FIELDS = {"n": (1,), "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": (None, {}),
+                  "echo": (False,), "best_of": (1,), "suffix": (None, "")}
+COMMON_FIELDS = ("model", "stream", "stream_options", "user", *SAMPLING_FIELDS, "n", "frequency_penalty",
+                 "presence_penalty", "logit_bias")
 CHAT_FIELDS = ("messages", "logprobs", "top_logprobs", *COMMON_FIELDS)
-COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
+COMPLETION_FIELDS = ("prompt", "logprobs", "echo", "best_of", "suffix", *COMMON_FIELDS)
 
 
 @dataclass

@@ -97,6 +97,7 @@ class Supervisor:
             workers = getattr(self.server, "inference_workers", None) or []
             if self.shared.phase == DEAD or any(not w.is_alive() for w in workers):
                 log.error("the engine stopped; shutting the server down")
+                self.shared.set_phase(DEAD)  # /health answers 503 until the HTTP process stops
                 self.exit_code = 1
                 self.stop()
                 return

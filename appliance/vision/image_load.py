@@ -159,8 +159,8 @@ def read_local(path: str, *, field: str = "image", max_bytes: int = DEFAULT_MAX_
                allowed_dir=None) -> bytes:
     """Read a file that resolves (symlinks and `..` followed) to a place inside `allowed_dir`."""
     if allowed_dir is None:
-        raise InputError(f"{field}: local paths are disabled on this server; "
-                         "send an http(s) URL or a data:image/...;base64 URL")
+        raise InputError(f"{field}: local paths are disabled on this server; send an http(s) URL or a "
+                         "data:image/...;base64 URL, or start the server with server.allowed_local_media_dir=DIR")
     if "\0" in path:
         raise InputError(f"{field}: path contains a NUL character; give a plain file name")
     root = os.path.realpath(allowed_dir)

@@ -59,3 +59,22 @@ def test_paths_are_refused_unless_the_server_allows_a_directory(frame_conf, tmp_
     assert opened._resolve("input", ["n.txt", None]) == [str(tmp_path.resolve() / "n.txt"), None]
     with pytest.raises(APIError):
         opened._resolve("input", [str(tmp_path / "a.txt"), "/etc/passwd"])
+
+
+def test_a_dead_engine_takes_the_server_down_with_exit_code_1(tmp_path):
+    """The engine loop's process is killed: /health stops answering 200 and `serve` exits 1, so an
+    orchestrator restarts it; no process is left behind."""
+    import os
+    import signal
+    import time
+
+    from tests.server_process import server_process
+
+    with server_process(cwd=tmp_path, conf_dir=FRAME_CONF) as srv:
+        children = [int(pid) for pid in open(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children").read().split()]
+        engine = [pid for pid in children if b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        assert len(engine) == 1, children
+        os.kill(engine[0], signal.SIGKILL)
+        assert srv.proc.wait(timeout=30) == 1
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{srv.base}/health", timeout=2)

@@ -1,8 +1,8 @@
 """Real `appliance serve` processes for the serving tests, started once per session and stopped after.
 
 - `llava_server`: `pipeline=llava_chat` with the embedded tiny LLaVA (no other argument): OpenAI routes.
-- `flood_server`: `pipeline=prithvi_flood` with the embedded demo flood model, an API key, an allowed
-  media directory and an output directory: `/pooling` and `/v1/pool`.
+- `flood_server`: `pipeline=prithvi_flood` with the embedded demo flood model served as `flood`, an API
+  key (from $APPLIANCE_API_KEY), an allowed media directory and an output directory: `/pooling`, `/v1/pool`.
 """
 import base64
 import io
@@ -40,10 +40,10 @@ def flood_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def flood_server(flood_dirs):
-    with server_process("pipeline=prithvi_flood", f"server.api_key={API_KEY}",
+    with server_process("pipeline=prithvi_flood", "server.served_model_name=flood",
                         f"server.allowed_local_media_dir={flood_dirs['media']}",
                         f"server.output_dir={flood_dirs['outputs']}", "server.allowed_media_domains=[127.0.0.1]",
-                        cwd=flood_dirs["cwd"]) as server:
+                        cwd=flood_dirs["cwd"], env={"APPLIANCE_API_KEY": API_KEY}) as server:
         yield server
 
 

@@ -107,7 +107,7 @@ def test_the_server_answers_as_the_offline_batch_verb(client, tmp_path):
     for line, body in zip(lines, offline):
         online = client.chat.completions.create(**{**line["body"], "model": "llava-tiny"})
         assert online.choices[0].message.content == body["choices"][0]["message"]["content"]
-        assert online.usage.model_dump() == body["usage"]
+        assert online.usage.model_dump(exclude_none=True) == body["usage"]
 
 
 def test_sixteen_concurrent_image_questions_are_answered_right(llava_server, client):

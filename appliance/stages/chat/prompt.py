@@ -42,6 +42,12 @@ def context_length(model_path: str, max_model_len: Optional[int]) -> int:
     return min(limit, int(max_model_len)) if max_model_len else limit
 
 
+def at(where: str, field: str) -> str:
+    """How an error names a field of a request: `requests.jsonl line 3 (...): messages[0]...`, or just
+    the field when the request is named by its field already (a server request: `messages`)."""
+    return field if field.startswith(where) else f"{where}: {field}"
+
+
 def check_length(num_tokens: int, images: List[ImageItem], limit: int, where: str) -> None:
     """A prompt must leave room for at least one generated token (the engine refuses prompt >= limit)."""
     if num_tokens < limit:
@@ -112,7 +118,7 @@ class ChatPrompt(Stage):
         parts = self.options.content_format == "parts" or (self.options.content_format == "auto" and self.multimodal)
         messages, urls = template_messages(record["messages"], parts)
         if urls and self.images is None:
-            raise InputError(f"{where}: {urls[0][1]}: model {self.cfg.model.name} takes no images; "
+            raise InputError(f"{at(where, urls[0][1])}: model {self.cfg.model.name} takes no images; "
                              "send text only or choose a vision-language model")
         if self.images is not None and len(urls) > self.images.vl.limit_per_prompt:
             raise InputError(f"{where}: {len(urls)} images in one request; this model allows "
@@ -120,7 +126,7 @@ class ChatPrompt(Stage):
         ids = render_prompt(self.tokenizer, messages)
         if self.images is not None:
             check_image_tokens(ids, self.images.vl.image_token_id, len(urls), where)
-        futures = [self.pool.submit(self.images.prepare, url, f"{where}: {field}", record["media_dir"])
+        futures = [self.pool.submit(self.images.prepare, url, at(where, field), record["media_dir"])
                    for url, field in urls]
         return ids, futures
 

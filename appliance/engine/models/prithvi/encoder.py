@@ -16,7 +16,10 @@ LAYER_NORM_EPS = 1e-5
 
 
 class PatchEmbed(nn.Module):
-    """[B, C, T, H, W] -> [B, T'*H'*W', D] with one Conv3d of kernel = stride = (tubelet, patch, patch)."""
+    """[B, C, T, H, W] -> [B, T'*H'*W', D]: a Conv3d of kernel = stride = (tubelet, patch, patch), as the
+    checkpoints store it, computed as one matmul over the flattened patches. Same result; and oneDNN's
+    bf16 Conv3d on AMX CPUs returns garbage for this shape (error as large as the output), its matmul
+    does not."""
 
     def __init__(self, in_chans: int, embed_dim: int, patch_size: Tuple[int, int, int]):
         super().__init__()
@@ -24,7 +27,12 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
+        b, c, t, h, w = x.shape
+        pt, ph, pw = self.patch_size
+        nt, nh, nw = t // pt, h // ph, w // pw  # a conv with stride = kernel drops any remainder too
+        x = x[:, :, :nt * pt, :nh * ph, :nw * pw].reshape(b, c, nt, pt, nh, ph, nw, pw)
+        patches = x.permute(0, 2, 4, 6, 1, 3, 5, 7).reshape(b, nt * nh * nw, c * pt * ph * pw)
+        return F.linear(patches, self.proj.weight.reshape(self.proj.out_channels, -1), self.proj.bias)
 
 
 class Attention(nn.Module):

@@ -1,0 +1,341 @@
+#!/usr/bin/env python
+"""`appliance serve` under load, beside the offline engine on the same requests, in one run.
+
+    .venv/bin/python benchmarks/serve.py                       # all three parts
+    .venv/bin/python benchmarks/serve.py --parts llama --concurrency 1,4,16,64
+    .venv/bin/python benchmarks/serve.py --quick               # a smoke run
+
+Parts (each starts its own `appliance serve` process on 127.0.0.1, drives it with the official `openai`
+client from this process, stops it, then runs the offline path on the same requests):
+- llama: the engine benchmark's random 58M Llama (benchmarks/engine_throughput.py) over
+  `/v1/completions` with token-id prompts, streaming, forced output lengths (ignore_eos). At each
+  concurrency: TTFT, TPOT = (E2E - TTFT) / (tokens - 1), ITL and E2E (p50, p99), output tokens/s; the
+  offline row is `LLMEngine` with `max_num_seqs` = the concurrency, on the same requests. While the
+  highest concurrency runs, /health and /metrics are polled every 50 ms: their p50 / p95 latency.
+- llava: the embedded tiny LLaVA over `/v1/chat/completions`, one image question per request (a few
+  distinct images, so the encoder and prefix caches see repeats, as a real workload would); offline:
+  `appliance run`'s pipeline on the same requests as a batch file, in this process.
+- pool: the demo flood model over `/pooling` (base64 in and out), scenes/s at concurrency 1 and 4,
+  beside `appliance run`'s pipeline on the same scenes in this process.
+The client shares the host's cores with the server; figures are for one host, quiet otherwise.
+"""
+import argparse
+import asyncio
+import base64
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from engine_throughput import build_model, make_requests  # noqa: E402
+
+SAMPLE_IMAGE = REPO / "appliance" / "assets" / "samples" / "orange_star.png"
+
+
+# ---- the server ----------------------------------------------------------------------------------
+
+class Server:
+    def __init__(self, *overrides, cwd):
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", *overrides,
+                                      f"server.port={self.port}", "server.limits.max_queued_requests=4096"],
+                                     cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def __enter__(self):
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("the server exited during start-up")
+            try:
+                if httpx.get(f"{self.base}/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError("the server did not become ready")
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- measuring ------------------------------------------------------------------------------------
+
+def pct(values, p):
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+async def stream_one(create, timings):
+    """One streaming request; appends (ttft, e2e, tokens, itls)."""
+    start = time.perf_counter()
+    first, last, itls, tokens = None, None, [], 0
+    async for chunk in await create():
+        if getattr(chunk, "usage", None):
+            tokens = chunk.usage.completion_tokens
+        if not chunk.choices:
+            continue
+        piece = chunk.choices[0].text if hasattr(chunk.choices[0], "text") else chunk.choices[0].delta.content
+        if piece:
+            now = time.perf_counter()
+            if first is None:
+                first = now
+            else:
+                itls.append(now - last)
+            last = now
+    timings.append((first - start, last - start, tokens, itls))
+
+
+async def drive(make_calls, concurrency):
+    """All calls, at most `concurrency` in flight; (wall seconds, timings)."""
+    gate = asyncio.Semaphore(concurrency)
+    timings = []
+
+    async def one(create):
+        async with gate:
+            await stream_one(create, timings)
+
+    start = time.perf_counter()
+    await asyncio.gather(*[one(c) for c in make_calls()])
+    return time.perf_counter() - start, timings
+
+
+async def poll(base, path, stop, latencies):
+    async with httpx.AsyncClient(timeout=10) as client:
+        while not stop.is_set():
+            t = time.perf_counter()
+            await client.get(f"{base}{path}")
+            latencies.append(time.perf_counter() - t)
+            await asyncio.sleep(0.05)
+
+
+def row(label, wall, timings):
+    ttft = [t[0] for t in timings]
+    e2e = [t[1] for t in timings]
+    tpot = [(t[1] - t[0]) / (t[2] - 1) for t in timings if t[2] > 1]
+    itl = [x for t in timings for x in t[3]]
+    tokens = sum(t[2] for t in timings)
+    ms = lambda v: f"{v * 1e3:7.1f}"  # noqa: E731
+    return (f"{label:14s} {tokens / wall:9.1f} {ms(pct(ttft, 50))} {ms(pct(ttft, 99))} {ms(pct(tpot, 50))} "
+            f"{ms(pct(tpot, 99))} {ms(pct(itl, 50))} {ms(pct(itl, 99))} {ms(pct(e2e, 50))} {ms(pct(e2e, 99))}")
+
+
+HEADER = (f"{'run':14s} {'out tok/s':>9s} {'TTFT50':>7s} {'TTFT99':>7s} {'TPOT50':>7s} {'TPOT99':>7s} "
+          f"{'ITL50':>7s} {'ITL99':>7s} {'E2E50':>7s} {'E2E99':>7s}   (ms)")
+
+
+# ---- parts ----------------------------------------------------------------------------------------
+
+def llama_part(args, tmp):
+    import openai
+
+    model = Path(tmp) / "llama"
+    build_model(str(model))
+    levels = [int(c) for c in args.concurrency.split(",")]
+    served = {}
+    probes = {}
+    with Server("pipeline=llava_chat", f"model.path={model}", "model.name=bench-llama",
+                "model.architecture=LlamaForCausalLM", "model.vision_language=null", "engine.max_num_seqs=64",
+                "engine.kv_cache_memory_bytes=536870912", "engine.enable_prefix_caching=false",
+                cwd=tmp) as server:
+        for c in levels:
+            requests = make_requests(max(8, args.per_level * c), seed=c)
+
+            async def run(c=c, requests=requests):
+                async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,
+                                              timeout=600) as client:
+                    def calls():
+                        return [lambda p=p, n=n: client.completions.create(
+                            model="bench-llama", prompt=p, max_tokens=n, temperature=0, stream=True,
+                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+                            for p, n in requests]
+
+                    stop, health, metrics = asyncio.Event(), [], []
+                    pollers = [asyncio.create_task(poll(server.base, "/health", stop, health)),
+                               asyncio.create_task(poll(server.base, "/metrics", stop, metrics))] \
+                        if c == max(levels) else []
+                    result = await drive(calls, c)
+                    stop.set()
+                    await asyncio.gather(*pollers)
+                    return result, health, metrics
+
+            (wall, timings), health, metrics = asyncio.run(run())
+            served[c] = (wall, timings, requests)
+            if health:
+                probes = {"/health": health, "/metrics": metrics}
+    print(f"\nllama 58M over /v1/completions (streaming), {args.per_level} x concurrency requests per level")
+    print(HEADER)
+    for c in levels:
+        wall, timings, requests = served[c]
+        offline = offline_engine(model, requests, c)
+        print(row(f"serve c={c}", wall, timings))
+        print(f"{'offline':14s} {offline:9.1f}   served/offline = {sum(t[2] for t in timings) / wall / offline:.2f}")
+    for path, values in probes.items():
+        print(f"{path} while c={max(levels)} runs: p50 {pct(values, 50) * 1e3:.1f} ms, "
+              f"p95 {pct(values, 95) * 1e3:.1f} ms, max {max(values) * 1e3:.1f} ms ({len(values)} probes)")
+
+
+def offline_engine(model, requests, max_seqs) -> float:
+    from appliance.config.schema import EngineConfig
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(str(model), EngineConfig(kv_cache_memory_bytes=512 * 2 ** 20, max_num_seqs=max_seqs,
+                                                enable_prefix_caching=False))
+    engine.generate([requests[0][0][:8]], SamplingParams(temperature=0, max_tokens=2))
+    start = time.perf_counter()
+    outs = engine.generate([p for p, _ in requests],
+                           [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in requests])
+    wall = time.perf_counter() - start
+    engine.close()
+    return sum(len(o.token_ids) for o in outs) / wall
+
+
+def llava_part(args, tmp):
+    import openai
+
+    from tests.chat.conftest import clear_samples, synthetic_shapes  # noqa: E402
+
+    shapes = synthetic_shapes()
+    images = [image for image, _ in clear_samples(shapes, 8, first_seed=5000)]
+    urls = []
+    for i, image in enumerate(images):
+        image.save(Path(tmp) / f"{i}.png")
+        urls.append("data:image/png;base64," + base64.b64encode((Path(tmp) / f"{i}.png").read_bytes()).decode())
+    levels = [c for c in (int(c) for c in args.concurrency.split(",")) if c <= 16]
+    n_requests = max(levels) * 2
+    questions = [(urls[i % len(urls)], ("What color is the shape?", "What shape is this?")[i % 2])
+                 for i in range(n_requests)]
+    messages = [[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}},
+                                              {"type": "text", "text": q}]}] for u, q in questions]
+    served = {}
+    with Server("pipeline=llava_chat", cwd=tmp) as server:
+        for c in levels:
+            async def run(c=c):
+                async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,
+                                              timeout=600) as client:
+                    def calls():
+                        return [lambda m=m: client.chat.completions.create(
+                            model="llava-tiny", messages=m, max_tokens=16, temperature=0, stream=True,
+                            stream_options={"include_usage": True}) for m in messages]
+
+                    return await drive(calls, c)
+
+            served[c] = asyncio.run(run())
+    batch = Path(tmp) / "llava.jsonl"
+    batch.write_text("".join(json.dumps({"custom_id": str(i), "body": {"messages": m, "max_tokens": 16,
+                                                                       "temperature": 0}}) + "\n"
+                             for i, m in enumerate(messages)))
+    offline_wall, offline_tokens = offline_pipeline(["pipeline=llava_chat", f"input={batch}",
+                                                     f"output={Path(tmp) / 'llava_answers.jsonl'}"])
+    print(f"\ntiny LLaVA over /v1/chat/completions (streaming), {n_requests} image questions per level")
+    print(HEADER)
+    for c in levels:
+        print(row(f"serve c={c}", *served[c]))
+    answers = [json.loads(line) for line in (Path(tmp) / "llava_answers.jsonl").read_text().splitlines()]
+    tokens = sum(a["response"]["body"]["usage"]["completion_tokens"] for a in answers)
+    print(f"{'offline run':14s} {tokens / offline_wall:9.1f}   (appliance run on the same batch, model loaded)")
+
+
+def offline_pipeline(overrides):
+    """`appliance run`'s pipeline in this process; (seconds for the records, after set-up)."""
+    from omegaconf import OmegaConf
+
+    from appliance.config.compose import compose
+    from appliance.pipeline import build_pipeline
+
+    cfg = compose(overrides)
+    pipeline = build_pipeline(cfg)
+    pipeline.check()
+    pipeline.setup()
+    record = {f: OmegaConf.to_object(v) if OmegaConf.is_config(v) else v
+              for f, v in ((f, cfg.get(f)) for f in cfg.pipeline.inputs)}
+    start = time.perf_counter()
+    outs = list(pipeline.run([record]))
+    wall = time.perf_counter() - start
+    pipeline.close()
+    return wall, outs
+
+
+def pool_part(args, tmp):
+    import numpy as np
+    import rasterio
+
+    scenes = []
+    for i in range(args.scenes):
+        path = Path(tmp) / f"scene{i}.tif"
+        rng = np.random.default_rng(i)
+        data = (rng.random((6, 1024, 1024)) * 3000).astype("uint16")
+        with rasterio.open(path, "w", driver="GTiff", height=1024, width=1024, count=6, dtype="uint16",
+                           crs="EPSG:32615", transform=rasterio.Affine(30, 0, 0, 0, -30, 0)) as dst:
+            dst.write(data)
+        scenes.append(path)
+    bodies = [{"data": {"data": base64.b64encode(p.read_bytes()).decode(), "data_format": "b64_json",
+                        "out_data_format": "b64_json"}} for p in scenes]
+    results = {}
+    with Server("pipeline=prithvi_flood", "server.limits.max_request_bytes=104857600", cwd=tmp) as server:
+        async def run(c):
+            gate = asyncio.Semaphore(c)
+            async with httpx.AsyncClient(timeout=600) as client:
+                async def one(body):
+                    async with gate:
+                        response = await client.post(f"{server.base}/pooling", json=body)
+                        assert response.status_code == 200, response.text
+
+                start = time.perf_counter()
+                await asyncio.gather(*[one(b) for b in bodies])
+                return time.perf_counter() - start
+
+        for c in (1, 4):
+            results[c] = asyncio.run(run(c))
+    out = Path(tmp) / "masks"
+    wall, _ = offline_pipeline(["pipeline=prithvi_flood", f"input=[{','.join(str(p) for p in scenes)}]",
+                                f"output={out}", "overwrite=true"])
+    print(f"\nflood demo model over /pooling (base64 in and out), {len(scenes)} scenes of 1024x1024x6")
+    print(f"{'run':14s} {'scenes/s':>9s}")
+    for c, seconds in results.items():
+        print(f"{'serve c=' + str(c):14s} {len(scenes) / seconds:9.2f}")
+    print(f"{'appliance run':14s} {len(scenes) / wall:9.2f}   (one run over all scenes, model loaded)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="llama,llava,pool")
+    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--per-level", type=int, default=2, help="requests per level = this x concurrency (min 8)")
+    ap.add_argument("--scenes", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="concurrency 1,4; 4 scenes")
+    args = ap.parse_args()
+    if args.quick:
+        args.concurrency, args.scenes = "1,4", 4
+    print(f"load average before: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in args.parts.split(","):
+            {"llama": llama_part, "llava": llava_part, "pool": pool_part}[part](args, tmp)
+    print(f"\nload average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""`/metrics`, parsed with prometheus-client's parser: the counters equal what was served, though the
+engine and the HTTP routes live in two processes."""
+import httpx
+import openai
+
+from tests.serving.conftest import data_url, image_question, metrics
+
+
+def delta(before, after, name, **labels):
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_counters_equal_what_was_served(llava_server):
+    client = openai.OpenAI(base_url=f"{llava_server.base}/v1", api_key="x", max_retries=0, timeout=120)
+    before = metrics(llava_server.base)
+    answers = [client.chat.completions.create(model="llava-tiny", messages=image_question(data_url()),
+                                              max_tokens=n, temperature=0) for n in (2, 3, 40)]
+    answers.append(client.completions.create(model="llava-tiny", prompt="The shape is", max_tokens=4,
+                                             temperature=0, extra_body={"ignore_eos": True}))
+    httpx.post(f"{llava_server.base}/v1/chat/completions", json={"messages": []}, timeout=30)  # a 400
+    after = metrics(llava_server.base)
+
+    prompt = sum(a.usage.prompt_tokens for a in answers)
+    generated = sum(a.usage.completion_tokens for a in answers)
+    assert delta(before, after, "appliance_prompt_tokens_total") == prompt
+    assert delta(before, after, "appliance_generation_tokens_total") == generated
+    reasons = [a.choices[0].finish_reason for a in answers]
+    for reason in ("stop", "length"):
+        assert delta(before, after, "appliance_request_success_total", finished_reason=reason) == reasons.count(reason)
+    for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
+        assert delta(before, after, f"appliance_{histogram}_count") == 4, histogram
+    assert delta(before, after, "appliance_inter_token_latency_seconds_count") == generated - 4
+    assert delta(before, after, "appliance_http_requests_total", route="/v1/chat/completions", status="200") == 3
+    assert delta(before, after, "appliance_http_requests_total", route="/v1/completions", status="200") == 1
+    assert delta(before, after, "appliance_http_requests_total", route="/v1/chat/completions", status="400") == 1
+    # Three identical image prompts: the encoder cache and the prefix cache were asked and hit.
+    assert delta(before, after, "appliance_encoder_cache_hits_total") >= 2
+    assert delta(before, after, "appliance_prefix_cache_hits_total") > 0
+    assert after[("appliance_num_requests_running", ())] == 0
+    assert after[("appliance_kv_cache_usage_perc", ())] == 0
+
+
+def test_every_series_is_labelled_with_the_model_name(llava_server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    httpx.post(f"{llava_server.base}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60)
+    text = httpx.get(f"{llava_server.base}/metrics", timeout=10).text
+    families = [f for f in text_string_to_metric_families(text) if f.name.startswith("appliance_")]
+    names = {f.name for f in families}
+    for expected in ("appliance_time_to_first_token_seconds", "appliance_inter_token_latency_seconds",
+                     "appliance_e2e_request_latency_seconds", "appliance_request_queue_time_seconds",
+                     "appliance_num_requests_running", "appliance_num_requests_waiting",
+                     "appliance_kv_cache_usage_perc", "appliance_prompt_tokens", "appliance_generation_tokens",
+                     "appliance_request_success", "appliance_num_preemptions", "appliance_prefix_cache_queries",
+                     "appliance_prefix_cache_hits", "appliance_encoder_cache_queries", "appliance_encoder_cache_hits",
+                     "appliance_tiles", "appliance_http_requests"):
+        assert expected in names, expected
+    for family in families:
+        for sample in family.samples:
+            assert sample.labels.get("model_name") == "llava-tiny", sample
