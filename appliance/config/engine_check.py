@@ -2,6 +2,7 @@
 every other verb) names the constraint in one line before any weight loads."""
 import importlib.util
 import json
+import logging
 from pathlib import Path
 from typing import Optional
 
@@ -49,10 +50,17 @@ def _limits():
 
     if importlib.util.find_spec("xformers") is None:
         return XFORMERS_0_0_35  # recorded from 0.0.35, the version this engine was written against
+    # Quietly: an xformers whose C++ extension does not load here logs a long warning on import, and
+    # a refusal must stay one line (the engine's start-up probe reports what matters at run time).
+    log = logging.getLogger("xformers")
+    level = log.level
+    log.setLevel(logging.ERROR)
     try:
         from xformers.ops import fmha
     except Exception:  # e.g. built for another torch: the engine reports it at start
         return XFORMERS_0_0_35
+    finally:
+        log.setLevel(level)
     return XformersLimits.from_fmha(fmha)
 
 

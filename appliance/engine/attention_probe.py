@@ -10,6 +10,7 @@ import torch
 from appliance.engine.attention import TorchAttentionBackend
 from appliance.engine.context import StepContext, StepInput
 
+
 @dataclass(frozen=True)
 class AttentionGeometry:
     """One rank's attention shape: what a backend's kernels must accept."""
@@ -28,11 +29,15 @@ class AttentionGeometry:
         return cls(max(heads // world_size, 1), max(kv // world_size, 1), head_dim, block_size)
 
 
+def _pool_blocks(seqs, block_size: int) -> int:
+    return 1 + sum(-(-ctx_len // block_size) for ctx_len, _ in seqs)
+
+
 def _step(seqs: List[Tuple[int, int]], block_size: int) -> StepInput:
     """seqs: (context length after the step, new tokens) per sequence. Blocks are handed out from the
     top of the pool down, so tables are not in pool order; block 0 stays free (padding reads it)."""
     step = StepInput([], [], [], [], [], [], [])
-    next_block = pool_blocks(seqs, block_size) - 1
+    next_block = _pool_blocks(seqs, block_size) - 1
     for ctx_len, q_len in seqs:
         n = -(-ctx_len // block_size)
         table = list(range(next_block, next_block - n, -1))
@@ -46,10 +51,6 @@ def _step(seqs: List[Tuple[int, int]], block_size: int) -> StepInput:
         step.block_tables.append(table)
         step.sample_rows.append(len(step.input_ids) - 1)
     return step
-
-
-def pool_blocks(seqs, block_size: int) -> int:
-    return 1 + sum(-(-ctx_len // block_size) for ctx_len, _ in seqs)
 
 
 def probe_steps(block_size: int) -> Dict[str, StepInput]:

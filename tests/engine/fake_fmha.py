@@ -162,10 +162,13 @@ def fake_fmha(allow_fp32: bool = False):
 
 
 def real_xformers_fmha():
-    """The installed `xformers.ops.fmha`, or None."""
+    """The installed `xformers.ops.fmha`, or None (not installed, or it fails to import beside this torch)."""
     if importlib.util.find_spec("xformers") is None:
         return None
-    from xformers.ops import fmha
+    try:
+        from xformers.ops import fmha
+    except ImportError:
+        return None
     return fmha
 
 

@@ -132,7 +132,7 @@ def _copies_per_step(model_dir, monkeypatch, backend, copies):
     """Tensors made from host data (torch.tensor, as_tensor, Tensor.to(device)) per executed step: on
     a GPU each is a host -> device copy."""
     engine = LLMEngine(model_dir, EngineConfig(block_size=64, num_kv_blocks=16, max_num_batched_tokens=40,
-                                               attention_backend=backend, cpu_kernels=False))
+                                               attention_backend=backend))
     runner = engine.executor.runner
     counts = []
 
