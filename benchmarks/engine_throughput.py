@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/engine_throughput.py --num-requests 8 --hf-requests 4   # quick
 
 Bench model: random Llama (hidden 512, intermediate 1408, 8 layers, 8 heads, vocab 32000), fp32.
+On a GPU (`--device cuda --dtype bfloat16`, as scripts/gpu_checks.sh runs it) every system runs there.
 Requests: prompt lengths uniform in [32, 256], forced output lengths uniform in [16, 128]
 (ignore_eos), seed 0. Prints output tokens/s for our engine (with its CPU kernels, and with torch's alone), HF generate
 one request at a time and HF generate in left-padded static batches, plus engine step time vs a
@@ -60,27 +61,31 @@ class StepProbe:
         return self.executor.runner.run(step, out)
 
     def after_step(self):
+        sync = torch.cuda.synchronize if self.runner.device.type == "cuda" else (lambda: None)
         running = self.engine.scheduler.running
         slots = sum(len(s.block_table) for s in running) * self.engine.cfg.block_size
         if slots:
             self.util.append((sum(s.num_computed_tokens for s in running), slots))
         if self.last_step is not None and len(self.forward_s) < self.bare_samples:
             runner = self.executor.runner
+            sync()
             t = time.perf_counter()
             runner.execute(self.last_step)  # rewrites the same K/V values: harmless
+            sync()
             self.forward_s.append(time.perf_counter() - t)
             self.batches.append(len(self.last_step.query_lens))
             return True
         return False
 
 
-def run_engine(path, requests, dtype, max_seqs, cpu_kernels=True):
+def run_engine(path, requests, dtype, max_seqs, cpu_kernels=True, device="cpu"):
     from appliance.config.schema import EngineConfig
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
 
+    extra = dict(device=device, block_size=64) if device != "cpu" else {}  # 64: xformers' paged pages
     cfg = EngineConfig(dtype=dtype, kv_cache_memory_bytes=512 * 2 ** 20, max_num_seqs=max_seqs,
-                       max_num_batched_tokens=2048, enable_prefix_caching=False, cpu_kernels=cpu_kernels)
+                       max_num_batched_tokens=2048, enable_prefix_caching=False, cpu_kernels=cpu_kernels, **extra)
     engine = LLMEngine(path, cfg)
     engine.generate([requests[0][0][:8]], SamplingParams(temperature=0, max_tokens=2))  # warm-up
     probe = StepProbe(engine)
@@ -102,21 +107,21 @@ def run_engine(path, requests, dtype, max_seqs, cpu_kernels=True):
     assert produced == sum(n for _, n in requests), "engine produced the wrong number of tokens"
     return {"tok_s": produced / wall, "wall": wall, "step": statistics.median(decode_step_s),
             "forward": statistics.median(probe.forward_s), "batch": statistics.median(probe.batches),
-            "util": live / slots, "stats": engine.stats()}
+            "util": live / slots, "stats": engine.stats(), "attention": engine.executor.runner.attn_backend.name}
 
 
-def run_hf(path, requests, batch_size):
+def run_hf(path, requests, batch_size, device="cpu", dtype="float32"):
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = LlamaForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
     produced = 0
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(requests), batch_size):
             chunk = requests[i:i + batch_size]
             width = max(len(p) for p, _ in chunk)
-            ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in chunk])  # left padding
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+            ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in chunk], device=device)  # left padding
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk], device=device)
             n = max(m for _, m in chunk)
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                            do_sample=False, pad_token_id=0)
@@ -138,6 +143,8 @@ def main():
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads for every system (on a loaded shared host 1 avoids OpenMP stalls)")
     ap.add_argument("--model-dir", default=None, help="reuse a bench model built by an earlier run")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: where the engine and HF generate run")
+    ap.add_argument("--dtype", default="float32", help="the first engine row's and HF generate's dtype")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -154,14 +161,17 @@ def main():
           f"{sum(n for _, n in requests)} output tokens")
 
     rows = []
-    fp32 = run_engine(path, requests, "float32", args.max_num_seqs)
-    rows.append(("engine fp32", fp32["tok_s"]))
+    fp32 = run_engine(path, requests, args.dtype, args.max_num_seqs, device=args.device)
+    on_cpu_fp32 = args.device == "cpu" and args.dtype == "float32"
+    rows.append(("engine fp32" if on_cpu_fp32 else f"engine {args.dtype}, {args.device} ({fp32['attention']})",
+                 fp32["tok_s"]))
     if not args.skip_torch_kernels:
         rows.append(("engine fp32, torch kernels only",
                      run_engine(path, requests, "float32", args.max_num_seqs, cpu_kernels=False)["tok_s"]))
     if not args.skip_hf:
-        rows.append(("HF generate, sequential", run_hf(path, requests[: args.hf_requests], 1)))
-        rows.append((f"HF generate, static batch {args.hf_batch}", run_hf(path, requests, args.hf_batch)))
+        hf = dict(device=args.device, dtype=args.dtype)
+        rows.append(("HF generate, sequential", run_hf(path, requests[: args.hf_requests], 1, **hf)))
+        rows.append((f"HF generate, static batch {args.hf_batch}", run_hf(path, requests, args.hf_batch, **hf)))
     if not args.skip_bf16:
         rows.append(("engine bf16", run_engine(path, requests, "bfloat16", args.max_num_seqs)["tok_s"]))
 

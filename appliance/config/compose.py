@@ -16,6 +16,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from appliance.config.engine_check import check_engine
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, register_schemas
 from appliance.errors import ConfigError
 
@@ -82,6 +83,7 @@ def validate(cfg: DictConfig) -> DictConfig:
         OmegaConf.to_container(checked, throw_on_missing=True)
     except OmegaConfBaseException as e:
         raise ConfigError(_describe(e)) from None
+    check_engine(checked)  # settings that can never run (e.g. a block size xformers' kernels refuse)
     return checked
 
 

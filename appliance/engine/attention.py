@@ -1,7 +1,9 @@
 """Paged attention: write this step's K/V into the per-layer pool, then attend over each sequence's
-blocks. Backends: `torch` (any device), `cpu` (torch plus our AVX2 decode kernel) and `xformers` (CUDA
-only)."""
+blocks. Backends: `torch` (any device), `cpu` (torch plus our AVX2 decode kernel) and `xformers` (CUDA,
+fp16/bf16; `xformers_attention.py`). Each backend's `prepare` builds, once per step, what its layers
+share (StepContext.attn_meta); `forward` runs one layer."""
 import importlib.util
+import logging
 from typing import Optional
 
 import torch
@@ -9,7 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from appliance.engine import cpu_kernels
-from appliance.engine.context import DECODE_GROUP_SIZE, StepContext
+from appliance.engine.context import DECODE_GROUP_SIZE, StepContext, StepInput
+from appliance.engine.xformers_attention import XformersAttentionBackend
+from appliance.engine.xformers_plan import XformersLimits, config_refusal
+
+log = logging.getLogger(__name__)
 
 
 class TorchAttentionBackend:
@@ -20,6 +26,19 @@ class TorchAttentionBackend:
 
     def __init__(self):
         self.scratch = {}  # reused gather buffers: fresh multi-MB tensors each layer cost page faults
+
+    def prepare(self, step: StepInput, ctx: StepContext):
+        """Once per step, for the chunks that attend to cached K/V (later chunks, prefix-cache hits):
+        their block ids and causal-offset masks, {sequence index: (blocks, mask)}."""
+        chunks = {}
+        device = ctx.positions.device
+        for i, (q_len, ctx_len) in enumerate(zip(ctx.query_lens, ctx.context_lens)):
+            if 1 < q_len < ctx_len:
+                blocks = torch.tensor(ctx.block_tables[i][: -(-ctx_len // ctx.block_size)], device=device)
+                # Query j sits at position ctx_len - q_len + j and sees the keys up to it.
+                qpos = torch.arange(ctx_len - q_len, ctx_len, device=device)
+                chunks[i] = (blocks, torch.arange(ctx_len, device=device)[None, :] <= qpos[:, None])
+        return chunks
 
     def forward(self, q, k, v, k_cache, v_cache, ctx: StepContext, scale: float) -> torch.Tensor:
         """q: [T, Hq, D]; k/v: [T, Hk, D] (this step's, already in the cache);
@@ -40,12 +59,9 @@ class TorchAttentionBackend:
                 ks, vs = k[start:start + q_len].transpose(0, 1)[None], v[start:start + q_len].transpose(0, 1)[None]
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
             else:
-                blocks = torch.tensor(ctx.block_tables[i][: -(-ctx_len // bs)], device=q.device)
+                blocks, mask = ctx.attn_meta[i]
                 ks = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].transpose(0, 1)[None]  # [1, Hk, L, D]
                 vs = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx_len].transpose(0, 1)[None]
-                # A later chunk (or after a prefix-cache hit): query j sits at position ctx_len - q_len + j.
-                qpos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
-                mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos[:, None]
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
             out[start:start + q_len] = o[0].transpose(0, 1)
         return out
@@ -85,53 +101,20 @@ class CpuAttentionBackend(TorchAttentionBackend):
                                                   group.context_lens, scale)
 
 
-class XformersAttentionBackend:
-    """CUDA-only backend on xformers' paged block-diagonal causal bias.
-
-    UNTESTED ON CPU: xformers has no CPU kernels, so this path is exercised only on a GPU host.
-    """
-
-    name = "xformers"
-
-    def __init__(self):
-        from xformers.ops import fmha  # imported lazily: optional, CUDA-only dependency
-        self.fmha = fmha
-
-    def forward(self, q, k, v, k_cache, v_cache, ctx: StepContext, scale: float) -> torch.Tensor:
-        fmha = self.fmha
-        width = max(len(b) for b in ctx.block_tables)
-        tables = torch.tensor([b + [0] * (width - len(b)) for b in ctx.block_tables],
-                              dtype=torch.int32, device=q.device)
-        bias = fmha.attn_bias.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens(
-            q_seqlen=ctx.query_lens, kv_seqlen=ctx.context_lens, block_tables=tables,
-            page_size=ctx.block_size, device=q.device)
-        t, hq, d = q.shape
-        hk = k_cache.shape[2]
-        # Grouped layout [1, L, groups, heads_per_group, D] covers GQA without copying K/V.
-        qg = q.view(1, t, hk, hq // hk, d)
-        k = k_cache.view(1, -1, hk, 1, d).expand(-1, -1, -1, hq // hk, -1)
-        v = v_cache.view(1, -1, hk, 1, d).expand(-1, -1, -1, hq // hk, -1)
-        o = fmha.memory_efficient_attention_forward(qg, k, v, attn_bias=bias, scale=scale)
-        return o.view(t, hq, d)
-
-
-# xformers runs paged KV only in its flash and triton split-k kernels, which take fp16/bf16; its fp32
-# kernel (cutlass) has no paged bias (xformers 0.0.35, ops/fmha/{flash,triton_splitk,cutlass}.py).
-XFORMERS_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32):
-    """`auto` picks xformers on CUDA with xformers installed and an fp16/bf16 model, our CPU kernel for
-    fp32 on CPU where it builds (and engine.cpu_kernels is on); otherwise torch."""
+def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32, geometry=None,
+                   probe=None, fmha=None):
+    """`auto`: xformers on CUDA where it runs every kind of step of this engine (its kernels' limits,
+    then a probe forward of each kind at start; otherwise the torch backend and one logged line saying
+    why), our CPU kernel for fp32 on CPU where it builds (and engine.cpu_kernels is on), else torch.
+    An explicit choice that cannot run raises ValueError with the reason, before any request.
+    `geometry` (an AttentionGeometry) is needed on CUDA; `probe` and `fmha` replace the real ones in tests."""
     name = getattr(name, "value", name)
-    has_xformers = importlib.util.find_spec("xformers") is not None
     if name == "auto":
-        if device.type == "cuda" and has_xformers and dtype in XFORMERS_DTYPES:
-            name = "xformers"
-        elif device.type == "cpu" and dtype == torch.float32 and cpu_kernels.available():
-            name = "cpu"
-        else:
-            name = "torch"
+        if device.type == "cuda":
+            return _auto_on_cuda(device, dtype, geometry, probe, fmha)
+        if device.type == "cpu" and dtype == torch.float32 and cpu_kernels.available():
+            return CpuAttentionBackend()
+        return TorchAttentionBackend()
     if name == "torch":
         return TorchAttentionBackend()
     if name == "cpu":
@@ -144,16 +127,48 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.f
                              f"attention_backend=torch (or auto)")
         return CpuAttentionBackend()
     if name == "xformers":
-        if device.type != "cuda" or not has_xformers:
-            raise ValueError("attention_backend=xformers needs a CUDA device and `pip install --no-deps "
-                             "xformers`; use attention_backend=torch (or auto) on this host")
-        if dtype not in XFORMERS_DTYPES:
-            raise ValueError(f"attention_backend=xformers needs engine.dtype float16 or bfloat16 (its paged "
-                             f"kernels have no {str(dtype).replace('torch.', '')} version); use "
-                             f"attention_backend=torch (or auto) for float32")
-        return XformersAttentionBackend()
+        backend, why = _try_xformers(device, dtype, geometry, probe, fmha)
+        if why:
+            raise ValueError(f"attention_backend=xformers cannot run here: {why}; use attention_backend=torch "
+                             f"(or auto)")
+        return backend
     raise ValueError(f"unknown attention_backend {name!r}; choose auto, torch, cpu or xformers")
 
+
+def _auto_on_cuda(device, dtype, geometry, probe, fmha):
+    if fmha is None and importlib.util.find_spec("xformers") is None:
+        log.info("attention_backend=auto: xformers is not installed; using the torch backend")
+        return TorchAttentionBackend()
+    backend, why = _try_xformers(device, dtype, geometry, probe, fmha)
+    if why:
+        log.warning("attention_backend=auto: xformers cannot run this engine (%s); using the torch backend", why)
+        return TorchAttentionBackend()
+    return backend
+
+
+def _try_xformers(device, dtype, geometry, probe, fmha):
+    """(backend, None), or (None, why): the kernels' declared limits first, then a probe forward."""
+    from appliance.engine.attention_probe import probe_backend  # it imports this module
+
+    if device.type != "cuda":
+        return None, f"it needs a CUDA device (engine.device={device})"
+    if fmha is None and importlib.util.find_spec("xformers") is None:
+        return None, "xformers is not installed (pip install --no-deps xformers==0.0.35)"
+    if geometry is None:
+        raise ValueError("select_backend needs the model's attention geometry to check xformers")
+    try:
+        backend = XformersAttentionBackend(fmha)
+    except Exception as e:  # e.g. an xformers built for another torch fails on import
+        return None, f"importing xformers failed: {_first_line(e)}"
+    why = config_refusal(geometry.block_size, dtype, geometry.head_dim, XformersLimits.from_fmha(backend.fmha))
+    if why is None:
+        why = (probe or probe_backend)(backend, geometry, device, dtype)
+    return (None, why) if why else (backend, None)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 class PagedAttention(nn.Module):
     """One layer's attention over the paged KV pool. The model runner assigns `k_cache`/`v_cache`."""

@@ -1,6 +1,6 @@
 """Per-step batch metadata: built once by the model runner, read by every attention layer."""
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -37,6 +37,16 @@ class DecodeGroup:
 DECODE_GROUP_SIZE = 8
 
 
+def step_kind(query_lens: List[int], context_lens: List[int]) -> str:
+    """`decode`: every sequence computes one token; `prefill`: every sequence is a whole prompt with
+    nothing cached; `mixed`: anything else (later chunks, prefix-cache hits, decodes beside prefills)."""
+    if all(n == 1 for n in query_lens):
+        return "decode"
+    if query_lens == context_lens:
+        return "prefill"
+    return "mixed"
+
+
 @dataclass
 class StepContext:
     """Tensor form of a StepInput on the model's device, plus the splits the attention backend needs."""
@@ -53,12 +63,14 @@ class StepContext:
     # similar context length so that padding every table to the group's longest wastes little.
     decode_seqs: List[int]
     decode_groups: List["DecodeGroup"]
+    kind: str = "mixed"  # step_kind(): decode | prefill | mixed
+    attn_meta: Any = None  # what the attention backend's `prepare` built for this step, shared by all layers
 
     @classmethod
     def build(cls, step: StepInput, block_size: int, device: torch.device,
               decode_group_size: Optional[int] = DECODE_GROUP_SIZE) -> "StepContext":
         """decode_group_size None: all decodes in one group, in batch order (for a backend that reads
-        each table as it is, with no padded copy)."""
+        each table as it is, with no padded copy); 0: no decode groups (the backend builds its own)."""
         def t(x):
             return torch.tensor(x, dtype=torch.long, device=device)
 
@@ -69,7 +81,10 @@ class StepContext:
         ctx = cls(positions=t(step.positions), slot_mapping=t(step.slot_mapping),
                   query_lens=step.query_lens, context_lens=step.context_lens, query_start=query_start,
                   block_tables=step.block_tables, sample_rows=t(step.sample_rows),
-                  block_size=block_size, decode_seqs=decode_seqs, decode_groups=[])
+                  block_size=block_size, decode_seqs=decode_seqs, decode_groups=[],
+                  kind=step_kind(step.query_lens, step.context_lens))
+        if decode_group_size == 0:
+            return ctx
         if decode_group_size is None:
             order, decode_group_size = decode_seqs, max(len(decode_seqs), 1)
         else:

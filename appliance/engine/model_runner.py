@@ -10,6 +10,7 @@ the `EncoderCache`, keyed by content hash, within `engine.encoder_cache_bytes`; 
 `model.embed_images` call) and puts the overlapping slice into the step (`mm_rows`, `mm_embeds`).
 `execute` embeds the tokens and overwrites those rows.
 """
+import contextlib
 import weakref
 from typing import Dict, Optional
 
@@ -18,6 +19,7 @@ import torch
 from appliance.config.schema import EngineConfig
 from appliance.engine import cpu_kernels, hugepages
 from appliance.engine.attention import select_backend
+from appliance.engine.attention_probe import AttentionGeometry
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
 from appliance.engine.linear import pack_for_cpu
@@ -46,7 +48,9 @@ class ModelRunner:
         self.block_size = cfg.block_size
         arch = (getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])[0]
         cpu_kernels.enable(cfg.cpu_kernels)
-        self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype)
+        geometry = AttentionGeometry.of(hf_config, self.tp.world_size, self.block_size)
+        with self.on_device():  # the xformers probe runs kernels on this device
+            self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype, geometry)
         with torch.device(self.device):
             model = get_model_class(arch)(hf_config, self.tp, self.attn_backend, max_model_len)
         self.model = model.to(self.dtype).eval()
@@ -147,11 +151,21 @@ class ModelRunner:
         for h in [h for h in held if h not in later]:
             del held[h]
 
+    def on_device(self):
+        """CUDA work (Triton launches, generators) goes to this runner's card, not the current one,
+        without changing the process's current device."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor:
         """One forward over the flattened batch; logits [S, V] of the rows that sample."""
-        ctx = StepContext.build(step, self.block_size, self.device,
-                                getattr(self.attn_backend, "decode_group_size", None))
+        with self.on_device():
+            return self._execute(step)
+
+    def _execute(self, step: StepInput) -> torch.Tensor:
+        # Everything the layers share is built here, once per step: the only host -> device copies.
+        ctx = StepContext.build(step, self.block_size, self.device, self.attn_backend.decode_group_size)
+        ctx.attn_meta = self.attn_backend.prepare(step, ctx)
         ids = torch.tensor(step.input_ids, dtype=torch.long, device=self.device)
         if step.mm_rows:
             rows = torch.tensor(step.mm_rows, dtype=torch.long, device=self.device)
@@ -164,7 +178,10 @@ class ModelRunner:
         return self.model.compute_logits(hidden[ctx.sample_rows])
 
     def run(self, step: StepInput, out: SchedulerOutput) -> SamplerOutput:
-        logits = self.execute(step)
+        return self.sample(self.execute(step), out)
+
+    def sample(self, logits: torch.Tensor, out: SchedulerOutput) -> SamplerOutput:
         sampled = [item.seq for item in out.scheduled if item.samples]
-        return self.sampler(logits, [s.sampling_params for s in sampled], [s.generator for s in sampled],
-                            [s.suppressed_ids() for s in sampled])
+        with self.on_device():
+            return self.sampler(logits, [s.sampling_params for s in sampled], [s.generator for s in sampled],
+                                [s.suppressed_ids() for s in sampled])

@@ -11,11 +11,22 @@ import torch.distributed as dist
 
 
 def make_group(store: dist.Store, rank: int, world_size: int, device: torch.device, timeout_s: float):
-    """Gloo on CPU, NCCL on CUDA."""
+    """Gloo on CPU, NCCL on CUDA, each bounded by `timeout_s` (NCCL takes it through its Options;
+    without them its own default, minutes long, applies)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if device.type == "cuda":
-        return dist.ProcessGroupNCCL(store, rank, world_size)
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """Rank r of an engine on `cuda:N` uses card N + r (`cuda` means N = 0); other devices are shared."""
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", (device.index or 0) + rank)
 
 
 class ParallelState:

@@ -22,10 +22,11 @@ class Sampler:
         must not pick (stop tokens before the request's min_tokens). Logprobs stay those of the raw logits."""
         raw = logits = logits.float()
         if suppress and any(suppress):
+            # One indexed write for all rows (per-row writes are a host -> device copy each on a GPU).
+            rows = [row for row, ids in enumerate(suppress) for _ in ids]
+            cols = [tid for ids in suppress for tid in ids]
             logits = raw.clone()
-            for row, ids in enumerate(suppress):
-                if ids:
-                    logits[row, list(ids)] = float("-inf")
+            logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = float("-inf")
         tokens = cpu_kernels.argmax_rows(logits) if cpu_kernels.fits(logits) else logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sample_rows:
@@ -67,14 +68,15 @@ class Sampler:
         n_max = max(n or 0 for n in want)
         top_vals, top_ids = logprobs.topk(n_max, dim=-1) if n_max else (None, None)
         chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None]).squeeze(1).tolist()
+        # One device -> host copy each for the whole batch, not one per row.
+        top_ids, top_vals = (top_ids.tolist(), top_vals.tolist()) if n_max else ([], [])
         out = []
         for i, n in enumerate(want):
             if n is None:
                 out.append(None)
                 continue
             entry = {tokens[i]: chosen[i]}
-            if n:
-                for tid, lp in zip(top_ids[i, :n].tolist(), top_vals[i, :n].tolist()):
-                    entry.setdefault(tid, lp)
+            for tid, lp in zip(top_ids[i][:n] if n else (), top_vals[i][:n] if n else ()):
+                entry.setdefault(tid, lp)
             out.append(entry)
         return out

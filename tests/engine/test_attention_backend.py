@@ -1,26 +1,31 @@
-"""Which attention backend `engine.attention_backend` gets, decided without a GPU (the choice is pure)."""
+"""Which attention backend `engine.attention_backend` gets, decided without a GPU: the xformers path
+is driven with a stand-in fmha module and a stand-in probe (the probe itself: test_xformers_backend)."""
 import importlib.util
+import logging
 
 import pytest
 import torch
 
-from appliance.engine import attention, cpu_kernels
+from appliance.engine import cpu_kernels
 from appliance.engine.attention import CpuAttentionBackend, TorchAttentionBackend, select_backend
+from appliance.engine.attention_probe import AttentionGeometry
+from appliance.engine.xformers_attention import XformersAttentionBackend
+from tests.engine.fake_fmha import fake_fmha
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+GEOMETRY = AttentionGeometry(num_heads=4, num_kv_heads=2, head_dim=64, block_size=64)
 
 
-@pytest.fixture
-def xformers_installed(monkeypatch):
-    """Pretend xformers is importable; constructing its backend is replaced by a marker class."""
-    real = importlib.util.find_spec
-    monkeypatch.setattr(attention.importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "xformers" else real(name, *a))
+def passing_probe(backend, geometry, device, dtype):
+    return None
 
-    class FakeXformers:
-        name = "xformers"
 
-    monkeypatch.setattr(attention, "XformersAttentionBackend", FakeXformers)
+def failing_probe(backend, geometry, device, dtype):
+    return "decode step failed: NotImplementedError: No operator found for `memory_efficient_attention_forward`"
+
+
+def xformers(name, dtype, geometry=GEOMETRY, probe=passing_probe):
+    return select_backend(name, CUDA, dtype, geometry, probe=probe, fmha=fake_fmha())
 
 
 needs_cpu_kernels = pytest.mark.skipif(not cpu_kernels.available(),
@@ -34,14 +39,64 @@ def kernels_off():
     cpu_kernels.enable(True)
 
 
-@pytest.mark.parametrize("device, dtype, expected", [
-    (CPU, torch.bfloat16, "torch"),
-    (CUDA, torch.float32, "torch"),      # xformers' paged kernels are fp16/bf16 only
-    (CUDA, torch.bfloat16, "xformers"),
-    (CUDA, torch.float16, "xformers"),
+@pytest.mark.parametrize("dtype, expected", [
+    (torch.float32, TorchAttentionBackend),      # xformers' decode kernel is fp16/bf16 only
+    (torch.bfloat16, XformersAttentionBackend),
+    (torch.float16, XformersAttentionBackend),
 ])
-def test_auto_picks_xformers_only_on_cuda_in_half_precision(xformers_installed, device, dtype, expected):
-    assert select_backend("auto", device, dtype).name == expected
+def test_auto_on_cuda_picks_xformers_only_where_it_runs(dtype, expected):
+    assert type(xformers("auto", dtype)) is expected
+
+
+def test_auto_with_a_block_size_xformers_refuses_falls_back_with_one_line(caplog):
+    with caplog.at_level(logging.INFO, logger="appliance.engine.attention"):
+        backend = xformers("auto", torch.bfloat16, AttentionGeometry(4, 2, 64, 16))
+    assert type(backend) is TorchAttentionBackend
+    assert len(caplog.records) == 1
+    assert "engine.block_size=16" in caplog.text and "multiple of 64" in caplog.text
+
+
+def test_auto_falls_back_when_the_probe_fails_and_says_why(caplog):
+    with caplog.at_level(logging.INFO, logger="appliance.engine.attention"):
+        backend = xformers("auto", torch.float16, probe=failing_probe)
+    assert type(backend) is TorchAttentionBackend
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING and "No operator found" in record.getMessage()
+    assert "using the torch backend" in record.getMessage()
+
+
+def test_explicit_xformers_fails_at_start_with_the_probe_reason():
+    with pytest.raises(ValueError, match="cannot run here: decode step failed: NotImplementedError"):
+        xformers("xformers", torch.float16, probe=failing_probe)
+
+
+@pytest.mark.parametrize("dtype, geometry, message", [
+    (torch.float32, GEOMETRY, "engine.dtype=float32"),
+    (torch.float16, AttentionGeometry(4, 2, 64, 16), "engine.block_size=16"),
+    (torch.float16, AttentionGeometry(4, 2, 80, 64), "head dim 80"),
+])
+def test_explicit_xformers_that_cannot_run_names_the_constraint(dtype, geometry, message):
+    with pytest.raises(ValueError, match=message):
+        xformers("xformers", dtype, geometry)
+
+
+def test_explicit_xformers_on_cpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        select_backend("xformers", CPU, torch.float16, GEOMETRY, probe=passing_probe, fmha=fake_fmha())
+
+
+def test_auto_on_cuda_without_xformers_is_torch():
+    if importlib.util.find_spec("xformers") is not None:
+        pytest.skip("xformers is installed here")
+    assert type(select_backend("auto", CUDA, torch.bfloat16, GEOMETRY)) is TorchAttentionBackend
+    with pytest.raises(ValueError, match="xformers is not installed"):
+        select_backend("xformers", CUDA, torch.bfloat16, GEOMETRY)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_auto_on_cpu_never_probes(dtype):
+    backend = select_backend("auto", CPU, dtype, probe=failing_probe)
+    assert type(backend) in (TorchAttentionBackend, CpuAttentionBackend)
 
 
 @needs_cpu_kernels
@@ -66,21 +121,6 @@ def test_cpu_backend_where_it_cannot_run_is_a_clear_error(device, dtype, message
 def test_cpu_backend_with_kernels_off_says_so(kernels_off):
     with pytest.raises(ValueError, match="engine.cpu_kernels=false"):
         select_backend("cpu", CPU, torch.float32)
-
-
-def test_auto_without_xformers_is_torch_everywhere():
-    if importlib.util.find_spec("xformers") is not None:
-        pytest.skip("xformers is installed here")
-    assert isinstance(select_backend("auto", CUDA, torch.bfloat16), TorchAttentionBackend)
-
-
-@pytest.mark.parametrize("device, dtype, message", [
-    (CPU, torch.bfloat16, "needs a CUDA device"),
-    (CUDA, torch.float32, "needs engine.dtype float16 or bfloat16"),
-])
-def test_xformers_where_it_cannot_run_is_a_clear_error(xformers_installed, device, dtype, message):
-    with pytest.raises(ValueError, match=message):
-        select_backend("xformers", device, dtype)
 
 
 def test_unknown_backend_names_the_choices():

@@ -1,14 +1,21 @@
-"""TP=2 over gloo gives TP=1's greedy tokens; a dead worker raises instead of hanging."""
+"""TP=2 over gloo gives TP=1's greedy tokens; a worker that dies, hangs or raises makes rank 0 raise
+WorkerDiedError (naming the rank and its error) instead of hanging; the NCCL and device wiring."""
+import datetime
 import os
 import signal
 import time
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from appliance.config.schema import EngineConfig
+from appliance.engine import parallel, tp_executor
 from appliance.engine.llm_engine import LLMEngine
+from appliance.engine.parallel import make_group, rank_device
 from appliance.engine.sampling_params import SamplingParams
-from appliance.engine.tp_executor import WorkerDiedError
+from appliance.engine.tp_executor import WorkerDiedError, wait_watching
+from tests.engine import tp_faults
 from tests.engine.helpers import assert_no_block_leaks, check_logprobs_close, random_prompts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
@@ -67,3 +74,70 @@ def test_hung_worker_times_out(sharded_tied_dir):
 def test_indivisible_tp_size_is_a_clear_error(sharded_tied_dir):
     with pytest.raises(ValueError, match="not divisible by tensor_parallel_size"):
         LLMEngine(sharded_tied_dir, EngineConfig(num_kv_blocks=8, tensor_parallel_size=3))
+
+
+@pytest.mark.parametrize("worker", ["worker_raising_before_step_3", "worker_raising_mid_forward"])
+def test_worker_that_raises_mid_run_reaches_rank_0(sharded_tied_dir, monkeypatch, worker):
+    monkeypatch.setattr(tp_executor, "worker_main", getattr(tp_faults, worker))
+    timeout_s = 60
+    engine = LLMEngine(sharded_tied_dir, EngineConfig(num_kv_blocks=64, tensor_parallel_size=2),
+                       tp_timeout_s=timeout_s)
+    worker_proc = engine.executor.procs[0]
+    engine.add_request([5, 6, 7, 8], GREEDY)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match="tensor-parallel rank 1 failed: RuntimeError: injected fault") as err:
+        while engine.has_unfinished():
+            engine.step()
+    assert time.monotonic() - start < timeout_s / 2  # the report, not the collective timeout
+    assert "worker traceback" in str(err.value) and "tp_faults.py" in str(err.value)
+    worker_proc.join(timeout=10)
+    assert not worker_proc.is_alive()
+    with pytest.raises(WorkerDiedError, match="shut down"):
+        engine.step()
+
+
+@pytest.mark.parametrize("device, rank, expected", [
+    ("cpu", 1, "cpu"),
+    ("cuda", 0, "cuda:0"),
+    ("cuda", 1, "cuda:1"),
+    ("cuda:2", 0, "cuda:2"),
+    ("cuda:2", 1, "cuda:3"),
+])
+def test_rank_device_counts_from_the_configured_card(device, rank, expected):
+    assert rank_device(torch.device(device), rank) == torch.device(expected)
+
+
+def test_too_few_cards_for_the_tp_size_is_a_clear_error(sharded_tied_dir, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"needs cards cuda:1..cuda:2, but this host has 2"):
+        LLMEngine(sharded_tied_dir, EngineConfig(num_kv_blocks=8, device="cuda:1", tensor_parallel_size=2))
+
+
+def test_nccl_group_gets_the_timeout(monkeypatch):
+    class FakeNCCL:
+        class Options:
+            pass
+
+        def __init__(self, store, rank, size, options):
+            self.args = (store, rank, size, options)
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
+    group = make_group("store", 1, 2, torch.device("cuda", 1), timeout_s=7)
+    store, rank, size, options = group.args
+    assert (store, rank, size) == ("store", 1, 2)
+    assert options._timeout == datetime.timedelta(seconds=7) and options.is_high_priority_stream is False
+    assert parallel.dist is dist
+
+
+def test_waiting_for_the_device_watches_the_workers():
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) == 3:
+            raise WorkerDiedError("tensor-parallel rank 1 failed: boom")
+
+    with pytest.raises(WorkerDiedError, match="boom"):
+        wait_watching(lambda: False, check, time.monotonic() + 10, check_every_s=0.001)
+    assert wait_watching(lambda: False, lambda: None, time.monotonic() + 0.05) is False
+    assert wait_watching(lambda: True, check, time.monotonic()) is True

@@ -1,0 +1,68 @@
+"""Engine settings that can never run, refused while the config is composed: `appliance check` (and
+every other verb) names the constraint in one line before any weight loads."""
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+from appliance.errors import ConfigError
+
+
+def check_engine(cfg) -> None:
+    """cfg: the composed AppConfig. `attention_backend=auto` is never refused here: it falls back."""
+    engine = cfg.engine
+    if engine.block_size < 1:
+        raise ConfigError(f"engine.block_size must be >= 1, got {engine.block_size}")
+    if _name(engine.kind) != "generate":
+        return
+    backend, device, dtype = _name(engine.attention_backend), str(engine.device), _name(engine.dtype)
+    if backend == "cpu" and (device != "cpu" or dtype != "float32"):
+        raise ConfigError(f"engine.attention_backend=cpu runs only with engine.device=cpu and engine.dtype=float32 "
+                          f"(got {device}, {dtype}); use attention_backend=torch or auto")
+    if backend != "xformers":
+        return
+    if not device.startswith("cuda"):
+        raise ConfigError(f"engine.attention_backend=xformers needs engine.device=cuda (got {device}); "
+                          f"use attention_backend=torch or auto")
+    from appliance.engine.xformers_plan import config_refusal
+
+    why = config_refusal(engine.block_size, dtype, model_head_dim(cfg.model), _limits())
+    if why:
+        raise ConfigError(f"engine.attention_backend=xformers cannot run: {why}; fix that or use "
+                          f"attention_backend=torch (or auto)")
+
+
+def model_head_dim(model) -> Optional[int]:
+    """The language model's head dim from `model.path`'s config.json, or None when it cannot be read."""
+    path = getattr(model, "path", None)
+    try:
+        config = json.loads((Path(path) / "config.json").read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+    text = (config or {}).get("text_config") or config or {}
+    heads = text.get("num_attention_heads")
+    return text.get("head_dim") or (text["hidden_size"] // heads if heads and text.get("hidden_size") else None)
+
+
+def _limits():
+    from appliance.engine.xformers_plan import XFORMERS_0_0_35, XformersLimits
+
+    if importlib.util.find_spec("xformers") is None:
+        return XFORMERS_0_0_35  # recorded from 0.0.35, the version this engine was written against
+    # Quietly: an xformers whose C++ extension does not load here logs a long warning on import, and
+    # a refusal must stay one line (the engine's start-up probe reports what matters at run time).
+    log = logging.getLogger("xformers")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from xformers.ops import fmha
+    except Exception:  # e.g. built for another torch: the engine reports it at start
+        return XFORMERS_0_0_35
+    finally:
+        log.setLevel(level)
+    return XformersLimits.from_fmha(fmha)
+
+
+def _name(value) -> str:
+    return str(getattr(value, "value", value))
