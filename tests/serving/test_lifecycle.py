@@ -1,13 +1,15 @@
 """Limits, disconnects and shutdown of a real `appliance serve` process.
 
-The module's server runs a tiny random Llama with a long context (so one answer can run for seconds),
-one sequence at a time (the others wait in the queue), a queue bound of 2, a small body limit and an
-8 s request deadline. The last test stops it.
+The module's server runs a tiny random Llama with a long context whose every engine step takes 10 ms
+(tests/serving/slow_llama.py: an answer of N tokens takes N/100 s on any host), one sequence at a time
+(the others wait in the queue), a queue bound of 2, a small body limit and an 8 s request deadline. The
+last test stops it.
 """
 import json
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -31,7 +33,11 @@ def server(tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(model)
     tok.chat_template = TEXT_TEMPLATE
     tok.save_pretrained(model)
-    with server_process("pipeline=llava_chat", f"model.path={model}", "model.name=long-llama",
+    config = json.loads((Path(model) / "config.json").read_text())
+    config["architectures"] = ["SlowLlamaForCausalLM"]
+    (Path(model) / "config.json").write_text(json.dumps(config))
+    with server_process("pipeline=llava_chat", "plugins=[tests.serving.slow_llama]", f"model.path={model}",
+                        "model.name=long-llama",
                         "model.architecture=LlamaForCausalLM", "model.vision_language=null",
                         "engine.max_num_seqs=1", "server.limits.max_queued_requests=2",
                         f"server.limits.max_request_bytes={MAX_BYTES}", "server.drain_timeout_s=60",
@@ -112,7 +118,7 @@ def test_queue_full_is_429_at_once_and_a_disconnect_frees_the_request(server):
 
 def test_an_error_after_the_stream_started_is_an_error_event(server):
     started = time.monotonic()
-    with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=long_stream_body(8100),
+    with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=long_stream_body(2000),
                       timeout=60) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line]
@@ -128,7 +134,7 @@ def test_sigterm_drains_running_streams_then_exits_zero(server):
     results = []
 
     def stream():
-        with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=long_stream_body(800),
+        with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=long_stream_body(250),
                           timeout=120) as response:
             results.append([line for line in response.iter_lines() if line])
 
@@ -151,4 +157,4 @@ def test_sigterm_drains_running_streams_then_exits_zero(server):
         assert lines[-1] == "data: [DONE]"
         chunks = [json.loads(line[6:]) for line in lines[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert sum(1 for c in chunks if c["choices"][0]["delta"].get("content")) > 400
+        assert sum(1 for c in chunks if c["choices"][0]["delta"].get("content")) > 150
