@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.servers"]  # the shared `appliance serve` fixtures
 FRAME_CONF = REPO / "tests" / "frame" / "conf"
 
 

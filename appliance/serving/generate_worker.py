@@ -198,3 +198,7 @@ class GenerateWorker(Worker):
     def fail_all(self, failure: Failed) -> None:
         for uid in list(self.sessions):
             self.fail(uid, failure)
+
+    def fail_stepping(self, failure: Failed) -> None:
+        for uid in [uid for uid, s in self.sessions.items() if s.in_engine]:
+            self.fail(uid, failure)  # aborting frees the blocks the failed step had allocated

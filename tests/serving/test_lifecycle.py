@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.chat.conftest import TEXT_TEMPLATE
-from tests.serving.conftest import error, metrics
+from tests.servers import error, metrics
 from tests.server_process import server_process
 
 MAX_BYTES = 300_000

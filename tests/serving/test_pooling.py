@@ -14,7 +14,7 @@ import pytest
 import rasterio
 
 from tests.conftest import run_cli
-from tests.serving.conftest import API_KEY, SAMPLE_SCENE, error, metrics
+from tests.servers import API_KEY, SAMPLE_SCENE, error, metrics
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
