@@ -4,6 +4,7 @@ Strips are written by windows into a temp file in the output directory, renamed 
 after the last strip; on any failure (or an abandoned run) the temp file is removed, so a run never
 leaves a half-written mask. Emits one record per scene with `display`.
 """
+import contextlib
 import logging
 import os
 import tempfile
@@ -13,12 +14,13 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 import rasterio
-from rasterio.errors import NotGeoreferencedWarning
+from rasterio.errors import NotGeoreferencedWarning, RasterioError
 from rasterio.windows import Window
 
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.quicklook import file_mode, quicklook_path, write_quicklook
+from appliance.stages.geo.scene import open_raster, probe_geotiff
 from appliance.stages.geo.stitch import NODATA_CLASS
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ class MaskWriter:
             tiled=True, blockxsize=block, blockysize=block, compress="deflate", BIGTIFF="IF_SAFER",
         )
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), self._writing():
                 warnings.simplefilter("ignore", NotGeoreferencedWarning)
                 self.dataset = rasterio.open(self.temp_path, "w", **profile)
             if is_classes:
@@ -70,15 +72,42 @@ class MaskWriter:
 
     def write(self, strip) -> None:
         rows = strip.data.shape[1]
-        self.dataset.write(strip.data, window=Window(0, strip.row_off, self.scene.width, rows))
+        with self._writing():
+            self.dataset.write(strip.data, window=Window(0, strip.row_off, self.scene.width, rows))
         self.counts += strip.counts
         self.nodata_pixels += strip.nodata_pixels
 
     def commit(self) -> None:
-        self.dataset.close()
-        if os.path.exists(self.temp_path + ".aux.xml"):
-            os.remove(self.temp_path + ".aux.xml")
-        os.replace(self.temp_path, self.output_path)
+        with self._writing():
+            self.dataset.close()
+            self._verify()
+            if os.path.exists(self.temp_path + ".aux.xml"):
+                os.remove(self.temp_path + ".aux.xml")
+            os.replace(self.temp_path, self.output_path)
+
+    def _verify(self) -> None:
+        """GDAL reports a failed block or directory write (a full disk) only on stderr, and closing does not
+        raise: re-read the header and block table before the rename, so a broken file never replaces one."""
+        try:
+            probe_geotiff(self.temp_path)
+            with open_raster(self.temp_path) as ds:
+                whole = (ds.width, ds.height) == (self.scene.width, self.scene.height)
+        except InputError:
+            raise OSError("the written file does not read back whole") from None
+        if not whole:
+            raise OSError("the written file does not read back whole")
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """GDAL's write errors as exceptions (inside a rasterio.Env; outside one GDAL only prints them), and a
+        full disk or a vanished directory as one clear error for the user (the caller aborts)."""
+        try:
+            with rasterio.Env():
+                yield
+        except (RasterioError, OSError) as e:
+            reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
+            raise InputError(f"output: writing {self.output_path} failed ({reason}); free space or choose "
+                             "another directory; nothing was written") from None
 
     def abort(self) -> None:
         dataset = getattr(self, "dataset", None)
