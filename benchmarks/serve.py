@@ -51,7 +51,8 @@ class Server:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", *overrides,
                                       f"server.port={self.port}", "server.limits.max_queued_requests=4096"],
-                                     cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                                     cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # its session: all its processes, for RSS
 
     def __enter__(self):
         deadline = time.monotonic() + 300

@@ -36,7 +36,7 @@ def llava_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def flood_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("flood_serve")
-    dirs = {name: root / name for name in ("media", "outputs", "cwd")}
+    dirs = {name: root / name for name in ("media", "outputs", "cwd", "spool")}
     for path in dirs.values():
         path.mkdir()
     (dirs["media"] / "scene.tif").write_bytes(SAMPLE_SCENE.read_bytes())
@@ -48,7 +48,7 @@ def flood_server(flood_dirs):
     with server_process("pipeline=prithvi_flood", "server.served_model_name=flood",
                         f"server.allowed_local_media_dir={flood_dirs['media']}",
                         f"server.output_dir={flood_dirs['outputs']}", "server.allowed_media_domains=[127.0.0.1]",
-                        f"server.limits.fetch_timeout_s={FETCH_TIMEOUT_S}",
+                        f"server.limits.fetch_timeout_s={FETCH_TIMEOUT_S}", f"server.spool_dir={flood_dirs['spool']}",
                         cwd=flood_dirs["cwd"], env={"APPLIANCE_API_KEY": API_KEY}) as server:
         yield server
 

@@ -2,7 +2,7 @@
 
 The module's server runs a tiny random Llama with a long context whose every engine step takes 10 ms
 (tests/serving/slow_llama.py: an answer of N tokens takes N/100 s on any host), one sequence at a time
-(the others wait in the queue), a queue bound of 2, a small body limit and an 8 s request deadline. The
+(the others wait in the queue), a queue bound of 2, a small body limit and a 12 s request deadline. The
 last test stops it.
 """
 import json
@@ -19,7 +19,7 @@ from tests.servers import error, metrics
 from tests.server_process import server_process
 
 MAX_BYTES = 300_000
-TIMEOUT_S = 8
+TIMEOUT_S = 12
 HELLO = [{"role": "user", "content": "Hello there"}]
 
 
