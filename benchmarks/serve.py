@@ -24,7 +24,6 @@ import asyncio
 import base64
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -8,6 +8,7 @@ tests/conftest.py), started once per session when a test asks for one, and stopp
 """
 import base64
 import io
+import time
 
 import httpx
 import pytest
@@ -84,3 +85,15 @@ def error(response) -> dict:
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
     assert body["error"]["code"] == response.status_code
     return body["error"]
+
+
+def wait_idle(base: str, timeout: float = 30.0):
+    """Until nothing runs, waits or holds a KV block; the last metrics read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = metrics(base)
+        idle = (now[("appliance_num_requests_running", ())], now[("appliance_num_requests_waiting", ())],
+                now[("appliance_kv_cache_usage_perc", ())]) == (0, 0, 0)
+        if idle or time.monotonic() > deadline:
+            return now
+        time.sleep(0.1)

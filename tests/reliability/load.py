@@ -1,10 +1,8 @@
 """Client helpers for the load tests: chat requests by prompt, streamed or not, and the server's state."""
 import json
-import time
 
 import httpx
 
-from tests.servers import metrics
 
 ANSWER_TOKENS = 32
 
@@ -34,18 +32,6 @@ async def stream_text(client: httpx.AsyncClient, base: str, prompt: str, cut_aft
             delta = json.loads(line[6:])["choices"][0]["delta"].get("content")
             text.append(delta or "")
     return "".join(text)
-
-
-def wait_idle(base: str, timeout: float = 30.0):
-    """Until nothing runs, waits or holds a KV block; the last metrics read."""
-    deadline = time.monotonic() + timeout
-    while True:
-        now = metrics(base)
-        idle = (now[("appliance_num_requests_running", ())], now[("appliance_num_requests_waiting", ())],
-                now[("appliance_kv_cache_usage_perc", ())]) == (0, 0, 0)
-        if idle or time.monotonic() > deadline:
-            return now
-        time.sleep(0.1)
 
 
 def session_rss_bytes(session_id: int) -> int:

@@ -10,10 +10,10 @@ import httpx
 
 from tests.reliability.conftest import PLUGIN
 from tests.reliability.faulty_llama import FAULT_TOKEN
-from tests.reliability.load import answer, body, wait_idle
+from tests.reliability.load import answer, body
 from tests.reliability.models import overrides
 from tests.server_process import server_process, session_processes
-from tests.servers import error
+from tests.servers import error, wait_idle
 
 
 def test_a_model_exception_fails_its_step_not_the_server(storm_server):

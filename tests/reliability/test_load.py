@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from tests.reliability.conftest import PLUGIN
-from tests.reliability.load import answer, counter, session_rss_bytes, stream_text, wait_idle
+from tests.reliability.load import answer, counter, session_rss_bytes, stream_text
 from tests.reliability.models import overrides
 from tests.server_process import server_process
-from tests.servers import error, metrics
+from tests.servers import error, metrics, wait_idle
 
 PROMPTS = [f"Tell me about item {i} and the {w}" for i, w in enumerate(
     "river stone cloud lamp field door wheel bread glass road".split() * 2)]
