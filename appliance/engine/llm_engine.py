@@ -155,7 +155,7 @@ class LLMEngine:
 
     def _postprocess(self, scheduled: SchedulerOutput, sampled: SamplerOutput) -> List[RequestOutput]:
         self.scheduler.update(scheduled)
-        seqs = [item.seq for item in scheduled.scheduled if item.samples]
+        seqs = [item.seq for item in scheduled.scheduled if item.will_sample]
         outputs = []
         for seq, token, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs):
             seq.append_token(token)
