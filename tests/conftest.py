@@ -46,6 +46,19 @@ def assert_user_error(result, *fragments):
         assert fragment in lines[0], (fragment, lines[0])
 
 
+def assert_config_error(overrides, *fragments):
+    """Composing `overrides` fails with one ConfigError line naming every fragment."""
+    from appliance.config.compose import compose
+    from appliance.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        compose(overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
 @pytest.fixture
 def frame_conf(monkeypatch):
     monkeypatch.setenv("APPLIANCE_CONF_DIR", str(FRAME_CONF))
