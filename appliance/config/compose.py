@@ -15,12 +15,14 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from appliance.config.engine_check import check_engine
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, register_schemas
+from appliance.config.stage_overrides import apply_stage_overrides, split_stage_overrides
 from appliance.errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -64,12 +66,15 @@ def group_options(group: str) -> List[str]:
     return sorted({p.stem for d in dirs if d is not None for p in (d / group).glob("*.yaml")})
 
 
-def _check_group_choices(overrides: Sequence[str]) -> None:
-    """Name the available options when `group=choice` picks one that does not exist."""
+def _parse(overrides: Sequence[str]) -> List[Override]:
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        return OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(f"bad override: {_first_line(e)}") from None
+
+
+def _check_group_choices(parsed: Sequence[Override]) -> None:
+    """Name the available options when `group=choice` picks one that does not exist."""
     for override in parsed:
         key = override.key_or_group
         if key in GROUP_SCHEMAS and not override.is_delete():
@@ -88,20 +93,28 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     extra = extra_conf_dir()
     if extra is not None:
         _check_extra_conf_dir(extra)
-    _check_group_choices(overrides)
+    parsed = _parse(overrides)
+    _check_group_choices(parsed)
+    hydra_overrides, stage_overrides = split_stage_overrides(parsed)
     # Hydra's search path after conf/: the extra directory's group files join conf/'s groups.
     search = [f"hydra.searchpath=['file://{_quoted(str(extra))}']"] if extra is not None else []
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=[*search, *overrides])
+            cfg = hydra_compose(config_name="config", overrides=[*search, *hydra_overrides])
+        apply_stage_overrides(cfg, stage_overrides)  # options the YAML need not mention (stage_overrides.py)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_describe(e)) from None
     return validate(cfg)
 
 
 def validate(cfg: DictConfig) -> DictConfig:
-    """Re-merge into the schema in struct mode: rejects keys added with `+group.key=value` too."""
+    """Re-merge into the schema in struct mode (rejects keys added with `+group.key=value` too), check
+    the engine settings, then build every stage from its node: each stage's options are checked
+    against its `Options` dataclass and by the stage itself before anything runs (the stage graph is
+    `build_pipeline`'s to check). The stage nodes come back with every option spelled out."""
+    from appliance.pipeline import build_stages, load_stages, stage_nodes
+
     try:
         container = OmegaConf.to_container(cfg, resolve=True)
         checked = OmegaConf.merge(OmegaConf.structured(AppConfig), container)
@@ -111,6 +124,9 @@ def validate(cfg: DictConfig) -> DictConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(_describe(e)) from None
     check_engine(checked)  # settings that can never run (e.g. a block size xformers' kernels refuse)
+    load_stages(checked.plugins)
+    checked.pipeline.stages = {node.id: node.normalized() for node in stage_nodes(checked.pipeline.stages)}
+    build_stages(checked)  # loads no weights: the stages' own checks of their options
     return checked
 
 

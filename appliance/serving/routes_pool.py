@@ -36,7 +36,6 @@ class PoolRoutes:
         self.spool = spool_dir
         self.media_dir = cfg.server.allowed_local_media_dir
         self.output_dir = cfg.server.output_dir
-        self.max_bytes = int(cfg.server.limits.max_request_bytes)
 
     async def pooling(self, request: Request):
         body = await read_json(request)

@@ -58,15 +58,6 @@ def command_lines(docs, tmp_path: Path):
     return lines
 
 
-def by_name_stage_overrides_supported() -> bool:
-    """Whether `pipeline.stages.<stage name>.<option>=...` composes on this branch (the stage-naming change)."""
-    try:
-        compose(["pipeline=prithvi_flood", "pipeline.stages.tile.overlap=64"])
-        return True
-    except Exception:
-        return False
-
-
 def check(args, env):
     verb, *overrides = args
     assert verb in ("serve", "run")
@@ -79,9 +70,6 @@ def test_the_rendered_command_line_checks(chart, profile, tmp_path):
     env = lay_out_config_files(docs, tmp_path / "root")
     for args in command_lines(docs, tmp_path):
         result = check(args, env)
-        if result.returncode != 0 and any(a.startswith("pipeline.stages.") and not a.split(".")[2].isdigit()
-                                          for a in args) and not by_name_stage_overrides_supported():
-            pytest.xfail("stage options by name (pipeline.stages.tile.overlap) wait on the stage-naming change")
         assert result.returncode == 0, (args, result.stderr)
         assert result.stdout.startswith("ok: pipeline "), result.stdout
 

@@ -13,17 +13,13 @@ pipeline:
   name: my_flood
   inputs: [input, output, overwrite]
   stages:
-    - stage: raster_inputs
-    - stage: raster_read
-    - stage: tile
-      tile_size: 256
-    - stage: normalize
-      means: ${model.geo.means}
-      stds: ${model.geo.stds}
-    - stage: engine
-    - stage: stitch
-    - stage: raster_write
-      class_names: ${model.geo.class_names}
+    raster_inputs: {}
+    raster_read: {}
+    tile: {tile_size: 256}
+    normalize: {}
+    engine: {}
+    stitch: {}
+    raster_write: {}
 """
 MODEL = """\
 defaults: [schema, _self_]
@@ -55,7 +51,7 @@ def test_extra_files_join_the_groups(extra):
     assert {"my_model", "prithvi_demo_flood"} <= set(group_options("model"))
     cfg = compose(["pipeline=my_flood"])
     assert (cfg.pipeline.name, cfg.model.name, cfg.engine.kind.value) == ("my_flood", "my-model", "pool")
-    assert cfg.pipeline.stages[2].tile_size == 256
+    assert cfg.pipeline.stages.tile.tile_size == 256
 
 
 def test_an_extra_model_under_a_shipped_pipeline(extra):

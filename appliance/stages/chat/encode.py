@@ -6,8 +6,6 @@ answer as the image itself. LLaVA-1.5 only (LLaVA-NeXT's feature count depends o
 Only the vision tower is built and only its tensors are read from the checkpoint (`LlavaVisionTower`):
 the features are the tower's output, before the projector.
 """
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Tuple
@@ -16,9 +14,9 @@ import torch
 from safetensors.torch import save_file
 
 from appliance.errors import ConfigError, InputError
+from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.chat.images import ImageSide
-from appliance.stages.chat.responses import file_mode
 
 
 @dataclass
@@ -84,12 +82,5 @@ class VisionEncode(Stage):
 
 def _write_atomically(features: torch.Tensor, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({"image_features": features}, tmp)
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with AtomicFile(str(target)) as temp:
+        save_file({"image_features": features}, temp)
