@@ -129,8 +129,12 @@ def test_sigterm_drains_running_streams_then_exits_zero(server):
     threads = [threading.Thread(target=stream) for _ in range(2)]
     for thread in threads:
         thread.start()
+    def admitted():  # both streams in the engine (one running, one waiting: max_num_seqs=1)
+        sample = metrics(server.base)
+        return sample[("appliance_num_requests_running", ())] + sample[("appliance_num_requests_waiting", ())]
+
     deadline = time.monotonic() + 30
-    while metrics(server.base)[("appliance_num_requests_running", ())] < 1 and time.monotonic() < deadline:
+    while admitted() < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
