@@ -49,18 +49,22 @@ class ModelRunner:
         self.dtype = resolve_dtype(cfg.dtype)
         self.block_size = cfg.block_size
         model_cls = get_model_class(architecture(hf_config, model_path))
-        cpu_kernels.enable(cfg.cpu_kernels)
+        # Our CPU kernels: this engine's choice, held by its own layers (two engines may differ).
+        self.use_cpu_kernels = bool(cfg.cpu_kernels) and self.device.type == "cpu" \
+            and self.dtype == torch.float32 and cpu_kernels.available()
         geometry = AttentionGeometry.of(hf_config, self.tp.world_size, self.block_size)
         with self.on_device():  # the xformers probe runs kernels on this device
-            self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype, geometry)
+            self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype, geometry,
+                                               use_cpu_kernels=bool(cfg.cpu_kernels))
         with torch.device(self.device):
             model = model_cls(hf_config, self.tp, self.attn_backend, max_model_len)
         self.model: CausalLM = model.to(self.dtype).eval()
         self.model.load_weights(iter_weights(model_path))
-        if self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.available():
-            pack_for_cpu(self.model)
+        if self.use_cpu_kernels:
+            pack_for_cpu(self.model)  # our GEMM
+            cpu_kernels.use_in(self.model)  # the fused small ops and the KV write
         self.num_kv_blocks = self._allocate_kv_cache()
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.use_cpu_kernels)
         self.multimodal = isinstance(self.model, MultimodalCausalLM)
         self.encoder_cache = EncoderCache(cfg.encoder_cache_bytes) if self.multimodal else None
         # Per in-flight request: embeddings its later prefill chunks still need (gone with the Sequence).
