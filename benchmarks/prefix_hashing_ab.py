@@ -14,13 +14,12 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_throughput import build_model, make_requests  # noqa: E402
+from engine_throughput import bench_model, generate_tok_s, make_requests  # noqa: E402
 
 
 def cache_full_blocks_rehash_all(self, seq) -> None:
@@ -76,17 +75,10 @@ def per_step_cost(lengths=(256, 1024, 4096), steps=64):
 
 
 def run(engine, requests):
-    from appliance.engine.sampling_params import SamplingParams
-
     timer = engine.block_manager.cache_full_blocks
     timer.seconds = 0.0
-    for prompt, n in requests:
-        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, seed=0))
-    produced, start = 0, time.perf_counter()
-    while engine.has_unfinished():
-        produced += sum(len(o.new_token_ids) for o in engine.step())
-    wall = time.perf_counter() - start
-    return produced / wall, timer.seconds, produced
+    tok_s, produced = generate_tok_s(engine, requests)
+    return tok_s, timer.seconds, produced
 
 
 def main():
@@ -101,17 +93,12 @@ def main():
     from appliance.engine.config import EngineConfig
     from appliance.engine.llm_engine import LLMEngine
 
-    tmp = None
-    path = args.model_dir
-    if path is None or not os.path.exists(os.path.join(path, "config.json")):
-        tmp = tempfile.TemporaryDirectory()
-        path = path or tmp.name
-        build_model(path)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()}")
     per_step_cost()
     cfg = EngineConfig(kv_cache_memory_bytes=512 * 2 ** 20, max_num_seqs=64, max_num_batched_tokens=2048,
                        enable_prefix_caching=True)
-    engines = {"before": LLMEngine(path, cfg), "after": LLMEngine(path, cfg)}
+    with bench_model(args.model_dir) as path:
+        engines = {"before": LLMEngine(path, cfg), "after": LLMEngine(path, cfg)}
     for name, engine in engines.items():
         bm = engine.block_manager
         fn = cache_full_blocks_rehash_all.__get__(bm) if name == "before" else bm.cache_full_blocks
@@ -133,8 +120,6 @@ def main():
     ratios = [a[0] / b[0] for a, b in zip(results["after"], results["before"])]
     print(f"after / before, per round: {', '.join(f'{x:.3f}' for x in ratios)}; median {statistics.median(ratios):.3f}")
     print(f"load average after: {os.getloadavg()}")
-    if tmp:
-        tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -98,11 +98,12 @@ def test_rotary_in_place_matches_torch_path():
     assert got_q.data_ptr() == q.data_ptr() and torch.equal(qkv[:, 192:], untouched)
 
 
-def test_write_kv_matches_index_put():
-    k_cache, v_cache = torch.zeros(8, 4, 2, 16), torch.zeros(8, 4, 2, 16)
-    qkv = torch.randn(5, 3 * 32)
-    k, v = qkv[:, 32:64].view(5, 2, 16), qkv[:, 64:].view(5, 2, 16)
-    slots = torch.tensor([3, 0, 31, 17, 9])
+@pytest.mark.parametrize("tokens", [5, 2100])  # 2100 x 32 floats: the rows are copied in parallel
+def test_write_kv_matches_index_put(tokens):
+    k_cache, v_cache = torch.zeros(640, 4, 2, 16), torch.zeros(640, 4, 2, 16)
+    qkv = torch.randn(tokens, 3 * 32)
+    k, v = qkv[:, 32:64].view(tokens, 2, 16), qkv[:, 64:].view(tokens, 2, 16)
+    slots = torch.tensor([3, 0, 31, 17, 9]) if tokens == 5 else torch.randperm(2560)[:tokens]
     cpu_kernels.write_kv(k, v, slots, k_cache, v_cache)
     ref_k, ref_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
     ref_k.view(-1, 2, 16)[slots] = k

@@ -311,6 +311,7 @@ void rotary_f32(float* q, int64_t ldq, float* k, int64_t ldk, const int64_t* pos
 // k_cache/v_cache viewed as [slots, width]: row slots[t] <- k[t] / v[t] (rows of stride ldk / ldv).
 void write_kv_f32(const float* k, int64_t ldk, const float* v, int64_t ldv, const int64_t* slots,
                   float* k_cache, float* v_cache, int64_t T, int64_t width) {
+    #pragma omp parallel for schedule(static) if (T * width > 65536)
     for (int64_t t = 0; t < T; t++) {
         memcpy(k_cache + slots[t] * width, k + t * ldk, sizeof(float) * width);
         memcpy(v_cache + slots[t] * width, v + t * ldv, sizeof(float) * width);

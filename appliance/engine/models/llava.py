@@ -12,7 +12,8 @@ Image embeddings for one `ImageItem` (`image_embeddings`):
 `vision_features(pixel_values)` is the tower-only half, which is what image_features inputs hold.
 `LlavaVisionTower` is that half alone (the CLIP tower and the feature selection, no projector, no
 language model); `LlavaForConditionalGeneration` extends it, so both share parameter names and
-loading, and `pipeline=llava_encode` builds and loads the tower only.
+loading. `LlavaVisionEncoder` is the tower as a pool model: what engine.kind=pool runs for a LLaVA-1.5
+checkpoint (`pipeline=llava_encode`), building and loading the tower only.
 
 Checkpoint layouts accepted (see `checkpoint_name`): transformers 4.x llava-hf
 (`language_model.model.*`, `language_model.lm_head.*`, `vision_tower.vision_model.*`,
