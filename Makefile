@@ -1,9 +1,10 @@
-# The two commands that matter on a fresh machine: `make demo` and `make test`.
+# The two commands that matter on a fresh machine: `make demo` and `make test` (the whole suite, what
+# CI runs); `make test-fast` is the inner loop (README: which to run when).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,11 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest
+
+# Everything but the slow tier (tests/conftest.py SLOW: CLI and server processes, TP ranks, end-to-end
+# model runs); every package is still reached.
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
 
 clean:
 	rm -rf $(VENV) *.egg-info demo-output

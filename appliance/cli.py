@@ -1,6 +1,7 @@
 """`appliance VERB [key=value ...]`: the command line. Every verb takes Hydra overrides."""
 import argparse
 import logging
+import signal
 import sys
 from typing import List, Optional
 
@@ -30,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if args.verb == "run":
+        signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: unwind, so writers remove their temp files
     try:
         return _dispatch(args.verb, args.overrides)
     except UserError as e:
@@ -38,6 +41,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"appliance {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"appliance {args.verb}: terminated", file=sys.stderr)
+        return 143
 
 
 def _dispatch(verb: str, overrides: List[str]) -> int:
@@ -71,13 +77,23 @@ def _run(cfg, pipeline) -> int:
     # Plain Python values: stages see lists as lists, not OmegaConf nodes.
     record = {field: OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
               for field, value in ((f, cfg.get(f)) for f in cfg.pipeline.inputs)}
+    stream = pipeline.run([record])
     try:
-        for result in pipeline.run([record]):
+        for result in stream:
             if result.get("display") is not None:
                 print(result["display"], flush=True)
     finally:
+        stream.close()  # closes every stage's generator now: their cleanup runs before we exit
         pipeline.close()
     return 0
+
+
+class Terminated(BaseException):
+    """SIGTERM during `run` (not an Exception: no stage may swallow it)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
 
 
 if __name__ == "__main__":

@@ -1,18 +1,22 @@
 """Stages and the pipeline that chains them.
 
 A stage is a small class registered under a name. It declares the record fields it consumes and
-produces, and its options as a dataclass. A pipeline is the list of stage nodes from
-`pipeline.stages`; records (plain dicts) stream through the stages as generators, so a stage can
-batch (the engine), fan out (tiling) or fan in (stitching) while memory stays bounded.
+produces, and its options as a nested `Options` dataclass. A pipeline is `pipeline.stages`: an ordered
+mapping from stage id to that stage's node, `{stage: <registered name>, <option>: <value>, ...}`;
+`stage` defaults to the id, so `tile: {overlap: 64}` is the `tile` stage and
+`pipeline.stages.tile.overlap=64` overrides it. Records (plain dicts) stream through the stages as
+generators, so a stage can batch (the engine), fan out (tiling) or fan in (stitching) while memory
+stays bounded.
 """
 import importlib
 import itertools
+import threading
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Set, Tuple, Type
+from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Set, Tuple, Type
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
+from appliance.config.typed import typed_dataclass
 from appliance.errors import ConfigError
 
 Record = Dict[str, Any]
@@ -31,13 +35,16 @@ class Stage:
     produces: Tuple[str, ...] = ()
     # False for a stage of the offline verb only: a source that expands the run record (input files) or a
     # sink that prints or writes the run's answers. `appliance serve` takes requests from HTTP bodies and
-    # shapes answers itself, and runs only the online stages (appliance/serving/pipeline_split.py).
+    # shapes answers itself, and runs only the online stages (appliance/serving/split.py).
     online: ClassVar[bool] = True
 
     def __init__(self, options: Any, cfg: DictConfig):
-        """Cheap: parse options and remember config. Never load weights here (`check` builds stages)."""
+        """Cheap: parse options and check them against the config. Never load weights or read files
+        here: `appliance config` builds every stage to validate its options."""
         self.options = options
         self.cfg = cfg
+        self.id = self.name  # the key of its node in pipeline.stages (build_pipeline sets it)
+        self.shared = Shared()  # build_pipeline hands every stage of one pipeline the same one
 
     def check(self) -> None:
         """Validate files this stage will need (exist, readable, consistent); load no weights."""
@@ -56,6 +63,21 @@ class Stage:
         """Release resources (engine workers, open files)."""
 
 
+class Shared:
+    """What the stages of one pipeline share, each made once on first use (the model's tokenizer: the
+    prompt stage renders with it, the engine detokenizes with it)."""
+
+    def __init__(self):
+        self._made: Dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._made:
+                self._made[key] = make()
+            return self._made[key]
+
+
 STAGES: Dict[str, Type[Stage]] = {}
 
 
@@ -66,8 +88,21 @@ def register_stage(cls: Type[Stage]) -> Type[Stage]:
         raise TypeError(f"stage name '{cls.name}' is already registered by {STAGES[cls.name].__qualname__}")
     if not is_dataclass(cls.Options):
         raise TypeError(f"{cls.__qualname__}.Options must be a dataclass")
+    if "stage" in {f.name for f in fields(cls.Options)}:
+        raise TypeError(f"{cls.__qualname__}.Options: 'stage' names the stage in its node; rename the option")
     STAGES[cls.name] = cls
     return cls
+
+
+def load_stages(plugins: Iterable[str]) -> None:
+    """Register the built-in stages and those of `plugins` (modules imported for their stages)."""
+    import appliance.stages  # noqa: F401  (registers the built-in stages)
+
+    for module in plugins:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"plugins: cannot import '{module}': {e}") from None
 
 
 class Pipeline:
@@ -117,50 +152,87 @@ class Pipeline:
         self._ready.clear()
 
 
-def build_pipeline(cfg: DictConfig) -> Pipeline:
-    """Build every stage from its node and check the graph; loads no weights."""
-    import appliance.stages  # noqa: F401  (registers the built-in stages)
+@dataclass(frozen=True)
+class StageNode:
+    """One entry of `pipeline.stages`, checked: its id, its stage class and its options."""
 
-    for module in cfg.plugins:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ConfigError(f"plugins: cannot import '{module}': {e}") from None
+    id: str
+    cls: Type[Stage]
+    options: Any  # an instance of cls.Options
 
-    available = set(cfg.pipeline.inputs)
+    def normalized(self) -> Dict[str, Any]:
+        """The node with its stage and every option spelled out (defaults included): what `appliance
+        config` prints."""
+        typed = OmegaConf.structured(self.options)
+        return {"stage": self.cls.name, **OmegaConf.to_container(typed, enum_to_str=True)}
+
+
+def stage_nodes(stages: Any) -> List[StageNode]:
+    """Each `pipeline.stages` entry checked against its stage's `Options`; ConfigError naming
+    `pipeline.stages.<id>.<key>`, the stage and what is allowed. Stages must be registered (`load_stages`)."""
+    if not isinstance(stages, (dict, DictConfig)):
+        raise ConfigError(f"pipeline.stages: expected a mapping from stage id to options, such as "
+                          f"{{tile: {{overlap: 64}}}} (the id is the stage's name unless the node sets 'stage'), "
+                          f"got {type(stages).__name__}")
+    return [_stage_node(str(stage_id), node) for stage_id, node in stages.items()]
+
+
+def _stage_node(stage_id: str, node: Any) -> StageNode:
+    where = f"pipeline.stages.{stage_id}"
+    if node is None:
+        node = {}
+    if not isinstance(node, (dict, DictConfig)):
+        raise ConfigError(f"{where}: expected a mapping of options ({{stage: NAME, option: value, ...}}; the "
+                          f"'stage' key defaults to the id '{stage_id}'), got {node!r}")
+    raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    name = raw.pop("stage", None) or stage_id
+    if name not in STAGES:
+        registered = ", ".join(sorted(STAGES))
+        if "stage" in node:
+            raise ConfigError(f"{where}.stage: unknown stage '{name}' (registered: {registered})")
+        raise ConfigError(f"{where}: unknown stage '{name}': the id names the stage unless the node sets a "
+                          f"'stage' key (registered: {registered})")
+    cls = STAGES[name]
+    options = typed_dataclass(cls.Options, raw, where, f"option for stage '{name}'", f"stage '{name}'")
+    return StageNode(stage_id, cls, options)
+
+
+def build_stages(cfg: DictConfig) -> List[Stage]:
+    """Every stage of `pipeline.stages`, built from its checked node (the stage's own option checks run
+    in its constructor), sharing one `Shared`; loads no weights."""
+    load_stages(cfg.plugins)
+    shared = Shared()
     stages = []
-    for index, node in enumerate(cfg.pipeline.stages):
-        where = f"pipeline.stages[{index}]"
-        stage = _build_stage(where, node, cfg)
+    for node in stage_nodes(cfg.pipeline.stages):
+        try:
+            stage = node.cls(node.options, cfg)
+        except ConfigError as e:
+            raise ConfigError(_at_node(str(e), node)) from None
+        stage.id, stage.shared = node.id, shared
+        stages.append(stage)
+    return stages
+
+
+def _at_node(message: str, node: StageNode) -> str:
+    """A stage names its options from its name (`tile.stride: ...`); say where the node is instead:
+    `pipeline.stages.<id>.stride: ...`."""
+    name = node.cls.name
+    if message.startswith((f"{name}.", f"{name}:")):
+        return f"pipeline.stages.{node.id}{message[len(name):]}"
+    return f"pipeline.stages.{node.id}: {message}"
+
+
+def build_pipeline(cfg: DictConfig) -> Pipeline:
+    """Build every stage and check the graph: each stage's `consumes` must come from `pipeline.inputs`
+    or an earlier stage; loads no weights."""
+    stages = build_stages(cfg)
+    available = set(cfg.pipeline.inputs)
+    for stage in stages:
         missing = [f for f in stage.consumes if f not in available]
         if missing:
             raise ConfigError(
-                f"{where} ({stage.name}) consumes {', '.join(repr(f) for f in missing)}, which no earlier "
-                f"stage produces (available: {', '.join(sorted(available))})"
+                f"pipeline.stages.{stage.id} ({stage.name}) consumes {', '.join(repr(f) for f in missing)}, which "
+                f"no earlier stage produces (available: {', '.join(sorted(available))})"
             )
         available |= set(stage.produces)
-        stages.append(stage)
     return Pipeline(stages)
-
-
-def _build_stage(where: str, node: Any, cfg: DictConfig) -> Stage:
-    if not isinstance(node, (dict, DictConfig)) or "stage" not in node:
-        raise ConfigError(f"{where}: expected a mapping with a 'stage' key, got {node!r}")
-    name = node["stage"]
-    if name not in STAGES:
-        raise ConfigError(f"{where}.stage: unknown stage '{name}' (registered: {', '.join(sorted(STAGES))})")
-    cls = STAGES[name]
-    raw = {k: v for k, v in OmegaConf.to_container(OmegaConf.create(dict(node)), resolve=True).items()
-           if k != "stage"}
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(cls.Options), raw)
-        options = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", "") or getattr(e, "key", "")
-        allowed = ", ".join(f.name for f in fields(cls.Options)) or "none"
-        message = str(e).splitlines()[0]
-        if "not in" in message:
-            message = f"unknown option for stage '{name}' (allowed: {allowed})"
-        raise ConfigError(f"{where}.{key}: {message}") from None
-    return cls(options, cfg)
-

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from appliance.config.schema import ImageInputType
+from appliance.engine.multimodal import image_token_id
 from appliance.errors import ConfigError
 
 # checkpoint architecture -> config.json model_type
@@ -91,7 +92,7 @@ def derive(config: Any, input_type: ImageInputType) -> dict:
     else:
         shape = (per_view, int(vision.hidden_size) * num_layers)
     return {
-        "image_token_id": int(config.image_token_id),
+        "image_token_id": int(image_token_id(config)),
         "image_input_shape": shape,
         "image_feature_size": per_view if config.model_type == "llava" else None,
     }

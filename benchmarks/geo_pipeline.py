@@ -54,8 +54,8 @@ def load_synthetic():
 
 def overrides(args, checkpoint, dtype, stride=None):
     out = ["pipeline=prithvi_flood", f"model={args.model}", f"model.checkpoint={checkpoint}",
-           f"pipeline.stages.2.tile_size={args.tile}", f"engine.max_batch_size={args.batch}", f"engine.dtype={dtype}"]
-    return out + ([f"pipeline.stages.2.stride={stride}"] if stride else [])
+           f"pipeline.stages.tile.tile_size={args.tile}", f"engine.max_batch_size={args.batch}", f"engine.dtype={dtype}"]
+    return out + ([f"pipeline.stages.tile.stride={stride}"] if stride else [])
 
 
 def make_checkpoint(args, directory: Path) -> Path:

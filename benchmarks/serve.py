@@ -24,7 +24,6 @@ import asyncio
 import base64
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,8 @@ class Server:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", *overrides,
                                       f"server.port={self.port}", "server.limits.max_queued_requests=4096"],
-                                     cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                                     cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # its session: all its processes, for RSS
 
     def __enter__(self):
         deadline = time.monotonic() + 300

@@ -7,7 +7,41 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.servers"]  # the shared `appliance serve` fixtures
 FRAME_CONF = REPO / "tests" / "frame" / "conf"
+
+# The slow tier: `make test` runs everything; `make test-fast` (`pytest -m "not slow"`) leaves these out and
+# still reaches every package (README). Each is a file or one test, by node id; most start processes (the
+# CLI, a server, TP ranks) or run a model end to end. `@pytest.mark.slow` on a test works too.
+SLOW = (
+    "tests/chat/test_cli_e2e.py",  # `appliance run` on chat pipelines, a process a case
+    "tests/geo/test_cli_e2e.py",  # the same for flood masks
+    "tests/chat/test_encode.py::test_features_from_llava_encode_give_the_same_answers_as_pixels",
+    "tests/chat/test_encode.py::test_llava_encode_refuses_bad_input_before_writing",
+    "tests/frame/test_cli.py::test_config_prints_composed_yaml_for_both_pipelines",
+    "tests/frame/test_cli.py::test_run_check_and_config_with_test_stages",
+    "tests/frame/test_cli.py::test_bad_inputs_end_with_one_line_and_exit_2",
+    "tests/frame/test_cli.py::test_check_names_a_missing_model_path",
+    "tests/frame/test_cli.py::test_stage_options_are_checked_by_the_verbs",
+    "tests/frame/test_serve.py::test_serve_runs_the_pipeline_and_rejects_bad_requests",
+    "tests/frame/test_serve.py::test_a_dead_engine_takes_the_server_down_with_exit_code_1",
+    "tests/serving/test_lifecycle.py",  # one server with limits, drained at the end
+    "tests/serving/test_pooling.py::test_a_client_that_leaves_stops_the_remaining_tiles",
+    "tests/serving/test_metrics.py",
+    "tests/engine/test_tensor_parallel.py::test_tp2_matches_tp1",  # TP ranks are processes
+    "tests/engine/test_tensor_parallel.py::test_killed_worker_raises_clear_error",
+    "tests/engine/test_tensor_parallel.py::test_hung_worker_times_out",
+    "tests/engine/test_tensor_parallel.py::test_indivisible_tp_size_is_a_clear_error",
+    "tests/engine/test_tensor_parallel.py::test_worker_that_raises_mid_run_reaches_rank_0",
+    "tests/engine/test_llava.py::test_tp2_matches_tp1",
+    "tests/engine/test_cpu_kernels.py::test_fresh_cache_builds_once",  # compiles the kernels
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.nodeid == slow or item.nodeid.startswith((slow + "::", slow + "[")) for slow in SLOW):
+            item.add_marker(pytest.mark.slow)
 
 
 @contextmanager
@@ -44,6 +78,19 @@ def assert_user_error(result, *fragments):
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def assert_config_error(overrides, *fragments):
+    """Composing `overrides` fails with one ConfigError line naming every fragment."""
+    from appliance.config.compose import compose
+    from appliance.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        compose(overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
 
 
 @pytest.fixture

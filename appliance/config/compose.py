@@ -1,5 +1,8 @@
 """Compose the config tree from `conf/` plus command-line overrides, and validate it strictly.
 
+`$APPLIANCE_EXTRA_CONF_DIR` adds group files (`pipeline/x.yaml`, `model/y.yaml`, ...) to the tree without
+touching it: the Helm chart mounts its `extraConfig` there, so a new pipeline or model needs no new image.
+
 We use Hydra's compose API instead of `@hydra.main`: it never creates `outputs/` nor changes the
 working directory, which matters in containers with read-only root file systems.
 """
@@ -12,20 +15,40 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from appliance.config.engine_check import check_engine
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, register_schemas
+from appliance.config.stage_overrides import apply_stage_overrides, split_stage_overrides
 from appliance.errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+EXTRA_CONF_ENV = "APPLIANCE_EXTRA_CONF_DIR"
 
 
 def conf_dir() -> Path:
     """The config tree: $APPLIANCE_CONF_DIR, else `conf/` beside the package (repo checkout)."""
     return Path(os.environ.get("APPLIANCE_CONF_DIR", PACKAGE_DIR.parent / "conf")).resolve()
+
+
+def extra_conf_dir() -> Optional[Path]:
+    """More group files beside conf/'s: $APPLIANCE_EXTRA_CONF_DIR, or None when unset."""
+    value = os.environ.get(EXTRA_CONF_ENV)
+    return Path(value).resolve() if value else None
+
+
+def _check_extra_conf_dir(extra: Path) -> None:
+    """The extra directory exists and adds names: a file there named like one in conf/ would lose to it."""
+    if not extra.is_dir():
+        raise ConfigError(f"${EXTRA_CONF_ENV}={extra}: no such directory")
+    for group in GROUP_SCHEMAS:
+        for path in sorted((extra / group).glob("*.yaml")):
+            if (conf_dir() / group / path.name).exists():
+                raise ConfigError(f"{group}/{path.name} in ${EXTRA_CONF_ENV} ({extra}) has the name of a file in "
+                                  f"{conf_dir()}; give it another name")
 
 
 def _asset(relative: str) -> str:
@@ -39,15 +62,19 @@ def _register_resolvers() -> None:
 
 
 def group_options(group: str) -> List[str]:
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    dirs = [conf_dir(), extra_conf_dir()]
+    return sorted({p.stem for d in dirs if d is not None for p in (d / group).glob("*.yaml")})
 
 
-def _check_group_choices(overrides: Sequence[str]) -> None:
-    """Name the available options when `group=choice` picks one that does not exist."""
+def _parse(overrides: Sequence[str]) -> List[Override]:
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        return OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(f"bad override: {_first_line(e)}") from None
+
+
+def _check_group_choices(parsed: Sequence[Override]) -> None:
+    """Name the available options when `group=choice` picks one that does not exist."""
     for override in parsed:
         key = override.key_or_group
         if key in GROUP_SCHEMAS and not override.is_delete():
@@ -63,18 +90,31 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """Return the composed, validated, resolved config for `overrides` (Hydra syntax)."""
     register_schemas()
     _register_resolvers()
-    _check_group_choices(overrides)
+    extra = extra_conf_dir()
+    if extra is not None:
+        _check_extra_conf_dir(extra)
+    parsed = _parse(overrides)
+    _check_group_choices(parsed)
+    hydra_overrides, stage_overrides = split_stage_overrides(parsed)
+    # Hydra's search path after conf/: the extra directory's group files join conf/'s groups.
+    search = [f"hydra.searchpath=['file://{_quoted(str(extra))}']"] if extra is not None else []
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+            cfg = hydra_compose(config_name="config", overrides=[*search, *hydra_overrides])
+        apply_stage_overrides(cfg, stage_overrides)  # options the YAML need not mention (stage_overrides.py)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_describe(e)) from None
     return validate(cfg)
 
 
 def validate(cfg: DictConfig) -> DictConfig:
-    """Re-merge into the schema in struct mode: rejects keys added with `+group.key=value` too."""
+    """Re-merge into the schema in struct mode (rejects keys added with `+group.key=value` too), check
+    the engine settings, then build every stage from its node: each stage's options are checked
+    against its `Options` dataclass and by the stage itself before anything runs (the stage graph is
+    `build_pipeline`'s to check). The stage nodes come back with every option spelled out."""
+    from appliance.pipeline import build_stages, load_stages, stage_nodes
+
     try:
         container = OmegaConf.to_container(cfg, resolve=True)
         checked = OmegaConf.merge(OmegaConf.structured(AppConfig), container)
@@ -84,6 +124,9 @@ def validate(cfg: DictConfig) -> DictConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(_describe(e)) from None
     check_engine(checked)  # settings that can never run (e.g. a block size xformers' kernels refuse)
+    load_stages(checked.plugins)
+    checked.pipeline.stages = {node.id: node.normalized() for node in stage_nodes(checked.pipeline.stages)}
+    build_stages(checked)  # loads no weights: the stages' own checks of their options
     return checked
 
 
@@ -130,6 +173,11 @@ def _dataclass_of(annotation) -> Optional[type]:
         if dataclasses.is_dataclass(arg):
             return arg
     return None
+
+
+def _quoted(text: str) -> str:
+    """`text` inside a single-quoted Hydra string (Hydra keeps backslashes not followed by a quote)."""
+    return text.replace("'", "\\'")
 
 
 def _first_line(e: BaseException) -> str:

@@ -5,7 +5,7 @@ that `+group.key=value` overrides (which Hydra 1.3 lets through) are rejected to
 """
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -60,54 +60,10 @@ class GeoModelConfig:
     class_names: List[str] = MISSING
 
 
-# ---- tiling (geospatial pipelines) ----
-
-
-class Padding(str, Enum):
-    """How a scene smaller than one tile is padded up to the tile size (numpy `np.pad` modes)."""
-
-    reflect = "reflect"  # mirror without repeating the edge pixel (what the Prithvi models saw)
-    edge = "edge"
-    constant = "constant"  # zeros (in reflectance, before normalisation)
-
-
-class Blending(str, Enum):
-    """Weight window for overlapping tile logits; ramps span exactly each overlap with a neighbour."""
-
-    cosine = "cosine"  # 0.5 - 0.5*cos(pi*t): smooth, complementary ramps sum to 1
-    linear = "linear"  # t: continuous, kinks at the ramp ends
-    none = "none"  # uniform weights: plain average of overlapping tiles (shows seams)
-
-
-class StitchOutput(str, Enum):
-    classes = "classes"  # uint8 argmax, nodata 255
-    probabilities = "probabilities"  # float32 softmax, one band per class, nodata NaN
-
-
-@dataclass
-class TilingConfig:
-    """Options of the `tile` stage. Give `stride` or `overlap` (= tile_size - stride), not both
-    unless they agree; neither means overlap = tile_size // 8."""
-
-    tile_size: int = 512
-    stride: Optional[int] = None
-    overlap: Optional[int] = None
-    padding: Padding = Padding.reflect
-
-
-@dataclass
-class StitchConfig:
-    """Options of the `stitch` stage."""
-
-    blending: Blending = Blending.cosine
-    output: StitchOutput = StitchOutput.classes
-    progress: bool = True  # a tqdm bar on stderr, only when stderr is a terminal
-
-
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    architecture: str = MISSING  # registry key, e.g. LlamaForCausalLM, LlavaForConditionalGeneration, Prithvi
+    architecture: str = MISSING  # registry key, e.g. LlamaForCausalLM, LlavaForConditionalGeneration, PrithviSegmentation
     path: Optional[str] = None  # directory in HF layout (config.json + safetensors + tokenizer)
     checkpoint: Optional[str] = None  # single-file checkpoint (terratorch .pt or .safetensors)
     vision_language: Optional[VisionLanguageConfig] = None
@@ -117,7 +73,8 @@ class ModelConfig:
 
 @dataclass
 class ServerLimits:
-    max_request_bytes: int = 20 * 1024 * 1024  # request body (413 above), and each fetched image or GeoTIFF
+    max_request_bytes: int = 20 * 1024 * 1024  # an HTTP request body (413 above)
+    max_media_bytes: int = 20 * 1024 * 1024  # each image, image-features file or GeoTIFF a request names (URL, file, data URL)
     max_image_pixels: int = 64_000_000
     request_timeout_s: float = 600.0  # a request still unanswered after this long is aborted (504)
     fetch_timeout_s: float = 30.0  # a URL the request names must arrive within this (images, GeoTIFFs)
@@ -142,8 +99,10 @@ class ServerConfig:
 @dataclass
 class PipelineConfig:
     name: str = MISSING
-    inputs: List[str] = MISSING  # record fields the verb supplies (e.g. path, output_path)
-    stages: List[Any] = MISSING  # each a node {stage: <registered name>, <options>...}
+    inputs: List[str] = MISSING  # record fields the verb supplies (e.g. input, output, overwrite)
+    # Ordered mapping: stage id -> {stage: <registered name, default: the id>, <option>: <value>, ...};
+    # each node is checked against its stage's Options dataclass (appliance.pipeline.stage_nodes).
+    stages: Dict[str, Any] = MISSING
 
 
 @dataclass

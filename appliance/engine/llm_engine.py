@@ -11,12 +11,31 @@ from appliance.engine.detokenizer import IncrementalDetokenizer
 from appliance.engine.executor import make_executor
 from appliance.engine.models import get_model_class
 from appliance.engine.models.base import MultimodalCausalLM
+from appliance.engine.multimodal import image_token_id
 from appliance.engine.multimodal import mm_ranges as mm_ranges_of
 from appliance.engine.outputs import RequestOutput
 from appliance.engine.sampler import SamplerOutput
 from appliance.engine.sampling_params import SamplingParams
 from appliance.engine.scheduler import Scheduler, SchedulerOutput
 from appliance.engine.sequence import MMRange, Sequence, SequenceStatus
+
+
+def load_tokenizer(model_path: str):
+    """The tokenizer of the checkpoint at `model_path`: the engine's, which its pipeline shares."""
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def max_model_len(text_config, requested: Optional[int]) -> int:
+    """Tokens a sequence may hold: `requested` (engine.max_model_len), else the model's limit, which is
+    `max_position_embeddings` capped by a sliding window (no sliding-window attention here: staying
+    within the window keeps results exact). ValueError when `requested` exceeds the limit."""
+    limit = text_config.max_position_embeddings
+    window = getattr(text_config, "sliding_window", None)
+    if window:
+        limit = min(limit, window)
+    if requested and requested > limit:
+        raise ValueError(f"engine.max_model_len={requested} exceeds the model's limit {limit}")
+    return requested or limit
 
 
 class LLMEngine:
@@ -29,10 +48,9 @@ class LLMEngine:
         self.cfg = cfg
         hf_config = AutoConfig.from_pretrained(model_path)
         self.hf_config = hf_config
-        token = getattr(hf_config, "image_token_id", None)  # multimodal models only
-        self.image_token_id = token if token is not None else getattr(hf_config, "image_token_index", None)
-        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
-        self.max_model_len = self._max_model_len(hf_config.get_text_config(), cfg)
+        self.image_token_id = image_token_id(hf_config)  # None for a text model
+        self.tokenizer = tokenizer or load_tokenizer(model_path)
+        self.max_model_len = max_model_len(hf_config.get_text_config(), cfg.max_model_len)
         self.executor = make_executor(model_path, hf_config, cfg, self.max_model_len, tp_timeout_s)
         self.block_manager = BlockManager(self.executor.num_kv_blocks, cfg.block_size,
                                           cfg.enable_prefix_caching)
@@ -45,22 +63,13 @@ class LLMEngine:
         self.arrivals = itertools.count()
 
     @classmethod
-    def from_config(cls, app_cfg) -> "LLMEngine":
-        """From a composed app config: `model.path` (HF directory) and the `engine` group."""
+    def from_config(cls, app_cfg, tokenizer=None) -> "LLMEngine":
+        """From a composed app config: `model.path` (HF directory) and the `engine` group; `tokenizer`:
+        the pipeline's, when a stage loaded it already."""
         path = app_cfg.model.path
         if not path:
             raise ValueError("model.path is not set; point it at a HF model directory")
-        return cls(path, engine_config_from(app_cfg.engine))
-
-    @staticmethod
-    def _max_model_len(hf_config, cfg: EngineConfig) -> int:
-        limit = hf_config.max_position_embeddings
-        window = getattr(hf_config, "sliding_window", None)
-        if window:  # no sliding-window attention here: stay within the window so results are exact
-            limit = min(limit, window)
-        if cfg.max_model_len and cfg.max_model_len > limit:
-            raise ValueError(f"engine.max_model_len={cfg.max_model_len} exceeds the model's limit {limit}")
-        return cfg.max_model_len or limit
+        return cls(path, engine_config_from(app_cfg.engine), tokenizer=tokenizer)
 
     @staticmethod
     def _eos_ids(hf_config, tokenizer) -> set:
@@ -147,7 +156,7 @@ class LLMEngine:
 
     def _postprocess(self, scheduled: SchedulerOutput, sampled: SamplerOutput) -> List[RequestOutput]:
         self.scheduler.update(scheduled)
-        seqs = [item.seq for item in scheduled.scheduled if item.samples]
+        seqs = [item.seq for item in scheduled.scheduled if item.will_sample]
         outputs = []
         for seq, token, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs):
             seq.append_token(token)

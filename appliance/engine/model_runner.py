@@ -109,7 +109,7 @@ class ModelRunner:
             step.context_lens.append(end)
             step.block_tables.append(table[: -(-end // bs)])
             row += item.num_new_tokens
-            if item.samples:
+            if item.will_sample:
                 step.sample_rows.append(row - 1)
         if mm_pieces:
             step.mm_embeds = torch.cat(mm_pieces)
@@ -184,7 +184,7 @@ class ModelRunner:
         return self.sample(self.execute(step), out)
 
     def sample(self, logits: torch.Tensor, out: SchedulerOutput) -> SamplerOutput:
-        sampled = [item.seq for item in out.scheduled if item.samples]
+        sampled = [item.seq for item in out.scheduled if item.will_sample]
         with self.on_device():
             return self.sampler(logits, [s.sampling_params for s in sampled], [s.generator for s in sampled],
                                 [s.suppressed_ids() for s in sampled])

@@ -23,3 +23,10 @@ class ImageItem:
 def mm_ranges(items: List[ImageItem]) -> List[Tuple[str, int, int]]:
     """The (mm_hash, start, length) runs the scheduler and prefix cache key on."""
     return [(item.content_hash, item.offset, item.num_tokens) for item in items]
+
+
+def image_token_id(hf_config) -> Optional[int]:
+    """The image placeholder token of a multimodal checkpoint's config (`image_token_id`; older configs
+    name it `image_token_index`); None for a text-only model."""
+    token = getattr(hf_config, "image_token_id", None)
+    return token if token is not None else getattr(hf_config, "image_token_index", None)

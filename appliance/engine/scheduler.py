@@ -17,7 +17,7 @@ from appliance.engine.sequence import Sequence, SequenceStatus
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens whose K/V this step computes, starting at seq.num_computed_tokens
-    samples: bool  # the step reaches the sequence's last token, so its logits pick the next one
+    will_sample: bool  # the step reaches the sequence's last token, so its logits pick the next one
 
 
 @dataclass
@@ -109,7 +109,7 @@ class Scheduler:
 
     def _schedule(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
         item = ScheduledSeq(seq, n, seq.num_computed_tokens + n == seq.num_tokens)
-        if not item.samples:
+        if not item.will_sample:
             self.num_chunked_prefills += 1
         out.scheduled.append(item)
 

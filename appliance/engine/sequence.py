@@ -59,10 +59,6 @@ class Sequence:
     def output_token_ids(self) -> List[int]:
         return self.token_ids[self.num_prompt_tokens:]
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status == SequenceStatus.FINISHED
-
     def suppressed_ids(self) -> Tuple[int, ...]:
         """Token ids the sampler must not pick at this step (stop tokens before `min_tokens`)."""
         return self.min_tokens_suppress if self.num_output_tokens < self.sampling_params.min_tokens else ()

@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 
 from appliance.engine.config import EngineConfig
 from appliance.engine.model_runner import ModelRunner
+from appliance.engine.models import MODEL_REGISTRY
 from appliance.engine.parallel import ParallelState, make_group, rank_device
 from appliance.engine.sampler import SamplerOutput
 from appliance.engine.scheduler import SchedulerOutput
@@ -40,9 +41,12 @@ class WorkerDiedError(RuntimeError):
 
 
 def worker_main(rank: int, world: int, port: int, model_path: str, cfg: EngineConfig, max_model_len: int,
-                timeout_s: float, conn) -> None:
+                timeout_s: float, conn, model_entry=None) -> None:
     from transformers import AutoConfig
+
     try:
+        if model_entry is not None:  # an architecture a plugin registered in rank 0's process only
+            MODEL_REGISTRY.setdefault(*model_entry)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         device = rank_device(torch.device(cfg.device), rank)
         if device.type == "cuda":
@@ -90,10 +94,12 @@ class TPExecutor:
                               timeout=datetime.timedelta(seconds=self.startup_timeout_s))
         ctx = mp.get_context("spawn")
         self.procs, self.conns = [], []
+        arch = (getattr(hf_config, "architectures", None) or [None])[0]
+        entry = (arch, MODEL_REGISTRY[arch]) if arch in MODEL_REGISTRY else None
         for rank in range(1, world):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=worker_main, daemon=True, name=f"tp-rank{rank}",
-                            args=(rank, world, store.port, model_path, cfg, max_model_len, timeout_s, child))
+                            args=(rank, world, store.port, model_path, cfg, max_model_len, timeout_s, child, entry))
             p.start()
             self.procs.append(p)
             self.conns.append(parent)

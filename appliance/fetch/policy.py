@@ -31,7 +31,7 @@ class FetchPolicy:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name}: must be a number of seconds > 0, got {value!r}")
         if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 1:
-            raise ConfigError(f"max_bytes (server.limits.max_request_bytes): must be an integer >= 1, "
+            raise ConfigError(f"max_bytes (server.limits.max_media_bytes): must be an integer >= 1, "
                               f"got {self.max_bytes!r}")
         if isinstance(self.max_redirects, bool) or not isinstance(self.max_redirects, int) or self.max_redirects < 0:
             raise ConfigError(f"max_redirects: must be an integer >= 0, got {self.max_redirects!r}")
@@ -43,14 +43,14 @@ class FetchPolicy:
     @classmethod
     def from_server_config(cls, server_cfg: Any) -> "FetchPolicy":
         """The policy the server and the offline CLI share: `server.allowed_media_domains`,
-        `server.limits.max_request_bytes` and `server.limits.fetch_timeout_s` (total; default 30 s).
+        `server.limits.max_media_bytes` and `server.limits.fetch_timeout_s` (total; default 30 s).
         Missing keys take their defaults, so configs from before those keys existed still work."""
         limits = _get(server_cfg, "limits") or {}
         domains = _get(server_cfg, "allowed_media_domains") or ()
         if not isinstance(domains, (str, bytes)):
             domains = tuple(domains)  # OmegaConf ListConfig, list or tuple
         total = _get(limits, "fetch_timeout_s")
-        max_bytes = _get(limits, "max_request_bytes")
+        max_bytes = _get(limits, "max_media_bytes")
         return cls(allowed_domains=domains,
                    total_timeout_s=30 if total is None else total,
                    max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)

@@ -66,7 +66,7 @@ def parse_chat(body: Any, defaults: Optional[Dict[str, Any]] = None, at: str = "
     request = _common(body, "chat", defaults or {}, at, allow_stream)
     request.messages = check_messages(body["messages"], path(at, "messages"))
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
-    if logprobs not in (None, True, False):
+    if logprobs is not None and not isinstance(logprobs, bool):
         raise fail(at, "logprobs", f"expected true or false, got {logprobs!r}")
     if top is not None:
         top = _integer(at, "top_logprobs", top)
@@ -164,7 +164,7 @@ def _common(body: Dict[str, Any], kind: str, defaults: Dict[str, Any], at: str,
             raise fail(at, key, f"{body[key]!r}; allowed: {neutral[0]!r} only ({hint})")
     request = GenerateRequest(kind, _sampling(body, at), model)
     stream = body.get("stream")
-    if stream not in (None, True, False):
+    if stream is not None and not isinstance(stream, bool):
         raise fail(at, "stream", f"expected true or false, got {stream!r}")
     if stream and not allow_stream:
         raise fail(at, "stream", f"{stream!r}; batch requests cannot stream (use false)")
@@ -178,7 +178,7 @@ def _common(body: Dict[str, Any], kind: str, defaults: Dict[str, Any], at: str,
         where = path(at, "stream_options")
         _known(options, ("include_usage", "continuous_usage_stats"), where)
         for key in options:
-            if options[key] not in (None, True, False):
+            if options[key] is not None and not isinstance(options[key], bool):
                 raise fail(where, key, f"expected true or false, got {options[key]!r}")
         request.include_usage = bool(options.get("include_usage"))
         request.continuous_usage = bool(options.get("continuous_usage_stats"))

@@ -40,6 +40,13 @@ async def http_exception_handler(request: Request, error) -> JSONResponse:
     return error_response(status, str(detail), headers=getattr(error, "headers", None))
 
 
+async def read_json(request: Request) -> object:
+    """The body as JSON, read from the stream (Starlette's `request.body()` keeps the bytes on the request
+    for its whole life; a request waiting in the queue should not hold its upload twice)."""
+    chunks = [chunk async for chunk in request.stream()]
+    return parse_json(b"".join(chunks))
+
+
 def parse_json(body: bytes) -> object:
     """A request body as JSON; NaN and Infinity are refused (they are not JSON)."""
     def refuse(constant: str):

@@ -6,7 +6,6 @@ loop's thread, every `step` turns the engine's outputs into `Tokens` events (eac
 client streams, the whole answer at the end otherwise), `abort` frees its KV blocks at once.
 """
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -18,7 +17,7 @@ from appliance.protocol.openai_requests import GenerateRequest
 from appliance.protocol.openai_responses import token_decoder, token_logprobs
 from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
 from appliance.serving.worker import Worker, elapsed
-from appliance.stages.engine import sampling_defaults
+from appliance.stages.engine import check_fits, sampling_defaults
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +35,15 @@ class Session:
 
 class GenerateWorker(Worker):
     def start(self) -> None:
-        from transformers import AutoTokenizer
-
         self.engine = self.online.engine.engine
         self.defaults = sampling_defaults(self.cfg)
         self.head = Pipeline(self.online.head, ready=True)
         self.sessions: Dict[str, Session] = {}
-        # Completion prompts are tokenized in the pool, with a tokenizer of their own (the engine's
-        # detokenizes on the loop's thread); the lock keeps one pool thread in it at a time.
-        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
-        self.tokenizer_lock = threading.Lock()
+        # The pipeline's one tokenizer (the engine's): pool threads encode prompts with it (chat_prompt,
+        # completions) while the loop's thread detokenizes. A fast tokenizer encodes and decodes through
+        # shared borrows; only changing its truncation or padding would take it exclusively, and nothing
+        # here does, so no lock is needed.
+        self.tokenizer = self.engine.tokenizer
         self.vocab_size = self.engine.hf_config.get_text_config().vocab_size
         self.counted: Dict[str, int] = {}
         self.decode = token_decoder(self.engine.tokenizer)
@@ -75,8 +73,7 @@ class GenerateWorker(Worker):
 
     def _tokenize(self, prompt) -> List[int]:
         if isinstance(prompt, str):
-            with self.tokenizer_lock:
-                return list(self.tokenizer.encode(prompt))
+            return list(self.tokenizer.encode(prompt))
         bad = [t for t in prompt if t >= self.vocab_size]
         if bad:
             raise InputError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
@@ -84,16 +81,9 @@ class GenerateWorker(Worker):
         return prompt
 
     def _check_fits(self, prompt_tokens: int, request: GenerateRequest) -> None:
-        limit = self.engine.max_model_len
         field = "messages" if request.kind == "chat" else "prompt"
-        if prompt_tokens >= limit:
-            raise InputError(f"{field}: the prompt is {prompt_tokens} tokens; the model's context is {limit} "
-                             "tokens and the answer needs at least one; shorten it", param=field)
-        max_tokens = request.sampling.get("max_tokens")
-        if max_tokens is not None and prompt_tokens + max_tokens > limit:
-            raise InputError(f"max_tokens: the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
-                             f"{prompt_tokens + max_tokens} in all; the model's context is {limit} tokens, so "
-                             f"max_tokens may be at most {limit - prompt_tokens}", param="max_tokens")
+        check_fits(prompt_tokens, self.engine.max_model_len, field, "shorten it",
+                   max_tokens=request.sampling.get("max_tokens"), param=field)
 
     def on_prepared(self, uid: str, payload: Tuple[List[int], Optional[list]]) -> None:
         session = self.sessions.get(uid)
@@ -198,3 +188,7 @@ class GenerateWorker(Worker):
     def fail_all(self, failure: Failed) -> None:
         for uid in list(self.sessions):
             self.fail(uid, failure)
+
+    def fail_stepping(self, failure: Failed) -> None:
+        for uid in [uid for uid, s in self.sessions.items() if s.in_engine]:
+            self.fail(uid, failure)  # aborting frees the blocks the failed step had allocated

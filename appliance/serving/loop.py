@@ -59,7 +59,7 @@ class EngineLoop(LitLoop):
                     if is_fatal(e):
                         raise
                     log.exception("engine step failed; failing the requests it held")
-                    worker.fail_all(Failed(500, f"the engine failed while running this request "
+                    worker.fail_stepping(Failed(500, f"the engine failed while running this request "
                                                 f"({type(e).__name__}: {e}); the server goes on"))
                 self._send(transport, lit_api.mux_uid, worker.take_events(), consumers)
         except SystemExit:

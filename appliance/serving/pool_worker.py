@@ -181,6 +181,10 @@ class PoolWorker(Worker):
         for uid in list(self.sessions):
             self.fail(uid, failure)
 
+    def fail_stepping(self, failure: Failed) -> None:
+        for uid in {owner for owner, _ in self.tiles.values()}:
+            self.fail(uid, failure)
+
 
 def warmup_item(cfg, online) -> Optional[torch.Tensor]:
     """A zero tile shaped as the `tile` stage cuts them, with the model's bands; None if unknown."""

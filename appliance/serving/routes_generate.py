@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from appliance.errors import InputError
 from appliance.protocol import openai_responses as shape
 from appliance.protocol.openai_requests import GenerateRequest, parse_chat, parse_completion
-from appliance.serving.errors import APIError, error_response, parse_json
+from appliance.serving.errors import APIError, error_response, read_json
 from appliance.serving.frontend import Channel, ClientGone, Frontend, wait_disconnect
 from appliance.serving.messages import Failed, GenerateJob, Tokens
 from appliance.stages.engine import sampling_defaults
@@ -36,7 +36,7 @@ class GenerateRoutes:
         return await self._handle(request, "completion")
 
     async def _handle(self, request: Request, kind: str):
-        body = parse_json(await request.body())
+        body = await read_json(request)
         try:
             parsed = (parse_chat if kind == "chat" else parse_completion)(body, self.defaults)
         except InputError as e:

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance import __version__
-from appliance.serving.errors import APIError, error_response, parse_json
+from appliance.serving.errors import APIError, error_response, read_json
 from appliance.serving.frontend import ClientGone, Frontend, wait_disconnect
 from appliance.serving.messages import Done, Failed, PredictJob
 from appliance.serving.state import DEAD, READY
@@ -57,7 +57,7 @@ class PredictRoute:
         self.media_dir = cfg.server.allowed_local_media_dir
 
     async def predict(self, request: Request):
-        body = parse_json(await request.body())
+        body = await read_json(request)
         if not isinstance(body, dict):
             raise APIError(400, "body: expected a JSON object with the pipeline's inputs")
         unknown = sorted(set(body) - set(self.inputs))

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from appliance.errors import InputError
 from appliance.protocol.openai_responses import new_id
 from appliance.protocol.pooling import parse_pooling, pooling_response
-from appliance.serving.errors import APIError, error_response, parse_json
+from appliance.serving.errors import APIError, error_response, read_json
 from appliance.serving.frontend import ClientGone, Frontend, wait_disconnect
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.routes_generate import check_model
@@ -36,10 +36,9 @@ class PoolRoutes:
         self.spool = spool_dir
         self.media_dir = cfg.server.allowed_local_media_dir
         self.output_dir = cfg.server.output_dir
-        self.max_bytes = int(cfg.server.limits.max_request_bytes)
 
     async def pooling(self, request: Request):
-        body = parse_json(await request.body())
+        body = await read_json(request)
         try:
             parsed = parse_pooling(body)
         except InputError as e:
@@ -66,6 +65,8 @@ class PoolRoutes:
             output = self._spool(uid, ".out.tif")
             spooled += [output, output + ".aux.xml"]
         job = PoolJob(input_path, url, output, "data.data", bands=parsed.bands)
+        del body
+        parsed.data = None  # the scene is on disk now: a request waiting in the queue holds no copy of it
         result = await self._run(request, uid, job, spooled)
         if isinstance(result, Response):
             return result

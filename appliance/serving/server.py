@@ -39,6 +39,7 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     from fastapi.exceptions import HTTPException as FastAPIHTTPException
     from starlette.exceptions import HTTPException
 
+    from appliance.serving import openapi
     from appliance.serving.api import EngineAPI
     from appliance.serving.errors import APIError, api_error_handler, http_exception_handler
     from appliance.serving.middleware import APIKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
@@ -59,6 +60,7 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):
         server.app.add_exception_handler(error, handler)
+    openapi.install(server.app)
     server._monitor_workers = False  # the Supervisor watches the engine (exit code, drain)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s))
     signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())

@@ -34,14 +34,15 @@ def split_online(pipeline: Pipeline, cfg) -> OnlinePipeline:
     if not engines:
         return OnlinePipeline("plain", list(pipeline.stages), None, [])
     if len(engines) > 1:
-        raise ConfigError("pipeline.stages: more than one engine stage; a server runs one engine")
+        raise ConfigError(f"pipeline.stages: {len(engines)} engine stages ({', '.join(s.id for s in engines)}); "
+                          "a server runs one engine")
     index = pipeline.stages.index(engines[0])
     head = [s for s in pipeline.stages[:index] if s.online]
     tail = [s for s in pipeline.stages[index + 1:] if s.online]
     kind = "pool" if cfg.engine.kind == EngineKind.pool else "generate"
     if kind == "generate" and tail:
-        raise ConfigError(f"pipeline.stages: {tail[0].name} follows a generating engine; the server streams "
-                          "the engine's tokens itself, so only offline stages may follow it")
+        raise ConfigError(f"pipeline.stages.{tail[0].id} ({tail[0].name}) follows a generating engine; the server "
+                          "streams the engine's tokens itself, so only offline stages may follow it")
     fields = POOL_FIELDS if kind == "pool" else GENERATE_FIELDS
     _check_graph(fields, [*head, engines[0], *tail], kind)
     return OnlinePipeline(kind, head, engines[0], tail)
@@ -54,6 +55,6 @@ def _check_graph(fields: Iterable[str], stages: List[Stage], kind: str) -> None:
         missing = [] if stage.name == "engine" and kind == "generate" else \
             sorted(set(stage.consumes) - available)
         if missing:
-            raise ConfigError(f"pipeline.stages: {stage.name} needs {', '.join(missing)}, which neither the "
-                              f"{kind} API nor an earlier online stage provides")
+            raise ConfigError(f"pipeline.stages.{stage.id} ({stage.name}) needs {', '.join(missing)}, which neither "
+                              f"the {kind} API nor an earlier online stage provides")
         available |= set(stage.produces)

@@ -108,6 +108,11 @@ class Worker:
     def fail_all(self, failure: Failed) -> None:
         """The engine cannot go on: answer everything in flight."""
 
+    def fail_stepping(self, failure: Failed) -> None:
+        """An engine step raised: answer the requests the engine held (their state in it is lost);
+        requests still being prepared go on."""
+        self.fail_all(failure)
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         for stage in reversed(self.online.stages()):

@@ -4,17 +4,23 @@ Pool mode (`engine.kind=pool`): each record's tensor is one item; items from con
 of one or many scenes) are batched up to `engine.max_batch_size` per forward. Generate mode: each
 record's prompt becomes a request; all requests in the stream are batched continuously.
 Records come out in the order they went in, with the engine's result added.
+
+The engine owns the model's tokenizer and context length. `model_tokenizer` and `model_context` give
+every stage of a pipeline (and the server) that one tokenizer, loaded once, and the engine's own rule
+for the context; `check_fits` is the one rule for "the prompt fits", worded for the user.
 """
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterator, Tuple
+from typing import Any, Deque, Dict, Iterator, Optional, Tuple
 
 from omegaconf import OmegaConf
 
 from appliance.config.schema import EngineKind
-from appliance.errors import InputError
+from appliance.config.typed import typed_dataclass
+from appliance.engine.sampling_params import SamplingParams
+from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, register_stage
 
 
@@ -27,11 +33,58 @@ class EngineStageOptions:
 
 def sampling_defaults(cfg) -> Dict[str, Any]:
     """The engine stage's `sampling` in the configured pipeline: what a request's own fields override."""
-    for node in cfg.pipeline.stages:
-        if node.get("stage") == "engine":
+    for stage_id, node in cfg.pipeline.stages.items():
+        if node is not None and node.get("stage", stage_id) == "engine":
             sampling = node.get("sampling")
             return dict(OmegaConf.to_container(sampling) if OmegaConf.is_config(sampling) else sampling or {})
     return {}
+
+
+def check_sampling(sampling: Dict[str, Any], where: str) -> None:
+    """ConfigError naming the field when `sampling` (SamplingParams fields) could never make a request."""
+    typed_dataclass(SamplingParams, sampling, where, "sampling field")
+
+
+def model_tokenizer(stage: Stage):
+    """The pipeline's one tokenizer (the engine's), loaded by whichever stage asks first."""
+    def load():
+        from appliance.engine.llm_engine import load_tokenizer
+
+        if not stage.cfg.model.path:
+            raise ConfigError("model.path: required for a language model (an HF directory with the tokenizer)")
+        return load_tokenizer(stage.cfg.model.path)
+
+    return stage.shared.get("tokenizer", load)
+
+
+def model_context(stage: Stage) -> int:
+    """Tokens a sequence may hold (prompt and answer): `engine.max_model_len` checked against the model by
+    the engine's own rule; ConfigError when it exceeds the model's limit."""
+    def compute():
+        from transformers import AutoConfig
+
+        from appliance.engine.llm_engine import max_model_len
+
+        text_config = AutoConfig.from_pretrained(stage.cfg.model.path).get_text_config()
+        try:
+            return max_model_len(text_config, stage.cfg.engine.get("max_model_len"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    return stage.shared.get("max_model_len", compute)
+
+
+def check_fits(prompt_tokens: int, limit: int, where: str, fix: str, detail: str = "",
+               max_tokens: Optional[int] = None, param: Optional[str] = None) -> None:
+    """InputError unless the prompt leaves room for at least one generated token (the engine refuses a
+    prompt of `limit` tokens or more) and, when `max_tokens` is given, the whole answer fits too."""
+    if prompt_tokens >= limit:
+        raise InputError(f"{where}: the prompt is {prompt_tokens} tokens{detail}; the model's context is {limit} "
+                         f"tokens and the answer needs at least one; {fix}", param=param)
+    if max_tokens is not None and prompt_tokens + max_tokens > limit:
+        raise InputError(f"max_tokens: the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
+                         f"{prompt_tokens + max_tokens} in all; the model's context is {limit} tokens, so "
+                         f"max_tokens may be at most {limit - prompt_tokens}", param="max_tokens")
 
 
 class GenerateProgress:
@@ -64,23 +117,24 @@ class EngineStage(Stage):
 
     def __init__(self, options: EngineStageOptions, cfg):
         super().__init__(options, cfg)
-        self.pool = cfg.engine.kind == EngineKind.pool
-        if self.pool:
+        self.pool_mode = cfg.engine.kind == EngineKind.pool
+        if self.pool_mode:
             self.consumes, self.produces = (options.input,), (options.output,)
         else:
             self.consumes, self.produces = ("prompt",), ("completion",)
+            check_sampling(options.sampling, f"{self.name}.sampling")
         self.engine = None
 
     def setup(self) -> None:
-        if self.pool:
+        if self.pool_mode:
             from appliance.engine.pool_engine import PoolEngine
             self.engine = PoolEngine.from_config(self.cfg)
         else:
             from appliance.engine.llm_engine import LLMEngine
-            self.engine = LLMEngine.from_config(self.cfg)
+            self.engine = LLMEngine.from_config(self.cfg, tokenizer=model_tokenizer(self))
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
-        return self._pool(records) if self.pool else self._generate(records)
+        return self._pool(records) if self.pool_mode else self._generate(records)
 
     def _pool(self, records: Iterator[Record]) -> Iterator[Record]:
         batch_size = self.engine.cfg.max_batch_size
@@ -106,8 +160,6 @@ class EngineStage(Stage):
             yield out
 
     def _generate(self, records: Iterator[Record]) -> Iterator[Record]:
-        from appliance.engine.sampling_params import SamplingParams
-
         pending: Deque[Tuple[str, Record]] = deque()
         results: Dict[str, Any] = {}
         for record in records:

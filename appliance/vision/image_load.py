@@ -150,7 +150,26 @@ def decode_data_url(url: str, *, field: str = "image", max_bytes: int = DEFAULT_
         raise InputError(f"{field}: data URL payload is not valid base64; "
                          "allowed: standard base64 (A-Z a-z 0-9 + / =)") from None
     _check_byte_count(len(data), field, max_bytes)
+    found = sniff_format(data)
+    declared = DECLARED_FORMATS.get(mime.split("/", 1)[1])
+    if declared and found and declared != found:
+        raise InputError(f"{field}: the data URL says {mime} but the data is {found}; "
+                         f"label it data:image/{found.lower()};base64,...")
     return data
+
+
+# Magic bytes of the formats a data URL may declare; `sniff_format` -> Pillow's format name.
+MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+         (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+DECLARED_FORMATS = {"png": "PNG", "jpeg": "JPEG", "jpg": "JPEG", "pjpeg": "JPEG", "gif": "GIF", "webp": "WEBP",
+                    "bmp": "BMP", "x-ms-bmp": "BMP", "tiff": "TIFF"}
+
+
+def sniff_format(data: bytes) -> Optional[str]:
+    """The image format the bytes start with, for the formats data URLs declare; None if unknown."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for magic, name in MAGIC if data.startswith(magic)), None)
 
 
 # --- local files ------------------------------------------------------------------------------
@@ -200,7 +219,11 @@ def decode_image(data: bytes, *, field: str = "image",
                                  f"the limit is {max_image_pixels} pixels")
             if width <= 0 or height <= 0:
                 raise InputError(f"{field}: image has no pixels ({width}x{height})")
-            image.load()  # first frame only for animations
+            frames = getattr(image, "n_frames", 1)
+            if frames > 1 and image.format != "TIFF":  # (multi-page TIFFs are band stacks, not motion)
+                raise InputError(f"{field}: an animated {image.format} ({frames} frames); which frame the "
+                                 "question is about is ambiguous: send one frame as a still image")
+            image.load()
     except InputError:
         raise
     except Image.DecompressionBombError as e:

@@ -101,7 +101,7 @@ def text_overrides(model_dir, *extra):
 def request_side(overrides, record):
     """Run chat_requests + chat_prompt on one run record: the records the engine would receive."""
     cfg = compose(overrides)
-    cfg.pipeline.stages = cfg.pipeline.stages[:2]
+    cfg.pipeline.stages = {k: cfg.pipeline.stages[k] for k in ("chat_requests", "chat_prompt")}
     pipeline = build_pipeline(cfg)
     try:
         pipeline.check()

@@ -68,7 +68,7 @@ def test_batch_file_text_only(text_llama_dir, tmp_path):
 
 
 def test_single_text_prompt_prints_the_answer(text_llama_dir):
-    result = _chat(*_overrides(text_llama_dir, "prompt=Hello", "pipeline.stages.2.sampling.max_tokens=4"))
+    result = _chat(*_overrides(text_llama_dir, "prompt=Hello", "pipeline.stages.engine.sampling.max_tokens=4"))
     assert result.returncode == 0, result.stderr
     assert len(result.stdout) > 0
 
@@ -109,7 +109,7 @@ def test_image_and_prompt_on_a_random_tiny_llava(tmp_path):
     photos.mkdir()
     (photos / "red.png").write_bytes(png_bytes(120, 80, (220, 30, 30)))
     common = ["pipeline=llava_chat", PLUGIN, f"model.path={model_dir}", "model.name=tiny-random",
-              "engine.num_kv_blocks=64", "pipeline.stages.2.sampling.max_tokens=4"]
+              "engine.num_kv_blocks=64", "pipeline.stages.engine.sampling.max_tokens=4"]
     result = _chat(*common, f"input={photos / 'red.png'}", "prompt=What color?")
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith("\n") and result.stderr.count("Traceback") == 0

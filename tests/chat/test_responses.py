@@ -7,11 +7,11 @@ import pytest
 from appliance.config.compose import compose
 from appliance.engine.outputs import RequestOutput
 from appliance.stages.chat import responses
-from appliance.stages.chat.responses import ChatResponses, ChatResponsesOptions, write_atomic
+from appliance.stages.chat.responses import ChatResponses, write_atomic
 
 
 def _stage():
-    return ChatResponses(ChatResponsesOptions(), compose(["pipeline=llava_chat"]))
+    return ChatResponses(ChatResponses.Options(), compose(["pipeline=llava_chat"]))
 
 
 def _record(i, count, output_path, text="The shape is red.", model_name="m"):

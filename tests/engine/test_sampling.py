@@ -185,7 +185,7 @@ def test_from_config_composes_engine_group(llama_dir):
 
     from appliance.config.schema import AppConfig
     app = OmegaConf.merge(OmegaConf.structured(AppConfig), {
-        "pipeline": {"name": "x", "inputs": [], "stages": []},
+        "pipeline": {"name": "x", "inputs": [], "stages": {}},
         "model": {"name": "tiny", "architecture": "LlamaForCausalLM", "path": llama_dir},
         "engine": {"num_kv_blocks": 32, "max_num_seqs": 4}})
     engine = LLMEngine.from_config(app)

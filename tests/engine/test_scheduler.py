@@ -22,7 +22,7 @@ def fake_step(sched, next_token=5):
     out = sched.schedule()
     sched.update(out)
     for item in out.scheduled:
-        if item.samples:
+        if item.will_sample:
             item.seq.append_token(next_token)
             if item.seq.num_output_tokens >= item.seq.sampling_params.max_tokens:
                 sched.finish(item.seq, "length")
@@ -52,14 +52,14 @@ def test_decode_and_prefill_share_budget():
     out = fake_step(s)
     assert [(i.seq.request_id, i.num_new_tokens) for i in out.scheduled] == [("a", 1), ("b", 7)]
     assert s.num_chunked_prefills == 1
-    assert not out.scheduled[1].samples
+    assert not out.scheduled[1].will_sample
 
 
 def test_chunked_prefill_samples_only_at_the_end():
     s = make(budget=6)
     s.add(req("a", 14, max_tokens=2))
     steps = [fake_step(s).scheduled[0] for _ in range(3)]
-    assert [(i.num_new_tokens, i.samples) for i in steps] == [(6, False), (6, False), (2, True)]
+    assert [(i.num_new_tokens, i.will_sample) for i in steps] == [(6, False), (6, False), (2, True)]
 
 
 def test_preempts_newest_and_recomputes():

@@ -24,7 +24,7 @@ def test_allowed_domains_are_matched_exactly_ignoring_case_dots_and_brackets():
     ({"total_timeout_s": 0}, "total_timeout_s: must be a number of seconds > 0, got 0"),
     ({"read_timeout_s": -1}, "read_timeout_s: must be a number of seconds > 0"),
     ({"connect_timeout_s": "5"}, "connect_timeout_s: must be a number"),
-    ({"max_bytes": 0}, "max_bytes (server.limits.max_request_bytes): must be an integer >= 1"),
+    ({"max_bytes": 0}, "max_bytes (server.limits.max_media_bytes): must be an integer >= 1"),
     ({"max_redirects": -1}, "max_redirects: must be an integer >= 0"),
 ])
 def test_bad_values_are_config_errors(kwargs, fragment):
@@ -45,11 +45,11 @@ def test_max_bytes_is_required_and_fields_are_keywords():
     (OmegaConf.structured(ServerConfig), FetchPolicy(max_bytes=20 * 1024 * 1024)),
     # and after (plain dicts stand in for the new schema's nodes)
     (OmegaConf.create({"allowed_media_domains": ["Bucket.Internal"],
-                       "limits": {"max_request_bytes": 1000, "fetch_timeout_s": 7.5}}),
+                       "limits": {"max_media_bytes": 1000, "fetch_timeout_s": 7.5}}),
      FetchPolicy(allowed_domains=("bucket.internal",), max_bytes=1000, total_timeout_s=7.5)),
-    (OmegaConf.create({"allowed_media_domains": None, "limits": {"max_request_bytes": 5, "fetch_timeout_s": None}}),
+    (OmegaConf.create({"allowed_media_domains": None, "limits": {"max_media_bytes": 5, "fetch_timeout_s": None}}),
      FetchPolicy(max_bytes=5)),
-    ({"limits": {"max_request_bytes": 9}}, FetchPolicy(max_bytes=9)),
+    ({"limits": {"max_media_bytes": 9}}, FetchPolicy(max_bytes=9)),
     (ServerConfig(), FetchPolicy(max_bytes=20 * 1024 * 1024)),
 ])
 def test_from_server_config(server, expected):

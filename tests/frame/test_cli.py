@@ -18,7 +18,7 @@ def test_run_check_and_config_with_test_stages(tmp_path):
     numbers = tmp_path / "numbers.txt"
     numbers.write_text("1\n2\n3.5\n")
     # A relative input resolves against the caller's directory: Hydra must not chdir.
-    result = run_cli("run", "input=numbers.txt", "pipeline.stages.1.factor=10", conf_dir=FRAME_CONF, cwd=tmp_path)
+    result = run_cli("run", "input=numbers.txt", "pipeline.stages.scale.factor=10", conf_dir=FRAME_CONF, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "total 65"
     result = run_cli("check", conf_dir=FRAME_CONF, cwd=tmp_path)
@@ -38,7 +38,7 @@ def test_bad_inputs_end_with_one_line_and_exit_2(tmp_path):
         (["config", "engine.tensor_parallel_size=two"], ["engine.tensor_parallel_size"]),
         (["check", "pipeline=nope"], ["pipeline=nope", "llava_chat"]),
         (["run", "model=nope"], ["model=nope"]),
-        (["run", "pipeline.stages.1.stage=nope"], ["unknown stage 'nope'"]),
+        (["run", "pipeline.stages.scale.stage=nope"], ["unknown stage 'nope'"]),
         (["run", f"input={tmp_path / 'missing.txt'}"], ["input:", "missing.txt"]),
     ]
     for args, fragments in cases:
@@ -58,3 +58,15 @@ def test_usage_errors_exit_2():
     assert result.returncode == 2 and "invalid choice" in result.stderr
     assert run_cli("--help").returncode == 0
 
+
+
+def test_stage_options_are_checked_by_the_verbs():
+    for verb in ("config", "check"):
+        assert_user_error(run_cli(verb, "pipeline=prithvi_flood", "pipeline.stages.tile.overlapp=64"),
+                          "pipeline.stages.tile.overlapp", "stage 'tile'", "allowed: tile_size, stride, overlap")
+    result = run_cli("config", "pipeline=prithvi_flood", "pipeline.stages.tile.overlap=64",
+                     "pipeline.stages.raster_write.quicklook=true")
+    assert result.returncode == 0, result.stderr
+    stages = yaml.safe_load(result.stdout)["pipeline"]["stages"]
+    assert stages["tile"]["overlap"] == 64 and stages["raster_write"]["quicklook"] is True
+    assert list(stages) == ["raster_inputs", "raster_read", "tile", "normalize", "engine", "stitch", "raster_write"]

@@ -5,6 +5,7 @@ from omegaconf import OmegaConf
 from appliance.config.compose import compose, group_options
 from appliance.config.schema import DType, EngineKind
 from appliance.errors import ConfigError
+from tests.conftest import assert_config_error
 
 
 @pytest.mark.parametrize("pipeline", group_options("pipeline"))
@@ -69,9 +70,4 @@ def test_config_is_struct_and_typed():
     ],
 )
 def test_bad_overrides_name_the_key(override, fragments):
-    with pytest.raises(ConfigError) as info:
-        compose(override)
-    message = str(info.value)
-    assert "\n" not in message
-    for fragment in fragments:
-        assert fragment in message
+    assert_config_error(override, *fragments)

@@ -10,9 +10,9 @@ from appliance.pipeline import STAGES, Stage, build_pipeline, register_stage
 from tests.frame import stages as frame_stages  # noqa: F401  (registers the test stages)
 
 
-def with_stages(frame_conf, *nodes, inputs=("input",)):
+def with_stages(frame_conf, stages, inputs=("input",)):
     cfg = compose([])
-    cfg.pipeline.stages = list(nodes)
+    cfg.pipeline.stages = dict(stages)
     cfg.pipeline.inputs = list(inputs)
     return cfg
 
@@ -27,29 +27,29 @@ def test_pipeline_streams_records_through_stages(frame_conf, tmp_path):
 
 
 def test_interpolated_options_resolve(frame_conf):
-    cfg = with_stages(frame_conf, {"stage": "read_numbers"}, {"stage": "scale", "factor": "${engine.max_batch_size}"})
+    cfg = with_stages(frame_conf, {"read_numbers": {}, "scale": {"factor": "${engine.max_batch_size}"}})
     assert build_pipeline(cfg).stages[1].options.factor == cfg.engine.max_batch_size
 
 
 @pytest.mark.parametrize(
-    "nodes, inputs, fragments",
+    "stages, inputs, fragments",
     [
-        ([{"stage": "nope"}], ["input"], ["pipeline.stages[0].stage", "unknown stage 'nope'", "read_numbers"]),
-        ([{"factor": 2}], ["input"], ["pipeline.stages[0]", "'stage' key"]),
-        (["scale"], ["input"], ["pipeline.stages[0]", "'stage' key"]),
-        ([{"stage": "read_numbers"}, {"stage": "scale", "factr": 2}], ["input"],
-         ["pipeline.stages[1].factr", "allowed: factor"]),
-        ([{"stage": "read_numbers"}, {"stage": "scale", "factor": "big"}], ["input"],
-         ["pipeline.stages[1].factor", "Float"]),
-        ([{"stage": "read_numbers"}, {"stage": "needs_pixels"}], ["input"],
-         ["pipeline.stages[1] (needs_pixels)", "'pixels'", "available: input, number"]),
-        ([{"stage": "scale"}], ["input"], ["pipeline.stages[0] (scale)", "'number'"]),
-        ([{"stage": "read_numbers"}], ["path"], ["'input'", "available: path"]),
+        ({"first": {"stage": "nope"}}, ["input"], ["pipeline.stages.first.stage", "unknown stage 'nope'", "read_numbers"]),
+        ({"factor": {"factor": 2}}, ["input"], ["pipeline.stages.factor", "'stage' key"]),
+        ({"scale": "x"}, ["input"], ["pipeline.stages.scale", "'stage' key"]),
+        ({"read_numbers": {}, "scale": {"factr": 2}}, ["input"],
+         ["pipeline.stages.scale.factr", "allowed: factor"]),
+        ({"read_numbers": {}, "scale": {"factor": "big"}}, ["input"],
+         ["pipeline.stages.scale.factor", "Float"]),
+        ({"read_numbers": {}, "needs_pixels": {}}, ["input"],
+         ["pipeline.stages.needs_pixels (needs_pixels)", "'pixels'", "available: input, number"]),
+        ({"scale": {}}, ["input"], ["pipeline.stages.scale (scale)", "'number'"]),
+        ({"read_numbers": {}}, ["path"], ["'input'", "available: path"]),
     ],
 )
-def test_graph_and_option_errors(frame_conf, nodes, inputs, fragments):
+def test_graph_and_option_errors(frame_conf, stages, inputs, fragments):
     with pytest.raises(ConfigError) as info:
-        build_pipeline(with_stages(frame_conf, *nodes, inputs=inputs))
+        build_pipeline(with_stages(frame_conf, stages, inputs=inputs))
     for fragment in fragments:
         assert fragment in str(info.value)
 
@@ -95,7 +95,8 @@ def test_setup_and_close_run_once_in_order(frame_conf):
 
     register_stage(Tracer)
     try:
-        cfg = with_stages(frame_conf, {"stage": "tracer_for_test", "tag": "a"}, {"stage": "tracer_for_test", "tag": "b"})
+        cfg = with_stages(frame_conf, {"a": {"stage": "tracer_for_test", "tag": "a"},
+                                       "b": {"stage": "tracer_for_test", "tag": "b"}})
         pipeline = build_pipeline(cfg)
         pipeline.setup()
         pipeline.close()
@@ -121,7 +122,7 @@ def test_stages_set_up_lazily_after_upstream_validated_input(frame_conf, tmp_pat
 
     register_stage(Loader)
     try:
-        pipeline = build_pipeline(with_stages(frame_conf, {"stage": "read_numbers"}, {"stage": "loader_for_test"}))
+        pipeline = build_pipeline(with_stages(frame_conf, {"read_numbers": {}, "loader_for_test": {}}))
         with pytest.raises(Exception, match="does not exist"):
             list(pipeline.run([{"input": str(tmp_path / "missing.txt")}]))
         assert calls == []

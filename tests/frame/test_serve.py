@@ -66,7 +66,6 @@ def test_a_dead_engine_takes_the_server_down_with_exit_code_1(tmp_path):
     orchestrator restarts it; no process is left behind."""
     import os
     import signal
-    import time
 
     from tests.server_process import server_process
 

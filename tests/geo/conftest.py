@@ -29,15 +29,15 @@ GEO = {
 
 
 def stages(tile_size=128, overlap=32, fake=None, stitch=None, write=None, read=None):
-    return [
-        {"stage": "raster_inputs"},
-        {"stage": "raster_read", **(read or {})},
-        {"stage": "tile", "tile_size": tile_size, "overlap": overlap},
-        {"stage": "normalize"},
-        {"stage": "fake_water_logits", **(fake or {})},
-        {"stage": "stitch", **(stitch or {})},
-        {"stage": "raster_write", **(write or {})},
-    ]
+    return {
+        "raster_inputs": {},
+        "raster_read": {**(read or {})},
+        "tile": {"tile_size": tile_size, "overlap": overlap},
+        "normalize": {},
+        "fake_water_logits": {**(fake or {})},
+        "stitch": {**(stitch or {})},
+        "raster_write": {**(write or {})},
+    }
 
 
 def make_cfg(nodes=None, **kwargs):

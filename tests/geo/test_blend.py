@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from appliance.stages.geo.blend import StripStitcher, axis_profile
-from appliance.stages.geo.config import Blending
+from appliance.stages.geo.blend import Blending
 from appliance.stages.geo.plan import axis_overlaps, plan_tiles
 
 

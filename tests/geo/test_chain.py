@@ -163,14 +163,14 @@ def test_pipeline_graph_and_option_errors():
     pipeline = build_pipeline(make_cfg())
     assert [s.name for s in pipeline.stages][-1] == "raster_write"
     nodes = stages()
-    nodes[2] = {"stage": "tile", "tile_size": 64, "stride": 48, "overlap": 8}
+    nodes["tile"] = {"stage": "tile", "tile_size": 64, "stride": 48, "overlap": 8}
     with pytest.raises(ConfigError, match="disagree"):
         build_pipeline(make_cfg(nodes))
     nodes = stages(stitch={"blending": "gaussian"})
     with pytest.raises(ConfigError, match="blending"):
         build_pipeline(make_cfg(nodes))
     nodes = stages()
-    del nodes[3]  # no normalize: nothing produces `tensor`
+    del nodes["normalize"]  # no normalize: nothing produces `tensor`
     with pytest.raises(ConfigError, match="'tensor'"):
         build_pipeline(make_cfg(nodes))
     cfg = make_cfg()

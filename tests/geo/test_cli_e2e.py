@@ -32,7 +32,7 @@ def flood(checkpoint, input, output, *extra):
     if isinstance(input, (list, tuple)):
         input = "[" + ",".join(map(str, input)) + "]"
     return run_cli("run", "pipeline=prithvi_flood", f"input={input}", f"output={output}",
-                   f"model.checkpoint={checkpoint}", *TINY, "pipeline.stages.2.tile_size=64", *extra, timeout=120,
+                   f"model.checkpoint={checkpoint}", *TINY, "pipeline.stages.tile.tile_size=64", *extra, timeout=120,
                    env={"OMP_NUM_THREADS": "1"})  # one thread: faster on cores that others share
 
 

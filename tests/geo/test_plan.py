@@ -4,7 +4,7 @@ import itertools
 import pytest
 
 from appliance.errors import ConfigError
-from appliance.stages.geo.config import TilingConfig, effective_stride
+from appliance.stages.geo.tile import TileOptions, effective_stride
 from appliance.stages.geo.plan import axis_overlaps, axis_starts, check_axis_covered, plan_tiles
 
 
@@ -111,7 +111,7 @@ def test_plan_tiles(height, width, tile, stride, ys, xs, extent):
     ],
 )
 def test_effective_stride(tile_size, stride, overlap, expected):
-    options = TilingConfig(tile_size=tile_size, stride=stride, overlap=overlap)
+    options = TileOptions(tile_size=tile_size, stride=stride, overlap=overlap)
     if isinstance(expected, int):
         assert effective_stride(options) == expected
     else:

@@ -109,3 +109,26 @@ def test_no_checkpoint_configured():
     cfg.checkpoint = None
     with pytest.raises(ConfigError, match="model.checkpoint=PATH"):
         load_prithvi(cfg)
+
+
+def test_prithvi_modules_import_each_other_one_way():
+    """No import cycle inside the package (loader reads checkpoints; segmentation builds and loads)."""
+    import ast
+    from pathlib import Path
+
+    import appliance.engine.models.prithvi as package
+
+    root = Path(package.__file__).parent
+    imports = {}
+    for path in root.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                names.add(node.module.split(".")[0])
+        imports[path.stem] = names - {"__init__"}
+
+    def reaches(start, target, seen=()):
+        return any(n == target or (n not in seen and reaches(n, target, (*seen, n))) for n in imports.get(start, ()))
+
+    cycles = [name for name in imports if name != "__init__" and reaches(name, name)]
+    assert cycles == [], f"import cycle through {cycles}"

@@ -2,7 +2,7 @@
 
 The module's server runs a tiny random Llama with a long context whose every engine step takes 10 ms
 (tests/serving/slow_llama.py: an answer of N tokens takes N/100 s on any host), one sequence at a time
-(the others wait in the queue), a queue bound of 2, a small body limit and an 8 s request deadline. The
+(the others wait in the queue), a queue bound of 2, a small body limit and a 12 s request deadline. The
 last test stops it.
 """
 import json
@@ -15,11 +15,11 @@ import httpx
 import pytest
 
 from tests.chat.conftest import TEXT_TEMPLATE
-from tests.serving.conftest import error, metrics
+from tests.servers import error, metrics, wait_idle
 from tests.server_process import server_process
 
 MAX_BYTES = 300_000
-TIMEOUT_S = 8
+TIMEOUT_S = 12
 HELLO = [{"role": "user", "content": "Hello there"}]
 
 
@@ -60,18 +60,6 @@ def wait_for(base, name, value, timeout=30.0):
     while metrics(base)[(name, ())] != value:
         assert time.monotonic() < deadline, f"{name} never reached {value}"
         time.sleep(0.05)
-
-
-def wait_idle(base, timeout=10.0):
-    """Until the engine runs nothing, waits for nothing and holds no KV block; the last metrics read."""
-    deadline = time.monotonic() + timeout
-    while True:
-        now = metrics(base)
-        idle = (now[("appliance_num_requests_running", ())], now[("appliance_num_requests_waiting", ())],
-                now[("appliance_kv_cache_usage_perc", ())]) == (0, 0, 0)
-        if idle or time.monotonic() > deadline:
-            return now
-        time.sleep(0.1)
 
 
 def test_body_over_the_limit_is_413_before_it_is_read(server):

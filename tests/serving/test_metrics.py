@@ -3,7 +3,7 @@ engine and the HTTP routes live in two processes."""
 import httpx
 import openai
 
-from tests.serving.conftest import data_url, image_question, metrics
+from tests.servers import data_url, image_question, metrics
 
 
 def delta(before, after, name, **labels):

@@ -8,7 +8,7 @@ import pytest
 
 from tests.chat.conftest import batch_request, clear_samples, names_only, synthetic_shapes, write_jsonl
 from tests.conftest import run_cli
-from tests.serving.conftest import data_url, error, image_question, png_data_url
+from tests.servers import data_url, error, image_question, png_data_url
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from tests.conftest import TINY_PRITHVI
 def test_pool_stage_batches_across_records_in_order(tiny_prithvi_checkpoint):
     cfg = compose(["pipeline=prithvi_flood", *TINY_PRITHVI, f"model.checkpoint={tiny_prithvi_checkpoint}", "engine.max_batch_size=3"])
     cfg.pipeline.inputs = ["tensor", "key"]
-    cfg.pipeline.stages = [{"stage": "engine"}]
+    cfg.pipeline.stages = {"engine": {}}
     pipeline = build_pipeline(cfg)
     torch.manual_seed(1)
     records = [{"tensor": torch.randn(6, 32, 32), "key": i} for i in range(7)]
@@ -26,3 +26,27 @@ def test_pool_stage_batches_across_records_in_order(tiny_prithvi_checkpoint):
             torch.testing.assert_close(result["logits"], expected, atol=1e-4, rtol=1e-4)
     assert not engine.has_unfinished()
     pipeline.close()
+
+
+def test_batch_progress_shows_requests_done_and_tokens_per_second(monkeypatch):
+    """On a terminal a batch of requests shows requests done of total and output tokens/s."""
+    import io
+    import sys
+
+    from appliance.stages.engine import GenerateProgress
+
+    terminal = io.StringIO()
+    terminal.isatty = lambda: True
+    monkeypatch.setattr(sys, "stderr", terminal)
+    progress = GenerateProgress(3)
+    progress.update(new_tokens=5, finished=0)
+    progress.update(new_tokens=4, finished=2)
+    progress.update(new_tokens=1, finished=1)
+    assert progress.bar.n == 3 and progress.bar.total == 3 and progress.tokens == 10
+    assert progress.bar.postfix.endswith(" tok/s") and float(progress.bar.postfix.split()[0]) > 0
+    progress.close()
+    assert "requests:" in terminal.getvalue()
+    # One request, or no terminal: no bar.
+    assert GenerateProgress(1).bar is None
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert GenerateProgress(5).bar is None

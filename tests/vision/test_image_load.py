@@ -326,7 +326,17 @@ def test_16_bit_and_float_images_are_scaled_not_clipped():
     assert decode_image(encode(as_float, "TIFF")).getpixel((0, 0)) == (128, 128, 128)
 
 
-def test_animated_gif_takes_the_first_frame():
+def test_animated_images_are_refused_naming_the_frames():
     frames = [Image.new("RGB", (6, 6), c) for c in ((255, 0, 0), (0, 255, 0))]
     data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
-    assert decode_image(data).getpixel((2, 2)) == (255, 0, 0)
+    with pytest.raises(InputError, match="an animated GIF \\(2 frames\\)"):
+        decode_image(data)
+    assert decode_image(encode(frames[0], "GIF")).getpixel((2, 2)) == (255, 0, 0)  # one frame is fine
+
+
+def test_a_data_url_whose_mime_type_lies_is_refused():
+    jpeg = encode(Image.new("RGB", (4, 4), (1, 2, 3)), "JPEG")
+    with pytest.raises(InputError, match="says image/png but the data is JPEG"):
+        read_source(data_url(jpeg, "image/png"))
+    assert read_source(data_url(jpeg, "image/jpeg")) == jpeg
+    assert read_source(data_url(jpeg, "image/x-unknown")) == jpeg  # an undeclared kind: Pillow decides

@@ -32,7 +32,7 @@ from appliance.engine import loader
 from appliance.engine.loader import load_named_weights
 from appliance.engine.models.base import MultimodalCausalLM
 from appliance.engine.models.llama import LlamaForCausalLM
-from appliance.engine.multimodal import ImageItem
+from appliance.engine.multimodal import ImageItem, image_token_id
 from appliance.engine.parallel import ParallelState
 
 
@@ -46,11 +46,6 @@ def feature_layers(hf_config) -> Tuple[int, ...]:
         raise ValueError(f"config.json: vision_feature_layer {layer!r} is outside the vision tower's "
                          f"{depth} layers (hidden states 0..{depth}, or -1..-{depth + 1})")
     return out
-
-
-def image_token_id(hf_config) -> int:
-    tid = getattr(hf_config, "image_token_id", None)
-    return tid if tid is not None else hf_config.image_token_index
 
 
 def checkpoint_name(name: str) -> Optional[str]:

@@ -9,8 +9,6 @@ The tower runs in the engine like every model (its device, dtype and batching): 
 checkpoint is `LlavaVisionEncoder`, which builds only the tower and reads only its tensors; the features
 are the tower's output, before the projector.
 """
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Tuple
@@ -19,9 +17,9 @@ import torch
 from safetensors.torch import save_file
 
 from appliance.errors import ConfigError, InputError
+from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.chat.images import ImageSide
-from appliance.stages.chat.responses import file_mode
 
 
 @dataclass
@@ -100,12 +98,5 @@ class FeaturesWrite(Stage):
 
 def _write_atomically(features: torch.Tensor, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({"image_features": features}, tmp)
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with AtomicFile(str(target)) as temp:
+        save_file({"image_features": features}, temp)

@@ -56,7 +56,7 @@ class ImageSide:
             raise ConfigError(f"model.path: preprocessor_config.json makes {list(preprocess.output_hw)} images, "
                               f"the vision tower takes {list(vl.image_input_shape[1:])}")
         limits = cfg.server.limits
-        return cls(vl, preprocess, anyres, int(limits.max_request_bytes), int(limits.max_image_pixels),
+        return cls(vl, preprocess, anyres, int(limits.max_media_bytes), int(limits.max_image_pixels),
                    FetchPolicy.from_server_config(cfg.server))
 
     def prepare(self, url: str, field: str, media_dir: Optional[str]) -> ImageItem:

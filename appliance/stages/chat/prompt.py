@@ -10,11 +10,9 @@ engine stage holds all requests of a run anyway: it batches them).
 
 A text-only checkpoint (no `model.vision_language`) works too; images are then refused.
 """
-import json
-import os
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, Tuple
 
 from appliance.engine.multimodal import ImageItem, mm_ranges
 from appliance.errors import ConfigError, InputError
@@ -22,24 +20,13 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.chat.images import ImageSide
 from appliance.stages.chat.template import (check_image_tokens, expand_placeholders, render_prompt,
                                             template_messages)
+from appliance.stages.engine import check_fits, model_context, model_tokenizer
 
 
 @dataclass
 class ChatPromptOptions:
     workers: int = 2           # preprocessing threads
     content_format: str = "auto"  # how message content reaches the template: auto | parts | string
-
-
-def context_length(model_path: str, max_model_len: Optional[int]) -> int:
-    """Tokens the engine accepts: engine.max_model_len, else the language model's max_position_embeddings
-    (capped by a sliding window, as the engine does)."""
-    with open(os.path.join(model_path, "config.json")) as f:
-        config = json.load(f)
-    text = config.get("text_config") or config
-    limit = int(text.get("max_position_embeddings") or config.get("max_position_embeddings") or 4096)
-    if text.get("sliding_window"):
-        limit = min(limit, int(text["sliding_window"]))
-    return min(limit, int(max_model_len)) if max_model_len else limit
 
 
 def at(where: str, field: str) -> str:
@@ -49,15 +36,12 @@ def at(where: str, field: str) -> str:
 
 
 def check_length(num_tokens: int, images: List[ImageItem], limit: int, where: str) -> None:
-    """A prompt must leave room for at least one generated token (the engine refuses prompt >= limit)."""
-    if num_tokens < limit:
-        return
+    """The prompt must fit the context (`check_fits`); the error counts text and image tokens apart."""
     image_tokens = sum(item.num_tokens for item in images)
     plural = "s" if len(images) != 1 else ""
     detail = f" ({num_tokens - image_tokens} text + {image_tokens} image tokens for {len(images)} image{plural})" \
         if images else ""
-    raise InputError(f"{where}: the prompt is {num_tokens} tokens{detail}; the model's context is {limit} "
-                     "tokens and the answer needs at least one; shorten the messages or send fewer or smaller images")
+    check_fits(num_tokens, limit, where, "shorten the messages or send fewer or smaller images", detail)
 
 
 @register_stage
@@ -85,16 +69,13 @@ class ChatPrompt(Stage):
             ImageSide.from_config(self.cfg)  # config.json, preprocessor_config.json, declared facts
 
     def setup(self) -> None:
-        from transformers import AutoTokenizer
-
         from appliance.vision.pool import PreprocessPool
 
-        path = self.cfg.model.path
-        if not path:
+        if not self.cfg.model.path:
             raise ConfigError("model.path: required for chat (an HF directory with the tokenizer and chat template)")
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = model_tokenizer(self)  # the engine's: one per pipeline
         self.images = ImageSide.from_config(self.cfg) if self.multimodal else None
-        self.max_len = context_length(path, self.cfg.engine.get("max_model_len"))
+        self.max_len = model_context(self)
         self.pool = PreprocessPool(workers=self.options.workers)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:

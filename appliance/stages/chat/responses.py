@@ -12,14 +12,14 @@ to a temp file in the output directory, renamed over `output_path` only once eve
 """
 import json
 import os
-import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List
 
+from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.protocol.openai_responses import chat_completion, new_id, token_decoder, token_logprobs, usage
+from appliance.stages.engine import model_tokenizer
 
 
 def batch_line(custom_id: str, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -29,43 +29,16 @@ def batch_line(custom_id: str, body: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def write_atomic(path: str, lines: Iterable[Dict[str, Any]]) -> int:
-    """Write JSON lines to a temp file beside `path`, fsync, rename over `path`; returns the line count.
-    On any failure the temp file is removed and `path` is untouched."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    """Write JSON lines to a temp file beside `path`, fsync, rename over `path` (`AtomicFile`); returns the
+    line count. On any failure the temp file is removed and `path` is untouched."""
     count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(json.dumps(line, ensure_ascii=False) + "\n")
-                count += 1
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, file_mode())
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.remove(temp)
-        except FileNotFoundError:
-            pass
-        raise
+    with AtomicFile(path) as temp, open(temp, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+            count += 1
+        f.flush()
+        os.fsync(f.fileno())
     return count
-
-
-def file_mode() -> int:
-    """Permissions a plain `open(path, "w")` would give (mkstemp makes 0600), read from /proc so as not to
-    set the process-wide umask (a race with other threads). Same rule as the geo writer's."""
-    try:
-        with open("/proc/self/status") as status:
-            mask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError):
-        mask = 0o022
-    return 0o666 & ~mask
-
-
-@dataclass
-class ChatResponsesOptions:
-    pass
 
 
 @register_stage
@@ -73,7 +46,6 @@ class ChatResponses(Stage):
     """Offline only: the server shapes its answers from the engine's outputs itself (appliance/serving)."""
 
     name = "chat_responses"
-    Options = ChatResponsesOptions
     consumes = ("completion", "custom_id", "model_name", "output_path", "request_index", "request_count")
     produces = ("display", "response")
     online = False
@@ -112,7 +84,5 @@ class ChatResponses(Stage):
 
     def _decoder(self):
         if self.decode is None:
-            from transformers import AutoTokenizer
-
-            self.decode = token_decoder(AutoTokenizer.from_pretrained(self.cfg.model.path))
+            self.decode = token_decoder(model_tokenizer(self))  # the engine's tokenizer
         return self.decode

@@ -10,12 +10,20 @@ all arrived (later tile rows start below it). Open strips are at most about tile
 rows of width W, whatever the scene height.
 """
 from dataclasses import dataclass
+from enum import Enum
 from typing import Dict, List
 
 import numpy as np
 
-from appliance.stages.geo.config import Blending
 from appliance.stages.geo.plan import TilePlan, TileWindow, axis_overlaps
+
+
+class Blending(str, Enum):
+    """Weight window for overlapping tile logits; ramps span exactly each overlap with a neighbour."""
+
+    cosine = "cosine"  # 0.5 - 0.5*cos(pi*t): smooth, complementary ramps sum to 1
+    linear = "linear"  # t: continuous, kinks at the ramp ends
+    none = "none"  # uniform weights: plain average of overlapping tiles (shows seams)
 
 
 def ramp(t: np.ndarray, kind: Blending) -> np.ndarray:

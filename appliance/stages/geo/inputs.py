@@ -83,6 +83,11 @@ def check_writable_dir(directory: str) -> None:
         raise InputError(f"output: cannot write to directory {directory} ({e.strerror or e})") from None
 
 
+@dataclass
+class RasterInputsOptions:
+    suffix: str = ".mask.tif"  # output name beside each input (or in the output directory)
+
+
 @register_stage
 class RasterInputs(Stage):
     """Expand the run record into one record per scene: `input_path`, `output_path`, `scene_index`."""
@@ -92,9 +97,7 @@ class RasterInputs(Stage):
     produces = ("input_path", "output_path", "scene_index")
     online = False  # the server gets one scene per request, spooled or named in the body
 
-    @dataclass
-    class Options:
-        suffix: str = ".mask.tif"  # output name beside each input (or in the output directory)
+    Options = RasterInputsOptions
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:

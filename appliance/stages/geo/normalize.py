@@ -14,16 +14,18 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.read import geo_contract
 
 
+@dataclass
+class NormalizeOptions:
+    means: Optional[List[float]] = None  # None: model.geo.means (reflectance units, after scale)
+    stds: Optional[List[float]] = None  # None: model.geo.stds
+
+
 @register_stage
 class Normalize(Stage):
     name = "normalize"
     consumes = ("pixels",)
     produces = ("tensor",)
-
-    @dataclass
-    class Options:
-        means: Optional[List[float]] = None  # None: model.geo.means (reflectance units, after scale)
-        stds: Optional[List[float]] = None  # None: model.geo.stds
+    Options = NormalizeOptions
 
     def __init__(self, options, cfg):
         super().__init__(options, cfg)

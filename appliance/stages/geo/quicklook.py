@@ -1,26 +1,21 @@
 """A small PNG: the mask's non-background classes over an RGB composite, both read decimated."""
 import os
-import tempfile
 
 import numpy as np
 from PIL import Image
 from rasterio.enums import Resampling
 
+from appliance.output_files import AtomicFile
 from appliance.stages.geo.scene import _norm, open_raster
 
-
-def file_mode() -> int:
-    """Permissions a plain `open(path, "w")` would give (mkstemp makes files 0600)."""
-    try:  # Linux: read the umask without the process-wide set-and-restore race
-        with open("/proc/self/status") as status:
-            mask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError):
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return 0o666 & ~mask
-
-OVERLAY = [(0, 90, 255), (230, 60, 40), (40, 170, 60), (250, 200, 0)]  # classes 1, 2, ...
+# Class colours (RGB), shared by the mask's GeoTIFF colour table and the quicklook's overlay; class i
+# takes CLASS_COLOURS[i % len]. Class 0 (background, "land") is left uncoloured in the quicklook.
+CLASS_COLOURS = [(200, 200, 200), (0, 90, 255), (230, 60, 40), (40, 170, 60), (250, 200, 0)]
 NODATA_GREY = (60, 60, 60)
+
+
+def class_colour(index: int):
+    return CLASS_COLOURS[index % len(CLASS_COLOURS)]
 
 
 def quicklook_path(output_path: str) -> str:
@@ -61,17 +56,11 @@ def write_quicklook(scene, mask_path: str, png_path: str, max_size: int) -> None
         nodata = np.isnan(mask).any(axis=0)
         classes = np.nan_to_num(mask).argmax(axis=0)
     image = stretch(rgb, ~nodata).transpose(1, 2, 0).astype(np.float32)
-    for cls, colour in enumerate(OVERLAY, 1):
+    for cls in np.unique(classes[~nodata]):
+        if cls == 0:
+            continue
         hit = (classes == cls) & ~nodata
-        image[hit] = 0.45 * image[hit] + 0.55 * np.asarray(colour, dtype=np.float32)
+        image[hit] = 0.45 * image[hit] + 0.55 * np.asarray(class_colour(cls), dtype=np.float32)
     image[nodata] = NODATA_GREY
-    fd, temp = tempfile.mkstemp(prefix=".quicklook.", suffix=".png", dir=os.path.dirname(os.path.abspath(png_path)))
-    os.close(fd)
-    try:
+    with AtomicFile(png_path) as temp:
         Image.fromarray(image.astype(np.uint8)).save(temp, format="PNG")
-        os.chmod(temp, file_mode())
-        os.replace(temp, png_path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise

@@ -10,12 +10,28 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.scene import inspect_scene
 
 
-def geo_contract(cfg, stage: str):
-    """`cfg.model.geo`, or a ConfigError naming the stage that needs it."""
-    geo = cfg.model.get("geo") if cfg is not None and cfg.get("model") is not None else None
-    if geo is None:
-        raise ConfigError(f"{stage}: needs model.geo (bands, means, stds, scale, class_names) in the model config")
+GEO_FIELDS = ("bands", "means", "stds", "scale", "class_names")
+
+
+def geo_contract(cfg, stage: str, required: bool = True):
+    """`cfg.model.geo`: the model's input contract. Missing: a ConfigError naming the stage that needs it,
+    or None when not `required` (a stage that can do without)."""
+    model = cfg.get("model") if cfg is not None else None
+    geo = model.get("geo") if model is not None else None
+    if geo is None and required:
+        fields = ", ".join(f"model.geo.{name}" for name in GEO_FIELDS)
+        raise ConfigError(f"{stage}: needs the model's geo contract ({fields}); model "
+                          f"{model.get('name') if model is not None else None} has no `geo` block: choose a "
+                          "geospatial model (conf/model/prithvi_*)")
     return geo
+
+
+@dataclass
+class RasterReadOptions:
+    bands: Optional[List[str]] = None  # names (band descriptions) or 1-based indexes; None: model.geo.bands
+    scale: Optional[float] = None  # DN -> reflectance; None: the file's scale tags, else model.geo.scale
+    nodata: Optional[float] = None  # overrides the file's nodata value
+    nodata_fill: float = 0.0  # reflectance the model sees at nodata pixels (Prithvi trained with 0)
 
 
 @register_stage
@@ -23,13 +39,7 @@ class RasterRead(Stage):
     name = "raster_read"
     consumes = ("input_path",)
     produces = ("scene",)
-
-    @dataclass
-    class Options:
-        bands: Optional[List[str]] = None  # names (band descriptions) or 1-based indexes; None: model.geo.bands
-        scale: Optional[float] = None  # DN -> reflectance; None: the file's scale tags, else model.geo.scale
-        nodata: Optional[float] = None  # overrides the file's nodata value
-        nodata_fill: float = 0.0  # reflectance the model sees at nodata pixels (Prithvi trained with 0)
+    Options = RasterReadOptions
 
     def __init__(self, options, cfg):
         super().__init__(options, cfg)

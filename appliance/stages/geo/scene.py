@@ -214,8 +214,8 @@ def read_window(ds, scene: SceneInfo, y: int, x: int, height: int, width: int) -
         masked = ds.read_masks(scene.band_indexes[0], window=window) == 0 if scene.mask_band else None
     except RasterioError as e:
         raise InputError(
-            f"{scene.path}: cannot read rows {y}..{y + height - 1} ({_first_line(e)}); "
-            f"the file may be truncated or corrupt"
+            f"{scene.path}: cannot read the window of rows {y}..{y + height - 1}, columns {x}..{x + width - 1} "
+            f"({_first_line(e)}); the file may be truncated or corrupt"
         ) from None
     invalid = np.isnan(data).any(axis=0)
     if masked is not None:

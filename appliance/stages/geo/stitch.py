@@ -6,16 +6,28 @@ per-class pixel counts. The writer turns strips into a GeoTIFF without ever hold
 """
 import sys
 from dataclasses import dataclass
+from enum import Enum
 from typing import Dict, Iterator
 
 import numpy as np
 
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.stages.geo.blend import StripStitcher
-from appliance.stages.geo.config import StitchConfig, StitchOutput
+from appliance.stages.geo.blend import Blending, StripStitcher
 
 NODATA_CLASS = 255
 TILE_FIELDS = ("tile", "valid", "tensor", "logits", "pixels")
+
+
+class StitchOutput(str, Enum):
+    classes = "classes"  # uint8 argmax, nodata 255
+    probabilities = "probabilities"  # float32 softmax, one band per class, nodata NaN
+
+
+@dataclass
+class StitchOptions:
+    blending: Blending = Blending.cosine  # cosine | linear | none
+    output: StitchOutput = StitchOutput.classes  # classes (uint8, nodata 255) | probabilities (float32, NaN)
+    progress: bool = True  # a tqdm bar on stderr, only when stderr is a terminal
 
 
 @dataclass
@@ -70,9 +82,9 @@ class _Quiet:
 @register_stage
 class Stitch(Stage):
     name = "stitch"
-    Options = StitchConfig
     consumes = ("logits", "tile", "valid")
     produces = ("strip",)
+    Options = StitchOptions
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         open_scenes: Dict[str, tuple] = {}  # scene key -> (stitcher, progress bar)

@@ -5,13 +5,14 @@ than a tile), `valid` (bool [h, w], the tile's extent inside the scene) and `til
 scene key, plan, window). Records keep the scene's fields, so later stages see `scene`, `output_path`.
 """
 from dataclasses import dataclass
-from typing import Iterator
+from enum import Enum
+from typing import Iterator, Optional
 
 import numpy as np
 import rasterio
 
+from appliance.errors import ConfigError
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.stages.geo.config import TilingConfig, effective_stride
 from appliance.stages.geo.plan import TilePlan, TileWindow, plan_tiles
 from appliance.stages.geo.scene import open_raster, read_window
 
@@ -47,14 +48,54 @@ def block_cache_bytes(ds, tile_size: int) -> int:
     return max(16 << 20, row_band)
 
 
+class Padding(str, Enum):
+    """How a scene smaller than one tile is padded up to the tile size (numpy `np.pad` modes)."""
+
+    reflect = "reflect"  # mirror without repeating the edge pixel (what the Prithvi models saw)
+    edge = "edge"
+    constant = "constant"  # zeros (in reflectance, before normalisation)
+
+
+@dataclass
+class TileOptions:
+    """Give `stride` or `overlap` (= tile_size - stride), not both unless they agree; neither means
+    overlap = tile_size // 8."""
+
+    tile_size: int = 512  # what the Sen1Floods11 fine-tunes saw
+    stride: Optional[int] = None
+    overlap: Optional[int] = None
+    padding: Padding = Padding.reflect  # scenes smaller than a tile
+
+
+def effective_stride(tiling: TileOptions, where: str = "tile") -> int:
+    """The stride in pixels; ConfigError (naming `where`) when the options are inconsistent."""
+    size = tiling.tile_size
+    if size < 1:
+        raise ConfigError(f"{where}.tile_size: must be >= 1 (got {size})")
+    if tiling.stride is not None and tiling.overlap is not None and tiling.stride != size - tiling.overlap:
+        raise ConfigError(
+            f"{where}: stride={tiling.stride} and overlap={tiling.overlap} disagree for tile_size={size} "
+            f"(stride = tile_size - overlap); give only one of them"
+        )
+    if tiling.stride is not None:
+        stride = tiling.stride
+        if not 1 <= stride <= size:
+            raise ConfigError(f"{where}.stride: must be in 1..tile_size={size} so tiles leave no gap (got {stride})")
+        return stride
+    overlap = size // 8 if tiling.overlap is None else tiling.overlap
+    if not 0 <= overlap < size:
+        raise ConfigError(f"{where}.overlap: must be in 0..tile_size-1={size - 1} (got {overlap})")
+    return size - overlap
+
+
 @register_stage
 class Tile(Stage):
     name = "tile"
-    Options = TilingConfig
     consumes = ("scene",)
     produces = ("pixels", "valid", "tile")
+    Options = TileOptions
 
-    def __init__(self, options, cfg):
+    def __init__(self, options: TileOptions, cfg):
         super().__init__(options, cfg)
         self.stride = effective_stride(options, self.name)
 

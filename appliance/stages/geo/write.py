@@ -4,46 +4,36 @@ Strips are written by windows into a temp file in the output directory, renamed 
 after the last strip; on any failure (or an abandoned run) the temp file is removed, so a run never
 leaves a half-written mask. Emits one record per scene with `display`.
 """
+import contextlib
 import logging
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 import rasterio
-from rasterio.errors import NotGeoreferencedWarning
+from rasterio.errors import NotGeoreferencedWarning, RasterioError
 from rasterio.windows import Window
 
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, InputError
+from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.stages.geo.quicklook import file_mode, quicklook_path, write_quicklook
+from appliance.stages.geo.quicklook import class_colour, quicklook_path, write_quicklook
+from appliance.stages.geo.read import geo_contract
+from appliance.stages.geo.scene import open_raster, probe_geotiff
 from appliance.stages.geo.stitch import NODATA_CLASS
 
 log = logging.getLogger(__name__)
 
-CLASS_COLOURS = [(200, 200, 200), (0, 90, 255), (230, 60, 40), (40, 170, 60), (250, 200, 0)]
-
-
-def remove_quietly(path: str) -> None:
-    for p in (path, path + ".aux.xml"):
-        try:
-            os.remove(p)
-        except FileNotFoundError:
-            pass
-
 
 class MaskWriter:
-    """One scene's output: a temp GeoTIFF in the output directory until `commit`."""
+    """One scene's output: a temp GeoTIFF in the output directory until `commit` (`AtomicFile`)."""
 
     def __init__(self, scene, output_path: str, bands: int, dtype: str, class_names: List[str], block: int):
         self.scene, self.output_path, self.class_names = scene, output_path, class_names
-        directory = os.path.dirname(os.path.abspath(output_path))
-        name = os.path.basename(output_path)
-        fd, self.temp_path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        os.close(fd)
-        os.chmod(self.temp_path, file_mode())
+        self.file = AtomicFile(output_path, sidecars=(".aux.xml",))  # GDAL may leave statistics beside it
+        self.temp_path = self.file.temp_path
         self.counts = np.zeros(len(class_names), dtype=np.int64)
         self.nodata_pixels = 0
         is_classes = dtype == "uint8"
@@ -53,12 +43,12 @@ class MaskWriter:
             tiled=True, blockxsize=block, blockysize=block, compress="deflate", BIGTIFF="IF_SAFER",
         )
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), self._writing():
                 warnings.simplefilter("ignore", NotGeoreferencedWarning)
                 self.dataset = rasterio.open(self.temp_path, "w", **profile)
             if is_classes:
                 self.dataset.set_band_description(1, "class")
-                colours = {i: CLASS_COLOURS[i % len(CLASS_COLOURS)] for i in range(len(class_names))}
+                colours = {i: class_colour(i) for i in range(len(class_names))}
                 self.dataset.write_colormap(1, {**colours, NODATA_CLASS: (0, 0, 0)})
             else:
                 for band, name in enumerate(class_names, 1):
@@ -70,15 +60,40 @@ class MaskWriter:
 
     def write(self, strip) -> None:
         rows = strip.data.shape[1]
-        self.dataset.write(strip.data, window=Window(0, strip.row_off, self.scene.width, rows))
+        with self._writing():
+            self.dataset.write(strip.data, window=Window(0, strip.row_off, self.scene.width, rows))
         self.counts += strip.counts
         self.nodata_pixels += strip.nodata_pixels
 
     def commit(self) -> None:
-        self.dataset.close()
-        if os.path.exists(self.temp_path + ".aux.xml"):
-            os.remove(self.temp_path + ".aux.xml")
-        os.replace(self.temp_path, self.output_path)
+        with self._writing():
+            self.dataset.close()
+            self._verify()
+            self.file.commit()
+
+    def _verify(self) -> None:
+        """GDAL reports a failed block or directory write (a full disk) only on stderr, and closing does not
+        raise: re-read the header and block table before the rename, so a broken file never replaces one."""
+        try:
+            probe_geotiff(self.temp_path)
+            with open_raster(self.temp_path) as ds:
+                whole = (ds.width, ds.height) == (self.scene.width, self.scene.height)
+        except InputError:
+            raise OSError("the written file does not read back whole") from None
+        if not whole:
+            raise OSError("the written file does not read back whole")
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """GDAL's write errors as exceptions (inside a rasterio.Env; outside one GDAL only prints them), and a
+        full disk or a vanished directory as one clear error for the user (the caller aborts)."""
+        try:
+            with rasterio.Env():
+                yield
+        except (RasterioError, OSError) as e:
+            reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
+            raise InputError(f"output: writing {self.output_path} failed ({reason}); free space or choose "
+                             "another directory; nothing was written") from None
 
     def abort(self) -> None:
         dataset = getattr(self, "dataset", None)
@@ -87,7 +102,7 @@ class MaskWriter:
                 dataset.close()
             except Exception:  # the temp file goes anyway
                 pass
-        remove_quietly(self.temp_path)
+        self.file.abort()
 
 
 def describe(output_path: str, scene, tiles: int, counts: np.ndarray, nodata: int, class_names: List[str]) -> str:
@@ -103,18 +118,20 @@ def describe(output_path: str, scene, tiles: int, counts: np.ndarray, nodata: in
     return f"wrote {output_path}: {scene.width}x{scene.height}, {tiles} {plural}, " + ", ".join(shares)
 
 
+@dataclass
+class RasterWriteOptions:
+    class_names: Optional[List[str]] = None  # None: model.geo.class_names
+    block_size: int = 256  # GeoTIFF tile edge (multiple of 16)
+    quicklook: bool = False  # also write <output stem>.quicklook.png (mask over RGB, downsampled)
+    quicklook_size: int = 1024  # longer side of the quicklook in pixels
+
+
 @register_stage
 class RasterWrite(Stage):
     name = "raster_write"
     consumes = ("strip", "scene", "output_path")
     produces = ("display",)
-
-    @dataclass
-    class Options:
-        class_names: Optional[List[str]] = None  # None: model.geo.class_names
-        block_size: int = 256  # GeoTIFF tile edge (multiple of 16)
-        quicklook: bool = False  # also write <output stem>.quicklook.png (mask over RGB, downsampled)
-        quicklook_size: int = 1024  # longer side of the quicklook in pixels
+    Options = RasterWriteOptions
 
     def __init__(self, options, cfg):
         super().__init__(options, cfg)
@@ -122,7 +139,7 @@ class RasterWrite(Stage):
             raise ConfigError(f"{self.name}.block_size: must be a multiple of 16 (got {options.block_size})")
         names = options.class_names
         if names is None:
-            geo = cfg.model.get("geo") if cfg is not None and cfg.get("model") is not None else None
+            geo = geo_contract(cfg, self.name, required=False)
             names = list(geo.class_names) if geo is not None else None
         if names is not None and not 1 <= len(names) < NODATA_CLASS:
             raise ConfigError(f"{self.name}.class_names: need 1..{NODATA_CLASS - 1} names (got {len(names)})")

@@ -5,11 +5,10 @@ Public API:
 - `load_prithvi(model_cfg)`: build from a `ModelConfig` and load `model_cfg.checkpoint` strictly.
 See docs/prithvi.md.
 """
-from .loader import load_prithvi, load_state, normalize_state_dict, read_checkpoint, save_safetensors
-from .segmentation import ARCHITECTURE, PrithviSegmentation, build_prithvi_segmentation
+from .loader import load_state, normalize_state_dict, read_checkpoint, save_safetensors
+from .segmentation import PrithviSegmentation, build_prithvi_segmentation, load_prithvi
 
 __all__ = [
-    "ARCHITECTURE",
     "PrithviSegmentation",
     "build_prithvi_segmentation",
     "load_prithvi",

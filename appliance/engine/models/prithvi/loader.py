@@ -1,4 +1,5 @@
-"""Load a Prithvi segmentation model from a terratorch `.pt`/`.ckpt` or our `.safetensors` checkpoint.
+"""Prithvi checkpoints: read a terratorch `.pt`/`.ckpt` or our `.safetensors`, map its keys onto ours,
+assign it to a built model (`segmentation.load_prithvi` builds and loads), write ours.
 
 terratorch layouts accepted (all normalised to ours, which is terratorch's current one without `model.`):
 - a Lightning checkpoint `{"state_dict": {...}}` or a bare state dict;
@@ -18,7 +19,6 @@ import torch
 from appliance.errors import ConfigError
 
 from .posembed import sincos_3d_table
-from .segmentation import PrithviSegmentation, build_prithvi_segmentation
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def check_keys(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source
     )
 
 
-def load_state(model: PrithviSegmentation, state: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
+def load_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
     """Strictly load a (normalised) state dict into `model`, assigning tensors (works from the meta device)."""
     state = dict(state)
     encoder = model.encoder
@@ -103,24 +103,7 @@ def load_state(model: PrithviSegmentation, state: Mapping[str, torch.Tensor], so
     model.load_state_dict(state, strict=True, assign=True)
 
 
-def load_prithvi(model_cfg) -> PrithviSegmentation:
-    """Build the model described by `model_cfg` (a ModelConfig) and load `model_cfg.checkpoint`.
-
-    Returns an fp32 model on the CPU in eval mode; the caller moves it to its device and dtype.
-    """
-    if model_cfg.prithvi is None or model_cfg.geo is None:
-        raise ConfigError(f"model {model_cfg.name!r}: a Prithvi model needs both `prithvi` and `geo` sections")
-    if not model_cfg.checkpoint:
-        raise ConfigError(f"model {model_cfg.name!r} has no checkpoint; pass model.checkpoint=PATH")
-    path = str(model_cfg.checkpoint)
-    state = normalize_state_dict(read_checkpoint(path))
-    with torch.device("meta"):
-        model = build_prithvi_segmentation(model_cfg.prithvi, in_chans=len(model_cfg.geo.bands))
-    load_state(model, state, path)
-    return model.eval()
-
-
-def save_safetensors(model: PrithviSegmentation, path: str) -> None:
+def save_safetensors(model: torch.nn.Module, path: str) -> None:
     """Write the model's weights in our layout (terratorch's, without `model.`); config stays in the YAML."""
     from safetensors.torch import save_file
 

@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from appliance.errors import ConfigError
+
 from .decoder import LearnedPyramid, SegmentationHead, SelectIndices, TokensToImage, UperNetDecoder
 from .encoder import PrithviViT
-
-ARCHITECTURE = "PrithviSegmentation"
+from .loader import load_state, normalize_state_dict, read_checkpoint
 
 
 def pad_amounts(size: int, multiple: int) -> Tuple[int, int]:
@@ -43,8 +44,6 @@ class PrithviSegmentation(nn.Module):
     @classmethod
     def from_config(cls, model_cfg, engine_cfg=None) -> "PrithviSegmentation":
         """Registry entry point for pool models: load `model_cfg.checkpoint`, move to the engine's device/dtype."""
-        from .loader import load_prithvi
-
         model = load_prithvi(model_cfg)
         if engine_cfg is not None:
             dtype = getattr(engine_cfg.dtype, "value", engine_cfg.dtype)  # an enum or its name
@@ -117,3 +116,20 @@ def build_prithvi_segmentation(prithvi_cfg, in_chans: int, head_dropout: float =
         encoder, list(prithvi_cfg.selected_indices), prithvi_cfg.decoder_channels, prithvi_cfg.num_classes,
         head_dropout,
     )
+
+
+def load_prithvi(model_cfg) -> PrithviSegmentation:
+    """Build the model described by `model_cfg` (a ModelConfig) and load `model_cfg.checkpoint`.
+
+    Returns an fp32 model on the CPU in eval mode; the caller moves it to its device and dtype.
+    """
+    if model_cfg.prithvi is None or model_cfg.geo is None:
+        raise ConfigError(f"model {model_cfg.name!r}: a Prithvi model needs both `prithvi` and `geo` sections")
+    if not model_cfg.checkpoint:
+        raise ConfigError(f"model {model_cfg.name!r} has no checkpoint; pass model.checkpoint=PATH")
+    path = str(model_cfg.checkpoint)
+    state = normalize_state_dict(read_checkpoint(path))
+    with torch.device("meta"):
+        model = build_prithvi_segmentation(model_cfg.prithvi, in_chans=len(model_cfg.geo.bands))
+    load_state(model, state, path)
+    return model.eval()

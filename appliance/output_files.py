@@ -1,0 +1,73 @@
+"""Output files appear whole or not at all: write a temporary file beside the target, rename it over the
+target once complete (`os.replace`, atomic within a directory), remove it on any failure.
+
+    with AtomicFile(path) as temp:          # commit on success, abort on an exception
+        save(temp)
+
+or, for a file written over a longer life (a GeoTIFF written strip by strip): `AtomicFile(path)`, then
+`commit()` or `abort()`. The committed file gets the permissions a plain `open(path, "w")` would give
+(`file_mode`), not mkstemp's 0600.
+"""
+import os
+import tempfile
+from typing import Sequence
+
+DEFAULT_UMASK = 0o022
+
+
+def file_mode() -> int:
+    """0o666 less the process umask, read from /proc (Linux) so as never to set the process-wide umask to
+    read it (a race with other threads); elsewhere the common umask 022."""
+    try:
+        with open("/proc/self/status") as status:
+            mask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = DEFAULT_UMASK
+    return 0o666 & ~mask
+
+
+class AtomicFile:
+    """A temporary file in `path`'s directory (`.<name>.<random>.tmp`), renamed over `path` by `commit`.
+    `sidecars`: suffixes of files a writer leaves beside the temporary file (GDAL's `.aux.xml`), removed
+    with it."""
+
+    def __init__(self, path: str, sidecars: Sequence[str] = ()):
+        self.path = str(path)
+        self.sidecars = tuple(sidecars)
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, self.temp_path = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.", suffix=".tmp",
+                                              dir=directory)
+        os.close(fd)
+
+    def commit(self) -> None:
+        self._remove_sidecars()
+        os.chmod(self.temp_path, file_mode())
+        os.replace(self.temp_path, self.path)
+
+    def abort(self) -> None:
+        self._remove_sidecars()
+        _remove(self.temp_path)
+
+    def _remove_sidecars(self) -> None:
+        for suffix in self.sidecars:
+            _remove(self.temp_path + suffix)
+
+    def __enter__(self) -> str:
+        return self.temp_path
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is None:
+            try:
+                self.commit()
+            except BaseException:
+                self.abort()
+                raise
+        else:
+            self.abort()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,110 @@
+"""The request and response schemas of the routes, in the server's OpenAPI document (`/openapi.json`).
+
+The routes parse their own bodies (appliance/protocol: errors that name the field), so FastAPI cannot
+infer these; they are declared here for clients, docs (`/docs`) and the schema-driven fuzz tests.
+"""
+from typing import Any, Dict
+
+STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+NULLABLE_BOOL = {"type": ["boolean", "null"]}
+SAMPLING = {
+    "model": {"type": "string"},
+    "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": 256},
+    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"type": ["integer", "null"], "minimum": 0},
+    "seed": {"type": ["integer", "null"], "minimum": -(2 ** 63), "maximum": 2 ** 63 - 1},
+    "min_tokens": {"type": ["integer", "null"], "minimum": 0, "maximum": 1},
+    "stop": STRING_OR_LIST,
+    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    "ignore_eos": NULLABLE_BOOL,
+    "stream": NULLABLE_BOOL,
+    "stream_options": {"type": ["object", "null"], "additionalProperties": False,
+                       "properties": {"include_usage": NULLABLE_BOOL, "continuous_usage_stats": NULLABLE_BOOL}},
+    "n": {"type": ["integer", "null"], "enum": [1, None]},
+    "user": {"type": "string"},
+}
+PART = {"oneOf": [
+    {"type": "object", "required": ["type", "text"], "additionalProperties": False,
+     "properties": {"type": {"enum": ["text"]}, "text": {"type": "string"}}},
+    {"type": "object", "required": ["type", "image_url"], "additionalProperties": False,
+     "properties": {"type": {"enum": ["image_url"]},
+                    "image_url": {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}}}},
+]}
+MESSAGE = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
+           "properties": {"role": {"enum": ["system", "user", "assistant"]}, "name": {"type": "string"},
+                          "content": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": PART}]}}}
+CHAT_REQUEST = {"type": "object", "required": ["messages"], "additionalProperties": False, "properties": {
+    **SAMPLING, "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
+    "logprobs": NULLABLE_BOOL, "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20}}}
+COMPLETION_REQUEST = {"type": "object", "required": ["prompt"], "additionalProperties": False, "properties": {
+    **SAMPLING, "prompt": {"oneOf": [{"type": "string", "minLength": 1},
+                                     {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
+    "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20}}}
+POOLING_REQUEST = {"type": "object", "required": ["data"], "additionalProperties": False, "properties": {
+    "model": {"type": "string"}, "priority": {"enum": [0]}, "task": {"enum": ["plugin"]},
+    "data": {"type": "object", "required": ["data", "data_format"], "additionalProperties": False, "properties": {
+        "data": {"type": "string", "minLength": 1}, "data_format": {"enum": ["b64_json", "url", "path"]},
+        "out_data_format": {"enum": ["b64_json", "path"]}, "image_format": {"enum": ["tiff"]},
+        "indices": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}}}}}
+
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+        "code": {"type": "integer"}}}}}
+USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+         "properties": {k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens",
+                                                                       "total_tokens")}}
+FINISH = {"enum": ["stop", "length", None]}
+CHAT_COMPLETION = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
+                   "properties": {"object": {"enum": ["chat.completion"]}, "usage": USAGE, "choices": {
+                       "type": "array", "minItems": 1, "items": {"type": "object", "required": ["message", "finish_reason"],
+                                                                 "properties": {"finish_reason": FINISH}}}}}
+TEXT_COMPLETION = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
+                   "properties": {"object": {"enum": ["text_completion"]}, "usage": USAGE, "choices": {
+                       "type": "array", "minItems": 1, "items": {"type": "object", "required": ["text", "finish_reason"],
+                                                                 "properties": {"finish_reason": FINISH}}}}}
+POOLING_RESPONSE = {"type": "object", "required": ["request_id", "created_at", "data"], "properties": {
+    "data": {"type": "object", "required": ["data_format", "data"]}}}
+
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}  # a chunk or [DONE]
+BODIES = {
+    "/v1/chat/completions": (CHAT_REQUEST, {"application/json": CHAT_COMPLETION, "text/event-stream": SSE_EVENT}),
+    "/v1/completions": (COMPLETION_REQUEST, {"application/json": TEXT_COMPLETION, "text/event-stream": SSE_EVENT}),
+    "/pooling": (POOLING_REQUEST, {"application/json": POOLING_RESPONSE}),
+}
+
+
+def install(app) -> None:
+    """Make `app.openapi()` describe our routes' bodies and answers (FastAPI caches the result)."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> Dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title="appliance", version="1", routes=app.routes)
+            for path, item in schema.get("paths", {}).items():
+                for method, operation in item.items():
+                    _describe(path, method, operation)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def _describe(path: str, method: str, operation: Dict[str, Any]) -> None:
+    errors = {"description": "error", "content": {"application/json": {"schema": ERROR}}}
+    operation["responses"] = {"4XX": errors, "5XX": errors, **{
+        code: spec for code, spec in operation.get("responses", {}).items() if code == "200"}}
+    if path in BODIES and method == "post":
+        request, answers = BODIES[path]
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
+        operation["responses"]["200"] = {"description": "the answer", "content": {
+            kind: {"schema": schema} for kind, schema in answers.items()}}
+    elif path == "/v1/pool":
+        operation["requestBody"] = {"required": True, "content": {"image/tiff": {"schema": {
+            "type": "string", "format": "binary"}}}}
+        operation["parameters"] = [{"name": "quicklook", "in": "query", "required": False,
+                                    "schema": {"type": "boolean"}}]
+        operation["responses"]["200"] = {"description": "the output GeoTIFF (or PNG quicklook)", "content": {
+            "image/tiff": {"schema": {"type": "string", "format": "binary"}},
+            "image/png": {"schema": {"type": "string", "format": "binary"}}}}

@@ -1,0 +1,127 @@
+{{/* Names, labels, the image, and the appliance's command line. */}}
+
+{{- define "appliance.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "appliance.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "appliance.labels" -}}
+{{ include "appliance.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* image.tag, else the appVersion (+ "-cuda" with GPUs): the tags docs/deploy.md builds. */}}
+{{- define "appliance.image" -}}
+{{- $tag := .Values.image.tag | default (printf "%s%s" .Chart.AppVersion (ternary "-cuda" "" (gt (int .Values.gpu.count) 0))) -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+
+{{/* The ConfigMap key of an extraConfig path (keys cannot hold "/"): pipeline/x.yaml -> pipeline.x.yaml. */}}
+{{- define "appliance.configKey" -}}
+{{- replace "/" "." . -}}
+{{- end -}}
+
+{{/* "pool" or "generate": the engine kind of .Values.pipeline. An extraConfig pipeline's is read from its
+     `override /engine: NAME` default (and an extraConfig engine file's `kind`); a shipped pipeline's from
+     this table of the conf/pipeline/ files that use a pooling engine (a test keeps it in step). */}}
+{{- define "appliance.engineKind" -}}
+{{- $file := get .Values.extraConfig (printf "pipeline/%s.yaml" .Values.pipeline) -}}
+{{- $engine := "" -}}
+{{- if $file -}}
+{{- range $entry := (fromYaml $file).defaults | default list -}}
+{{- if kindIs "map" $entry -}}
+{{- range $key, $choice := $entry -}}
+{{- if eq (regexReplaceAll "^(override\\s+)?/?" $key "") "engine" -}}{{- $engine = $choice -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- else if has .Values.pipeline (list "prithvi_flood") -}}
+{{- $engine = "pool" -}}
+{{- end -}}
+{{- $engineFile := get .Values.extraConfig (printf "engine/%s.yaml" $engine) -}}
+{{- if $engineFile -}}
+{{- (fromYaml $engineFile).kind | default "generate" -}}
+{{- else -}}
+{{- ternary "pool" "generate" (eq $engine "pool") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The overrides the chart puts before the user's, as a JSON list: the CUDA engine when gpu.count > 0
+     (the `cuda` engine group for a generating pipeline unless the overrides pick an engine group
+     themselves; only the device for a pooling one, whose engine group is `pool`). */}}
+{{- define "appliance.gpuOverrides" -}}
+{{- $out := list -}}
+{{- if gt (int .Values.gpu.count) 0 -}}
+{{- $picksEngine := false -}}
+{{- range .Values.overrides -}}{{- if hasPrefix "engine=" . -}}{{- $picksEngine = true -}}{{- end -}}{{- end -}}
+{{- if or $picksEngine (eq (include "appliance.engineKind" .) "pool") -}}
+{{- $out = append $out "engine.device=cuda" -}}
+{{- else -}}
+{{- $out = append $out "engine=cuda" -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* Values that cannot work together, refused at `helm template` with what to change. */}}
+{{- define "appliance.validate" -}}
+{{- $v := .Values -}}
+{{- if and $v.model.existingClaim $v.model.hostPath -}}
+{{- fail "model: give existingClaim or hostPath, not both" -}}
+{{- end -}}
+{{- $gpus := int $v.gpu.count -}}
+{{- range $v.overrides -}}
+{{- if hasPrefix "engine.tensor_parallel_size=" . -}}
+{{- $tp := trimPrefix "engine.tensor_parallel_size=" . | int -}}
+{{- if and (gt $gpus 0) (gt $tp $gpus) -}}
+{{- fail (printf "overrides: %s needs gpu.count >= %d (got %d)" . $tp $gpus) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $v.mode "batch" -}}
+{{- if not $v.batch.inputs -}}{{- fail "batch.inputs: mode=batch needs at least one GeoTIFF path" -}}{{- end -}}
+{{- if not $v.batch.volume -}}{{- fail "batch.volume: mode=batch needs the PersistentVolumeClaim holding the inputs" -}}{{- end -}}
+{{- if not $v.batch.output -}}{{- fail "batch.output: mode=batch needs an output directory inside batch.volume" -}}{{- end -}}
+{{- if regexMatch "(?i)\\.tiff?$" $v.batch.output -}}
+{{- fail (printf "batch.output: %s looks like a file; give a directory (each scene's mask is written into it)" $v.batch.output) -}}
+{{- end -}}
+{{- range $key := list "autoscaling" "podDisruptionBudget" -}}
+{{- if (get $v $key).enabled -}}{{- fail (printf "%s.enabled: only for mode=serve (a batch Job has no Deployment)" $key) -}}{{- end -}}
+{{- end -}}
+{{- if $v.metrics.serviceMonitor.enabled -}}
+{{- fail "metrics.serviceMonitor.enabled: only for mode=serve (a batch Job has no server to scrape)" -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.autoscaling.enabled -}}
+{{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}
+{{- fail (printf "autoscaling: minReplicas %d is above maxReplicas %d" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}
+{{- end -}}
+{{- if and (eq $v.autoscaling.metric "cpu") (not (and $v.resources.requests $v.resources.requests.cpu)) -}}
+{{- fail "autoscaling.metric=cpu: set resources.requests.cpu (utilisation is measured against it)" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* `serve`'s arguments, as a JSON list: the verb, the pipeline, what the chart derives, the overrides. */}}
+{{- define "appliance.serveArgs" -}}
+{{- $args := list "serve" (printf "pipeline=%s" .Values.pipeline) "server.host=0.0.0.0"
+      (printf "server.port=%d" (int .Values.server.port))
+      (printf "server.drain_timeout_s=%d" (int .Values.server.drainTimeoutSeconds)) -}}
+{{- $args = concat $args (include "appliance.gpuOverrides" . | fromJsonArray) .Values.overrides -}}
+{{- toJson $args -}}
+{{- end -}}
+
+{{/* A word for /bin/sh: single-quoted, its single quotes escaped. */}}
+{{- define "appliance.shellQuote" -}}
+{{- printf "'%s'" (replace "'" "'\\''" .) -}}
+{{- end -}}

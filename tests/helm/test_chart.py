@@ -1,0 +1,240 @@
+"""Lint and render every profile in helm/appliance/ci/, validate each object against Kubernetes 1.33's
+schemas (strict: unknown fields fail), and check what each mode renders."""
+import importlib.resources
+import json
+import re
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.helm.conftest import (CHART, KUBERNETES, PROFILES, by_kind, container, manifests, pod_spec,
+                                 profile_values, render_files)
+
+KINDS = {
+    "default": {"Deployment", "Service"},
+    "llava-chat": {"Deployment", "Service", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+                   "ConfigMap"},
+    "prithvi-flood-batch": {"Job"},
+    "extra-config": {"Deployment", "Service", "ConfigMap"},
+}
+
+
+def test_the_profiles_are_the_ones_described():
+    assert set(PROFILES) == set(KINDS)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_lint_strict(profile):
+    report = helm_python.lint(CHART, profile_values(profile), strict=True, kube_version=f"v{KUBERNETES}.0")
+    assert report["errors"] == [], report
+    assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_object_is_valid_kubernetes(chart, profile):
+    docs = manifests(chart, profile_values(profile))
+    assert {doc["kind"] for doc in docs} == KINDS[profile]
+    for doc in docs:
+        if doc["kind"] == "ServiceMonitor":
+            check_service_monitor(doc)
+        else:
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def check_service_monitor(doc):
+    """A custom resource, not in Kubernetes' schemas: the fields the chart uses, as prometheus-operator's
+    CRD (monitoring.coreos.com/v1) defines them, nothing else; metadata and selector are Kubernetes'."""
+    folder = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    defs = json.loads((folder / f"v{KUBERNETES}.0-local-strict" / "_definitions.json").read_text())["$defs"]
+    duration = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+    endpoint = {"type": "object", "additionalProperties": False, "properties": {
+        "port": {"type": "string"}, "path": {"type": "string", "pattern": "^/"},
+        "interval": {"type": "string", "pattern": duration}, "scrapeTimeout": {"type": "string", "pattern": duration},
+        "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]}, "honorLabels": {"type": "boolean"}}}
+    schema = {
+        "$defs": defs, "type": "object", "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
+            "metadata": {"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"},
+            "spec": {"type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+                     "properties": {
+                         "selector": {"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"},
+                         "jobLabel": {"type": "string"},
+                         "endpoints": {"type": "array", "minItems": 1, "items": endpoint}}}}}
+    jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+def test_serve_mode(chart):
+    values = profile_values("llava-chat")
+    docs = manifests(chart, values)
+    kinds = by_kind(docs)
+    pod, main = pod_spec(docs), container(docs)
+    pod_labels = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    selects = lambda selector: selector.items() <= pod_labels.items()  # noqa: E731
+
+    # The Service reaches the pods on the named port; the ServiceMonitor scrapes that Service's port.
+    service = kinds["Service"]["spec"]
+    assert selects(service["selector"]) and selects(kinds["Deployment"]["spec"]["selector"]["matchLabels"])
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["ports"]] == [("http", 8000, "http")]
+    assert main["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    monitor = kinds["ServiceMonitor"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= kinds["Service"]["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+
+    # Probes: startup waits for /ready (weights loaded) for server.startupTimeoutSeconds; then liveness.
+    assert main["startupProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    startup = main["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
+    assert main["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+
+    # Drain: the pod outlives the pre-stop pause plus the server's drain time.
+    assert "server.drain_timeout_s=30" in main["args"]
+    assert pod["terminationGracePeriodSeconds"] > 30 + main["lifecycle"]["preStop"]["sleep"]["seconds"]
+
+    # The API key comes from the Secret; two GPUs, the CUDA engine, TP 2; three replicas left to the HPA.
+    env = {e["name"]: e for e in main["env"]}
+    assert env["APPLIANCE_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "appliance-api-key", "key": "api-key"}
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert main["args"][:6] == ["serve", "pipeline=llava_chat", "server.host=0.0.0.0", "server.port=8000",
+                                "server.drain_timeout_s=30", "engine=cuda"]
+    assert main["args"][6:] == values["overrides"], "the overrides come last, verbatim"
+    assert main["image"] == "appliance:0.1.0-cuda"
+    assert "replicas" not in kinds["Deployment"]["spec"], "the HPA owns the replica count"
+    hpa = kinds["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == kinds["Deployment"]["metadata"]["name"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (3, 8)
+    assert hpa["metrics"][0]["pods"]["metric"]["name"] == "appliance_num_requests_waiting"
+    assert selects(kinds["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"])
+
+    # The Grafana dashboard, for the sidecar.
+    dashboard = kinds["ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["appliance.json"]) == json.loads((CHART / "dashboards/appliance.json").read_text())
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_locked_down_and_writable_where_the_appliance_writes(chart, profile):
+    docs = manifests(chart, profile_values(profile))
+    pod, main = pod_spec(docs), container(docs)
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["automountServiceAccountToken"] is False
+    security = main["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"] == {"medium": "Memory"}
+    for variable in ("TMPDIR", "HF_HOME", "TRITON_CACHE_DIR", "HOME"):  # spool, metrics, caches
+        writable = [path for path, m in mounts.items() if env[variable].startswith(path) and not m.get("readOnly")]
+        assert writable and "emptyDir" in volumes[mounts[writable[0]]["name"]], variable
+    assert "XDG_CACHE_HOME" not in env, "the image's (read-only) cache holds the CPU kernels it built"
+
+
+def test_batch_mode(chart):
+    values = profile_values("prithvi-flood-batch")
+    docs = manifests(chart, values)
+    job = by_kind(docs)["Job"]["spec"]
+    assert job["completionMode"] == "Indexed"
+    assert job["completions"] == job["parallelism"] == 2, "three scenes shared by two indexes"
+    pod, main = pod_spec(docs), container(docs)
+    assert pod["restartPolicy"] == "Never"
+    assert main["command"] == ["/bin/sh", "-c"]
+    env = {e["name"]: e for e in main["env"]}
+    index_field = env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert index_field == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    data = next(v for v in pod["volumes"] if v["name"] == "data")
+    assert data["persistentVolumeClaim"] == {"claimName": "scenes"}
+    assert {"name": "data", "mountPath": "/data"} in main["volumeMounts"]
+    assert "APPLIANCE_API_KEY" not in env and "ports" not in main
+
+
+def test_model_weights_mount_read_only(chart):
+    main = container(manifests(chart, {"model": {"existingClaim": "weights", "subPath": "llava"}}))
+    pod = pod_spec(manifests(chart, {"model": {"existingClaim": "weights", "subPath": "llava"}}))
+    assert {"name": "model", "mountPath": "/models", "readOnly": True, "subPath": "llava"} in main["volumeMounts"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in pod["volumes"]
+    pod = pod_spec(manifests(chart, {"model": {"hostPath": "/srv/models", "mountPath": "/weights"}}))
+    assert {"name": "model", "hostPath": {"path": "/srv/models", "type": "Directory"}} in pod["volumes"]
+    assert all(v["name"] != "model" for v in pod_spec(manifests(chart, {}))["volumes"]), "none: embedded models"
+
+
+def test_extra_config_is_mounted_read_only_and_on_the_search_path(chart):
+    values = profile_values("extra-config")
+    docs = manifests(chart, values)
+    pod, main = pod_spec(docs), container(docs)
+    config_map = by_kind(docs)["ConfigMap"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "extra-config")["configMap"]
+    assert volume["name"] == config_map["metadata"]["name"]
+    files = {item["path"]: config_map["data"][item["key"]] for item in volume["items"]}
+    assert files == values["extraConfig"], "every file, at its path, with its text"
+    mount = next(m for m in main["volumeMounts"] if m["name"] == "extra-config")
+    assert mount["readOnly"] is True
+    assert {"name": "APPLIANCE_EXTRA_CONF_DIR", "value": mount["mountPath"]} in main["env"]
+    annotations = by_kind(docs)["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert re.fullmatch(r"[0-9a-f]{64}", annotations["checksum/extra-config"]), "pods roll when the files change"
+
+
+@pytest.mark.parametrize("pipeline, choose, kind", [
+    ("llava_chat", "engine=cuda", "generate"),
+    ("llava_encode", "engine=cuda", "generate"),
+    ("prithvi_flood", "engine.device=cuda", "pool"),
+])
+def test_gpus_select_the_cuda_engine_of_the_pipelines_kind(chart, pipeline, choose, kind):
+    """The chart's table of pooling pipelines agrees with conf/pipeline/ (composed in test_command_line)."""
+    main = container(manifests(chart, {"pipeline": pipeline, "gpu": {"count": 1}}))
+    assert main["args"][5] == choose and main["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert container(manifests(chart, {"pipeline": pipeline}))["args"][5:] == [], "no GPU: the pipeline's engine"
+
+
+def test_an_engine_group_in_the_overrides_keeps_the_users_choice(chart):
+    main = container(manifests(chart, {"pipeline": "llava_chat", "gpu": {"count": 1}, "overrides": ["engine=pool"]}))
+    assert main["args"][5:] == ["engine.device=cuda", "engine=pool"]
+
+
+def test_an_extra_config_pipeline_gets_its_engine_kind_from_its_defaults(chart):
+    values = {**profile_values("extra-config"), "gpu": {"count": 1}}
+    assert container(manifests(chart, values))["args"][5] == "engine.device=cuda"
+    values["extraConfig"] = {"pipeline/chat2.yaml": "# @package _global_\ndefaults:\n  - override /engine: gen2\n",
+                             "engine/gen2.yaml": "kind: generate\nmax_num_seqs: 8\n"}
+    assert container(manifests(chart, {**values, "pipeline": "chat2"}))["args"][5] == "engine=cuda"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"gpu": {"count": 1}, "overrides": ["engine.tensor_parallel_size=2"]},
+     "engine.tensor_parallel_size=2 needs gpu.count >= 2 (got 1)"),
+    ({"model": {"existingClaim": "w", "hostPath": "/w"}}, "model: give existingClaim or hostPath, not both"),
+    ({"mode": "batch", "batch": {"volume": "v", "output": "o"}}, "batch.inputs: mode=batch needs"),
+    ({"mode": "batch", "batch": {"inputs": ["a.tif"], "output": "o"}}, "batch.volume: mode=batch needs"),
+    ({"mode": "batch", "batch": {"inputs": ["a.tif"], "volume": "v", "output": "out.tif"}},
+     "batch.output: out.tif looks like a file"),
+    ({"mode": "batch", "batch": {"inputs": ["a.tif"], "volume": "v", "output": "o"}, "autoscaling": {"enabled": True}},
+     "autoscaling.enabled: only for mode=serve"),
+    ({"autoscaling": {"enabled": True, "metric": "cpu"}}, "autoscaling.metric=cpu: set resources.requests.cpu"),
+    ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas 5 is above maxReplicas 2"),
+])
+def test_values_that_cannot_work_together_fail_the_render(chart, values, message):
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render_files(chart, values)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_notes_say_how_to_reach_it(chart, profile):
+    notes = render_files(chart, profile_values(profile))["appliance/templates/NOTES.txt"]
+    if profile_values(profile).get("mode") == "batch":
+        assert "kubectl -n apps get job demo-appliance" in notes
+    else:
+        assert "port-forward service/demo-appliance 8000:8000 &" in notes and "curl" in notes
+
+
+def test_chart_version_follows_the_package():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    (version,) = re.findall(r'^version = "([^"]+)"', (CHART.parents[1] / "pyproject.toml").read_text(), re.M)
+    assert chart["appVersion"] == version, "the default image tag is the package version"

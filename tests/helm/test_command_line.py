@@ -1,0 +1,114 @@
+"""The container's command line, exactly as rendered, composes: `appliance check` runs with it (the
+ConfigMap's files written where the pod would see them, under a temporary root). `check` is static, so
+CUDA and TP=2 command lines check here too. A bad override fails here, not in the cluster."""
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance.config.compose import compose
+from tests.conftest import assert_user_error, run_cli
+from tests.helm.conftest import PROFILES, by_kind, container, manifests, pod_spec, profile_values
+
+SHIM = """#!/bin/sh
+exec "{python}" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
+"""
+
+
+def lay_out_config_files(docs, root: Path) -> dict:
+    """Write the ConfigMap's files where the pod mounts them, below `root`; return the container's
+    APPLIANCE_* environment with its paths moved below `root` too."""
+    pod, main = pod_spec(docs), container(docs)
+    config_maps = {doc["metadata"]["name"]: doc["data"] for doc in docs if doc["kind"] == "ConfigMap"}
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    for volume in pod["volumes"]:
+        if "configMap" in volume:
+            data = config_maps[volume["configMap"]["name"]]
+            for item in volume["configMap"]["items"]:
+                target = root / mounts[volume["name"]].lstrip("/") / item["path"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(data[item["key"]])
+    return {e["name"]: str(root / e["value"].lstrip("/")) for e in main["env"]
+            if e["name"].startswith("APPLIANCE_") and e.get("value", "").startswith("/")}
+
+
+def command_lines(docs, tmp_path: Path):
+    """The appliance argument lists the workload runs: the Deployment's args, or for the Job what its
+    shell script `exec`s for each completion index (run through /bin/sh with `appliance` a recorder)."""
+    kinds = by_kind(docs)
+    main = container(docs)
+    if "Deployment" in kinds:
+        assert main["command"] == ["appliance"]
+        return [main["args"]]
+    shim = tmp_path / "bin" / "appliance"
+    shim.parent.mkdir()
+    shim.write_text(SHIM.format(python=sys.executable))
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    (script,) = main["args"]
+    lines = []
+    for index in range(kinds["Job"]["spec"]["completions"]):
+        env = {"PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}", "JOB_COMPLETION_INDEX": str(index)}
+        done = subprocess.run([*main["command"], script], env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        lines.append(json.loads(done.stdout))
+    return lines
+
+
+def check(args, env):
+    verb, *overrides = args
+    assert verb in ("serve", "run")
+    return run_cli("check", *overrides, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_rendered_command_line_checks(chart, profile, tmp_path):
+    docs = manifests(chart, profile_values(profile))
+    env = lay_out_config_files(docs, tmp_path / "root")
+    for args in command_lines(docs, tmp_path):
+        result = check(args, env)
+        assert result.returncode == 0, (args, result.stderr)
+        assert result.stdout.startswith("ok: pipeline "), result.stdout
+
+
+def test_the_batch_indexes_share_the_inputs(chart, tmp_path):
+    values = profile_values("prithvi-flood-batch")
+    lines = command_lines(manifests(chart, values), tmp_path)
+    shares = [[a for a in args if a.startswith("input=")] for args in lines]
+    expected = [f'"/data/{path}"' for path in values["batch"]["inputs"]]
+    assert shares == [[f"input=[{expected[0]},{expected[2]}]"], [f"input=[{expected[1]}]"]]
+    for args in lines:
+        assert args[:2] == ["run", "pipeline=prithvi_flood"]
+        assert args[-2:] == values["overrides"], "the overrides come last, verbatim"
+        assert 'output="/data/masks/2024-07"' in args
+
+
+def test_paths_with_spaces_and_commas_survive_the_shell_and_hydra(chart, tmp_path):
+    values = {"mode": "batch", "batch": {"inputs": ["a b.tif", "c,d.tif"], "output": "out dir", "volume": "v"}}
+    (args,) = command_lines(manifests(chart, values), tmp_path)
+    cfg = compose(args[1:])
+    assert list(cfg.input) == ["/data/a b.tif", "/data/c,d.tif"] and cfg.output == "/data/out dir"
+
+
+def test_the_chart_knows_which_shipped_pipelines_pool(chart):
+    """test_chart's GPU cases name every conf/pipeline/ file; their composed engine kinds are these."""
+    for pipeline, kind in [("llava_chat", "generate"), ("llava_encode", "generate"), ("prithvi_flood", "pool")]:
+        args = container(manifests(chart, {"pipeline": pipeline, "gpu": {"count": 1}}))["args"]
+        cfg = compose(args[1:])
+        assert (cfg.engine.kind.value, cfg.engine.device) == (kind, "cuda")
+    shipped = {p.stem for p in (Path(__file__).parents[2] / "conf" / "pipeline").glob("*.yaml")}
+    assert shipped == {"llava_chat", "llava_encode", "prithvi_flood"}, "add the new pipeline to these cases"
+
+
+def test_a_bad_override_fails_the_check(chart, tmp_path):
+    values = {**profile_values("default"), "overrides": ["engine.block_sizee=16"]}
+    (args,) = command_lines(manifests(chart, values), tmp_path)
+    assert_user_error(check(args, {}), "engine.block_sizee", "unknown key")
+
+
+def test_an_unknown_pipeline_fails_the_check(chart, tmp_path):
+    (args,) = command_lines(manifests(chart, {"pipeline": "flood"}), tmp_path)
+    assert_user_error(check(args, {}), "pipeline=flood: no such pipeline")
