@@ -15,7 +15,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-install: $(VENV)/.installed
+# Our CPU kernels, compiled once into the installed package (docs/engine.md); the engine would otherwise
+# build them on first use. Rebuilt when their sources change.
+$(VENV)/.kernels: $(wildcard appliance/engine/csrc/*) $(VENV)/.installed
+	$(BIN)/python -m appliance.engine.build_kernels
+	touch $@
+
+install: $(VENV)/.installed $(VENV)/.kernels
 
 # The main job on the embedded default model: flood-map the bundled sample scene; then ask the
 # embedded tiny LLaVA about the bundled sample image.

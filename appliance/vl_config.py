@@ -15,7 +15,7 @@ Derivation, for a CLIP tower of `image_size` S, `patch_size` p, `hidden_size` H,
     image_feature_size
         LLaVA-1.5:  tokens per view  (336/14, "default": 576)
         LLaVA-NeXT: None ("dynamic"): the base view plus the unpadded tile grid plus one newline per row,
-                    which depends on each image's size (appliance.vision.anyres.llava_next_feature_count).
+                    which depends on each image's size (appliance.anyres_plan.llava_next_feature_count).
                     `max_image_feature_size` is the largest count any image can produce (an image exactly
                     the size of the largest pinpoint: 2928 for the llava-hf defaults).
 
@@ -109,7 +109,7 @@ def tokens_per_view(config: Any) -> int:
 def max_feature_size(config: Any) -> int:
     if config.model_type == "llava":
         return tokens_per_view(config)
-    from appliance.vision.anyres import AnyresConfig, llava_next_feature_count
+    from appliance.anyres_plan import AnyresConfig, llava_next_feature_count
 
     anyres = AnyresConfig.from_model_config(config.to_dict())
     return max(llava_next_feature_count(pin, anyres) for pin in anyres.grid_pinpoints)

@@ -11,6 +11,7 @@ one request at a time and HF generate in left-padded static batches, plus engine
 bare forward of the same batch, KV slot utilisation, and the engine in bf16.
 """
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -41,6 +42,31 @@ def make_requests(n: int, seed: int = 0):
     rng = random.Random(seed)
     return [([rng.randrange(3, 32000) for _ in range(rng.randint(32, 256))], rng.randint(16, 128))
             for _ in range(n)]
+
+
+@contextlib.contextmanager
+def bench_model(model_dir=None):
+    """The bench model's directory: `model_dir` if it holds one, else built there (or in a temp
+    directory, removed afterwards)."""
+    if model_dir and os.path.exists(os.path.join(model_dir, "config.json")):
+        yield model_dir
+        return
+    with contextlib.ExitStack() as stack:
+        path = model_dir or stack.enter_context(tempfile.TemporaryDirectory())
+        build_model(path)
+        yield path
+
+
+def generate_tok_s(engine, requests):
+    """Add the requests (greedy, forced output lengths) and step to completion: (output tokens/s, tokens)."""
+    from appliance.engine.sampling_params import SamplingParams
+
+    for prompt, n in requests:
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, seed=0))
+    produced, start = 0, time.perf_counter()
+    while engine.has_unfinished():
+        produced += sum(len(o.new_token_ids) for o in engine.step())
+    return produced / (time.perf_counter() - start), produced
 
 
 class StepProbe:
@@ -150,12 +176,12 @@ def main():
         torch.set_num_threads(args.threads)
 
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()}")
-    tmp = None
-    path = args.model_dir
-    if path is None or not os.path.exists(os.path.join(path, "config.json")):
-        tmp = tempfile.TemporaryDirectory()
-        path = path or tmp.name
-        build_model(path)
+    with bench_model(args.model_dir) as path:
+        run_all(args, path)
+    print(f"load average after: {os.getloadavg()}")
+
+
+def run_all(args, path):
     requests = make_requests(args.num_requests)
     print(f"{len(requests)} requests, {sum(len(p) for p, _ in requests)} prompt tokens, "
           f"{sum(n for _, n in requests)} output tokens")
@@ -184,9 +210,6 @@ def main():
           f"{fp32['forward'] * 1e3:.1f} ms, overhead {overhead:.1f}%")
     print(f"KV slot utilisation (live tokens / allocated slots, all steps): {fp32['util'] * 100:.1f}%")
     print(f"engine stats: {fp32['stats']}")
-    print(f"load average after: {os.getloadavg()}")
-    if tmp:
-        tmp.cleanup()
 
 
 if __name__ == "__main__":

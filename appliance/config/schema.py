@@ -10,6 +10,9 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+# The engine group's schema lives with the engine (a plain dataclass; the engine imports no Hydra).
+from appliance.engine.config import AttentionBackend, DType, EngineConfig, EngineKind  # noqa: F401
+
 
 class ImageInputType(str, Enum):
     pixel_values = "pixel_values"  # the vision tower runs inside the appliance
@@ -66,44 +69,6 @@ class ModelConfig:
     vision_language: Optional[VisionLanguageConfig] = None
     prithvi: Optional[PrithviConfig] = None
     geo: Optional[GeoModelConfig] = None
-
-
-class DType(str, Enum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
-class EngineKind(str, Enum):
-    generate = "generate"
-    pool = "pool"
-
-
-class AttentionBackend(str, Enum):
-    auto = "auto"
-    torch = "torch"
-    cpu = "cpu"
-    xformers = "xformers"
-
-
-@dataclass
-class EngineConfig:
-    kind: EngineKind = EngineKind.generate
-    dtype: DType = DType.float32
-    device: str = "cpu"  # cpu | cuda | cuda:N
-    tensor_parallel_size: int = 1
-    block_size: int = 16
-    kv_cache_memory_bytes: int = 256 * 1024 * 1024  # KV pool budget across all layers, per rank
-    num_kv_blocks: Optional[int] = None  # overrides the budget (tests use it to force preemption)
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    max_model_len: Optional[int] = None  # defaults to the model's max_position_embeddings
-    max_batch_size: int = 8  # pool mode: items per forward
-    enable_prefix_caching: bool = True
-    encoder_cache_bytes: int = 256 * 1024 * 1024  # image embeddings kept by content hash (rank 0); 0 = none
-    attention_backend: AttentionBackend = AttentionBackend.auto
-    cpu_kernels: bool = True  # our AVX2 GEMM and paged decode attention for fp32 on CPU, where they build
-    seed: int = 0
 
 
 @dataclass

@@ -102,17 +102,18 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32, geometry=None,
-                   probe=None, fmha=None):
+                   probe=None, fmha=None, use_cpu_kernels: bool = True):
     """`auto`: xformers on CUDA where it runs every kind of step of this engine (its kernels' limits,
     then a probe forward of each kind at start; otherwise the torch backend and one logged line saying
-    why), our CPU kernel for fp32 on CPU where it builds (and engine.cpu_kernels is on), else torch.
-    An explicit choice that cannot run raises ValueError with the reason, before any request.
-    `geometry` (an AttentionGeometry) is needed on CUDA; `probe` and `fmha` replace the real ones in tests."""
+    why), our CPU kernel for fp32 on CPU where it builds (and `use_cpu_kernels`, the engine's
+    engine.cpu_kernels, is on), else torch. An explicit choice that cannot run raises ValueError with the
+    reason, before any request. `geometry` (an AttentionGeometry) is needed on CUDA; `probe` and `fmha`
+    replace the real ones in tests."""
     name = getattr(name, "value", name)
     if name == "auto":
         if device.type == "cuda":
             return _auto_on_cuda(device, dtype, geometry, probe, fmha)
-        if device.type == "cpu" and dtype == torch.float32 and cpu_kernels.available():
+        if device.type == "cpu" and dtype == torch.float32 and use_cpu_kernels and cpu_kernels.available():
             return CpuAttentionBackend()
         return TorchAttentionBackend()
     if name == "torch":
@@ -121,8 +122,8 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.f
         if device.type != "cpu" or dtype != torch.float32:
             raise ValueError("attention_backend=cpu needs engine.device=cpu and engine.dtype=float32; use "
                              "attention_backend=torch (or auto)")
-        if not cpu_kernels.available():
-            why = cpu_kernels.unavailable_reason() or "engine.cpu_kernels=false"
+        if not use_cpu_kernels or not cpu_kernels.available():
+            why = "engine.cpu_kernels=false" if not use_cpu_kernels else cpu_kernels.unavailable_reason()
             raise ValueError(f"attention_backend=cpu: our CPU kernels are unavailable ({why}); use "
                              f"attention_backend=torch (or auto)")
         return CpuAttentionBackend()
@@ -170,8 +171,9 @@ def _first_line(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
-class PagedAttention(nn.Module):
-    """One layer's attention over the paged KV pool. The model runner assigns `k_cache`/`v_cache`."""
+class PagedAttention(cpu_kernels.KernelLayer):
+    """One layer's attention over the paged KV pool. The model runner assigns `k_cache`/`v_cache`; with our
+    CPU kernels on, this step's K/V are written by one of them."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, backend):
         super().__init__()
@@ -187,7 +189,7 @@ class PagedAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if cpu_kernels.fits(k, v, self.k_cache) and k.stride(1) == v.stride(1) == self.head_dim:
+        if self.use_cpu_kernels and cpu_kernels.fits(k, v, self.k_cache) and k.stride(1) == v.stride(1) == self.head_dim:
             cpu_kernels.write_kv(k, v, ctx.slot_mapping, self.k_cache, self.v_cache)
         else:
             self.k_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = k

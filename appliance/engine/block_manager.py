@@ -126,15 +126,23 @@ class BlockManager:
         return True
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Publish the hashes of blocks whose K/V are now fully computed."""
+        """Publish the hashes of blocks whose K/V are now fully computed. Each block is hashed once, when
+        it fills: the hashed blocks of a table are always a prefix of it (adopted from the prefix cache,
+        or filled in order), so the work starts after the last hashed one, chained on its hash."""
         if not self.enable_prefix_caching:
             return
-        hashes = self.block_hashes(seq, seq.num_computed_tokens)
-        for block_id, h in zip(seq.block_table, hashes):
-            block = self.blocks[block_id]
-            if block.hash is None:
-                block.hash = h
-                self.cached.setdefault(h, block_id)  # a twin computed in the same step stays private
+        bs, table = self.block_size, seq.block_table
+        full = min(seq.num_computed_tokens // bs, len(table))
+        start = full
+        while start > 0 and self.blocks[table[start - 1]].hash is None:
+            start -= 1  # back over the blocks filled since the last call (one, in a decode step)
+        parent = self.blocks[table[start - 1]].hash if start else None
+        for i in range(start, full):
+            parent = hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs],
+                                block_extra_keys(seq.mm_ranges, i * bs, bs))
+            block = self.blocks[table[i]]
+            block.hash = parent
+            self.cached.setdefault(parent, block.block_id)  # a twin computed in the same step stays private
 
     def free_seq(self, seq: Sequence) -> None:
         # Tail first, so a prefix's later blocks are evicted before its earlier ones.

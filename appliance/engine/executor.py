@@ -1,5 +1,5 @@
 """Runs scheduled steps on the model: in-process for one rank (tensor-parallel executor: tp_executor)."""
-from appliance.config.schema import EngineConfig
+from appliance.engine.config import EngineConfig
 from appliance.engine.model_runner import ModelRunner
 from appliance.engine.sampler import SamplerOutput
 from appliance.engine.scheduler import SchedulerOutput

@@ -1,4 +1,5 @@
-"""Small building blocks of decoder models: RMSNorm, rotary embedding, SwiGLU activation."""
+"""Small building blocks of decoder models: RMSNorm, rotary embedding, SwiGLU activation. Each runs on
+one of our CPU kernels once its engine's runner turns them on (`cpu_kernels.use_in`), else on torch."""
 import math
 from typing import Optional
 
@@ -9,14 +10,14 @@ from torch import nn
 from appliance.engine import cpu_kernels
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(cpu_kernels.KernelLayer):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and cpu_kernels.fits(x, self.weight):  # one fused op instead of eight
+        if self.use_cpu_kernels and x.dim() == 2 and cpu_kernels.fits(x, self.weight):  # one op instead of eight
             return cpu_kernels.rms_norm(x, self.weight, self.eps)
         # Normalise in fp32, as the reference does, so bf16 runs do not lose precision here.
         h = x.float()
@@ -24,11 +25,11 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-class SiluAndMul(nn.Module):
+class SiluAndMul(cpu_kernels.KernelLayer):
     """SwiGLU: silu(gate) * up, with gate and up concatenated on the last dim."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and cpu_kernels.fits(x):
+        if self.use_cpu_kernels and x.dim() == 2 and cpu_kernels.fits(x):
             return cpu_kernels.silu_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
@@ -65,7 +66,7 @@ def rope_inv_freq(head_dim: int, params: dict) -> torch.Tensor:
                      f"(dynamic NTK depends on the batch's length, which a batched engine cannot honour)")
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(cpu_kernels.KernelLayer):
     """Neox-style rotary embedding (rotate the two halves), with a cos/sin table per position."""
 
     def __init__(self, head_dim: int, max_positions: int, params: Optional[dict] = None):
@@ -78,7 +79,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hk, D]; positions: [T]. With our CPU kernels q and k are rotated in place."""
-        if cpu_kernels.fits(q, k, self.cos) and q.stride(1) == q.shape[2] and k.stride(1) == k.shape[2]:
+        if self.use_cpu_kernels and cpu_kernels.fits(q, k, self.cos) and q.stride(1) == q.shape[2] \
+                and k.stride(1) == k.shape[2]:
             cpu_kernels.rotary_(q, k, positions, self.cos, self.sin)
             return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)

@@ -3,14 +3,14 @@ import itertools
 from typing import Dict, Iterable, List, Optional, Sequence as Seq, Union
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoTokenizer
 
-from appliance.config.schema import EngineConfig, EngineKind
 from appliance.engine.block_manager import BlockManager
+from appliance.engine.config import EngineConfig, EngineKind, engine_config_from
 from appliance.engine.detokenizer import IncrementalDetokenizer
 from appliance.engine.executor import make_executor
 from appliance.engine.models import get_model_class
+from appliance.engine.models.base import MultimodalCausalLM
 from appliance.engine.multimodal import image_token_id
 from appliance.engine.multimodal import mm_ranges as mm_ranges_of
 from appliance.engine.outputs import RequestOutput
@@ -18,16 +18,6 @@ from appliance.engine.sampler import SamplerOutput
 from appliance.engine.sampling_params import SamplingParams
 from appliance.engine.scheduler import Scheduler, SchedulerOutput
 from appliance.engine.sequence import MMRange, Sequence, SequenceStatus
-
-
-def engine_config_from(node) -> EngineConfig:
-    """An EngineConfig from a dataclass, an OmegaConf node or a plain dict."""
-    if isinstance(node, EngineConfig):
-        return node
-    if isinstance(node, DictConfig):
-        merged = OmegaConf.merge(OmegaConf.structured(EngineConfig), node)
-        return OmegaConf.to_object(merged)
-    return EngineConfig(**(node or {}))
 
 
 def load_tokenizer(model_path: str):
@@ -123,6 +113,8 @@ class LLMEngine:
         if not mm_data:
             return mm_ranges
         model_cls = get_model_class(self.hf_config.architectures[0])
+        if not issubclass(model_cls, MultimodalCausalLM):
+            raise ValueError(f"mm_data was given but {model_cls.__name__} takes no images")
         end = 0
         for i, item in enumerate(mm_data):
             model_cls.check_image_item(self.hf_config, item)

@@ -3,7 +3,8 @@
 It makes no scheduling decisions: `prepare` flattens what the scheduler chose, `execute` runs the
 forward (every tensor-parallel rank calls it), `run` adds sampling on rank 0.
 
-Multimodal models (those with `image_embeddings(item)`): `prepare` (rank 0 only) finds, for each
+The model is the registered class of the checkpoint's architecture, a `CausalLM` (models/base.py).
+Multimodal models (`MultimodalCausalLM`): `prepare` (rank 0 only) finds, for each
 scheduled chunk [start, end), the `ImageItem`s of `seq.mm_data` whose placeholder run overlaps it, gets
 each item's embeddings once per request (held for the request's later chunks; across requests through
 the `EncoderCache`, keyed by content hash, within `engine.encoder_cache_bytes`; the step's misses in one
@@ -16,26 +17,27 @@ from typing import Dict, Optional
 
 import torch
 
-from appliance.config.schema import EngineConfig
 from appliance.engine import cpu_kernels, hugepages
 from appliance.engine.attention import select_backend
 from appliance.engine.attention_probe import AttentionGeometry
+from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
 from appliance.engine.linear import pack_for_cpu
-from appliance.engine.loader import iter_weights, load_weights
-from appliance.engine.models import get_model_class
+from appliance.engine.loader import iter_weights
+from appliance.engine.models import MODEL_REGISTRY, get_model_class
+from appliance.engine.models.base import CausalLM, MultimodalCausalLM
 from appliance.engine.parallel import ParallelState
 from appliance.engine.sampler import Sampler, SamplerOutput
 from appliance.engine.scheduler import SchedulerOutput
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"engine.dtype {name!r} is not one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+def architecture(hf_config, model_path: str) -> str:
+    """The checkpoint's architecture name (config.json `architectures`), which picks the model class."""
+    names = getattr(hf_config, "architectures", None)
+    if not names:
+        raise ValueError(f"{model_path}/config.json names no architecture (`architectures`); the engine "
+                         f"runs: {', '.join(sorted(MODEL_REGISTRY))}")
+    return names[0]
 
 
 class ModelRunner:
@@ -46,23 +48,24 @@ class ModelRunner:
         self.device = device or torch.device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype)
         self.block_size = cfg.block_size
-        arch = (getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])[0]
-        cpu_kernels.enable(cfg.cpu_kernels)
+        model_cls = get_model_class(architecture(hf_config, model_path))
+        # Our CPU kernels: this engine's choice, held by its own layers (two engines may differ).
+        self.use_cpu_kernels = bool(cfg.cpu_kernels) and self.device.type == "cpu" \
+            and self.dtype == torch.float32 and cpu_kernels.available()
         geometry = AttentionGeometry.of(hf_config, self.tp.world_size, self.block_size)
         with self.on_device():  # the xformers probe runs kernels on this device
-            self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype, geometry)
+            self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype, geometry,
+                                               use_cpu_kernels=bool(cfg.cpu_kernels))
         with torch.device(self.device):
-            model = get_model_class(arch)(hf_config, self.tp, self.attn_backend, max_model_len)
-        self.model = model.to(self.dtype).eval()
-        if hasattr(self.model, "load_weights"):  # models with their own checkpoint layouts (LLaVA)
-            self.model.load_weights(iter_weights(model_path))
-        else:
-            load_weights(self.model, model_path)
-        if self.device.type == "cpu" and self.dtype == torch.float32 and cpu_kernels.available():
-            pack_for_cpu(self.model)
+            model = model_cls(hf_config, self.tp, self.attn_backend, max_model_len)
+        self.model: CausalLM = model.to(self.dtype).eval()
+        self.model.load_weights(iter_weights(model_path))
+        if self.use_cpu_kernels:
+            pack_for_cpu(self.model)  # our GEMM
+            cpu_kernels.use_in(self.model)  # the fused small ops and the KV write
         self.num_kv_blocks = self._allocate_kv_cache()
-        self.sampler = Sampler()
-        self.multimodal = hasattr(self.model, "image_embeddings")
+        self.sampler = Sampler(self.use_cpu_kernels)
+        self.multimodal = isinstance(self.model, MultimodalCausalLM)
         self.encoder_cache = EncoderCache(cfg.encoder_cache_bytes) if self.multimodal else None
         # Per in-flight request: embeddings its later prefill chunks still need (gone with the Sequence).
         self._held: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -11,8 +11,7 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from appliance.config.schema import EngineConfig, EngineKind
-from appliance.engine.model_runner import resolve_dtype
+from appliance.engine.config import EngineConfig, EngineKind, engine_config_from, resolve_dtype
 from appliance.engine.outputs import PoolOutput
 
 
@@ -47,10 +46,12 @@ def plan_batch(queue: Sequence[PoolRequest], max_batch_size: int) -> List[Tuple[
 
 class PoolEngine:
     def __init__(self, model: nn.Module, engine_config: Optional[EngineConfig] = None):
-        from appliance.engine.llm_engine import engine_config_from
         cfg = engine_config_from(engine_config)
         if cfg.max_batch_size < 1:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {cfg.max_batch_size}")
+        if cfg.tensor_parallel_size != 1:
+            raise ValueError(f"engine.tensor_parallel_size={cfg.tensor_parallel_size}: pool mode runs a model "
+                             f"on one device (no tensor parallelism); set it to 1")
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype)
@@ -63,12 +64,11 @@ class PoolEngine:
     @classmethod
     def from_config(cls, app_cfg) -> "PoolEngine":
         """Build the registered model for `model.architecture` with its `from_config(model, engine)`."""
-        from appliance.engine.llm_engine import engine_config_from
         from appliance.engine.models import get_model_class
         cfg = engine_config_from(app_cfg.engine)
         if getattr(cfg.kind, "value", cfg.kind) != EngineKind.pool.value:
             raise ValueError("PoolEngine serves engine.kind=pool; use LLMEngine for kind=generate")
-        model_cls = get_model_class(app_cfg.model.architecture)
+        model_cls = get_model_class(app_cfg.model.architecture, EngineKind.pool)
         return cls(model_cls.from_config(app_cfg.model, cfg), cfg)
 
     def add_request(self, items: Union[torch.Tensor, List[torch.Tensor]], request_id: Optional[str] = None) -> str:

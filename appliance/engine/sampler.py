@@ -15,6 +15,9 @@ class SamplerOutput:
 
 
 class Sampler:
+    def __init__(self, use_cpu_kernels: bool = False):
+        self.use_cpu_kernels = use_cpu_kernels  # the greedy argmax on our kernel (its engine's choice)
+
     def __call__(self, logits: torch.Tensor, params: List[SamplingParams],
                  generators: List[Optional[torch.Generator]],
                  suppress: Optional[List[Sequence[int]]] = None) -> SamplerOutput:
@@ -27,7 +30,8 @@ class Sampler:
             cols = [tid for ids in suppress for tid in ids]
             logits = raw.clone()
             logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = float("-inf")
-        tokens = cpu_kernels.argmax_rows(logits) if cpu_kernels.fits(logits) else logits.argmax(dim=-1)
+        use_ours = self.use_cpu_kernels and logits.dim() == 2 and cpu_kernels.fits(logits)
+        tokens = cpu_kernels.argmax_rows(logits) if use_ours else logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sample_rows:
             rows = torch.tensor(sample_rows, device=logits.device)

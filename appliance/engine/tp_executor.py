@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from appliance.config.schema import EngineConfig
+from appliance.engine.config import EngineConfig
 from appliance.engine.model_runner import ModelRunner
 from appliance.engine.models import MODEL_REGISTRY
 from appliance.engine.parallel import ParallelState, make_group, rank_device

@@ -23,19 +23,22 @@ def test_llava_encode_builds_and_reads_the_vision_tower_only(monkeypatch, tmp_pa
             yield name, tensor
 
     monkeypatch.setattr(loader, "iter_weights", spy)
-    stage = build_pipeline(compose(["pipeline=llava_encode"])).stages[0]
-    stage.setup()
-    params = dict(stage.model.named_parameters())
+    inputs, engine_stage, _ = build_pipeline(compose(["pipeline=llava_encode"])).stages
+    inputs.setup()
+    engine_stage.setup()  # the engine owns the tower (pool mode on the LLaVA checkpoint)
+    model = engine_stage.engine.model
+    params = dict(model.named_parameters())
     assert params and all(name.startswith("vision_tower.") for name in params)  # no projector, no LM
-    assert not hasattr(stage.model, "language_model") and not hasattr(stage.model, "multi_modal_projector")
+    assert not hasattr(model, "language_model") and not hasattr(model, "multi_modal_projector")
     assert read and all(checkpoint_name(name).startswith("vision_tower.") for name in read)  # LM tensors unread
     assert sum(p.numel() for p in params.values()) == sum(read.values())  # each parameter read once
     image, _ = shapes.make_sample(7)
     image.save(tmp_path / "a.png")
-    item = stage.side.prepare(str(tmp_path / "a.png"), "input", media_dir=str(tmp_path))
+    item = inputs.side.prepare(str(tmp_path / "a.png"), "input", media_dir=str(tmp_path))
     with torch.no_grad():
-        features = stage.model.vision_features(item.pixel_values[None])[0]
+        features = model.vision_features(item.pixel_values[None])[0]
     assert tuple(features.shape) == (64, 64)  # the tower's output: 64 patches, vision hidden 64
+    assert torch.equal(engine_stage.engine.encode([item.pixel_values[None]])[0][0], features)  # the engine runs it
 
 
 def test_features_from_llava_encode_give_the_same_answers_as_pixels(tmp_path):

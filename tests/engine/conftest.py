@@ -12,8 +12,7 @@ def kernels(request):
     """engine.cpu_kernels for parity tests: both paths must match the reference."""
     if request.param and not cpu_kernels.available():
         pytest.skip(f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
-    yield request.param
-    cpu_kernels.enable(True)  # the switch is process-wide; leave it at its default
+    return request.param  # each engine takes it from its own config: nothing to reset
 
 
 @pytest.fixture(scope="session")

@@ -32,13 +32,6 @@ needs_cpu_kernels = pytest.mark.skipif(not cpu_kernels.available(),
                                        reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
 
 
-@pytest.fixture
-def kernels_off():
-    cpu_kernels.enable(False)
-    yield
-    cpu_kernels.enable(True)
-
-
 @pytest.mark.parametrize("dtype, expected", [
     (torch.float32, TorchAttentionBackend),      # xformers' decode kernel is fp16/bf16 only
     (torch.bfloat16, XformersAttentionBackend),
@@ -104,8 +97,8 @@ def test_auto_picks_our_cpu_kernel_for_fp32_on_cpu():
     assert isinstance(select_backend("auto", CPU, torch.float32), CpuAttentionBackend)
 
 
-def test_auto_is_torch_on_cpu_with_cpu_kernels_off(kernels_off):
-    backend = select_backend("auto", CPU, torch.float32)
+def test_auto_is_torch_on_cpu_with_cpu_kernels_off():
+    backend = select_backend("auto", CPU, torch.float32, use_cpu_kernels=False)
     assert type(backend) is TorchAttentionBackend
 
 
@@ -118,9 +111,9 @@ def test_cpu_backend_where_it_cannot_run_is_a_clear_error(device, dtype, message
         select_backend("cpu", device, dtype)
 
 
-def test_cpu_backend_with_kernels_off_says_so(kernels_off):
+def test_cpu_backend_with_kernels_off_says_so():
     with pytest.raises(ValueError, match="engine.cpu_kernels=false"):
-        select_backend("cpu", CPU, torch.float32)
+        select_backend("cpu", CPU, torch.float32, use_cpu_kernels=False)
 
 
 def test_unknown_backend_names_the_choices():

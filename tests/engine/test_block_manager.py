@@ -133,3 +133,37 @@ def test_hash_chains_parent():
     h1 = hash_block(None, [1, 2, 3, 4])
     assert hash_block(h1, [5, 6, 7, 8]) != hash_block(None, [5, 6, 7, 8])
     assert hash_block(None, [1, 2, 3, 4], (("a", 0),)) != h1
+
+
+@pytest.mark.parametrize("prompt_len, cached_prefix_blocks", [(1, 0), (7, 0), (8, 0), (10, 2)])
+def test_each_block_is_hashed_once_when_it_fills(monkeypatch, prompt_len, cached_prefix_blocks):
+    """Decoding token by token hashes each block once, and the published hashes equal the full chain
+    (`block_hashes`) at every step, also after adopting a cached prefix."""
+    from appliance.engine import block_manager
+
+    bm = BlockManager(16, BS)
+    if cached_prefix_blocks:  # an earlier request leaves the first blocks cached
+        first = seq(range(prompt_len), "first")
+        assert bm.allocate(first, prompt_len)
+        first.num_computed_tokens = prompt_len
+        bm.cache_full_blocks(first)
+        bm.free_seq(first)
+    calls = []
+    real = block_manager.hash_block
+    monkeypatch.setattr(block_manager, "hash_block", lambda *a: calls.append(a[1]) or real(*a))
+    s = seq(range(prompt_len), "s")
+    hits = bm.find_cached_prefix(s)
+    assert len(hits) == cached_prefix_blocks
+    calls.clear()  # the admission lookup hashes the prompt once; count only cache_full_blocks
+    assert bm.allocate(s, s.num_tokens, hits)
+    for step in range(20):
+        s.num_computed_tokens = s.num_tokens
+        bm.cache_full_blocks(s)
+        published = [bm.blocks[b].hash for b in s.block_table if bm.blocks[b].hash is not None]
+        counted = len(calls)
+        assert published == bm.block_hashes(s, s.num_tokens)
+        del calls[counted:]  # the reference chain's own hashing
+        s.append_token(100 + step)
+        assert bm.allocate(s, s.num_tokens)
+    assert len(calls) == s.num_computed_tokens // BS - cached_prefix_blocks  # each filled block once
+    assert all(len(tokens) == BS for tokens in calls)

@@ -80,6 +80,7 @@ def test_rms_norm_matches_torch_path():
     x = torch.randn(300, 128)[:, :96]  # strided rows
     reference = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     close(cpu_kernels.rms_norm(x, norm.weight, norm.eps), reference)
+    cpu_kernels.use_in(norm)
     close(norm(x), reference)  # the layer dispatches to the kernel
 
 
@@ -88,11 +89,8 @@ def test_rotary_in_place_matches_torch_path():
     qkv = torch.randn(9, (4 + 2 + 2) * 32)
     q, k = qkv[:, :128].view(9, 4, 32), qkv[:, 128:192].view(9, 2, 32)  # views into the fused output
     positions = torch.tensor([0, 1, 2, 63, 5, 5, 7, 30, 8])
-    cpu_kernels.enable(False)
-    try:
-        ref_q, ref_k = rope(positions, q.clone(), k.clone())
-    finally:
-        cpu_kernels.enable(True)
+    ref_q, ref_k = rope(positions, q.clone(), k.clone())  # a layer starts on torch's kernels
+    cpu_kernels.use_in(rope)
     untouched = qkv[:, 192:].clone()
     got_q, got_k = rope(positions, q, k)
     close(got_q, ref_q)
@@ -100,11 +98,12 @@ def test_rotary_in_place_matches_torch_path():
     assert got_q.data_ptr() == q.data_ptr() and torch.equal(qkv[:, 192:], untouched)
 
 
-def test_write_kv_matches_index_put():
-    k_cache, v_cache = torch.zeros(8, 4, 2, 16), torch.zeros(8, 4, 2, 16)
-    qkv = torch.randn(5, 3 * 32)
-    k, v = qkv[:, 32:64].view(5, 2, 16), qkv[:, 64:].view(5, 2, 16)
-    slots = torch.tensor([3, 0, 31, 17, 9])
+@pytest.mark.parametrize("tokens", [5, 2100])  # 2100 x 32 floats: the rows are copied in parallel
+def test_write_kv_matches_index_put(tokens):
+    k_cache, v_cache = torch.zeros(640, 4, 2, 16), torch.zeros(640, 4, 2, 16)
+    qkv = torch.randn(tokens, 3 * 32)
+    k, v = qkv[:, 32:64].view(tokens, 2, 16), qkv[:, 64:].view(tokens, 2, 16)
+    slots = torch.tensor([3, 0, 31, 17, 9]) if tokens == 5 else torch.randperm(2560)[:tokens]
     cpu_kernels.write_kv(k, v, slots, k_cache, v_cache)
     ref_k, ref_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
     ref_k.view(-1, 2, 16)[slots] = k
@@ -122,7 +121,9 @@ def test_silu_mul_matches_torch(rows, inter):
     x = torch.randn(rows, 2 * inter) * 6  # wide range: exp's reduction and saturation
     x[0, 0], x[0, 1] = -100.0, 100.0
     close(cpu_kernels.silu_mul(x), F.silu(x[:, :inter]) * x[:, inter:])
-    close(SiluAndMul()(x), F.silu(x[:, :inter]) * x[:, inter:])
+    act = SiluAndMul()
+    cpu_kernels.use_in(act)
+    close(act(x), F.silu(x[:, :inter]) * x[:, inter:])
 
 
 def test_argmax_rows_matches_torch_with_ties_and_nan():
@@ -145,9 +146,83 @@ def test_unbuildable_kernels_leave_the_engine_on_torch(tmp_path):
 
 
 def test_fresh_cache_builds_once(tmp_path):
-    code = "from appliance.engine import cpu_kernels as k; print(k.available())"
+    code = ("from pathlib import Path; from appliance.engine import build_kernels as b, cpu_kernels as k; "
+            f"b.PREBUILT_DIR = Path({str(tmp_path / 'no-prebuilt')!r}); print(k.available())")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     for _ in range(2):  # the second run loads what the first built
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "True"
     assert len(list((tmp_path / "appliance" / "kernels").glob("cpu_kernels-*.so"))) == 1
+
+
+def _decode_args(**change):
+    """Valid arguments of paged_decode_attention (2 sequences, 4 blocks of 4 tokens), with `change` applied."""
+    args = dict(q=torch.randn(2, 4, 8), k_cache=torch.randn(4, 4, 2, 8), v_cache=torch.randn(4, 4, 2, 8),
+                block_tables=torch.tensor([[0, 1], [2, 3]]), context_lens=torch.tensor([5, 8]), scale=0.35)
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(block_tables=torch.tensor([[0, 4], [2, 3]])), IndexError, r"block_tables\[0, 1\] = 4 is outside the cache's 4 blocks"),
+    (dict(block_tables=torch.tensor([[0, 1], [-1, 3]])), IndexError, r"block_tables\[1, 0\] = -1"),
+    (dict(context_lens=torch.tensor([5, 9])), IndexError, r"context_lens\[1\] = 9 is outside 1..8"),
+    (dict(context_lens=torch.tensor([0, 8])), IndexError, r"context_lens\[0\] = 0"),
+    (dict(q=torch.randn(2, 4, 8, dtype=torch.bfloat16)), ValueError, "q must be float32, got BFloat16"),
+    (dict(k_cache=torch.randn(4, 4, 2, 8, dtype=torch.float64)), ValueError, "k_cache must be float32"),
+    (dict(block_tables=torch.tensor([[0.0, 1.0], [2.0, 3.0]])), ValueError, "block_tables must hold integers"),
+    (dict(q=torch.randn(3, 4, 8)), ValueError, "one row per query"),
+    (dict(q=torch.randn(2, 3, 8)), ValueError, "multiple of the caches' 2 kv heads"),
+    (dict(v_cache=torch.randn(4, 4, 2, 8)[:, :, :, :4]), ValueError, "contiguous"),
+])
+def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
+    """A bad block id is an error, not an out-of-bounds read; so is a wrong dtype or shape."""
+    with pytest.raises(error, match=message):
+        cpu_kernels.paged_decode_attention(**_decode_args(**change))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: cpu_kernels.write_kv(torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.tensor([3, 32]),
+                                  torch.zeros(8, 4, 2, 8), torch.zeros(8, 4, 2, 8)),
+     IndexError, r"slots\[1\] = 32 is outside the 32 cache slots"),
+    (lambda: cpu_kernels.write_kv(torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.tensor([3, 4]),
+                                  torch.zeros(8, 4, 2, 8, dtype=torch.float16), torch.zeros(8, 4, 2, 8)),
+     ValueError, "contiguous float32"),
+    (lambda: cpu_kernels.rotary_(torch.randn(2, 4, 8), torch.randn(2, 2, 8), torch.tensor([0, 16]),
+                                 torch.randn(16, 8), torch.randn(16, 8)),
+     IndexError, r"positions\[1\] = 16 is outside the 16 rotary table positions"),
+    (lambda: cpu_kernels.rotary_(torch.randn(2, 8, 4).transpose(1, 2), torch.randn(2, 2, 8), torch.tensor([0, 1]),
+                                 torch.randn(16, 8), torch.randn(16, 8)),
+     ValueError, "contiguous heads"),
+    (lambda: cpu_kernels.rms_norm(torch.randn(3, 8), torch.randn(7), 1e-6), ValueError, r"weight must be contiguous \[8\]"),
+    (lambda: cpu_kernels.rms_norm(torch.randn(3, 8, dtype=torch.float64), torch.randn(8), 1e-6), ValueError, "float32"),
+    (lambda: cpu_kernels.silu_mul(torch.randn(3, 7)), ValueError, r"\[M, 2I\]"),
+    (lambda: cpu_kernels.argmax_rows(torch.ones(3, 4, dtype=torch.int32)), ValueError, "x must be float32"),
+    (lambda: cpu_kernels.argmax_rows(torch.ones(3)), ValueError, "x must be 2-D"),
+    (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8), cpu_kernels.PackedWeight(torch.randn(4, 8)).data, 17),
+     ValueError, "out_features 17 does not fit"),
+    (lambda: cpu_kernels.ops().pack_weight(torch.randn(4, 8), torch.empty(10)), ValueError, "contiguous 128-float buffer"),
+])
+def test_operators_check_their_arguments(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_checks_survive_python_O():
+    """The checks are TORCH_CHECKs in C++, not asserts: `python -O` keeps them."""
+    code = ("import torch; from appliance.engine import cpu_kernels as k\n"
+            "try:\n"
+            "    k.paged_decode_attention(torch.randn(1, 2, 8), torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 8),\n"
+            "                             torch.tensor([[7]]), torch.tensor([3]), 1.0)\n"
+            "except IndexError as e:\n"
+            "    print('IndexError', e)\n")
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("IndexError block_tables[0, 0] = 7"), out.stdout + out.stderr
+
+
+def test_operators_are_registered_with_torch():
+    names = {"pack_weight", "linear_packed", "paged_decode_attention", "rms_norm", "rotary_", "write_kv",
+             "silu_mul", "argmax_rows"}
+    assert all(isinstance(getattr(torch.ops.appliance, n), torch._ops.OpOverloadPacket) for n in names)
+    x = torch.randn(4, 9)
+    assert torch.equal(torch.ops.appliance.argmax_rows(x), x.argmax(-1))

@@ -85,3 +85,30 @@ def test_seeded_sampling_survives_preemption(llama_dir, kernels):
     assert pressured.stats()["num_preemptions"] > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in calm]
     assert_no_block_leaks(pressured)
+
+
+def test_two_engines_in_one_process_keep_their_own_kernel_choice(llama_dir, monkeypatch):
+    """engine.cpu_kernels is each engine's own: building a second engine with them off leaves the first
+    on them (it once was a process-wide switch that the last engine built set for all)."""
+    from appliance.engine import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip(f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+    ours = LLMEngine(llama_dir, EngineConfig(cpu_kernels=True, num_kv_blocks=64))
+    torch_only = LLMEngine(llama_dir, EngineConfig(cpu_kernels=False, num_kv_blocks=64))  # built last
+    calls = []
+    real = cpu_kernels.rms_norm
+    monkeypatch.setattr(cpu_kernels, "rms_norm", lambda *a: calls.append(1) or real(*a))
+    prompts = random_prompts(400, LENGTHS[:6], seed=10)
+    outputs = {}
+    for name, engine, on in (("ours", ours, True), ("torch", torch_only, False)):
+        runner = engine.executor.runner
+        layers = [m for m in runner.model.modules() if isinstance(m, cpu_kernels.KernelLayer)]
+        assert layers and all(m.use_cpu_kernels is on for m in layers)
+        assert (runner.attn_backend.name == "cpu") is on and runner.sampler.use_cpu_kernels is on
+        assert (runner.model.lm_head.packed is not None) is on
+        calls.clear()
+        outputs[name] = engine.generate(prompts, GREEDY)
+        assert bool(calls) is on, f"{name}: our RMSNorm kernel ran {len(calls)} times"
+    for i, (a, b) in enumerate(zip(outputs["torch"], outputs["ours"])):
+        check_logprobs_close(a.token_ids, a.logprobs, b.token_ids, b.logprobs, name=f"prompt {i}")

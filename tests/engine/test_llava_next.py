@@ -10,7 +10,7 @@ import torch
 from appliance.config.schema import EngineConfig
 from appliance.engine.llm_engine import LLMEngine
 from appliance.engine.multimodal import ImageItem
-from appliance.vision.anyres import AnyresConfig, grid_shape, llava_next_feature_count
+from appliance.anyres_plan import AnyresConfig, grid_shape, llava_next_feature_count
 from tests.engine.helpers import assert_no_block_leaks, build_tokenizer
 from tests.engine.test_llava import (IMAGE_TOKEN, compare, hf_greedy_vlm, random_pixels, run_engine,
                                      save_vlm, tiny_text, tiny_vision)

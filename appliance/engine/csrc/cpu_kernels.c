@@ -4,8 +4,12 @@
 // - paged decode attention reading K/V in place (torch must first gather a padded copy);
 // - small per-token ops fused (RMSNorm, rotary, KV-cache write, SwiGLU, argmax), because a decode
 //   step would otherwise pay torch's per-op overhead some 400 times.
-// Built and loaded by appliance/engine/cpu_kernels.py. Parallel loops use OpenMP, which binds to the
-// libgomp torch has already loaded, so torch.set_num_threads governs them too.
+// Plain C with no argument checks: cpu_ops.cpp registers each as a torch operator and checks shapes,
+// dtypes, strides and every block, slot and position id before calling it (cpu_kernels.h). Built by
+// appliance/engine/build_kernels.py. Parallel loops use OpenMP, which binds to the libgomp torch has
+// already loaded, so torch.set_num_threads governs them too.
+#include "cpu_kernels.h"
+
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -190,13 +194,15 @@ static inline void prefetch_row(const float* row, int64_t bytes) {
 // block_tables: [B, width]; D % 8 == 0. Query heads h*g .. h*g+g-1 share KV head h (GQA).
 // A task is one sequence and a range of KV heads: all heads when there are sequences enough to keep
 // the threads busy. Both passes walk a block token by token, all of the task's heads at once, so each
-// block (contiguous in memory) is read front to back.
-void paged_decode_attention_f32(const float* q, const float* k_cache, const float* v_cache,
+// block (contiguous in memory) is read front to back. Returns 0, or -1 if scratch memory ran out (the
+// output is then incomplete).
+int paged_decode_attention_f32(const float* q, const float* k_cache, const float* v_cache,
                                 const int64_t* block_tables, int64_t width, const int64_t* context_lens,
                                 float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D,
                                 int64_t block_size, float scale) {
     int64_t g = Hq / Hk, stride = Hk * D;  // stride: floats between consecutive tokens
     int64_t heads = B >= 2 * omp_get_max_threads() ? Hk : 1, chunks = Hk / heads;
+    int failed = 0;
     #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * chunks; task++) {
         int64_t b = task / chunks, h0 = task % chunks * heads, L = context_lens[b];
@@ -206,6 +212,13 @@ void paged_decode_attention_f32(const float* q, const float* k_cache, const floa
         float* ob = out + (b * Hq + h0 * g) * D;
         float* scores = malloc(sizeof(float) * rows * L);  // [rows][L]
         int64_t* row = malloc(sizeof(int64_t) * L);  // where token p's K/V (at head h0) sit in a cache
+        if (scores == NULL || row == NULL) {  // no exit from an OpenMP loop: flag it, skip the task
+            free(scores);
+            free(row);
+            #pragma omp atomic write
+            failed = 1;
+            continue;
+        }
         for (int64_t p = 0; p < L; p++)
             row[p] = (table[p / block_size] * block_size + p % block_size) * stride + h0 * D;
         int64_t head_bytes = heads * D * (int64_t)sizeof(float);  // what the task reads of a token
@@ -256,6 +269,7 @@ void paged_decode_attention_f32(const float* q, const float* k_cache, const floa
         free(row);
         free(scores);
     }
+    return failed ? -1 : 0;
 }
 
 // ---- Small per-token ops, fused so that a decode step does not pay torch's per-op overhead ~400 times.
@@ -297,6 +311,7 @@ void rotary_f32(float* q, int64_t ldq, float* k, int64_t ldk, const int64_t* pos
 // k_cache/v_cache viewed as [slots, width]: row slots[t] <- k[t] / v[t] (rows of stride ldk / ldv).
 void write_kv_f32(const float* k, int64_t ldk, const float* v, int64_t ldv, const int64_t* slots,
                   float* k_cache, float* v_cache, int64_t T, int64_t width) {
+    #pragma omp parallel for schedule(static) if (T * width > 65536)
     for (int64_t t = 0; t < T; t++) {
         memcpy(k_cache + slots[t] * width, k + t * ldk, sizeof(float) * width);
         memcpy(v_cache + slots[t] * width, v + t * ldv, sizeof(float) * width);

@@ -1,11 +1,13 @@
 """Model registry: HF architecture name -> (module, class). Adding a model is one dict entry.
 
-Generate models are built as `cls(hf_config, parallel_state, attention_backend, max_positions)` and
-expose `forward(input_ids, positions, ctx, inputs_embeds=None)`, `embed_tokens`, `compute_logits`,
-`attention_layers()` and `packed_modules_mapping`. Pool models provide
-`cls.from_config(model_cfg, engine_cfg) -> nn.Module` whose forward maps [B, ...] -> [B, ...].
+The class fulfils the contract of its engine kind (`models/base.py`): a `CausalLM` (or
+`MultimodalCausalLM`) for engine.kind=generate, a `PoolModel` for engine.kind=pool. `POOL_PARTS` names,
+for a generate architecture, the part of it that pool mode runs: engine.kind=pool on a LLaVA-1.5
+checkpoint runs its vision tower (`pipeline=llava_encode`).
 """
 import importlib
+
+from appliance.engine.models.base import CausalLM, PoolModel
 
 MODEL_REGISTRY = {
     "LlamaForCausalLM": ("appliance.engine.models.llama", "LlamaForCausalLM"),
@@ -15,11 +17,31 @@ MODEL_REGISTRY = {
     "PrithviSegmentation": ("appliance.engine.models.prithvi", "PrithviSegmentation"),
 }
 
+POOL_PARTS = {
+    "LlavaForConditionalGeneration": ("appliance.engine.models.llava", "LlavaVisionEncoder"),
+}
 
-def get_model_class(architecture: str):
-    """Imported on demand, so a model's dependencies load only when it is used."""
-    if architecture not in MODEL_REGISTRY:
+KINDS = ("generate", "pool")
+
+
+def get_model_class(architecture: str, kind: str = "generate"):
+    """The class for `architecture` in engine `kind` (generate or pool), imported on demand so a model's
+    dependencies load only when it is used. ValueError for an unknown architecture (listing the
+    registered ones) or one without that kind."""
+    kind = getattr(kind, "value", kind)
+    if kind not in KINDS:
+        raise ValueError(f"unknown engine kind {kind!r}; choose {' or '.join(KINDS)}")
+    entry = (POOL_PARTS.get(architecture) if kind == "pool" else None) or MODEL_REGISTRY.get(architecture)
+    if entry is None:
         raise ValueError(f"unknown model architecture {architecture!r}; registered: "
                          f"{', '.join(sorted(MODEL_REGISTRY))}")
-    module, name = MODEL_REGISTRY[architecture]
-    return getattr(importlib.import_module(module), name)
+    module, name = entry
+    cls = getattr(importlib.import_module(module), name)
+    generates = isinstance(cls, type) and issubclass(cls, CausalLM)
+    if kind == "generate" and not generates:
+        raise ValueError(f"model architecture {architecture!r} ({name}) is not a generating model; run it "
+                         f"with engine.kind=pool")
+    if kind == "pool" and (generates or not isinstance(cls, PoolModel)):
+        raise ValueError(f"model architecture {architecture!r} ({name}) has no pool mode; run it with "
+                         f"engine.kind=generate")
+    return cls

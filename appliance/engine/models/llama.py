@@ -9,6 +9,7 @@ from appliance.engine.context import StepContext
 from appliance.engine.embedding import ParallelLMHead, VocabParallelEmbedding
 from appliance.engine.layers import RMSNorm, RotaryEmbedding, SiluAndMul, rope_parameters
 from appliance.engine.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from appliance.engine.models.base import CausalLM
 from appliance.engine.parallel import ParallelState
 
 
@@ -74,7 +75,7 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     # checkpoint name fragment -> (our fused parameter fragment, shard id)
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),

@@ -12,7 +12,8 @@ Image embeddings for one `ImageItem` (`image_embeddings`):
 `vision_features(pixel_values)` is the tower-only half, which is what image_features inputs hold.
 `LlavaVisionTower` is that half alone (the CLIP tower and the feature selection, no projector, no
 language model); `LlavaForConditionalGeneration` extends it, so both share parameter names and
-loading, and `pipeline=llava_encode` builds and loads the tower only.
+loading. `LlavaVisionEncoder` is the tower as a pool model: what engine.kind=pool runs for a LLaVA-1.5
+checkpoint (`pipeline=llava_encode`), building and loading the tower only.
 
 Checkpoint layouts accepted (see `checkpoint_name`): transformers 4.x llava-hf
 (`language_model.model.*`, `language_model.lm_head.*`, `vision_tower.vision_model.*`,
@@ -27,7 +28,9 @@ import torch
 from torch import nn
 
 from appliance.engine.context import StepContext
+from appliance.engine import loader
 from appliance.engine.loader import load_named_weights
+from appliance.engine.models.base import MultimodalCausalLM
 from appliance.engine.models.llama import LlamaForCausalLM
 from appliance.engine.multimodal import ImageItem, image_token_id
 from appliance.engine.parallel import ParallelState
@@ -119,7 +122,28 @@ class LlavaVisionTower(nn.Module):
         return bool(m) and int(m.group(1)) >= self.tower_depth  # a tower layer after the deepest selected one
 
 
-class LlavaForConditionalGeneration(LlavaVisionTower):
+class LlavaVisionEncoder(LlavaVisionTower):
+    """The tower as a pool model (engine.kind=pool on a LLaVA-1.5 checkpoint, `pipeline=llava_encode`):
+    a batch of views [B, 3, S, S] -> their features [B, tokens, vision hidden * k]."""
+
+    @classmethod
+    def from_config(cls, model_cfg, engine_cfg=None) -> "LlavaVisionEncoder":
+        """Build the tower of `model_cfg.path` and read only its tensors (`iter_weights(keep=needs)`)."""
+        from transformers import AutoConfig
+
+        if not model_cfg.path:
+            raise ValueError("model.path is not set; point it at a HF LLaVA model directory")
+        device = torch.device(getattr(engine_cfg, "device", None) or "cpu")
+        with torch.device(device):
+            tower = cls(AutoConfig.from_pretrained(model_cfg.path))
+        tower.load_weights(loader.iter_weights(model_cfg.path, keep=tower.needs))
+        return tower
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.vision_features(pixel_values)
+
+
+class LlavaForConditionalGeneration(LlavaVisionTower, MultimodalCausalLM):
     """The vision tower (the base class), the projector and our Llama."""
 
     packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping  # applied to language_model.* only
@@ -178,10 +202,6 @@ class LlavaForConditionalGeneration(LlavaVisionTower):
     def project(self, features: torch.Tensor) -> torch.Tensor:
         p = self.multi_modal_projector.linear_1.weight
         return self.multi_modal_projector(features.to(p.device, p.dtype))
-
-    def image_embeddings(self, item: ImageItem) -> torch.Tensor:
-        """[item.num_tokens, text hidden]: what replaces the item's placeholder embeddings."""
-        return self.embed_images([item])[0]
 
     def embed_images(self, items: List[ImageItem]) -> List[torch.Tensor]:
         """`image_embeddings` of several items, with one tower call over all their views."""

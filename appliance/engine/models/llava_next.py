@@ -9,7 +9,7 @@ and projector ([views, s*s, D], s = S // patch). Packing (what the placeholder r
            saw the preprocessing's letterbox padding removed (`unpad`), and `image_newline` appended
            after every remaining row
 
-so the count is `appliance.vision.anyres.llava_next_feature_count(image_size, config)`; the tile grid
+so the count is `appliance.anyres_plan.llava_next_feature_count(image_size, config)`; the tile grid
 comes from the same planner (`grid_shape`). image_features inputs hold the tower output per view:
 [1 + rows*cols, s*s, vision hidden * k].
 """
@@ -22,7 +22,7 @@ from appliance.engine.models.llava import LlavaForConditionalGeneration as Llava
 from appliance.engine.models.llava import check_num_tokens, feature_layers
 from appliance.engine.multimodal import ImageItem
 from appliance.engine.parallel import ParallelState
-from appliance.vision.anyres import AnyresConfig, grid_shape, llava_next_feature_count
+from appliance.anyres_plan import AnyresConfig, grid_shape, llava_next_feature_count
 
 
 def unpad(grid: torch.Tensor, image_size: Tuple[int, int]) -> torch.Tensor:

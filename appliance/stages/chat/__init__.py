@@ -1,6 +1,7 @@
 """Vision-language chat stages (`pipeline=llava_chat`, docs/chat.md).
 
-vision_encode (`pipeline=llava_encode`): images -> vision-tower features files.
+vision_inputs -> engine (pool mode: the vision tower) -> features_write (`pipeline=llava_encode`): images ->
+vision-tower features files.
 chat_requests (a photo + prompt, or an OpenAI batch .jsonl) -> chat_prompt (template, images,
 placeholders) -> engine -> chat_responses (answer text, or the batch output file).
 """

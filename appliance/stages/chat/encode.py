@@ -1,10 +1,13 @@
-"""`vision_encode`: images in, vision-tower features out (`pipeline=llava_encode`).
+"""`pipeline=llava_encode`: images in, vision-tower features out.
 
-The tower can then run apart from the language model: a features file it writes, given as the image
+    vision_inputs -> engine (engine.kind=pool on the LLaVA checkpoint: its vision tower) -> features_write
+
+The tower can then run apart from the language model: a features file written here, given as the image
 of a `llava_chat` request with `model.vision_language.image_input_type=image_features`, gives the same
 answer as the image itself. LLaVA-1.5 only (LLaVA-NeXT's feature count depends on each image).
-Only the vision tower is built and only its tensors are read from the checkpoint (`LlavaVisionTower`):
-the features are the tower's output, before the projector.
+The tower runs in the engine like every model (its device, dtype and batching): in pool mode a LLaVA
+checkpoint is `LlavaVisionEncoder`, which builds only the tower and reads only its tensors; the features
+are the tower's output, before the projector.
 """
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,43 +23,33 @@ from appliance.stages.chat.images import ImageSide
 
 
 @dataclass
-class VisionEncodeOptions:
+class VisionInputsOptions:
     suffix: str = ".features.safetensors"  # output name beside each input when `output` is not a file
 
 
 @register_stage
-class VisionEncode(Stage):
-    name = "vision_encode"
-    Options = VisionEncodeOptions
+class VisionInputs(Stage):
+    """The run record's images (all checked first) -> one record per image: its preprocessed pixels
+    and the features file it will be written to."""
+
+    name = "vision_inputs"
+    Options = VisionInputsOptions
     consumes = ("input", "output", "overwrite")
-    produces = ("display",)
+    produces = ("pixel_values", "features_path", "image_index", "image_count")
+    online = False  # the offline verb's source: files named on the command line
 
     def setup(self) -> None:
-        from transformers import AutoConfig
-
-        from appliance.engine.loader import iter_weights
-        from appliance.engine.models.llava import LlavaVisionTower
-
         self.side = ImageSide.from_config(self.cfg)
         if self.side.preprocess is None or self.side.anyres is not None:
             raise ConfigError("pipeline=llava_encode: needs a LLaVA-1.5 model with image_input_type=pixel_values")
-        hf_config = AutoConfig.from_pretrained(self.cfg.model.path)
-        with torch.device(torch.device(self.cfg.engine.device)):
-            tower = LlavaVisionTower(hf_config)  # no projector, no language model
-        tower.load_weights(iter_weights(self.cfg.model.path, keep=tower.needs))
-        self.model = tower.eval()
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
             pairs = self._plan(record)
-            for source, target in pairs:
+            for index, (source, target) in enumerate(pairs):
                 item = self.side.prepare(str(source), "input", media_dir=str(source.parent))
-                with torch.inference_mode():
-                    features = self.model.vision_features(item.pixel_values[None])[0].float().contiguous()
-                _write_atomically(features, target)
-            shape = list(features.shape)
-            yield {**record, "display": f"wrote {len(pairs)} feature file(s), each {shape} (tokens, hidden): "
-                                        f"{', '.join(str(t) for _, t in pairs)}"}
+                yield {**record, "pixel_values": item.pixel_values, "features_path": str(target),
+                       "image_index": index, "image_count": len(pairs)}
 
     def _plan(self, record: Record) -> List[Tuple[Path, Path]]:
         """(image, features file) pairs, all checked before any work."""
@@ -78,6 +71,29 @@ class VisionEncode(Stage):
                 raise InputError(f"output: {target} exists; pass overwrite=true to replace it")
             pairs.append((source, target))
         return pairs
+
+
+@register_stage
+class FeaturesWrite(Stage):
+    """Each image's features -> its .safetensors file (written to a temp file, then renamed); after a
+    run record's last image, one record with the line `appliance run` prints."""
+
+    name = "features_write"
+    consumes = ("features", "features_path", "image_index", "image_count")
+    produces = ("display",)
+    online = False  # the offline verb's sink: files on the command line's paths
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        written: List[str] = []
+        for record in records:  # in input order: the engine stage keeps it
+            features = record["features"].float().contiguous()
+            _write_atomically(features, Path(record["features_path"]))
+            written.append(record["features_path"])
+            if record["image_index"] == record["image_count"] - 1:
+                rest = {k: v for k, v in record.items() if k not in self.consumes}
+                yield {**rest, "display": f"wrote {len(written)} feature file(s), each {list(features.shape)} "
+                                          f"(tokens, hidden): {', '.join(written)}"}
+                written = []
 
 
 def _write_atomically(features: torch.Tensor, target: Path) -> None:

@@ -17,11 +17,12 @@ from typing import Any, Optional
 
 import torch
 
+from appliance.anyres_plan import AnyresConfig, llava_next_feature_count
 from appliance.config.schema import ImageInputType
 from appliance.engine.multimodal import ImageItem
 from appliance.errors import ConfigError, InputError
 from appliance.fetch import FetchPolicy
-from appliance.vision.anyres import AnyresConfig, anyres_preprocess, llava_next_feature_count
+from appliance.vision.anyres import anyres_preprocess
 from appliance.vision.clip_preprocess import ClipPreprocessConfig, clip_preprocess, load_preprocess_config
 from appliance.vision.image_load import load_image, read_local
 from appliance.vl_config import ResolvedVL, resolve_vision_language

@@ -1,0 +1,70 @@
+"""The engine's configuration: a plain dataclass (the `engine` config group's schema) and the two
+helpers every engine needs from it. Imports neither Hydra nor torch nor the generation stack, so the
+pool engine (and a config tree) can use it alone; `appliance/config/schema.py` re-exports the names."""
+from dataclasses import dataclass
+from enum import Enum
+from typing import Optional
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class EngineKind(str, Enum):
+    generate = "generate"
+    pool = "pool"
+
+
+class AttentionBackend(str, Enum):
+    auto = "auto"
+    torch = "torch"
+    cpu = "cpu"
+    xformers = "xformers"
+
+
+@dataclass
+class EngineConfig:
+    kind: EngineKind = EngineKind.generate
+    dtype: DType = DType.float32
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    tensor_parallel_size: int = 1
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 256 * 1024 * 1024  # KV pool budget across all layers, per rank
+    num_kv_blocks: Optional[int] = None  # overrides the budget (tests use it to force preemption)
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: Optional[int] = None  # defaults to the model's max_position_embeddings
+    max_batch_size: int = 8  # pool mode: items per forward
+    enable_prefix_caching: bool = True
+    encoder_cache_bytes: int = 256 * 1024 * 1024  # image embeddings kept by content hash (rank 0); 0 = none
+    attention_backend: AttentionBackend = AttentionBackend.auto
+    cpu_kernels: bool = True  # our AVX2 GEMM and paged decode attention for fp32 on CPU, where they build
+    seed: int = 0
+
+
+def resolve_dtype(name) -> "torch.dtype":
+    """The torch dtype of `engine.dtype` (a DType or its name). torch is imported here, not with the
+    module: composing a config needs this schema but not torch."""
+    import torch
+
+    name = getattr(name, "value", name)
+    if name not in DType.__members__:
+        raise ValueError(f"engine.dtype {name!r} is not one of {', '.join(DType.__members__)}")
+    return getattr(torch, name)
+
+
+def engine_config_from(node) -> EngineConfig:
+    """An EngineConfig from a dataclass, a plain mapping or an OmegaConf node (the composed `engine`
+    group; omegaconf is imported only for one)."""
+    if isinstance(node, EngineConfig):
+        return node
+    if node is None:
+        return EngineConfig()
+    if isinstance(node, dict):
+        return EngineConfig(**node)
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.structured(EngineConfig), node)
+    return OmegaConf.to_object(merged)

@@ -1,0 +1,27 @@
+// The C kernels of cpu_kernels.c. They trust their arguments: every caller goes through the checked
+// torch operators in cpu_ops.cpp.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void pack_weight_f32(const float* w, int64_t N, int64_t K, float* packed);
+void linear_packed_f32(const float* x, int64_t ldx, const float* packed, float* y, int64_t ldy, int64_t M,
+                       int64_t N, int64_t K);
+int paged_decode_attention_f32(const float* q, const float* k_cache, const float* v_cache,
+                               const int64_t* block_tables, int64_t width, const int64_t* context_lens,
+                               float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
+                               float scale);
+void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float* out, int64_t M, int64_t D);
+void rotary_f32(float* q, int64_t ldq, float* k, int64_t ldk, const int64_t* positions, const float* cos_t,
+                const float* sin_t, int64_t T, int64_t Hq, int64_t Hk, int64_t D);
+void write_kv_f32(const float* k, int64_t ldk, const float* v, int64_t ldv, const int64_t* slots,
+                  float* k_cache, float* v_cache, int64_t T, int64_t width);
+void silu_mul_f32(const float* x, float* out, int64_t M, int64_t I);
+void argmax_rows_f32(const float* x, int64_t M, int64_t N, int64_t* out);
+
+#ifdef __cplusplus
+}
+#endif

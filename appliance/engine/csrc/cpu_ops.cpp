@@ -1,0 +1,222 @@
+// Our CPU kernels (cpu_kernels.c) as torch operators, `torch.ops.appliance.*`, each checking its
+// arguments before the C code runs: devices, dtypes, ranks, shapes and strides, and every block, slot and
+// position id the kernel will index with. A failed check raises a Python exception (TORCH_CHECK_VALUE:
+// ValueError, TORCH_CHECK_INDEX: IndexError) and the kernel never runs; nothing here is an assert, so
+// `python -O` changes nothing. Registered for the CPU dispatch key only: inputs on another device fail in
+// the dispatcher. Built by appliance/engine/build_kernels.py.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include "cpu_kernels.h"
+
+namespace {
+
+constexpr int64_t kPanel = 16;  // output columns per packed panel (cpu_kernels.c)
+
+void check_f32(const at::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, name, " must be ", dim, "-D, got shape ", t.sizes());
+}
+
+// An index tensor as int64 contiguous (converted if needed), `dim`-D.
+at::Tensor ids(const at::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());
+  TORCH_CHECK_VALUE(!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type()), name,
+                    " must hold integers, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, name, " must be ", dim, "-D, got shape ", t.sizes());
+  return t.to(at::kLong).contiguous();
+}
+
+// Every value of `t` (int64 contiguous) in [0, limit).
+void check_ids_below(const at::Tensor& t, int64_t limit, const char* name, const char* what) {
+  const int64_t* p = t.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel(); i++)
+    TORCH_CHECK_INDEX(p[i] >= 0 && p[i] < limit, name, "[", i, "] = ", p[i], " is outside the ", limit, " ",
+                      what);
+}
+
+// Rows of a 2-D view: unit stride within a row.
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.size(1) <= 1 || t.stride(1) == 1, name, " must have contiguous rows, got strides ",
+                    t.strides());
+}
+
+// [T, H, D] with each token's heads contiguous (rows may be strided: views into a fused qkv output).
+void check_heads(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.stride(2) == 1 && t.stride(1) == t.size(2), name,
+                    " must have contiguous heads ([T, H, D] with strides [any, D, 1]), got strides ", t.strides());
+}
+
+void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
+  check_f32(weight, "weight", 2);
+  check_f32(out, "out", 1);
+  const int64_t n = weight.size(0), k = weight.size(1), panels = (n + kPanel - 1) / kPanel;
+  TORCH_CHECK_VALUE(out.is_contiguous() && out.numel() == panels * k * kPanel, "out must be a contiguous ",
+                    panels * k * kPanel, "-float buffer for a [", n, ", ", k, "] weight, got ", out.numel());
+  const at::Tensor w = weight.contiguous();
+  pack_weight_f32(w.const_data_ptr<float>(), n, k, out.mutable_data_ptr<float>());
+}
+
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
+  check_f32(x, "x", 2);
+  check_f32(packed, "packed weight", 3);
+  check_rows(x, "x");
+  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == kPanel, "packed weight must be a contiguous "
+                    "[panels, K, 16], got shape ", packed.sizes());
+  const int64_t m = x.size(0), k = packed.size(1), panels = packed.size(0);
+  TORCH_CHECK_VALUE(x.size(1) == k, "packed linear takes input [..., ", k, "], got ", x.sizes());
+  TORCH_CHECK_VALUE(out_features > (panels - 1) * kPanel && out_features <= panels * kPanel, "out_features ",
+                    out_features, " does not fit a weight packed in ", panels, " panels of 16");
+  at::Tensor y = at::empty({m, out_features}, x.options());
+  if (m > 0)
+    linear_packed_f32(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k, packed.const_data_ptr<float>(),
+                      y.mutable_data_ptr<float>(), out_features, m, out_features, k);
+  return y;
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  check_f32(q_in, "q", 3);
+  check_f32(k_cache, "k_cache", 4);
+  check_f32(v_cache, "v_cache", 4);
+  TORCH_CHECK_VALUE(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
+                    "k_cache and v_cache must be contiguous [num_blocks, block_size, kv_heads, head_dim] of "
+                    "one shape, got ", k_cache.sizes(), " and ", v_cache.sizes());
+  const at::Tensor q = q_in.contiguous();
+  const int64_t b = q.size(0), hq = q.size(1), d = q.size(2);
+  const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1), hk = k_cache.size(2);
+  TORCH_CHECK_VALUE(k_cache.size(3) == d && d % 8 == 0, "head_dim must be a multiple of 8 and the same in q ",
+                    q.sizes(), " and the caches ", k_cache.sizes());
+  TORCH_CHECK_VALUE(hk > 0 && hq % hk == 0, "q's ", hq, " heads must be a multiple of the caches' ", hk,
+                    " kv heads");
+  const at::Tensor tables = ids(block_tables, "block_tables", 2);
+  const at::Tensor lens = ids(context_lens, "context_lens", 1);
+  const int64_t width = tables.size(1);
+  TORCH_CHECK_VALUE(tables.size(0) == b && lens.size(0) == b, "block_tables ", tables.sizes(),
+                    " and context_lens ", lens.sizes(), " must have one row per query (", b, ")");
+  const int64_t* table = tables.const_data_ptr<int64_t>();
+  const int64_t* len = lens.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < b; i++) {
+    TORCH_CHECK_INDEX(len[i] >= 1 && len[i] <= width * block_size, "context_lens[", i, "] = ", len[i],
+                      " is outside 1..", width * block_size, " (", width, " blocks of ", block_size, ")");
+    for (int64_t j = 0; j < (len[i] + block_size - 1) / block_size; j++) {
+      const int64_t id = table[i * width + j];
+      TORCH_CHECK_INDEX(id >= 0 && id < num_blocks, "block_tables[", i, ", ", j, "] = ", id,
+                        " is outside the cache's ", num_blocks, " blocks");
+    }
+  }
+  at::Tensor out = at::empty_like(q);
+  if (b == 0) return out;
+  const int rc = paged_decode_attention_f32(q.const_data_ptr<float>(), k_cache.const_data_ptr<float>(),
+                                            v_cache.const_data_ptr<float>(), table, width, len,
+                                            out.mutable_data_ptr<float>(), b, hq, hk, d, block_size,
+                                            static_cast<float>(scale));
+  TORCH_CHECK(rc == 0, "paged_decode_attention: out of memory for the attention scores");
+  return out;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_f32(x, "x", 2);
+  check_f32(weight, "weight", 1);
+  check_rows(x, "x");
+  const int64_t m = x.size(0), d = x.size(1);
+  TORCH_CHECK_VALUE(weight.size(0) == d && weight.is_contiguous(), "weight must be contiguous [", d, "], got ",
+                    weight.sizes());
+  at::Tensor out = at::empty({m, d}, x.options());
+  if (m > 0)
+    rms_norm_f32(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : d, weight.const_data_ptr<float>(),
+                 static_cast<float>(eps), out.mutable_data_ptr<float>(), m, d);
+  return out;
+}
+
+void rotary_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos,
+             const at::Tensor& sin) {
+  check_f32(q, "q", 3);
+  check_f32(k, "k", 3);
+  check_f32(cos, "cos", 2);
+  check_f32(sin, "sin", 2);
+  check_heads(q, "q");
+  check_heads(k, "k");
+  const int64_t t = q.size(0), d = q.size(2);
+  TORCH_CHECK_VALUE(k.size(0) == t && k.size(2) == d && d % 2 == 0, "q ", q.sizes(), " and k ", k.sizes(),
+                    " must share tokens and an even head_dim");
+  TORCH_CHECK_VALUE(cos.is_contiguous() && sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.size(1) == d,
+                    "cos and sin must be contiguous [positions, ", d, "], got ", cos.sizes(), " and ", sin.sizes());
+  const at::Tensor pos = ids(positions, "positions", 1);
+  TORCH_CHECK_VALUE(pos.size(0) == t, "positions must have one entry per token (", t, "), got ", pos.size(0));
+  check_ids_below(pos, cos.size(0), "positions", "rotary table positions");
+  if (t > 0)
+    rotary_f32(q.mutable_data_ptr<float>(), q.stride(0), k.mutable_data_ptr<float>(), k.stride(0),
+               pos.const_data_ptr<int64_t>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), t,
+               q.size(1), k.size(1), d);
+}
+
+void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slots, const at::Tensor& k_cache,
+              const at::Tensor& v_cache) {
+  check_f32(k, "k", 3);
+  check_f32(v, "v", 3);
+  check_heads(k, "k");
+  check_heads(v, "v");
+  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "k ", k.sizes(), " and v ", v.sizes(), " must have one shape");
+  TORCH_CHECK_VALUE(k_cache.device().is_cpu() && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+                    v_cache.device().is_cpu() && v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous() &&
+                    k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must be contiguous float32 CPU "
+                    "tensors of one shape, got ", k_cache.sizes(), " and ", v_cache.sizes());
+  const int64_t t = k.size(0), width = k.size(1) * k.size(2);
+  TORCH_CHECK_VALUE(width > 0 && k_cache.numel() % width == 0, "the caches (", k_cache.sizes(),
+                    ") do not hold rows of kv_heads * head_dim = ", width);
+  const at::Tensor s = ids(slots, "slots", 1);
+  TORCH_CHECK_VALUE(s.size(0) == t, "slots must have one entry per token (", t, "), got ", s.size(0));
+  check_ids_below(s, k_cache.numel() / width, "slots", "cache slots");
+  if (t > 0)
+    write_kv_f32(k.const_data_ptr<float>(), k.stride(0), v.const_data_ptr<float>(), v.stride(0),
+                 s.const_data_ptr<int64_t>(), k_cache.mutable_data_ptr<float>(), v_cache.mutable_data_ptr<float>(),
+                 t, width);
+}
+
+at::Tensor silu_mul(const at::Tensor& x_in) {
+  check_f32(x_in, "x", 2);
+  TORCH_CHECK_VALUE(x_in.size(1) % 2 == 0, "x must be [M, 2I] (gate and up), got ", x_in.sizes());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t m = x.size(0), i = x.size(1) / 2;
+  at::Tensor out = at::empty({m, i}, x.options());
+  if (m > 0 && i > 0) silu_mul_f32(x.const_data_ptr<float>(), out.mutable_data_ptr<float>(), m, i);
+  return out;
+}
+
+at::Tensor argmax_rows(const at::Tensor& x_in) {
+  check_f32(x_in, "x", 2);
+  TORCH_CHECK_VALUE(x_in.size(1) > 0, "argmax of empty rows, shape ", x_in.sizes());
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  if (x.size(0) > 0) argmax_rows_f32(x.const_data_ptr<float>(), x.size(0), x.size(1), out.mutable_data_ptr<int64_t>());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(appliance, m) {
+  m.def("pack_weight(Tensor weight, Tensor(a!) out) -> ()");
+  m.def("linear_packed(Tensor x, Tensor packed, int out_features) -> Tensor");
+  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor context_lens, float scale) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos, Tensor sin) -> ()");
+  m.def("write_kv(Tensor k, Tensor v, Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache) -> ()");
+  m.def("silu_mul(Tensor x) -> Tensor");
+  m.def("argmax_rows(Tensor x) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(appliance, CPU, m) {
+  m.impl("pack_weight", &pack_weight);
+  m.impl("linear_packed", &linear_packed);
+  m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rotary_", &rotary_);
+  m.impl("write_kv", &write_kv);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("argmax_rows", &argmax_rows);
+}
