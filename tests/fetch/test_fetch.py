@@ -211,7 +211,7 @@ def test_content_length_over_the_cap_is_refused_before_reading(server):
 
 def test_a_chunked_body_over_the_cap_stops_early(server):
     message = refused(server.url("/chunked"), policy(allowed_domains=LOOPBACK, max_bytes=100_000))
-    assert f"sent more than 100000 bytes; the limit is 100000 bytes" in message
+    assert "sent more than 100000 bytes; the limit is 100000 bytes" in message
     assert wait_for(server.chunked_done.is_set)
     assert not server.chunked_finished and server.chunked_sent < CHUNKED_TOTAL // 4
 
