@@ -154,15 +154,15 @@ def _known(body: Dict[str, Any], allowed, at: str) -> None:
 
 def _common(body: Dict[str, Any], kind: str, defaults: Dict[str, Any], at: str,
             allow_stream: bool) -> GenerateRequest:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise fail(at, "model", f"expected a string, got {model!r}")
+    for key in ("model", "user"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise fail(at, key, f"expected a string, got {body[key]!r}")
     for key, neutral in NEUTRAL_FIELDS.items():
-        if key in body and body[key] not in neutral and not (key == "n" and body[key] is None):
+        if key in body and not _neutral(body[key], neutral) and not (key == "n" and body[key] is None):
             hint = "only n=1 is supported; send one request per answer" if key == "n" \
                 else "the engine does not apply it"
             raise fail(at, key, f"{body[key]!r}; allowed: {neutral[0]!r} only ({hint})")
-    request = GenerateRequest(kind, _sampling(body, at), model)
+    request = GenerateRequest(kind, _sampling(body, at), body.get("model"))
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise fail(at, "stream", f"expected true or false, got {stream!r}")
@@ -236,6 +236,13 @@ def _prompt(prompt: Any, at: str) -> Union[str, List[int]]:
     if prompt is None:
         raise fail(at, "prompt", "required, a string or a list of token ids")
     raise fail(at, "prompt", f"expected a string or a non-empty list of token ids (integers >= 0), got {prompt!r:.80}")
+
+
+def _neutral(value: Any, allowed) -> bool:
+    """`value` is one of `allowed`, where true is not 1 and false is not 0 (as in JSON)."""
+    if isinstance(value, bool):
+        return any(value is a for a in allowed)
+    return any(value == a and not isinstance(a, bool) for a in allowed)
 
 
 def _is_int(value: Any) -> bool:

@@ -5,24 +5,30 @@ infer these; they are declared here for clients, docs (`/docs`) and the schema-d
 """
 from typing import Any, Dict
 
-STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
 NULLABLE_BOOL = {"type": ["boolean", "null"]}
+MAX_TOKENS = {"type": ["integer", "null"], "minimum": 1, "maximum": 256}
+# Fields OpenAI clients send that the parser accepts only at their neutral value (protocol.NEUTRAL_FIELDS).
+NEUTRAL = {"frequency_penalty": {"type": "number", "enum": [0]}, "presence_penalty": {"type": "number", "enum": [0]},
+           "logit_bias": {"type": ["object", "null"], "maxProperties": 0}}
 SAMPLING = {
-    "model": {"type": "string"},
-    "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": 256},
+    "model": {"type": ["string", "null"]},
+    "max_tokens": MAX_TOKENS,
+    "max_completion_tokens": MAX_TOKENS,
     "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": ["integer", "null"], "minimum": 0},
     "seed": {"type": ["integer", "null"], "minimum": -(2 ** 63), "maximum": 2 ** 63 - 1},
     "min_tokens": {"type": ["integer", "null"], "minimum": 0, "maximum": 1},
     "stop": STRING_OR_LIST,
-    "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
     "ignore_eos": NULLABLE_BOOL,
     "stream": NULLABLE_BOOL,
     "stream_options": {"type": ["object", "null"], "additionalProperties": False,
                        "properties": {"include_usage": NULLABLE_BOOL, "continuous_usage_stats": NULLABLE_BOOL}},
     "n": {"type": ["integer", "null"], "enum": [1, None]},
-    "user": {"type": "string"},
+    "user": {"type": ["string", "null"]},
+    **NEUTRAL,
 }
 PART = {"oneOf": [
     {"type": "object", "required": ["type", "text"], "additionalProperties": False,
@@ -40,7 +46,9 @@ CHAT_REQUEST = {"type": "object", "required": ["messages"], "additionalPropertie
 COMPLETION_REQUEST = {"type": "object", "required": ["prompt"], "additionalProperties": False, "properties": {
     **SAMPLING, "prompt": {"oneOf": [{"type": "string", "minLength": 1},
                                      {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
-    "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20}}}
+    "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+    "echo": {"enum": [False]}, "best_of": {"type": "integer", "enum": [1]},
+    "suffix": {"type": ["string", "null"], "maxLength": 0}}}
 POOLING_REQUEST = {"type": "object", "required": ["data"], "additionalProperties": False, "properties": {
     "model": {"type": "string"}, "priority": {"enum": [0]}, "task": {"enum": ["plugin"]},
     "data": {"type": "object", "required": ["data", "data_format"], "additionalProperties": False, "properties": {

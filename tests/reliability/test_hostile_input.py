@@ -131,10 +131,11 @@ BAD_VALUES = {
     "stop": [5, [1, 2], [""]],
     "stop_token_ids": [[-1], "x", [1.5]],
     "ignore_eos": ["yes", 1],
-    "n": [0, 2, "x"],
+    "n": [0, 2, "x", True],
     "stream": ["yes", 1],
     "logprobs": [-1, 99, "x"],
-    "frequency_penalty": [0.5],
+    "frequency_penalty": [0.5, False],
+    "user": [5, ["x"]],
     "presence_penalty": [-1],
 }
 GENERATED = [(f"{route[4:]} {field}={value!r:.20}", route, (lambda h, f=field, v=value, b=builder: b(**{f: v})),

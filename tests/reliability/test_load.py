@@ -6,6 +6,7 @@ whether the request ran alone, in a batch of 64, through preemption, or beside 1
 import asyncio
 import concurrent.futures
 import random
+import threading
 import time
 
 import httpx
@@ -73,17 +74,23 @@ def test_overload_is_refused_fast_and_memory_stays_bounded(tiny_model, alone, tm
     """Four times the queue bound at once: the excess gets 429 with Retry-After at once; the accepted
     ones answer right; the server's resident memory grows by less than 150 MB."""
     bound = 16
-    with server_process(*overrides(tiny_model, PLUGIN, "engine.max_num_seqs=4",
+    # One sequence at a time, so the queue cannot drain while the burst arrives (a fast CPU serves a
+    # short answer in milliseconds); each client connects first and all send at once.
+    with server_process(*overrides(tiny_model, PLUGIN, "engine.max_num_seqs=1",
                                    f"server.limits.max_queued_requests={bound}"), cwd=tmp_path) as server:
         answer(server.base, PROMPTS[0])  # warm
         rss_before = session_rss_bytes(server.proc.pid)
         peak = [rss_before]
+        go = threading.Barrier(4 * bound)
 
         def one(prompt):
-            start = time.monotonic()
-            response = httpx.post(f"{server.base}/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": prompt}], "max_tokens": 32, "temperature": 0,
-                "ignore_eos": True}, timeout=300)
+            with httpx.Client(base_url=server.base, timeout=300) as client:
+                client.get("/health")
+                go.wait()
+                start = time.monotonic()
+                response = client.post("/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": prompt}], "max_tokens": 32, "temperature": 0,
+                    "ignore_eos": True})
             peak[0] = max(peak[0], session_rss_bytes(server.proc.pid))
             return prompt, response, time.monotonic() - start
 
