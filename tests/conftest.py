@@ -35,6 +35,12 @@ SLOW = (
     "tests/engine/test_tensor_parallel.py::test_worker_that_raises_mid_run_reaches_rank_0",
     "tests/engine/test_llava.py::test_tp2_matches_tp1",
     "tests/engine/test_cpu_kernels.py::test_fresh_cache_builds_once",  # compiles the kernels
+    # reliability: a server (or CLI) process a case, loaded, faulted or fuzzed; the hostile-input cases
+    # share one server each and stay in the fast tier
+    "tests/reliability/test_load.py",
+    "tests/reliability/test_engine_faults.py",
+    "tests/reliability/test_geo_faults.py",
+    "tests/reliability/test_fuzz.py",
 )
 
 

@@ -7,7 +7,9 @@ Records come out in the order they went in, with the engine's result added.
 
 The engine owns the model's tokenizer and context length. `model_tokenizer` and `model_context` give
 every stage of a pipeline (and the server) that one tokenizer, loaded once, and the engine's own rule
-for the context; `check_fits` is the one rule for "the prompt fits", worded for the user.
+for the context; `check_fits` is the one rule for "the prompt fits", worded for the user, and
+`check_text_fits` applies it before tokenizing a text too long to fit (a 10 MB prompt is refused at once,
+not after seconds of tokenizer work).
 """
 import sys
 import time
@@ -85,6 +87,21 @@ def check_fits(prompt_tokens: int, limit: int, where: str, fix: str, detail: str
         raise InputError(f"max_tokens: the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
                          f"{prompt_tokens + max_tokens} in all; the model's context is {limit} tokens, so "
                          f"max_tokens may be at most {limit - prompt_tokens}", param="max_tokens")
+
+
+def longest_token(tokenizer) -> int:
+    """Characters in the longest vocabulary entry. No token stands for more non-space characters of a
+    text (a byte-level or byte-fallback entry is at least as long as what it decodes to), so a text with
+    C non-space characters is at least C / this many tokens, whatever the tokenizer does with spaces."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
+
+
+def check_text_fits(text: str, longest: int, limit: int, where: str, param: Optional[str] = None) -> None:
+    """InputError when `text` cannot fit the context whatever its tokenization (see `longest_token`)."""
+    at_least = len("".join(text.split())) // max(longest, 1)
+    if at_least >= limit:
+        raise InputError(f"{where}: the prompt is {len(text)} characters, at least {at_least} tokens; the "
+                         f"model's context is {limit} tokens; shorten it", param=param)
 
 
 class GenerateProgress:

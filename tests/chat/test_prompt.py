@@ -224,3 +224,32 @@ def test_each_image_is_capped_by_max_media_bytes_not_the_body_limit(llava15_dir,
     big = tmp_path / "noise.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(big)
     _refused(overrides, {"input": str(big), "prompt": "What?"}, "the limit is 1000 bytes")
+
+
+@pytest.mark.parametrize("model", ["llava15_dir", "text_llama_dir"])
+def test_a_text_refused_before_tokenizing_never_fits(model, request):
+    """`check_text_fits` refuses only texts whose real token count is past the context, whatever their
+    characters and spacing; and a 10 MB prompt is refused without tokenizing it."""
+    from hypothesis import given, settings, strategies as st
+    from transformers import AutoTokenizer
+
+    from appliance.stages.engine import check_text_fits, longest_token
+
+    tokenizer = AutoTokenizer.from_pretrained(request.getfixturevalue(model))
+    longest, limit = longest_token(tokenizer), 4
+    refused = []
+    pieces = st.sampled_from(["a", "word", " ", "  \n", "ünï", "中文", "🙂", "----", "\t", "0123456789"])
+
+    @settings(max_examples=200, deadline=None, derandomize=True, database=None)
+    @given(st.lists(pieces, max_size=120).map("".join))
+    def refused_only_when_too_long(text):
+        try:
+            check_text_fits(text, longest, limit, "prompt")
+        except InputError:
+            assert len(tokenizer.encode(text, add_special_tokens=False)) >= limit, text
+            refused.append(text)
+
+    refused_only_when_too_long()
+    assert refused  # the examples reach the bound
+    with pytest.raises(InputError, match="prompt: the prompt is 10000000 characters"):
+        check_text_fits("word " * 2_000_000, longest, 4096, "prompt")

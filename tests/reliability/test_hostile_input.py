@@ -81,6 +81,8 @@ HAND_WRITTEN = [
     ("model not a string", CHAT, lambda h: chat(model=5), 400, "model"),
     ("a 10 MB string", CHAT, lambda h: chat(messages=[{"role": "user", "content": "word " * 2_000_000}]), 400,
      "the prompt is"),
+    ("a 10 MB completion prompt", "/v1/completions", lambda h: completion(prompt="word " * 2_000_000), 400,
+     "the prompt is 10000000 characters"),
     ("prompt longer than the context", CHAT, lambda h: chat(messages=[{"role": "user", "content": "a b " * 300}]),
      400, "context is 256 tokens"),
     ("body over the limit", CHAT, lambda h: raw(b" " * (21 * 1024 * 1024)), 413, "max_request_bytes"),

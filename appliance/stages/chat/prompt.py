@@ -20,7 +20,7 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.chat.images import ImageSide
 from appliance.stages.chat.template import (check_image_tokens, expand_placeholders, render_prompt,
                                             template_messages)
-from appliance.stages.engine import check_fits, model_context, model_tokenizer
+from appliance.stages.engine import check_fits, check_text_fits, longest_token, model_context, model_tokenizer
 
 
 @dataclass
@@ -44,6 +44,11 @@ def check_length(num_tokens: int, images: List[ImageItem], limit: int, where: st
     check_fits(num_tokens, limit, where, "shorten the messages or send fewer or smaller images", detail)
 
 
+def _parts(message) -> List[dict]:
+    content = message["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
 @register_stage
 class ChatPrompt(Stage):
     name = "chat_prompt"
@@ -58,7 +63,7 @@ class ChatPrompt(Stage):
         if options.workers < 1:
             raise ConfigError(f"chat_prompt.workers: {options.workers}; allowed: 1 or more")
         self.tokenizer = self.images = self.pool = None
-        self.max_len = 0
+        self.max_len = self.longest_token = 0
 
     @property
     def multimodal(self) -> bool:
@@ -76,6 +81,7 @@ class ChatPrompt(Stage):
         self.tokenizer = model_tokenizer(self)  # the engine's: one per pipeline
         self.images = ImageSide.from_config(self.cfg) if self.multimodal else None
         self.max_len = model_context(self)
+        self.longest_token = longest_token(self.tokenizer)
         self.pool = PreprocessPool(workers=self.options.workers)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
@@ -104,6 +110,8 @@ class ChatPrompt(Stage):
         if self.images is not None and len(urls) > self.images.vl.limit_per_prompt:
             raise InputError(f"{where}: {len(urls)} images in one request; this model allows "
                              f"{self.images.vl.limit_per_prompt} (model.vision_language.limit_per_prompt)")
+        text = " ".join(part["text"] for message in messages for part in _parts(message) if part["type"] == "text")
+        check_text_fits(text, self.longest_token, self.max_len, where)
         ids = render_prompt(self.tokenizer, messages)
         if self.images is not None:
             check_image_tokens(ids, self.images.vl.image_token_id, len(urls), where)
