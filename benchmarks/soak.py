@@ -9,16 +9,24 @@ Two servers on 127.0.0.1: `pipeline=llava_chat` (the embedded tiny LLaVA) and `p
 and GeoTIFF requests (`/pooling`, a 512 x 512 scene, 1 in 10).
 1. Capacity: 16 clients in a closed loop for --probe-s seconds; capacity = completed requests/s.
 2. Soak: open-loop Poisson arrivals at --load x capacity for --minutes. Every --window-s seconds: p50 and
-   p99 latency of each kind, requests and errors in the window, and the resident memory of each server
-   (all its processes). Prints the table, the drift (last window vs the first full one) and draws the
-   p99 latency and RSS over time into a PNG (Pillow, no plotting library).
+   p99 latency of each kind, requests, refusals (429: the server's queue was full) and errors in the
+   window, the most requests each server held (running + waiting, from its /metrics) and the resident
+   memory of each server (all its processes). Prints the table, the drift (last window vs the first full
+   one) and draws the p99 latency and RSS over time into a PNG (Pillow, no plotting library).
+
+The client puts no cap of its own on requests in flight: past the servers' queue bounds
+(`server.limits.max_queued_requests`) the servers refuse with 429, which is the overload protection this
+measures. (A client-side connection cap would queue the excess in the client, where it grows without
+bound and takes the client's CPU from the servers on a shared host: what a first run here showed.)
 """
 import argparse
 import asyncio
 import base64
+import collections
 import io
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -54,17 +62,18 @@ class Traffic:
         self.chat_base, self.pool_base = chat_base, pool_base
         self.images, self.scene = images, scene_b64
         self.rng = random.Random(seed)
-        self.samples = []  # (finished at, kind, seconds, ok)
+        self.samples = []  # (finished at, kind, seconds, outcome: "ok" | "refused" | "error")
+        self.failures = collections.Counter()  # (kind, HTTP status or exception) of each error
 
     async def one(self, client: httpx.AsyncClient):
         kind = "pool" if self.rng.random() < 0.1 else "chat"
         start = time.monotonic()
-        ok = False
+        status = None
         try:
             if kind == "pool":
                 response = await client.post(f"{self.pool_base}/pooling", json={"data": {
                     "data": self.scene, "data_format": "b64_json", "out_data_format": "b64_json"}})
-                ok = response.status_code == 200
+                status = response.status_code
             else:
                 stream = self.rng.random() < 0.5
                 body = {"model": "llava-tiny", "max_tokens": 16, "temperature": 0, "stream": stream,
@@ -75,13 +84,17 @@ class Traffic:
                 if stream:
                     async with client.stream("POST", f"{self.chat_base}/v1/chat/completions", json=body) as r:
                         lines = [line async for line in r.aiter_lines() if line]
-                    ok = r.status_code == 200 and lines[-1] == "data: [DONE]" and '"error"' not in lines[-2]
+                    complete = r.status_code != 200 or (lines[-1] == "data: [DONE]" and '"error"' not in lines[-2])
+                    status = r.status_code if complete else None
                 else:
                     response = await client.post(f"{self.chat_base}/v1/chat/completions", json=body)
-                    ok = response.status_code == 200
-        except httpx.HTTPError:
-            ok = False
-        self.samples.append((time.monotonic(), kind, time.monotonic() - start, ok))
+                    status = response.status_code
+        except httpx.HTTPError as e:
+            status = type(e).__name__
+        outcome = "ok" if status == 200 else "refused" if status == 429 else "error"
+        if outcome == "error":
+            self.failures[(kind, status or "stream ended with an error")] += 1
+        self.samples.append((time.monotonic(), kind, time.monotonic() - start, outcome))
 
 
 async def capacity(traffic: Traffic, seconds: float, clients: int = 16) -> float:
@@ -99,19 +112,30 @@ async def capacity(traffic: Traffic, seconds: float, clients: int = 16) -> float
     return done / seconds
 
 
+async def held(client: httpx.AsyncClient, base: str) -> float:
+    """Requests the server holds (running + waiting), from its /metrics."""
+    try:
+        text = (await client.get(f"{base}/metrics", timeout=10)).text
+    except httpx.HTTPError:
+        return float("nan")
+    return sum(float(v) for v in re.findall(r"^appliance_num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", text, re.M))
+
+
 async def soak(traffic: Traffic, rate: float, seconds: float, window: float, servers):
     rng = random.Random(1)
     start = time.monotonic()
-    rss = []  # (t, chat rss, pool rss)
+    rss = []  # (t, chat rss, pool rss, chat held, pool held)
     tasks = set()
 
-    async def sample_memory():
+    async def sample_servers(probe):
         while time.monotonic() - start < seconds:
-            rss.append((time.monotonic() - start, *(session_rss(s.proc.pid) for s in servers)))
+            rss.append((time.monotonic() - start, *(session_rss(s.proc.pid) for s in servers),
+                        *[await held(probe, s.base) for s in servers]))
             await asyncio.sleep(min(5.0, window / 2))
 
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)) as client:
-        sampler = asyncio.create_task(sample_memory())
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client, httpx.AsyncClient() as probe:
+        sampler = asyncio.create_task(sample_servers(probe))
         next_at = start
         while time.monotonic() - start < seconds:
             next_at += rng.expovariate(rate)
@@ -130,12 +154,15 @@ def windows(samples, start, rss, window, seconds):
         lo, hi = start + i * window, start + (i + 1) * window
         inside = [s for s in samples if lo <= s[0] < hi]
         mem = [r for r in rss if i * window <= r[0] < (i + 1) * window]
-        row = {"t": (i + 1) * window, "requests": len(inside), "errors": sum(not s[3] for s in inside)}
+        row = {"t": (i + 1) * window, "requests": len(inside),
+               "refused": sum(s[3] == "refused" for s in inside), "errors": sum(s[3] == "error" for s in inside)}
         for kind in ("chat", "pool"):
-            lat = [s[2] for s in inside if s[1] == kind and s[3]]
+            lat = [s[2] for s in inside if s[1] == kind and s[3] == "ok"]
             row[f"{kind}_p50"], row[f"{kind}_p99"] = pct(lat, 50), pct(lat, 99)
         row["chat_rss"] = max((m[1] for m in mem), default=float("nan"))
         row["pool_rss"] = max((m[2] for m in mem), default=float("nan"))
+        row["chat_held"] = max((m[3] for m in mem), default=float("nan"))
+        row["pool_held"] = max((m[4] for m in mem), default=float("nan"))
         rows.append(row)
     return rows
 
@@ -216,12 +243,13 @@ def main():
             seconds = args.minutes * 60
             start, rss = asyncio.run(soak(traffic, rate, seconds, args.window_s, [chat, pool]))
     rows = windows(traffic.samples, start, rss, args.window_s, seconds)
-    print(f"\n{'t (s)':>6s} {'reqs':>5s} {'errors':>6s} {'chat p50':>9s} {'chat p99':>9s} {'pool p50':>9s} "
-          f"{'pool p99':>9s} {'chat RSS MiB':>12s} {'pool RSS MiB':>12s}")
+    print(f"\n{'t (s)':>6s} {'reqs':>5s} {'429':>5s} {'errors':>6s} {'chat p50':>9s} {'chat p99':>9s} "
+          f"{'pool p50':>9s} {'pool p99':>9s} {'chat held':>9s} {'pool held':>9s} {'chat RSS MiB':>12s} "
+          f"{'pool RSS MiB':>12s}")
     for r in rows:
-        print(f"{r['t']:6.0f} {r['requests']:5d} {r['errors']:6d} {r['chat_p50']:9.3f} {r['chat_p99']:9.3f} "
-              f"{r['pool_p50']:9.3f} {r['pool_p99']:9.3f} {r['chat_rss'] / 2 ** 20:12.1f} "
-              f"{r['pool_rss'] / 2 ** 20:12.1f}")
+        print(f"{r['t']:6.0f} {r['requests']:5d} {r['refused']:5d} {r['errors']:6d} {r['chat_p50']:9.3f} "
+              f"{r['chat_p99']:9.3f} {r['pool_p50']:9.3f} {r['pool_p99']:9.3f} {r['chat_held']:9.0f} "
+              f"{r['pool_held']:9.0f} {r['chat_rss'] / 2 ** 20:12.1f} {r['pool_rss'] / 2 ** 20:12.1f}")
     if len(rows) >= 3:
         first, last = rows[1], rows[-1]  # the first window includes warm-up
         drift = {k: last[k] - first[k] for k in ("chat_p99", "pool_p99", "chat_rss", "pool_rss")}
@@ -229,8 +257,11 @@ def main():
               f"{drift['pool_p99']:+.3f} s, chat RSS {drift['chat_rss'] / 2 ** 20:+.1f} MiB, pool RSS "
               f"{drift['pool_rss'] / 2 ** 20:+.1f} MiB")
     total = len(traffic.samples)
-    print(f"requests {total}, errors {sum(not s[3] for s in traffic.samples)}, "
-          f"median latency {statistics.median(s[2] for s in traffic.samples):.3f} s")
+    print(f"requests {total}, refused (429) {sum(s[3] == 'refused' for s in traffic.samples)}, errors "
+          f"{sum(s[3] == 'error' for s in traffic.samples)}, median latency of answered requests "
+          f"{statistics.median(s[2] for s in traffic.samples if s[3] == 'ok'):.3f} s")
+    for (kind, what), count in traffic.failures.most_common():
+        print(f"  error: {kind} {what} x{count}")
     plot(rows, Path(args.plot))
     print(f"plot: {args.plot}\nload average after: {os.getloadavg()}")
 

@@ -93,7 +93,7 @@ def wait_idle(base: str, timeout: float = 30.0):
     while True:
         now = metrics(base)
         idle = (now[("appliance_num_requests_running", ())], now[("appliance_num_requests_waiting", ())],
-                now[("appliance_kv_cache_usage_perc", ())]) == (0, 0, 0)
+                now.get(("appliance_kv_cache_usage_perc", ()), 0)) == (0, 0, 0)  # a pool server has no KV
         if idle or time.monotonic() > deadline:
             return now
         time.sleep(0.1)

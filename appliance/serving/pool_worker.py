@@ -6,6 +6,10 @@ loop's inbox (at most `2 x engine.max_batch_size` of one request in flight, so m
 loop adds them to the one `PoolEngine`, and each step's outputs go back to their requests' threads,
 which stitch and write as offline. An abort stops the request's thread at its next tile and drops its
 tiles from the engine; the writer's cleanup removes its temp file.
+
+A request is running once a pool thread has taken it, waiting until then: the HTTP side's queue bound
+(`server.limits.max_queued_requests`) counts the waiting ones, so excess scenes get 429, not a place in
+an ever longer line.
 """
 import logging
 import queue
@@ -33,6 +37,7 @@ class PoolSession:
         self.uid, self.arrival, self.job, self.worker = uid, arrival, job, worker
         self.results: "queue.Queue[Tuple[int, Any]]" = queue.Queue()
         self.cancelled = threading.Event()
+        self.started = False  # set by the pool thread that runs it
 
     def send(self, seq: int, item: torch.Tensor) -> None:
         if self.cancelled.is_set():
@@ -109,6 +114,7 @@ class PoolWorker(Worker):
     def _run(self, session: PoolSession) -> None:
         """In a pool thread: fetch (URL inputs), then the online stages with the bridge; post the result."""
         job = session.job
+        session.started = True
         self.metrics.queue.observe(time.monotonic() - session.arrival)
         try:
             if job.input_url is not None:
@@ -173,9 +179,10 @@ class PoolWorker(Worker):
                 if owner is not None and owner[0] in self.sessions:
                     self.sessions[owner[0]].results.put((owner[1], out.output[0]))
                     self.metrics.tiles.inc()
-        self.shared.set_running(len(self.sessions))
-        self.metrics.running.set(len(self.sessions))
-        self.metrics.waiting.set(0)
+        running = sum(session.started for session in self.sessions.values())
+        self.shared.set_running(running)
+        self.metrics.running.set(running)
+        self.metrics.waiting.set(len(self.sessions) - running)
 
     def fail_all(self, failure: Failed) -> None:
         for uid in list(self.sessions):

@@ -5,6 +5,7 @@ whether the request ran alone, in a batch of 64, through preemption, or beside 1
 """
 import asyncio
 import concurrent.futures
+import http.server
 import random
 import threading
 import time
@@ -16,7 +17,7 @@ from tests.reliability.conftest import PLUGIN
 from tests.reliability.load import answer, counter, session_rss_bytes, stream_text
 from tests.reliability.models import overrides
 from tests.server_process import server_process
-from tests.servers import error, metrics, wait_idle
+from tests.servers import SAMPLE_SCENE, error, metrics, wait_idle
 
 PROMPTS = [f"Tell me about item {i} and the {w}" for i, w in enumerate(
     "river stone cloud lamp field door wheel bread glass road".split() * 2)]
@@ -108,3 +109,51 @@ def test_overload_is_refused_fast_and_memory_stays_bounded(tiny_model, alone, tm
             assert response.json()["choices"][0]["message"]["content"] == alone[prompt]
         assert peak[0] - rss_before < 150 * 2 ** 20, (rss_before, peak[0])
         assert wait_idle(server.base)[("appliance_kv_cache_usage_perc", ())] == 0
+
+
+def test_pooling_overload_is_refused_not_queued_without_end(tmp_path):
+    """One preparing thread, held by a scene whose URL answers only when the test says so: the next two
+    scenes wait (the queue bound), the ones after get 429 at once, since a scene waiting for a thread is
+    queued, not running; once the URL answers, the three accepted ones are served; nothing is left."""
+    bound = 2
+    scene, fetching, release = SAMPLE_SCENE.read_bytes(), threading.Event(), threading.Event()
+
+    class SlowScene(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            fetching.set()
+            release.wait(60)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(scene)))
+            self.end_headers()
+            self.wfile.write(scene)
+
+        def log_message(self, *args):
+            pass
+
+    source = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowScene)
+    threading.Thread(target=source.serve_forever, daemon=True).start()
+    body = {"data": {"data": f"http://127.0.0.1:{source.server_address[1]}/scene.tif", "data_format": "url"}}
+    with server_process("pipeline=prithvi_flood", "server.preprocess_workers=1", "server.allowed_media_domains=[127.0.0.1]",
+                        f"server.limits.max_queued_requests={bound}", cwd=tmp_path) as server, \
+            concurrent.futures.ThreadPoolExecutor(1 + bound) as pool:
+        try:
+            post = lambda: httpx.post(f"{server.base}/pooling", json=body, timeout=120)  # noqa: E731
+            accepted = [pool.submit(post)]
+            assert fetching.wait(30)  # the first scene holds the one thread
+            for _ in range(bound):
+                accepted.append(pool.submit(post))
+                time.sleep(0.3)  # the loop admits it (and counts it as waiting) before the next arrives
+            for _ in range(4):
+                refused = httpx.post(f"{server.base}/pooling", json=body, timeout=10)
+                assert refused.status_code == 429, refused.text
+                assert refused.headers["Retry-After"] == "1" and "max_queued_requests" in error(refused)["message"]
+            assert metrics(server.base)[("appliance_num_requests_waiting", ())] == bound
+        finally:
+            release.set()
+        for future in accepted:
+            response = future.result()
+            assert response.status_code == 200 and response.json()["data"]["data"], response.text
+        after = wait_idle(server.base)
+        assert after[("appliance_num_requests_running", ())] == 0
+        assert after[("appliance_num_requests_waiting", ())] == 0
+    source.shutdown()
