@@ -44,12 +44,13 @@ SAMPLE_IMAGE = REPO / "appliance" / "assets" / "samples" / "orange_star.png"
 # ---- the server ----------------------------------------------------------------------------------
 
 class Server:
-    def __init__(self, *overrides, cwd):
+    def __init__(self, *overrides, cwd, max_queued: int = 4096):
+        """`max_queued`: the server's queue bound; the benchmark's own levels must not meet it."""
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", *overrides,
-                                      f"server.port={self.port}", "server.limits.max_queued_requests=4096"],
+                                      f"server.port={self.port}", f"server.limits.max_queued_requests={max_queued}"],
                                      cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                      start_new_session=True)  # its session: all its processes, for RSS
 

@@ -228,12 +228,15 @@ def main():
     ap.add_argument("--load", type=float, default=0.8, help="fraction of the measured capacity")
     ap.add_argument("--probe-s", type=float, default=60)
     ap.add_argument("--window-s", type=float, default=60)
+    ap.add_argument("--max-queued", type=int, default=256, help="server.limits.max_queued_requests (its default)")
     ap.add_argument("--plot", default=str(REPO / "docs" / "reliability_soak.png"))
     args = ap.parse_args()
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
         images, scene = make_inputs(Path(tmp))
-        with Server("pipeline=llava_chat", cwd=tmp) as chat, Server("pipeline=prithvi_flood", cwd=tmp) as pool:
+        # the servers' own queue bound (the default), so that past capacity they refuse rather than queue
+        bound = {"cwd": tmp, "max_queued": args.max_queued}
+        with Server("pipeline=llava_chat", **bound) as chat, Server("pipeline=prithvi_flood", **bound) as pool:
             probe = Traffic(chat.base, pool.base, images, scene, seed=0)
             cap = asyncio.run(capacity(probe, args.probe_s))
             rate = args.load * cap
