@@ -31,8 +31,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    if args.verb == "run":
-        signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: unwind, so writers remove their temp files
+    if args.verb == "run":  # unwind on Ctrl-C and SIGTERM, so writers remove their temp files
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         return _dispatch(args.verb, args.overrides)
     except UserError as e:
@@ -92,8 +93,20 @@ class Terminated(BaseException):
     """SIGTERM during `run` (not an Exception: no stage may swallow it)."""
 
 
+def _interrupt(signum, frame):
+    _ignore_signals()
+    raise KeyboardInterrupt()
+
+
 def _terminate(signum, frame):
+    _ignore_signals()
     raise Terminated()
+
+
+def _ignore_signals() -> None:
+    """The run is unwinding: a second Ctrl-C or SIGTERM must not cut its cleanup short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -39,14 +39,20 @@ def wait_for_first_tiles(proc, seconds=1.5):
     assert proc.poll() is None, proc.communicate()
 
 
-@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
-def test_an_interrupted_run_leaves_no_partial_output(tmp_path, sig, code, word):
+@pytest.mark.parametrize("sig,code,word,times", [(signal.SIGINT, 130, "interrupted", 1),
+                                                  (signal.SIGTERM, 143, "terminated", 1),
+                                                  (signal.SIGINT, 130, "interrupted", 3)],
+                         ids=["ctrl-c", "sigterm", "ctrl-c-repeated"])
+def test_an_interrupted_run_leaves_no_partial_output(tmp_path, sig, code, word, times):
+    """One signal, or Ctrl-C pressed again while the run cleans up: exit 130 / 143, nothing left."""
     scene = write_scene(tmp_path / "big.tif", 4096)
     out = tmp_path / "out"
     out.mkdir()
     proc = start_run(scene, out / "mask.tif")
     wait_for_first_tiles(proc)
-    proc.send_signal(sig)
+    for _ in range(times):
+        proc.send_signal(sig)
+        time.sleep(0.01)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == code, stderr
     assert stderr.strip().splitlines()[-1] == f"appliance run: {word}", stderr
