@@ -6,23 +6,30 @@
     .venv/bin/python benchmarks/serve.py --quick               # a smoke run
 
 Parts (each starts its own `appliance serve` process on 127.0.0.1, drives it with the official `openai`
-client from this process, stops it, then runs the offline path on the same requests):
+client from this process, and runs the offline path on the same requests):
 - llama: the engine benchmark's random 58M Llama (benchmarks/engine_throughput.py) over
   `/v1/completions` with token-id prompts, streaming, forced output lengths (ignore_eos). At each
   concurrency: TTFT, TPOT = (E2E - TTFT) / (tokens - 1), ITL and E2E (p50, p99), output tokens/s; the
-  offline row is `LLMEngine` with `max_num_seqs` = the concurrency, on the same requests. While the
-  highest concurrency runs, /health and /metrics are polled every 50 ms: their p50 / p95 latency.
+  offline row is `LLMEngine` with `max_num_seqs` = the concurrency, on the same requests (with
+  `--rounds N`, N served and offline runs alternate and the round with the median ratio is shown). Then the
+  highest concurrency runs once more while /health and /metrics are polled every 50 ms: their p50 / p95
+  latency (that pass is not timed: 20 scrapes a second cost the server CPU that Prometheus never would).
 - llava: the embedded tiny LLaVA over `/v1/chat/completions`, one image question per request (a few
   distinct images, so the encoder and prefix caches see repeats, as a real workload would); offline:
-  `appliance run`'s pipeline on the same requests as a batch file, in this process.
+  `appliance run`'s pipeline on the same requests as a batch file.
 - pool: the demo flood model over `/pooling` (base64 in and out), scenes/s at concurrency 1 and 4,
-  beside `appliance run`'s pipeline on the same scenes in this process.
-The client shares the host's cores with the server; figures are for one host, quiet otherwise.
+  beside `appliance run`'s pipeline on the same scenes.
+By default the client shares the host's cores with the server and the offline baselines. With
+`--client-cpus 0` the client (this process) runs on CPU 0 only, and the server and every offline baseline
+on the other CPUs, as when clients are other machines: served/offline is then the cost of serving
+alone. Offline baselines run in a child process on the server's CPUs either way. Figures are for one
+host, quiet otherwise.
 """
 import argparse
 import asyncio
 import base64
 import json
+import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -44,15 +51,17 @@ SAMPLE_IMAGE = REPO / "appliance" / "assets" / "samples" / "orange_star.png"
 # ---- the server ----------------------------------------------------------------------------------
 
 class Server:
-    def __init__(self, *overrides, cwd, max_queued: int = 4096):
-        """`max_queued`: the server's queue bound; the benchmark's own levels must not meet it."""
+    def __init__(self, *overrides, cwd, max_queued: int = 4096, cpus=None):
+        """`max_queued`: the server's queue bound; the benchmark's own levels must not meet it.
+        `cpus`: the CPUs its processes run on (None: all of this process's)."""
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", *overrides,
                                       f"server.port={self.port}", f"server.limits.max_queued_requests={max_queued}"],
                                      cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # its session: all its processes, for RSS
+                                     start_new_session=True,  # its session: all its processes, for RSS
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
     def __enter__(self):
         deadline = time.monotonic() + 300
@@ -70,6 +79,19 @@ class Server:
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(60)
+
+
+def on_cpus(cpus, fn, *args):
+    """fn(*args) in a fresh process that runs on `cpus` with as many torch threads (None: all of ours)."""
+    with mp.get_context("spawn").Pool(1, initializer=_pin, initargs=(cpus or os.sched_getaffinity(0),)) as pool:
+        return pool.apply(fn, args)
+
+
+def _pin(cpus) -> None:
+    import torch
+
+    os.sched_setaffinity(0, cpus)  # before torch starts its thread pool, which inherits it
+    torch.set_num_threads(len(cpus))
 
 
 def _free_port() -> int:
@@ -160,11 +182,11 @@ def llama_part(args, tmp):
     with Server("pipeline=llava_chat", f"model.path={model}", "model.name=bench-llama",
                 "model.architecture=LlamaForCausalLM", "model.vision_language=null", "engine.max_num_seqs=64",
                 "engine.kv_cache_memory_bytes=536870912", "engine.enable_prefix_caching=false",
-                cwd=tmp) as server:
+                cwd=tmp, cpus=args.server_cpus) as server:
         for c in levels:
             requests = make_requests(max(8, args.per_level * c), seed=c)
 
-            async def run(c=c, requests=requests):
+            async def run(c=c, requests=requests, probe=False):
                 async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,
                                               timeout=600) as client:
                     def calls():
@@ -175,26 +197,34 @@ def llama_part(args, tmp):
 
                     stop, health, metrics = asyncio.Event(), [], []
                     pollers = [asyncio.create_task(poll(server.base, "/health", stop, health)),
-                               asyncio.create_task(poll(server.base, "/metrics", stop, metrics))] \
-                        if c == max(levels) else []
+                               asyncio.create_task(poll(server.base, "/metrics", stop, metrics))] if probe else []
                     result = await drive(calls, c)
                     stop.set()
                     await asyncio.gather(*pollers)
                     return result, health, metrics
 
-            (wall, timings), health, metrics = asyncio.run(run())
-            served[c] = (wall, timings, requests)
-            if health:
+            # Rounds alternate served and offline, so that a host whose speed drifts shifts both alike.
+            rounds = []
+            for _ in range(args.rounds):
+                wall, timings = asyncio.run(run())[0]
+                offline = on_cpus(args.server_cpus, offline_engine, str(model), requests, c)
+                rounds.append((sum(t[2] for t in timings) / wall / offline, wall, timings, offline))
+            served[c] = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]  # the median round
+            if args.rounds > 1:
+                print(f"c={c} rounds (served tok/s, offline tok/s, ratio): " + ", ".join(
+                    f"({sum(t[2] for t in r[2]) / r[1]:.1f}, {r[3]:.1f}, {r[0]:.2f})" for r in rounds), flush=True)
+            if c == max(levels):  # once more, probed every 50 ms (which costs the server CPU: not timed)
+                _, health, metrics = asyncio.run(run(probe=True))
                 probes = {"/health": health, "/metrics": metrics}
-    print(f"\nllama 58M over /v1/completions (streaming), {args.per_level} x concurrency requests per level")
+    print(f"\nllama 58M over /v1/completions (streaming), {args.per_level} x concurrency requests per level"
+          + (f", the median of {args.rounds} rounds" if args.rounds > 1 else ""))
     print(HEADER)
     for c in levels:
-        wall, timings, requests = served[c]
-        offline = offline_engine(model, requests, c)
+        ratio, wall, timings, offline = served[c]
         print(row(f"serve c={c}", wall, timings))
-        print(f"{'offline':14s} {offline:9.1f}   served/offline = {sum(t[2] for t in timings) / wall / offline:.2f}")
+        print(f"{'offline':14s} {offline:9.1f}   served/offline = {ratio:.2f}")
     for path, values in probes.items():
-        print(f"{path} while c={max(levels)} runs: p50 {pct(values, 50) * 1e3:.1f} ms, "
+        print(f"{path} while c={max(levels)} runs again: p50 {pct(values, 50) * 1e3:.1f} ms, "
               f"p95 {pct(values, 95) * 1e3:.1f} ms, max {max(values) * 1e3:.1f} ms ({len(values)} probes)")
 
 
@@ -232,7 +262,7 @@ def llava_part(args, tmp):
     messages = [[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}},
                                               {"type": "text", "text": q}]}] for u, q in questions]
     served = {}
-    with Server("pipeline=llava_chat", cwd=tmp) as server:
+    with Server("pipeline=llava_chat", cwd=tmp, cpus=args.server_cpus) as server:
         for c in levels:
             async def run(c=c):
                 async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,
@@ -249,8 +279,8 @@ def llava_part(args, tmp):
     batch.write_text("".join(json.dumps({"custom_id": str(i), "body": {"messages": m, "max_tokens": 16,
                                                                        "temperature": 0}}) + "\n"
                              for i, m in enumerate(messages)))
-    offline_wall, offline_tokens = offline_pipeline(["pipeline=llava_chat", f"input={batch}",
-                                                     f"output={Path(tmp) / 'llava_answers.jsonl'}"])
+    offline_wall = on_cpus(args.server_cpus, offline_pipeline, ["pipeline=llava_chat", f"input={batch}",
+                                                                f"output={Path(tmp) / 'llava_answers.jsonl'}"])
     print(f"\ntiny LLaVA over /v1/chat/completions (streaming), {n_requests} image questions per level")
     print(HEADER)
     for c in levels:
@@ -261,7 +291,7 @@ def llava_part(args, tmp):
 
 
 def offline_pipeline(overrides):
-    """`appliance run`'s pipeline in this process; (seconds for the records, after set-up)."""
+    """`appliance run`'s pipeline in this process: seconds for the records, after set-up."""
     from omegaconf import OmegaConf
 
     from appliance.config.compose import compose
@@ -274,10 +304,11 @@ def offline_pipeline(overrides):
     record = {f: OmegaConf.to_object(v) if OmegaConf.is_config(v) else v
               for f, v in ((f, cfg.get(f)) for f in cfg.pipeline.inputs)}
     start = time.perf_counter()
-    outs = list(pipeline.run([record]))
+    for _ in pipeline.run([record]):
+        pass
     wall = time.perf_counter() - start
     pipeline.close()
-    return wall, outs
+    return wall
 
 
 def pool_part(args, tmp):
@@ -296,7 +327,8 @@ def pool_part(args, tmp):
     bodies = [{"data": {"data": base64.b64encode(p.read_bytes()).decode(), "data_format": "b64_json",
                         "out_data_format": "b64_json"}} for p in scenes]
     results = {}
-    with Server("pipeline=prithvi_flood", "server.limits.max_request_bytes=104857600", cwd=tmp) as server:
+    with Server("pipeline=prithvi_flood", "server.limits.max_request_bytes=104857600", cwd=tmp,
+                cpus=args.server_cpus) as server:
         async def run(c):
             gate = asyncio.Semaphore(c)
             async with httpx.AsyncClient(timeout=600) as client:
@@ -312,8 +344,9 @@ def pool_part(args, tmp):
         for c in (1, 4):
             results[c] = asyncio.run(run(c))
     out = Path(tmp) / "masks"
-    wall, _ = offline_pipeline(["pipeline=prithvi_flood", f"input=[{','.join(str(p) for p in scenes)}]",
-                                f"output={out}", "overwrite=true"])
+    wall = on_cpus(args.server_cpus, offline_pipeline, ["pipeline=prithvi_flood",
+                                                        f"input=[{','.join(str(p) for p in scenes)}]",
+                                                        f"output={out}", "overwrite=true"])
     print(f"\nflood demo model over /pooling (base64 in and out), {len(scenes)} scenes of 1024x1024x6")
     print(f"{'run':14s} {'scenes/s':>9s}")
     for c, seconds in results.items():
@@ -327,15 +360,35 @@ def main():
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--per-level", type=int, default=2, help="requests per level = this x concurrency (min 8)")
     ap.add_argument("--scenes", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=1, help="llama: served and offline runs per level, alternating")
     ap.add_argument("--quick", action="store_true", help="concurrency 1,4; 4 scenes")
+    ap.add_argument("--client-cpus", default=None,
+                    help="CPUs for the client, e.g. 0 or 0-1; the server and the offline baselines get the rest")
     args = ap.parse_args()
     if args.quick:
         args.concurrency, args.scenes = "1,4", 4
+    args.server_cpus = None
+    if args.client_cpus:
+        client = cpu_list(args.client_cpus)
+        args.server_cpus = os.sched_getaffinity(0) - client
+        if not args.server_cpus or not client <= os.sched_getaffinity(0):
+            ap.error(f"--client-cpus {args.client_cpus}: must name some, not all, of {sorted(os.sched_getaffinity(0))}")
+        os.sched_setaffinity(0, client)
+        print(f"client on CPUs {sorted(client)}; server and offline baselines on CPUs {sorted(args.server_cpus)}")
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.parts.split(","):
             {"llama": llama_part, "llava": llava_part, "pool": pool_part}[part](args, tmp)
     print(f"\nload average after: {os.getloadavg()}")
+
+
+def cpu_list(text: str) -> set:
+    """'0', '0-1', '0,2' -> a set of CPU numbers."""
+    cpus = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The LitAPI of `appliance serve`: it carries the config into LitServe's inference worker, where the
 `EngineLoop` builds the worker for the pipeline's kind (generate, pool, or plain for engine-less ones).
 
-LitServe pickles the API into its spawned worker, so it holds a plain config container and the shared
-counters (which travel with the process they are handed to), never a built pipeline.
+LitServe pickles the API into its spawned worker, so it holds a plain config container, the shared
+counters and the engine loop's ends of the two pipes (both travel with the process they are handed to),
+never a built pipeline.
 """
 import litserve as ls
 from omegaconf import OmegaConf
@@ -12,11 +13,17 @@ from appliance.serving.state import SharedState
 
 
 class EngineAPI(ls.LitAPI):
-    def __init__(self, cfg_container: dict, shared: SharedState, spec: ls.specs.base.LitSpec, mux_uid: str):
+    def __init__(self, cfg_container: dict, shared: SharedState, spec: ls.specs.base.LitSpec, requests, events):
         super().__init__(spec=spec, loop=EngineLoop())
         self.cfg_container = cfg_container
         self.shared = shared
-        self.mux_uid = mux_uid  # the response-buffer key every engine-loop message is sent under
+        self.requests = requests  # the pipe's end jobs and aborts arrive on, from the HTTP process
+        self.events = events      # the pipe's end the loop sends each turn's events on
+
+    async def authorize(self) -> None:
+        """LitServe's per-route auth dependency: nothing to check here (APIKeyMiddleware checks keys).
+        Async, so FastAPI runs it on the event loop; LitServe's default no-op is sync, and a sync
+        dependency costs every request a round trip through a worker thread."""
 
     def setup(self, device) -> None:
         """Nothing here: the engine loop loads the model, so the HTTP server starts at once."""

@@ -1,19 +1,23 @@
 """The HTTP process's side of the server: admission, submission, and one event channel per request.
 
 Routes call `open` (503 while draining or while the engine is dead, 429 when the queue is full), then
-`submit` a job to LitServe's request queue and read the request's events with `next_event`, which also
-watches for the client going away and for the request's deadline. One dispatcher task reads the engine
-loop's messages (one per loop turn, under `mux_uid` in LitServe's response buffer) and routes each event
-to its request's channel. `close` ends a request: an unfinished one is aborted in the engine, which frees
-its KV blocks (or stops its tiles) within one step.
+`submit` a job to the engine loop and read the request's events with `next_event`. The channel `open`
+makes also watches for the client going away and for the request's deadline, and queues either as an
+event, so that reading an event is one await on one queue (per streamed token). `close` ends a request:
+an unfinished one is aborted in the engine, which frees its KV blocks (or stops its tiles) within one
+step.
+
+Two threads connect the event loop to the engine loop's pipes (appliance/serving/server.py): a sender
+writes submitted jobs and aborts, so a large body (a base64 image) never blocks the event loop while it
+is copied; a receiver reads the engine loop's messages (one per loop turn, every request's events) and
+routes each event to its request's channel on the event loop.
 """
 import asyncio
-import collections
 import logging
+import queue
+import threading
 import time
-from typing import Any, Dict, Optional
-
-from litserve.utils import ResponseBufferItem
+from typing import Any, Dict
 
 from appliance.serving.errors import APIError
 from appliance.serving.messages import Abort
@@ -27,33 +31,45 @@ class ClientGone(Exception):
 
 
 class Channel:
-    def __init__(self, uid: str, deadline: float):
+    """One request's events in order. The client leaving (GONE) and the deadline passing (TIMED_OUT)
+    arrive among them."""
+
+    GONE, TIMED_OUT = "client gone", "timed out"
+
+    def __init__(self, uid: str, request, timeout_s: float):
+        """`request`: the client's, its body already read (what is left to receive is the disconnect)."""
         self.uid = uid
-        self.deadline = deadline
         self.events: "asyncio.Queue[Any]" = asyncio.Queue()
         self.finished = False
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(timeout_s, self.events.put_nowait, self.TIMED_OUT)
+        self._watcher = loop.create_task(self._watch(request))
+
+    async def _watch(self, request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.events.put_nowait(self.GONE)
+
+    def stop_watching(self) -> None:
+        self._deadline.cancel()
+        self._watcher.cancel()
 
 
 class Frontend:
-    def __init__(self, cfg: dict, shared: SharedState, mux_uid: str):
+    def __init__(self, cfg: dict, shared: SharedState, requests, events):
+        """`requests`, `events`: this side's ends of the pipes to and from the engine loop."""
         self.cfg = cfg
         self.shared = shared
-        self.mux_uid = mux_uid
+        self.requests = requests
+        self.events = events
         limits = cfg["server"]["limits"]
         self.timeout_s = float(limits["request_timeout_s"])
         self.max_queued = int(limits["max_queued_requests"])
         self.model_name = cfg["server"]["served_model_name"] or cfg["model"]["name"]
-        self.request_queue = None     # set by the spec's setup (LitServe's queue to the engine loop)
-        self.response_buffer = None
-        self.consumer_id = 0
         self.channels: Dict[str, Channel] = {}
-        self._dispatcher: Optional[asyncio.Task] = None
+        self.outbox: "queue.SimpleQueue[Any]" = queue.SimpleQueue()  # (uid, arrival, job or Abort)
+        self._connected = False
         self._http_metrics = None
-
-    def connect(self, request_queue, response_buffer) -> None:
-        """Called in the main process before LitServe forks the HTTP process."""
-        self.request_queue, self.response_buffer = request_queue, response_buffer
-        response_buffer[self.mux_uid] = ResponseBufferItem(event=asyncio.Event(), response_queue=collections.deque())
 
     def http_metrics(self):
         if self._http_metrics is None:
@@ -63,7 +79,8 @@ class Frontend:
         return self._http_metrics
 
     # ---- admission ------------------------------------------------------------------------------
-    def open(self, uid: str) -> Channel:
+    def open(self, uid: str, request) -> Channel:
+        """Admit a request whose body was read (`request`: the client's, watched for a disconnect)."""
         if self.shared.phase == DEAD:
             raise APIError(503, "the engine has stopped; the server is shutting down, retry on another replica")
         if self.shared.draining:
@@ -74,62 +91,64 @@ class Frontend:
             raise APIError(429, f"the server's queue is full ({queued} requests waiting, "
                                 f"server.limits.max_queued_requests={self.max_queued}); retry later",
                            headers={"Retry-After": "1"})
-        self._start_dispatcher()
-        channel = Channel(uid, time.monotonic() + self.timeout_s)
+        self._connect()
+        channel = Channel(uid, request, self.timeout_s)
         self.channels[uid] = channel
         self.shared.set_inflight(len(self.channels))
         return channel
 
     def submit(self, channel: Channel, job: Any) -> None:
-        self.request_queue.put((self.consumer_id, channel.uid, time.monotonic(), job))
+        self.outbox.put((channel.uid, time.monotonic(), job))
 
     def close(self, channel: Channel) -> None:
         """The request is answered, failed or abandoned; abort it in the engine unless it finished."""
         if self.channels.pop(channel.uid, None) is None:
             return
+        channel.stop_watching()
         self.shared.set_inflight(len(self.channels))
         if not channel.finished:
-            try:
-                self.request_queue.put((self.consumer_id, channel.uid, time.monotonic(), Abort()))
-            except (EOFError, OSError):  # shutting down: the engine goes too
-                pass
+            self.outbox.put((channel.uid, time.monotonic(), Abort()))
 
     # ---- events ---------------------------------------------------------------------------------
-    async def next_event(self, channel: Channel, disconnect: "asyncio.Future") -> Any:
+    async def next_event(self, channel: Channel) -> Any:
         """The request's next event; ClientGone if the client left first, APIError 504 past the deadline."""
-        get = asyncio.ensure_future(channel.events.get())
-        timeout = max(0.0, channel.deadline - time.monotonic())
-        done, _ = await asyncio.wait({get, disconnect}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if get in done:
-            event = get.result()
-            channel.finished = channel.finished or event.final
-            return event
-        get.cancel()
-        if disconnect in done:
+        event = await channel.events.get()
+        if event is Channel.GONE:
             raise ClientGone()
-        raise APIError(504, f"the request took longer than server.limits.request_timeout_s={self.timeout_s:g} s "
-                            "and was stopped")
+        if event is Channel.TIMED_OUT:
+            raise APIError(504, f"the request took longer than server.limits.request_timeout_s={self.timeout_s:g} s "
+                                "and was stopped")
+        channel.finished = channel.finished or event.final
+        return event
 
-    def _start_dispatcher(self) -> None:
-        if self._dispatcher is None or self._dispatcher.done():
-            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch())
-
-    async def _dispatch(self) -> None:
-        item = self.response_buffer[self.mux_uid]
-        while True:
-            await item.event.wait()
-            item.event.clear()
-            while item.response_queue:
-                events, _status = item.response_queue.popleft()
-                for uid, event in events:
-                    channel = self.channels.get(uid)
-                    if channel is not None:
-                        channel.events.put_nowait(event)
-
-
-async def wait_disconnect(request) -> None:
-    """Returns when the client has gone (the body must be read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
+    # ---- the pipes ------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        """Start the sender and receiver threads, once, from the event loop (in the HTTP process)."""
+        if self._connected:
             return
+        self._connected = True
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._send_requests, name="engine-requests", daemon=True).start()
+        threading.Thread(target=self._receive_events, args=(loop,), name="engine-events", daemon=True).start()
+
+    def _send_requests(self) -> None:
+        while True:
+            item = self.outbox.get()
+            try:
+                self.requests.send(item)
+            except (OSError, ValueError):  # shutting down: the engine goes too
+                return
+
+    def _receive_events(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            try:
+                events = self.events.recv()
+                loop.call_soon_threadsafe(self._route, events)
+            except (EOFError, OSError, RuntimeError):  # shutting down (RuntimeError: the event loop closed)
+                return
+
+    def _route(self, events) -> None:
+        for uid, event in events:
+            channel = self.channels.get(uid)
+            if channel is not None:
+                channel.events.put_nowait(event)

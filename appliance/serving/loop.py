@@ -2,8 +2,9 @@
 
 Each turn: hand the worker what arrived (new requests and aborts from the HTTP process, prepared
 requests and tiles from the worker pool), run one engine step if there is work, and send the turn's
-events to the HTTP process as one message. A receiver thread moves LitServe's request queue into the
-worker's inbox, so the loop sleeps on one queue when idle and never waits on IPC while the engine runs.
+events to the HTTP process as one message on the events pipe. A receiver thread moves what arrives on the
+requests pipe into the worker's inbox, so the loop sleeps on one queue when idle and never waits on IPC
+while the engine runs. (LitServe's own request queue and transport go unused: see server.py.)
 
 The model loads here, not in `LitAPI.setup`, so the HTTP server answers /health while weights load and
 /ready turns 200 after the warm-up step.
@@ -12,10 +13,7 @@ import logging
 import signal
 import threading
 import traceback
-from typing import Any, Dict, List, Tuple
-
 from litserve.loops.base import LitLoop
-from litserve.utils import LitAPIStatus, LoopResponseType
 
 from appliance.serving.messages import Failed
 from appliance.serving.state import DEAD, READY
@@ -39,15 +37,14 @@ class EngineLoop(LitLoop):
             shared.set_phase(DEAD)
             raise
         try:
-            self._serve(lit_api, worker, request_queue, transport)
+            self._serve(lit_api, worker)
         finally:
             worker.close()
 
-    def _serve(self, lit_api, worker, request_queue, transport) -> None:
-        shared = lit_api.shared
-        consumers: Dict[str, int] = {}
-        threading.Thread(target=self._receive, args=(request_queue, worker, consumers),
-                         name="request-receiver", daemon=True).start()
+    def _serve(self, lit_api, worker) -> None:
+        shared, events = lit_api.shared, lit_api.events
+        threading.Thread(target=self._receive, args=(lit_api.requests, worker), name="request-receiver",
+                         daemon=True).start()
         shared.set_phase(READY)
         log.info("engine loop ready")
         try:
@@ -61,7 +58,7 @@ class EngineLoop(LitLoop):
                     log.exception("engine step failed; failing the requests it held")
                     worker.fail_stepping(Failed(500, f"the engine failed while running this request "
                                                 f"({type(e).__name__}: {e}); the server goes on"))
-                self._send(transport, lit_api.mux_uid, worker.take_events(), consumers)
+                self._send(events, worker.take_events())
         except SystemExit:
             raise
         except BaseException as e:
@@ -69,35 +66,23 @@ class EngineLoop(LitLoop):
             shared.set_phase(DEAD)
             worker.fail_all(Failed(503, f"the engine stopped ({type(e).__name__}: {e}); the server is "
                                         "shutting down, retry on another replica"))
-            self._send(transport, lit_api.mux_uid, worker.take_events(), consumers)
+            self._send(events, worker.take_events())
             raise
 
     @staticmethod
-    def _receive(request_queue, worker, consumers: Dict[str, int]) -> None:
+    def _receive(requests, worker) -> None:
         while True:
             try:
-                item = request_queue.get()
+                uid, arrival, message = requests.recv()
             except (EOFError, OSError):  # the server is shutting down
                 return
-            if item is None or item[1] is None:
-                continue
-            consumer, uid, arrival, message = item
-            consumers[uid] = consumer
             worker.post("request", uid, message, arrival)
 
-    def _send(self, transport, mux_uid: str, events: List[Tuple[str, Any]], consumers: Dict[str, int]) -> None:
-        """One message per HTTP consumer for the whole turn (LitServe's per-token messages cost an IPC
-        round trip each); the HTTP side routes events by uid."""
-        if not events:
-            return
-        batches: Dict[int, List[Tuple[str, Any]]] = {}
-        for uid, event in events:
-            batches.setdefault(consumers.get(uid, 0), []).append((uid, event))
-            if event.final:
-                consumers.pop(uid, None)
-        for consumer, batch in batches.items():
-            transport.send((mux_uid, (batch, LitAPIStatus.OK, LoopResponseType.STREAMING, self.worker_id)),
-                           consumer_id=consumer)
+    @staticmethod
+    def _send(events, batch) -> None:
+        """The whole turn in one message: every request's events, routed by uid on the HTTP side."""
+        if batch:
+            events.send(batch)
 
 
 def _exit(signum, frame):

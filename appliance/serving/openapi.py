@@ -43,9 +43,12 @@ MESSAGE = {"type": "object", "required": ["role", "content"], "additionalPropert
 CHAT_REQUEST = {"type": "object", "required": ["messages"], "additionalProperties": False, "properties": {
     **SAMPLING, "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
     "logprobs": NULLABLE_BOOL, "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20}}}
+TEXT_PROMPT = {"type": "string", "minLength": 1}
+TOKEN_PROMPT = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 COMPLETION_REQUEST = {"type": "object", "required": ["prompt"], "additionalProperties": False, "properties": {
-    **SAMPLING, "prompt": {"oneOf": [{"type": "string", "minLength": 1},
-                                     {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
+    **SAMPLING, "prompt": {"oneOf": [TEXT_PROMPT, TOKEN_PROMPT,  # one prompt, or a batch of exactly one
+                                     {"type": "array", "minItems": 1, "maxItems": 1, "items": TEXT_PROMPT},
+                                     {"type": "array", "minItems": 1, "maxItems": 1, "items": TOKEN_PROMPT}]},
     "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
     "echo": {"enum": [False]}, "best_of": {"type": "integer", "enum": [1]},
     "suffix": {"type": ["string", "null"], "maxLength": 0}}}

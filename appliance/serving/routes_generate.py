@@ -6,7 +6,6 @@ the route waits for the request's first event: `Admitted` (then it answers 200 a
 the answer) or `Failed` (then it answers the error's status, before any byte of a stream). An error
 after a stream started goes out as a `data: {"error": ...}` event, then the stream ends.
 """
-import asyncio
 import json
 import time
 from typing import Any, AsyncIterator, Dict, List
@@ -18,7 +17,7 @@ from appliance.errors import InputError
 from appliance.protocol import openai_responses as shape
 from appliance.protocol.openai_requests import GenerateRequest, parse_chat, parse_completion
 from appliance.serving.errors import APIError, error_response, read_json
-from appliance.serving.frontend import Channel, ClientGone, Frontend, wait_disconnect
+from appliance.serving.frontend import Channel, ClientGone, Frontend
 from appliance.serving.messages import Failed, GenerateJob, Tokens
 from appliance.stages.engine import sampling_defaults
 
@@ -43,41 +42,39 @@ class GenerateRoutes:
             raise APIError.from_input(e) from None
         check_model(parsed.model, self.frontend.model_name)
         uid = shape.new_id("chatcmpl" if kind == "chat" else "cmpl")
-        channel = self.frontend.open(uid)
-        disconnect = asyncio.ensure_future(wait_disconnect(request))
+        channel = self.frontend.open(uid, request)
         streaming = False
         try:
             self.frontend.submit(channel, GenerateJob(parsed, self.media_dir))
-            first = await self.frontend.next_event(channel, disconnect)
+            first = await self.frontend.next_event(channel)
             if isinstance(first, Failed):
                 return error_response(first.status, first.message, first.param)
             answer = Answer(uid, kind, parsed, self.frontend.model_name)
             if parsed.stream:
                 streaming = True
-                return StreamingResponse(self._stream(answer, channel, disconnect), media_type="text/event-stream",
+                return StreamingResponse(self._stream(answer, channel), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return await self._collect(answer, channel, disconnect)
+            return await self._collect(answer, channel)
         except ClientGone:
             return JSONResponse({}, status_code=499)  # nobody reads it; the request was aborted
         finally:
             if not streaming:
-                disconnect.cancel()
                 self.frontend.close(channel)
 
-    async def _collect(self, answer: "Answer", channel: Channel, disconnect) -> JSONResponse:
+    async def _collect(self, answer: "Answer", channel: Channel) -> JSONResponse:
         while True:
-            event = await self.frontend.next_event(channel, disconnect)
+            event = await self.frontend.next_event(channel)
             if isinstance(event, Failed):
                 return error_response(event.status, event.message, event.param)
             if isinstance(event, Tokens) and event.final:
                 return JSONResponse(answer.whole(event))
 
-    async def _stream(self, answer: "Answer", channel: Channel, disconnect) -> AsyncIterator[str]:
+    async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[str]:
         try:
             yield sse(answer.opening())
             while True:
                 try:
-                    event = await self.frontend.next_event(channel, disconnect)
+                    event = await self.frontend.next_event(channel)
                 except APIError as e:  # the deadline passed mid-stream
                     yield sse(shape.error_body(e.status, e.message))
                     break
@@ -93,7 +90,6 @@ class GenerateRoutes:
         except ClientGone:
             pass
         finally:
-            disconnect.cancel()
             self.frontend.close(channel)
 
 

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from appliance import __version__
 from appliance.serving.errors import APIError, error_response, read_json
-from appliance.serving.frontend import ClientGone, Frontend, wait_disconnect
+from appliance.serving.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PredictJob
 from appliance.serving.state import DEAD, READY
 from appliance.vision.image_load import is_remote_image
@@ -67,11 +67,10 @@ class PredictRoute:
         for field in PATH_FIELDS.intersection(body):
             record[field] = self._resolve(field, body[field])
         uid = f"predict-{time.monotonic_ns()}"
-        channel = self.frontend.open(uid)
-        disconnect = asyncio.ensure_future(wait_disconnect(request))
+        channel = self.frontend.open(uid, request)
         try:
             self.frontend.submit(channel, PredictJob(record))
-            event = await self.frontend.next_event(channel, disconnect)
+            event = await self.frontend.next_event(channel)
             if isinstance(event, Failed):
                 return error_response(event.status, event.message, event.param)
             assert isinstance(event, Done)
@@ -79,7 +78,6 @@ class PredictRoute:
         except ClientGone:
             return JSONResponse({}, status_code=499)
         finally:
-            disconnect.cancel()
             self.frontend.close(channel)
 
     def _resolve(self, field: str, value: Any) -> Any:

@@ -22,7 +22,7 @@ from appliance.errors import InputError
 from appliance.protocol.openai_responses import new_id
 from appliance.protocol.pooling import parse_pooling, pooling_response
 from appliance.serving.errors import APIError, error_response, read_json
-from appliance.serving.frontend import ClientGone, Frontend, wait_disconnect
+from appliance.serving.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.routes_generate import check_model
 from appliance.stages.geo.quicklook import quicklook_path
@@ -109,16 +109,15 @@ class PoolRoutes:
     async def _run(self, request: Request, uid: str, job: PoolJob, spooled) -> Optional[Response]:
         """Submit and wait; an error Response, or None once the output is written."""
         try:
-            channel = self.frontend.open(uid)
+            channel = self.frontend.open(uid, request)
         except APIError:
             self._remove(spooled)
             raise
-        disconnect = asyncio.ensure_future(wait_disconnect(request))
         answered = False
         try:
             self.frontend.submit(channel, job)
             while True:
-                event = await self.frontend.next_event(channel, disconnect)
+                event = await self.frontend.next_event(channel)
                 if isinstance(event, Failed):
                     return error_response(event.status, event.message, event.param)
                 if isinstance(event, Done):
@@ -127,7 +126,6 @@ class PoolRoutes:
         except ClientGone:
             return JSONResponse({}, status_code=499)
         finally:
-            disconnect.cancel()
             self.frontend.close(channel)
             if not answered:
                 self._remove(spooled)

@@ -6,13 +6,13 @@ requests get 503, in-flight ones get `server.drain_timeout_s` to finish) and exi
 the engine died (so an orchestrator restarts the server).
 """
 import logging
+import multiprocessing as mp
 import os
 import shutil
 import signal
 import tempfile
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -46,16 +46,20 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     from appliance.serving.spec import ApplianceSpec
 
     shared = SharedState()
-    mux_uid = f"engine-loop-{uuid.uuid4().hex}"
+    # The HTTP process and the engine loop talk over two pipes of ours, not LitServe's queues: those are
+    # multiprocessing.Manager queues, an IPC round trip through LitServe's manager process per message
+    # each way (at 64 streams, 5% of the engine loop's time went to sending; docs/serving.md).
+    requests_rx, requests_tx = mp.Pipe(duplex=False)
+    events_rx, events_tx = mp.Pipe(duplex=False)
     container = OmegaConf.to_container(cfg, resolve=True)
-    spec = ApplianceSpec(cfg, container, shared, mux_uid, spool, kind)
+    spec = ApplianceSpec(cfg, container, shared, spool, kind, requests_tx, events_rx)
     api_key = cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")
     middlewares = [(BodyLimitMiddleware, {"max_bytes": int(cfg.server.limits.max_request_bytes)}),
                    (MetricsMiddleware, {"metrics": spec.frontend.http_metrics, "routes": spec.route_paths()})]
     if api_key:
         middlewares.insert(0, (APIKeyMiddleware, {"api_key": api_key}))
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
-    server = ls.LitServer(EngineAPI(container, shared, spec, mux_uid), accelerator="cpu", timeout=False,
+    server = ls.LitServer(EngineAPI(container, shared, spec, requests_rx, events_tx), accelerator="cpu", timeout=False,
                           healthcheck_path="/litserve/health", info_path="/litserve/info", middlewares=middlewares)
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):

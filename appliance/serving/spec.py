@@ -12,14 +12,15 @@ from appliance.serving.routes_generate import GenerateRoutes
 from appliance.serving.routes_ops import OpsRoutes, PredictRoute
 from appliance.serving.routes_pool import PoolRoutes
 
-ENGINE_QUEUE = "/engine-queue"  # keys LitServe's request queue to the engine loop; not a route
+ENGINE_QUEUE = "/engine-queue"  # LitServe keys a request queue by it (unused: server.py); not a route
 
 
 class ApplianceSpec(LitSpec):
-    def __init__(self, cfg, cfg_container: dict, shared, mux_uid: str, spool_dir: str, kind: str):
+    def __init__(self, cfg, cfg_container: dict, shared, spool_dir: str, kind: str, requests, events):
+        """`requests`, `events`: the HTTP side's ends of the pipes to and from the engine loop."""
         super().__init__()
         self.api_path = ENGINE_QUEUE
-        self.frontend = Frontend(cfg_container, shared, mux_uid)
+        self.frontend = Frontend(cfg_container, shared, requests, events)
         ops = OpsRoutes(self.frontend, cfg)
         for path, handler in (("/health", ops.health), ("/ready", ops.ready), ("/version", ops.version),
                               ("/metrics", ops.metrics)):
@@ -36,15 +37,6 @@ class ApplianceSpec(LitSpec):
             self.add_endpoint("/v1/pool", routes.raw, ["POST"])
         else:
             self.add_endpoint("/predict", PredictRoute(self.frontend, cfg).predict, ["POST"])
-
-    @property
-    def stream(self) -> bool:
-        # LitServe then queues every engine-loop message for the frontend instead of keeping the last.
-        return True
-
-    def setup(self, server) -> None:
-        super().setup(server)
-        self.frontend.connect(self.request_queue, self.response_buffer)
 
     def route_paths(self):
         return [path for path, _, _ in self.endpoints]
