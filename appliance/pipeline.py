@@ -69,7 +69,7 @@ class Shared:
 
     def __init__(self):
         self._made: Dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a value may be made from another (longest token <- tokenizer)
 
     def get(self, key: str, make: Callable[[], Any]) -> Any:
         with self._lock:

@@ -22,7 +22,7 @@ SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tok
 FLOAT_FIELDS = ("temperature", "top_p")
 INT_FIELDS = ("max_tokens", "max_completion_tokens", "top_k", "seed", "min_tokens", "top_logprobs")
 # Fields OpenAI clients may send that we accept only at their neutral value.
-NEUTRAL_FIELDS = {"n": (1,), "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": (None, {}),
+NEUTRAL_FIELDS = {"n": (1, None), "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": (None, {}),
                   "echo": (False,), "best_of": (1,), "suffix": (None, "")}
 COMMON_FIELDS = ("model", "stream", "stream_options", "user", *SAMPLING_FIELDS, "n", "frequency_penalty",
                  "presence_penalty", "logit_bias")
@@ -158,7 +158,7 @@ def _common(body: Dict[str, Any], kind: str, defaults: Dict[str, Any], at: str,
         if body.get(key) is not None and not isinstance(body[key], str):
             raise fail(at, key, f"expected a string, got {body[key]!r}")
     for key, neutral in NEUTRAL_FIELDS.items():
-        if key in body and not _neutral(body[key], neutral) and not (key == "n" and body[key] is None):
+        if key in body and not _neutral(body[key], neutral):
             hint = "only n=1 is supported; send one request per answer" if key == "n" \
                 else "the engine does not apply it"
             raise fail(at, key, f"{body[key]!r}; allowed: {neutral[0]!r} only ({hint})")

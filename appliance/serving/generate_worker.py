@@ -17,7 +17,7 @@ from appliance.protocol.openai_requests import GenerateRequest
 from appliance.protocol.openai_responses import token_decoder, token_logprobs
 from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
 from appliance.serving.worker import Worker, elapsed
-from appliance.stages.engine import check_fits, check_text_fits, longest_token, sampling_defaults
+from appliance.stages.engine import check_fits, check_text_fits, model_longest_token, sampling_defaults
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class GenerateWorker(Worker):
         # shared borrows; only changing its truncation or padding would take it exclusively, and nothing
         # here does, so no lock is needed.
         self.tokenizer = self.engine.tokenizer
-        self.longest_token = longest_token(self.tokenizer)
+        self.longest_token = model_longest_token(self.online.engine)
         self.vocab_size = self.engine.hf_config.get_text_config().vocab_size
         self.counted: Dict[str, int] = {}
         self.decode = token_decoder(self.engine.tokenizer)

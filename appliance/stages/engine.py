@@ -89,6 +89,11 @@ def check_fits(prompt_tokens: int, limit: int, where: str, fix: str, detail: str
                          f"max_tokens may be at most {limit - prompt_tokens}", param="max_tokens")
 
 
+def model_longest_token(stage: Stage) -> int:
+    """`longest_token` of the pipeline's one tokenizer, computed once per pipeline."""
+    return stage.shared.get("longest_token", lambda: longest_token(model_tokenizer(stage)))
+
+
 def longest_token(tokenizer) -> int:
     """Characters in the longest vocabulary entry. No token stands for more non-space characters of a
     text (a byte-level or byte-fallback entry is at least as long as what it decodes to), so a text with

@@ -135,3 +135,29 @@ def test_stages_set_up_lazily_after_upstream_validated_input(frame_conf, tmp_pat
         pipeline.close()
     finally:
         STAGES.pop("loader_for_test")
+
+
+def test_shared_values_are_made_once_and_may_be_made_from_each_other():
+    """A pipeline's shared values (the tokenizer, its longest entry, ...) are made on first use, once,
+    and one may be made from another (a non-re-entrant lock hung `appliance run` here)."""
+    import threading
+
+    from appliance.pipeline import Shared
+
+    shared, made = Shared(), []
+
+    def tokenizer():
+        made.append("tokenizer")
+        return {"hello": 0, "world!": 1}
+
+    def longest():
+        made.append("longest")
+        return max(map(len, shared.get("tokenizer", tokenizer)))
+
+    answers = []
+    worker = threading.Thread(target=lambda: answers.append(shared.get("longest", longest)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert answers == [6], "a value made from another must not wait for itself"
+    assert shared.get("longest", longest) == 6 and shared.get("tokenizer", tokenizer) == {"hello": 0, "world!": 1}
+    assert made == ["longest", "tokenizer"]

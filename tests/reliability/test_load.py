@@ -5,7 +5,6 @@ whether the request ran alone, in a batch of 64, through preemption, or beside 1
 """
 import asyncio
 import concurrent.futures
-import http.server
 import random
 import threading
 import time
@@ -17,7 +16,7 @@ from tests.reliability.conftest import PLUGIN
 from tests.reliability.load import answer, counter, session_rss_bytes, stream_text
 from tests.reliability.models import overrides
 from tests.server_process import server_process
-from tests.servers import SAMPLE_SCENE, error, metrics, wait_idle
+from tests.servers import SAMPLE_SCENE, bytes_source, error, metrics, wait_idle
 
 PROMPTS = [f"Tell me about item {i} and the {w}" for i, w in enumerate(
     "river stone cloud lamp field door wheel bread glass road".split() * 2)]
@@ -116,26 +115,18 @@ def test_pooling_overload_is_refused_not_queued_without_end(tmp_path):
     scenes wait (the queue bound), the ones after get 429 at once, since a scene waiting for a thread is
     queued, not running; once the URL answers, the three accepted ones are served; nothing is left."""
     bound = 2
-    scene, fetching, release = SAMPLE_SCENE.read_bytes(), threading.Event(), threading.Event()
+    fetching, release = threading.Event(), threading.Event()
 
-    class SlowScene(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            fetching.set()
-            release.wait(60)
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(scene)))
-            self.end_headers()
-            self.wfile.write(scene)
+    def hold():
+        fetching.set()
+        release.wait(60)
 
-        def log_message(self, *args):
-            pass
-
-    source = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowScene)
-    threading.Thread(target=source.serve_forever, daemon=True).start()
-    body = {"data": {"data": f"http://127.0.0.1:{source.server_address[1]}/scene.tif", "data_format": "url"}}
-    with server_process("pipeline=prithvi_flood", "server.preprocess_workers=1", "server.allowed_media_domains=[127.0.0.1]",
-                        f"server.limits.max_queued_requests={bound}", cwd=tmp_path) as server, \
+    with bytes_source(SAMPLE_SCENE.read_bytes(), before_answer=hold) as port, \
+            server_process("pipeline=prithvi_flood", "server.preprocess_workers=1",
+                           "server.allowed_media_domains=[127.0.0.1]",
+                           f"server.limits.max_queued_requests={bound}", cwd=tmp_path) as server, \
             concurrent.futures.ThreadPoolExecutor(1 + bound) as pool:
+        body = {"data": {"data": f"http://127.0.0.1:{port}/scene.tif", "data_format": "url"}}
         try:
             post = lambda: httpx.post(f"{server.base}/pooling", json=body, timeout=120)  # noqa: E731
             accepted = [pool.submit(post)]
@@ -156,4 +147,3 @@ def test_pooling_overload_is_refused_not_queued_without_end(tmp_path):
         after = wait_idle(server.base)
         assert after[("appliance_num_requests_running", ())] == 0
         assert after[("appliance_num_requests_waiting", ())] == 0
-    source.shutdown()

@@ -4,8 +4,6 @@ Every output must equal what `appliance run` writes for the same scene: pixels, 
 """
 import base64
 import concurrent.futures
-import http.server
-import threading
 import time
 
 import httpx
@@ -14,7 +12,7 @@ import pytest
 import rasterio
 
 from tests.conftest import run_cli
-from tests.servers import API_KEY, SAMPLE_SCENE, error, metrics
+from tests.servers import API_KEY, SAMPLE_SCENE, bytes_source, error, metrics
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -67,22 +65,7 @@ def test_pooling_path_in_path_out(flood_server, flood_dirs, offline_mask):
 
 
 def test_pooling_url_input_from_an_allowed_host(flood_server, offline_mask, tmp_path):
-    payload = SAMPLE_SCENE.read_bytes()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        port = httpd.server_address[1]
+    with bytes_source(SAMPLE_SCENE.read_bytes()) as port:
         response = pooling(flood_server, f"http://127.0.0.1:{port}/scene.tif", data_format="url")
         assert response.status_code == 200, response.text
         (tmp_path / "out.tif").write_bytes(base64.b64decode(response.json()["data"]["data"]))
@@ -90,8 +73,6 @@ def test_pooling_url_input_from_an_allowed_host(flood_server, offline_mask, tmp_
         refused = pooling(flood_server, f"http://localhost:{port}/scene.tif", data_format="url")
         assert refused.status_code == 400 and error(refused)["param"] == "data.data", refused.text
         assert "allowed_media_domains" in error(refused)["message"]
-    finally:
-        httpd.shutdown()
 
 
 def test_raw_geotiff_body_and_quicklook(flood_server, offline_mask, tmp_path):

@@ -18,9 +18,10 @@ from appliance.engine.multimodal import ImageItem, mm_ranges
 from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.chat.images import ImageSide
-from appliance.stages.chat.template import (check_image_tokens, expand_placeholders, render_prompt,
-                                            template_messages)
-from appliance.stages.engine import check_fits, check_text_fits, longest_token, model_context, model_tokenizer
+from appliance.stages.chat.template import (check_image_tokens, encode_rendered, expand_placeholders,
+                                            render_text, template_messages)
+from appliance.stages.engine import (check_fits, check_text_fits, model_context, model_longest_token,
+                                     model_tokenizer)
 
 
 @dataclass
@@ -42,11 +43,6 @@ def check_length(num_tokens: int, images: List[ImageItem], limit: int, where: st
     detail = f" ({num_tokens - image_tokens} text + {image_tokens} image tokens for {len(images)} image{plural})" \
         if images else ""
     check_fits(num_tokens, limit, where, "shorten the messages or send fewer or smaller images", detail)
-
-
-def _parts(message) -> List[dict]:
-    content = message["content"]
-    return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
 @register_stage
@@ -81,7 +77,7 @@ class ChatPrompt(Stage):
         self.tokenizer = model_tokenizer(self)  # the engine's: one per pipeline
         self.images = ImageSide.from_config(self.cfg) if self.multimodal else None
         self.max_len = model_context(self)
-        self.longest_token = longest_token(self.tokenizer)
+        self.longest_token = model_longest_token(self)
         self.pool = PreprocessPool(workers=self.options.workers)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
@@ -110,9 +106,9 @@ class ChatPrompt(Stage):
         if self.images is not None and len(urls) > self.images.vl.limit_per_prompt:
             raise InputError(f"{where}: {len(urls)} images in one request; this model allows "
                              f"{self.images.vl.limit_per_prompt} (model.vision_language.limit_per_prompt)")
-        text = " ".join(part["text"] for message in messages for part in _parts(message) if part["type"] == "text")
+        text = render_text(self.tokenizer, messages)
         check_text_fits(text, self.longest_token, self.max_len, where)
-        ids = render_prompt(self.tokenizer, messages)
+        ids = encode_rendered(self.tokenizer, text)
         if self.images is not None:
             check_image_tokens(ids, self.images.vl.image_token_id, len(urls), where)
         futures = [self.pool.submit(self.images.prepare, url, at(where, field), record["media_dir"])

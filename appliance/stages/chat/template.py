@@ -35,13 +35,17 @@ def template_messages(messages: List[Dict[str, Any]], parts: bool) -> Tuple[List
     return rendered, images
 
 
-def render_prompt(tokenizer, messages: List[Dict[str, Any]]) -> List[int]:
-    """Token ids of the chat template applied to `messages`, ending with the generation prompt.
-    BOS is added by the tokenizer unless the template already wrote it."""
+def render_text(tokenizer, messages: List[Dict[str, Any]]) -> str:
+    """The chat template applied to `messages`, ending with the generation prompt (`encode_rendered`
+    turns it into token ids; in between, a text too long for the context is refused untokenized)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("model.path: the tokenizer has no chat_template; use a chat/instruct checkpoint "
                           "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def encode_rendered(tokenizer, text: str) -> List[int]:
+    """Token ids of a rendered chat; BOS is added by the tokenizer unless the template already wrote it."""
     bos = getattr(tokenizer, "bos_token", None)
     add_special = not (bos and text.startswith(bos))
     return list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
