@@ -78,6 +78,7 @@ def bytes_source(payload: bytes, before_answer=lambda: None):
         yield httpd.server_address[1]
     finally:
         httpd.shutdown()
+        httpd.server_close()
 
 
 def data_url(path=SAMPLE_IMAGE) -> str:

@@ -1,8 +1,9 @@
 """What travels between the HTTP process and the engine loop (pickled through two pipes: server.py).
 
-HTTP -> engine loop, one tuple per message on the requests pipe: `(uid, arrival, message)` with `arrival` from `time.monotonic()` (one clock for every process on the host) and `message` a job or
-an `Abort`. Engine loop -> HTTP, on the events pipe: once per loop turn, one list of `(uid, event)` for all requests; an
-event whose `final` is true is the request's last.
+HTTP -> engine loop, one tuple per message on the requests pipe: `(uid, arrival, message)` with
+`arrival` from `time.monotonic()` (one clock for every process on the host) and `message` a job or an
+`Abort`. Engine loop -> HTTP, on the events pipe: once per loop turn, one list of `(uid, event)` for
+all requests; an event whose `final` is true is the request's last.
 """
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
