@@ -12,8 +12,9 @@ client from this process, and runs the offline path on the same requests):
   concurrency: TTFT, TPOT = (E2E - TTFT) / (tokens - 1), ITL and E2E (p50, p99), output tokens/s; the
   offline row is `LLMEngine` with `max_num_seqs` = the concurrency, on the same requests (with
   `--rounds N`, N served and offline runs alternate and the round with the median ratio is shown). Then the
-  highest concurrency runs once more while /health and /metrics are polled every 50 ms: their p50 / p95
-  latency (that pass is not timed: 20 scrapes a second cost the server CPU that Prometheus never would).
+  highest concurrency runs once more while /health, /ready, /version and /metrics are each polled every
+  50 ms: their p50 / p95 latency (that pass is not timed: 20 scrapes a second cost the server CPU that
+  Prometheus never would).
 - llava: the embedded tiny LLaVA over `/v1/chat/completions`, one image question per request (a few
   distinct images, so the encoder and prefix caches see repeats, as a real workload would); offline:
   `appliance run`'s pipeline on the same requests as a batch file.
@@ -103,6 +104,9 @@ def _free_port() -> int:
 
 
 # ---- measuring ------------------------------------------------------------------------------------
+
+OPS_ROUTES = ("/health", "/ready", "/version", "/metrics")  # each must answer fast while the engine is saturated
+
 
 def pct(values, p):
     values = sorted(values)
@@ -195,13 +199,13 @@ def llama_part(args, tmp):
                             stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
                             for p, n in requests]
 
-                    stop, health, metrics = asyncio.Event(), [], []
-                    pollers = [asyncio.create_task(poll(server.base, "/health", stop, health)),
-                               asyncio.create_task(poll(server.base, "/metrics", stop, metrics))] if probe else []
+                    stop, latencies = asyncio.Event(), {path: [] for path in OPS_ROUTES}
+                    pollers = [asyncio.create_task(poll(server.base, path, stop, values))
+                               for path, values in latencies.items()] if probe else []
                     result = await drive(calls, c)
                     stop.set()
                     await asyncio.gather(*pollers)
-                    return result, health, metrics
+                    return result, latencies
 
             # Rounds alternate served and offline, so that a host whose speed drifts shifts both alike.
             rounds = []
@@ -214,8 +218,7 @@ def llama_part(args, tmp):
                 print(f"c={c} rounds (served tok/s, offline tok/s, ratio): " + ", ".join(
                     f"({sum(t[2] for t in r[2]) / r[1]:.1f}, {r[3]:.1f}, {r[0]:.2f})" for r in rounds), flush=True)
             if c == max(levels):  # once more, probed every 50 ms (which costs the server CPU: not timed)
-                _, health, metrics = asyncio.run(run(probe=True))
-                probes = {"/health": health, "/metrics": metrics}
+                _, probes = asyncio.run(run(probe=True))
     print(f"\nllama 58M over /v1/completions (streaming), {args.per_level} x concurrency requests per level"
           + (f", the median of {args.rounds} rounds" if args.rounds > 1 else ""))
     print(HEADER)
@@ -255,7 +258,7 @@ def llava_part(args, tmp):
     for i, image in enumerate(images):
         image.save(Path(tmp) / f"{i}.png")
         urls.append("data:image/png;base64," + base64.b64encode((Path(tmp) / f"{i}.png").read_bytes()).decode())
-    levels = [c for c in (int(c) for c in args.concurrency.split(",")) if c <= 16]
+    levels = [int(c) for c in args.concurrency.split(",")]
     n_requests = max(levels) * 2
     questions = [(urls[i % len(urls)], ("What color is the shape?", "What shape is this?")[i % 2])
                  for i in range(n_requests)]
