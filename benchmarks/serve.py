@@ -17,7 +17,9 @@ client from this process, and runs the offline path on the same requests):
   Prometheus never would).
 - llava: the embedded tiny LLaVA over `/v1/chat/completions`, one image question per request (a few
   distinct images, so the encoder and prefix caches see repeats, as a real workload would); offline:
-  `appliance run`'s pipeline on the same requests as a batch file.
+  `appliance run`'s pipeline on the same requests as a batch file. Answers are the model's own (3-6
+  tokens) or, with `--llava-tokens N`, N tokens each. Beside each level: the CPU time all server
+  processes spent per request, and the offline run's: what serving costs, whatever the client costs.
 - pool: the demo flood model over `/pooling` (base64 in and out), scenes/s at concurrency 1 and 4,
   beside `appliance run`'s pipeline on the same scenes.
 By default the client shares the host's cores with the server and the offline baselines. With
@@ -80,6 +82,18 @@ class Server:
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(60)
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) of the server's processes so far: all of its session's."""
+        total = 0.0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[3]) == self.proc.pid:  # its session id
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
 
 def on_cpus(cpus, fn, *args):
@@ -186,7 +200,7 @@ def llama_part(args, tmp):
     with Server("pipeline=llava_chat", f"model.path={model}", "model.name=bench-llama",
                 "model.architecture=LlamaForCausalLM", "model.vision_language=null", "engine.max_num_seqs=64",
                 "engine.kv_cache_memory_bytes=536870912", "engine.enable_prefix_caching=false",
-                cwd=tmp, cpus=args.server_cpus) as server:
+                f"server.stream_interval={args.stream_interval}", cwd=tmp, cpus=args.server_cpus) as server:
         for c in levels:
             requests = make_requests(max(8, args.per_level * c), seed=c)
 
@@ -259,42 +273,50 @@ def llava_part(args, tmp):
         image.save(Path(tmp) / f"{i}.png")
         urls.append("data:image/png;base64," + base64.b64encode((Path(tmp) / f"{i}.png").read_bytes()).decode())
     levels = [int(c) for c in args.concurrency.split(",")]
-    n_requests = max(levels) * 2
+    n_requests = max(levels) * args.llava_per_level
     questions = [(urls[i % len(urls)], ("What color is the shape?", "What shape is this?")[i % 2])
                  for i in range(n_requests)]
     messages = [[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}},
                                               {"type": "text", "text": q}]}] for u, q in questions]
-    served = {}
-    with Server("pipeline=llava_chat", cwd=tmp, cpus=args.server_cpus) as server:
+    # Natural answers (the tiny model's are 3-6 tokens), or with --llava-tokens N every answer N tokens long.
+    length = {"max_tokens": args.llava_tokens, "ignore_eos": True} if args.llava_tokens else {"max_tokens": 16}
+    served, server_cpu = {}, {}
+    with Server("pipeline=llava_chat", f"server.stream_interval={args.stream_interval}", cwd=tmp,
+                cpus=args.server_cpus) as server:
         for c in levels:
             async def run(c=c):
                 async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,
                                               timeout=600) as client:
                     def calls():
                         return [lambda m=m: client.chat.completions.create(
-                            model="llava-tiny", messages=m, max_tokens=16, temperature=0, stream=True,
-                            stream_options={"include_usage": True}) for m in messages]
+                            model="llava-tiny", messages=m, max_tokens=length["max_tokens"], temperature=0,
+                            stream=True, stream_options={"include_usage": True},
+                            extra_body={k: v for k, v in length.items() if k != "max_tokens"}) for m in messages]
 
                     return await drive(calls, c)
 
+            before = server.cpu_seconds()
             served[c] = asyncio.run(run())
+            server_cpu[c] = server.cpu_seconds() - before
     batch = Path(tmp) / "llava.jsonl"
-    batch.write_text("".join(json.dumps({"custom_id": str(i), "body": {"messages": m, "max_tokens": 16,
-                                                                       "temperature": 0}}) + "\n"
-                             for i, m in enumerate(messages)))
-    offline_wall = on_cpus(args.server_cpus, offline_pipeline, ["pipeline=llava_chat", f"input={batch}",
-                                                                f"output={Path(tmp) / 'llava_answers.jsonl'}"])
-    print(f"\ntiny LLaVA over /v1/chat/completions (streaming), {n_requests} image questions per level")
-    print(HEADER)
-    for c in levels:
-        print(row(f"serve c={c}", *served[c]))
+    batch.write_text("".join(json.dumps({"custom_id": str(i), "body": {"messages": m, "temperature": 0, **length}})
+                             + "\n" for i, m in enumerate(messages)))
+    offline_wall, offline_cpu = on_cpus(args.server_cpus, offline_pipeline, [
+        "pipeline=llava_chat", f"input={batch}", f"output={Path(tmp) / 'llava_answers.jsonl'}"])
     answers = [json.loads(line) for line in (Path(tmp) / "llava_answers.jsonl").read_text().splitlines()]
     tokens = sum(a["response"]["body"]["usage"]["completion_tokens"] for a in answers)
-    print(f"{'offline run':14s} {tokens / offline_wall:9.1f}   (appliance run on the same batch, model loaded)")
+    print(f"\ntiny LLaVA over /v1/chat/completions (streaming), {n_requests} image questions per level, "
+          + (f"{args.llava_tokens}-token answers" if args.llava_tokens else "natural answers")
+          + f" ({tokens / n_requests:.1f} tokens on average); server CPU: every server process, per request")
+    print(HEADER + "   server CPU")
+    for c in levels:
+        print(row(f"serve c={c}", *served[c]) + f"   {server_cpu[c] / n_requests * 1e3:6.2f} ms")
+    print(f"{'offline run':14s} {tokens / offline_wall:9.1f}   (appliance run on the same batch, model loaded; "
+          f"CPU {offline_cpu / n_requests * 1e3:.2f} ms per request)")
 
 
 def offline_pipeline(overrides):
-    """`appliance run`'s pipeline in this process: seconds for the records, after set-up."""
+    """`appliance run`'s pipeline in this process: (wall, CPU) seconds for the records, after set-up."""
     from omegaconf import OmegaConf
 
     from appliance.config.compose import compose
@@ -306,12 +328,12 @@ def offline_pipeline(overrides):
     pipeline.setup()
     record = {f: OmegaConf.to_object(v) if OmegaConf.is_config(v) else v
               for f, v in ((f, cfg.get(f)) for f in cfg.pipeline.inputs)}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in pipeline.run([record]):
         pass
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     pipeline.close()
-    return wall
+    return wall, cpu
 
 
 def pool_part(args, tmp):
@@ -347,7 +369,7 @@ def pool_part(args, tmp):
         for c in (1, 4):
             results[c] = asyncio.run(run(c))
     out = Path(tmp) / "masks"
-    wall = on_cpus(args.server_cpus, offline_pipeline, ["pipeline=prithvi_flood",
+    wall, _ = on_cpus(args.server_cpus, offline_pipeline, ["pipeline=prithvi_flood",
                                                         f"input=[{','.join(str(p) for p in scenes)}]",
                                                         f"output={out}", "overwrite=true"])
     print(f"\nflood demo model over /pooling (base64 in and out), {len(scenes)} scenes of 1024x1024x6")
@@ -363,7 +385,13 @@ def main():
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--per-level", type=int, default=2, help="requests per level = this x concurrency (min 8)")
     ap.add_argument("--scenes", type=int, default=8)
+    ap.add_argument("--llava-per-level", type=int, default=2,
+                    help="llava: this x the highest concurrency requests at every level")
+    ap.add_argument("--llava-tokens", type=int, default=None,
+                    help="llava: every answer this many tokens (ignore_eos); default: the model's own answers")
     ap.add_argument("--rounds", type=int, default=1, help="llama: served and offline runs per level, alternating")
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="llama, llava: the server's stream_interval (tokens per streamed chunk after the first)")
     ap.add_argument("--quick", action="store_true", help="concurrency 1,4; 4 scenes")
     ap.add_argument("--client-cpus", default=None,
                     help="CPUs for the client, e.g. 0 or 0-1; the server and the offline baselines get the rest")

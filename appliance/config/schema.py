@@ -93,6 +93,7 @@ class ServerConfig:
     spool_dir: Optional[str] = None  # uploads and outputs in flight; None: a private temp directory
     preprocess_workers: int = 4  # threads that prepare requests (fetch, decode, tile) ahead of the engine
     drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
+    stream_interval: int = 1  # tokens per streamed chunk after the first (vLLM's --stream-interval): >1 saves CPU
     limits: ServerLimits = field(default_factory=ServerLimits)
 
 

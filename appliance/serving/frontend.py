@@ -50,6 +50,9 @@ class Channel:
             pass
         self.events.put_nowait(self.GONE)
 
+    def has_events(self) -> bool:
+        return not self.events.empty()
+
     def stop_watching(self) -> None:
         self._deadline.cancel()
         self._watcher.cancel()

@@ -7,7 +7,7 @@ client streams, the whole answer at the end otherwise), `abort` frees its KV blo
 """
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from appliance.engine.sampling_params import SamplingParams
@@ -31,6 +31,11 @@ class Session:
     completion_tokens: int = 0
     started: bool = False           # the engine has run it once (queue time observed)
     last_token_at: float = 0.0
+    # A stream's output not sent yet (server.stream_interval > 1 holds tokens back between chunks).
+    sent: bool = False
+    unsent_text: str = ""
+    unsent_tokens: int = 0
+    unsent_logprobs: List = field(default_factory=list)
 
 
 class GenerateWorker(Worker):
@@ -45,6 +50,7 @@ class GenerateWorker(Worker):
         # here does, so no lock is needed.
         self.tokenizer = self.engine.tokenizer
         self.longest_token = model_longest_token(self.online.engine)
+        self.stream_interval = int(self.cfg.server.stream_interval)
         self.vocab_size = self.engine.hf_config.get_text_config().vocab_size
         self.counted: Dict[str, int] = {}
         self.decode = token_decoder(self.engine.tokenizer)
@@ -141,9 +147,7 @@ class GenerateWorker(Worker):
             self.metrics.generation_tokens.inc(n)
         top_n = session.request.top_logprobs
         if session.request.stream:
-            logprobs = self._logprobs(out.new_token_ids, out.new_logprobs, top_n)
-            self.emit(uid, Tokens(out.new_text, n, session.prompt_tokens, session.completion_tokens, logprobs,
-                                  out.finish_reason if out.finished else None))
+            self._stream(uid, session, out, n)
         elif out.finished:
             logprobs = self._logprobs(out.token_ids, out.logprobs, top_n)
             self.emit(uid, Tokens(out.text, len(out.token_ids), session.prompt_tokens, session.completion_tokens,
@@ -152,6 +156,22 @@ class GenerateWorker(Worker):
             del self.sessions[uid]
             self.metrics.e2e.observe(now - session.arrival)
             self.metrics.success(out.finish_reason).inc()
+
+    def _stream(self, uid: str, session: Session, out, n: int) -> None:
+        """Send the step's new output, or hold it back: after the first chunk, a stream gets one chunk
+        per `server.stream_interval` tokens (and its last one when it finishes)."""
+        session.unsent_text += out.new_text
+        session.unsent_tokens += n
+        logprobs = self._logprobs(out.new_token_ids, out.new_logprobs, session.request.top_logprobs)
+        if logprobs is not None:
+            session.unsent_logprobs += logprobs
+        due = session.unsent_tokens >= self.stream_interval or (not session.sent and session.unsent_tokens)
+        if not (due or out.finished):
+            return
+        self.emit(uid, Tokens(session.unsent_text, session.unsent_tokens, session.prompt_tokens,
+                              session.completion_tokens, session.unsent_logprobs if logprobs is not None else None,
+                              out.finish_reason if out.finished else None))
+        session.sent, session.unsent_text, session.unsent_tokens, session.unsent_logprobs = True, "", 0, []
 
     def _logprobs(self, token_ids, logprobs, top_n):
         if top_n is None or logprobs is None:

@@ -11,7 +11,7 @@ import time
 from typing import Any, AsyncIterator, Dict, List
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from appliance.errors import InputError
 from appliance.protocol import openai_responses as shape
@@ -52,8 +52,7 @@ class GenerateRoutes:
             answer = Answer(uid, kind, parsed, self.frontend.model_name)
             if parsed.stream:
                 streaming = True
-                return StreamingResponse(self._stream(answer, channel), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                return EventStream(self._stream(answer, channel))
             return await self._collect(answer, channel)
         except ClientGone:
             return JSONResponse({}, status_code=499)  # nobody reads it; the request was aborted
@@ -70,27 +69,52 @@ class GenerateRoutes:
                 return JSONResponse(answer.whole(event))
 
     async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[str]:
+        """SSE text, one write per wake-up: the role chunk goes out with the first tokens, and whatever
+        events are already queued (the last tokens, the usage chunk, [DONE]) share a write."""
+        pending = [sse(answer.opening())]
         try:
-            yield sse(answer.opening())
             while True:
                 try:
                     event = await self.frontend.next_event(channel)
                 except APIError as e:  # the deadline passed mid-stream
-                    yield sse(shape.error_body(e.status, e.message))
+                    pending.append(sse(shape.error_body(e.status, e.message)))
                     break
                 if isinstance(event, Failed):
-                    yield sse(shape.error_body(event.status, event.message, event.param))
+                    pending.append(sse(shape.error_body(event.status, event.message, event.param)))
                     break
                 if isinstance(event, Tokens):
-                    for chunk in answer.chunks(event):
-                        yield sse(chunk)
+                    pending.extend(sse(chunk) for chunk in answer.chunks(event))
                     if event.final:
                         break
-            yield "data: [DONE]\n\n"
+                if not channel.has_events():
+                    yield "".join(pending)
+                    pending = []
+            pending.append("data: [DONE]\n\n")
+            yield "".join(pending)
         except ClientGone:
             pass
         finally:
             self.frontend.close(channel)
+
+
+class EventStream(Response):
+    """A `text/event-stream` answer, one body write per string the iterator yields. (Starlette's
+    StreamingResponse also runs a task per stream that waits for the client to leave; the request's
+    channel watches for that already.)"""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, texts: AsyncIterator[str]):
+        self.texts = texts
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for text in self.texts:
+            await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class Answer:

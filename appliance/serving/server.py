@@ -18,6 +18,7 @@ from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+from appliance.errors import ConfigError
 from appliance.pipeline import Pipeline
 from appliance.serving.split import split_online
 from appliance.serving.state import DEAD, SharedState
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 
 def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
     pipeline.check()
+    if cfg.server.stream_interval < 1:
+        raise ConfigError(f"server.stream_interval: {cfg.server.stream_interval}; allowed: 1 or more "
+                          "(tokens per streamed chunk)")
     online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
     from appliance.serving.metrics import multiprocess_dir
 
@@ -38,6 +42,7 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     import litserve as ls
     from fastapi.exceptions import HTTPException as FastAPIHTTPException
     from starlette.exceptions import HTTPException
+    from starlette.middleware.gzip import GZipMiddleware
 
     from appliance.serving import openapi
     from appliance.serving.api import EngineAPI
@@ -65,6 +70,10 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
                            (FastAPIHTTPException, http_exception_handler)):
         server.app.add_exception_handler(error, handler)
     openapi.install(server.app)
+    # LitServe compresses answers over 1 kB unless its API streams: on the event loop, so a base64
+    # GeoTIFF answer would stall every other request while it is compressed. SSE skips gzip anyway, and
+    # OpenAI-compatible servers (vLLM) answer uncompressed; a proxy may compress.
+    server.app.user_middleware = [m for m in server.app.user_middleware if m.cls is not GZipMiddleware]
     server._monitor_workers = False  # the Supervisor watches the engine (exit code, drain)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s))
     signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())
