@@ -28,6 +28,7 @@ SLOW = (
     "tests/serving/test_lifecycle.py",  # one server with limits, drained at the end
     "tests/serving/test_pooling.py::test_a_client_that_leaves_stops_the_remaining_tiles",
     "tests/serving/test_metrics.py",
+    "tests/serving/test_stream_interval.py",  # a server of its own
     "tests/engine/test_tensor_parallel.py::test_tp2_matches_tp1",  # TP ranks are processes
     "tests/engine/test_tensor_parallel.py::test_killed_worker_raises_clear_error",
     "tests/engine/test_tensor_parallel.py::test_hung_worker_times_out",
