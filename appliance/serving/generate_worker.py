@@ -168,8 +168,9 @@ class GenerateWorker(Worker):
         due = session.unsent_tokens >= self.stream_interval or (not session.sent and session.unsent_tokens)
         if not (due or out.finished):
             return
+        wants_logprobs = session.request.top_logprobs is not None
         self.emit(uid, Tokens(session.unsent_text, session.unsent_tokens, session.prompt_tokens,
-                              session.completion_tokens, session.unsent_logprobs if logprobs is not None else None,
+                              session.completion_tokens, session.unsent_logprobs if wants_logprobs else None,
                               out.finish_reason if out.finished else None))
         session.sent, session.unsent_text, session.unsent_tokens, session.unsent_logprobs = True, "", 0, []
 

@@ -3,11 +3,11 @@
 For each request: render the messages with the checkpoint's chat template, count the images against
 `model.vision_language.limit_per_prompt`, load and preprocess every image in a `PreprocessPool` (all
 requests' images are submitted before the first is awaited, so decoding and resizing overlap with the
-template work and each other; a run with a single image, as a server request usually is, prepares it
-in the calling thread: `ImageJobs`), expand each single `<image>` token into the model's count of placeholder
-tokens, and refuse a prompt that does not fit the context. Every request of the run is checked before
-the first record goes on, so a bad request fails the run before the engine loads any weights (the
-engine stage holds all requests of a run anyway: it batches them).
+template work and each other; a run with a single image, as a server request usually is, prepares
+it in the calling thread: `ImageJobs`), expand each single `<image>` token into the model's count of
+placeholder tokens, and refuse a prompt that does not fit the context. Every request of the run is
+checked before the first record goes on, so a bad request fails the run before the engine loads any
+weights (the engine stage holds all requests of a run anyway: it batches them).
 
 A text-only checkpoint (no `model.vision_language`) works too; images are then refused.
 """
