@@ -49,6 +49,8 @@ def scene_b64() -> str:
 def test_pooling_base64_round_trip_equals_appliance_run(flood_server, offline_mask, tmp_path):
     response = pooling(flood_server, scene_b64())
     assert response.status_code == 200, response.text
+    # httpx asks for gzip; the server answers uncompressed (no gzip on the event loop: docs/serving.md)
+    assert "content-encoding" not in response.headers
     body = response.json()
     assert set(body) == {"request_id", "created_at", "data"}
     assert body["data"]["data_format"] == "b64_json" and body["data"]["request_id"] == body["request_id"]
