@@ -173,6 +173,15 @@ async def poll(base, path, stop, latencies):
             await asyncio.sleep(0.05)
 
 
+def median_round(c, rounds):
+    """Rounds of one level as (served/offline, wall, timings, offline tok/s, ...): the one with the median
+    ratio; each round is printed when there are several."""
+    if len(rounds) > 1:
+        print(f"c={c} rounds (served tok/s, offline tok/s, ratio): " + ", ".join(
+            f"({sum(t[2] for t in r[2]) / r[1]:.1f}, {r[3]:.1f}, {r[0]:.2f})" for r in rounds), flush=True)
+    return sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
+
+
 def row(label, wall, timings):
     ttft = [t[0] for t in timings]
     e2e = [t[1] for t in timings]
@@ -228,10 +237,7 @@ def llama_part(args, tmp):
                 wall, timings = asyncio.run(run())[0]
                 offline = on_cpus(args.server_cpus, offline_engine, str(model), requests, c)
                 rounds.append((sum(t[2] for t in timings) / wall / offline, wall, timings, offline))
-            served[c] = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]  # the median round
-            if args.rounds > 1:
-                print(f"c={c} rounds (served tok/s, offline tok/s, ratio): " + ", ".join(
-                    f"({sum(t[2] for t in r[2]) / r[1]:.1f}, {r[3]:.1f}, {r[0]:.2f})" for r in rounds), flush=True)
+            served[c] = median_round(c, rounds)
             if c == max(levels):  # once more, probed every 50 ms (which costs the server CPU: not timed)
                 _, probes = asyncio.run(run(probe=True))
     print(f"\nllama 58M over /v1/completions (streaming), {args.per_level} x concurrency requests per level"
@@ -315,11 +321,8 @@ def llava_part(args, tmp):
                 cpu = server.cpu_seconds() - before
                 offline_rate, offline_cpu = offline()
                 rate = sum(t[2] for t in timings) / wall
-                rounds.append((rate / offline_rate, wall, timings, cpu, offline_rate, offline_cpu))
-            served[c] = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
-            if args.rounds > 1:
-                print(f"c={c} rounds (served tok/s, offline tok/s, ratio): " + ", ".join(
-                    f"({sum(t[2] for t in r[2]) / r[1]:.1f}, {r[4]:.1f}, {r[0]:.2f})" for r in rounds), flush=True)
+                rounds.append((rate / offline_rate, wall, timings, offline_rate, cpu, offline_cpu))
+            served[c] = median_round(c, rounds)
     tokens = sum(t[2] for t in served[levels[0]][2])
     print(f"\ntiny LLaVA over /v1/chat/completions (streaming), {n_requests} image questions per level, "
           + (f"{args.llava_tokens}-token answers" if args.llava_tokens else "natural answers")
@@ -328,7 +331,7 @@ def llava_part(args, tmp):
           + "; CPU: every server process, per request")
     print(HEADER + "   server CPU")
     for c in levels:
-        ratio, wall, timings, cpu, offline_rate, offline_cpu = served[c]
+        ratio, wall, timings, offline_rate, cpu, offline_cpu = served[c]
         print(row(f"serve c={c}", wall, timings) + f"   {cpu / n_requests * 1e3:6.2f} ms")
         print(f"{'offline run':14s} {offline_rate:9.1f}   served/offline = {ratio:.2f} (appliance run on the same "
               f"batch, model loaded; CPU {offline_cpu / n_requests * 1e3:.2f} ms per request)")

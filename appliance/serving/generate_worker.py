@@ -32,7 +32,6 @@ class Session:
     started: bool = False           # the engine has run it once (queue time observed)
     last_token_at: float = 0.0
     # A stream's output not sent yet (server.stream_interval > 1 holds tokens back between chunks).
-    sent: bool = False
     unsent_text: str = ""
     unsent_tokens: int = 0
     unsent_logprobs: List = field(default_factory=list)
@@ -165,14 +164,15 @@ class GenerateWorker(Worker):
         logprobs = self._logprobs(out.new_token_ids, out.new_logprobs, session.request.top_logprobs)
         if logprobs is not None:
             session.unsent_logprobs += logprobs
-        due = session.unsent_tokens >= self.stream_interval or (not session.sent and session.unsent_tokens)
+        first = session.unsent_tokens == session.completion_tokens  # no chunk sent yet
+        due = session.unsent_tokens >= self.stream_interval or (first and session.unsent_tokens)
         if not (due or out.finished):
             return
         wants_logprobs = session.request.top_logprobs is not None
         self.emit(uid, Tokens(session.unsent_text, session.unsent_tokens, session.prompt_tokens,
                               session.completion_tokens, session.unsent_logprobs if wants_logprobs else None,
                               out.finish_reason if out.finished else None))
-        session.sent, session.unsent_text, session.unsent_tokens, session.unsent_logprobs = True, "", 0, []
+        session.unsent_text, session.unsent_tokens, session.unsent_logprobs = "", 0, []
 
     def _logprobs(self, token_ids, logprobs, top_n):
         if top_n is None or logprobs is None:
