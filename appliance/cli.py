@@ -9,6 +9,7 @@ from typing import List, Optional
 from omegaconf import OmegaConf
 
 from appliance.errors import UserError
+from appliance.heap import freeze_startup_heap
 
 VERBS = {
     "run": "run the pipeline offline on `input=...` and write or print its results",
@@ -92,7 +93,9 @@ def _run(cfg, pipeline) -> int:
               for field, value in ((f, cfg.get(f)) for f in cfg.pipeline.inputs)}
     stream = pipeline.run([record])
     try:
-        for result in stream:
+        for count, result in enumerate(stream):
+            if count == 0:
+                freeze_startup_heap()  # every stage is set up (lazily) once a result came out
             if result.get("display") is not None:
                 print(result["display"], flush=True)
     finally:

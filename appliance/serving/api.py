@@ -20,11 +20,6 @@ class EngineAPI(ls.LitAPI):
         self.requests = requests  # the pipe's end jobs and aborts arrive on, from the HTTP process
         self.events = events      # the pipe's end the loop sends each turn's events on
 
-    async def authorize(self) -> None:
-        """LitServe's per-route auth dependency: nothing to check here (APIKeyMiddleware checks keys).
-        Async, so FastAPI runs it on the event loop; LitServe's default no-op is sync, and a sync
-        dependency costs every request a round trip through a worker thread."""
-
     def setup(self, device) -> None:
         """Nothing here: the engine loop loads the model, so the HTTP server starts at once."""
 

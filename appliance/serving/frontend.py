@@ -46,6 +46,9 @@ class Channel:
         self._watcher = loop.create_task(self._watch(request))
 
     async def _watch(self, request) -> None:
+        # It ends by itself: ASGI answers `receive` with http.disconnect once the answer has been sent
+        # too. (A cancelled task leaves its CancelledError, traceback and frames as cyclic garbage,
+        # which the collector then walked for every request: docs/serving.md.)
         while (await request.receive())["type"] != "http.disconnect":
             pass
         self.events.put_nowait(self.GONE)
@@ -54,8 +57,8 @@ class Channel:
         return not self.events.empty()
 
     def stop_watching(self) -> None:
+        """The route is done with the channel (the watcher ends when the answer has been sent)."""
         self._deadline.cancel()
-        self._watcher.cancel()
 
 
 class Frontend:

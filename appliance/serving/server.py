@@ -19,6 +19,7 @@ from typing import Iterator
 from omegaconf import DictConfig, OmegaConf
 
 from appliance.errors import ConfigError
+from appliance.heap import freeze_startup_heap
 from appliance.pipeline import Pipeline
 from appliance.serving.split import split_online
 from appliance.serving.state import DEAD, SharedState
@@ -48,7 +49,7 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     from appliance.serving.api import EngineAPI
     from appliance.serving.errors import APIError, api_error_handler, http_exception_handler
     from appliance.serving.middleware import APIKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
-    from appliance.serving.spec import ApplianceSpec
+    from appliance.serving.spec import ApplianceSpec, serve_plain
 
     shared = SharedState()
     # The HTTP process and the engine loop talk over two pipes of ours, not LitServe's queues: those are
@@ -69,7 +70,7 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):
         server.app.add_exception_handler(error, handler)
-    openapi.install(server.app)
+    openapi.install(server.app, serve_plain(server.app, spec.route_paths()))
     # LitServe compresses answers over 1 kB unless its API streams: on the event loop, so a base64
     # GeoTIFF answer would stall every other request while it is compressed. SSE skips gzip anyway, and
     # OpenAI-compatible servers (vLLM) answer uncompressed; a proxy may compress.
@@ -80,6 +81,7 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     threading.Thread(target=supervisor.watch, name="supervisor", daemon=True).start()
     log.warning("serving pipeline %s (%s) on http://%s:%d", cfg.pipeline.name, kind, cfg.server.host,
                 cfg.server.port)
+    freeze_startup_heap()  # before LitServe forks the HTTP process, which inherits the frozen heap
     server.run(host=cfg.server.host, port=cfg.server.port, num_api_servers=1, generate_client_file=False,
                log_level="warning", api_server_worker_type="process")
     return supervisor.exit_code

@@ -4,8 +4,17 @@ The pipeline's kind decides the API: a generating engine gets OpenAI's `/v1/chat
 `/v1/completions` and `/v1/models`; a pooling engine gets vLLM's `/pooling` and the raw `/v1/pool`;
 a pipeline without an engine gets LitServe's generic `POST /predict`. Every server has `/health`,
 `/ready`, `/version` and `/metrics`.
+
+LitServe adds these as FastAPI routes; `serve_plain` then swaps each for a Starlette route. Our handlers
+read their own bodies and answer Starlette responses, so FastAPI's per-request work (solving LitServe's
+auth dependency, two exit stacks, more cyclic garbage) bought nothing, and it was a sixth of the HTTP
+process's CPU at 64 streams (docs/benchmarks.md, run N). FastAPI's routes still describe them in
+`/openapi.json`.
 """
+from typing import List
+
 from litserve.specs.base import LitSpec
+from starlette.routing import Route
 
 from appliance.serving.frontend import Frontend
 from appliance.serving.routes_generate import GenerateRoutes
@@ -52,3 +61,16 @@ class ApplianceSpec(LitSpec):
 
     def encode_response(self, output, context_kwargs=None):
         raise NotImplementedError("routes shape their own answers")
+
+
+def serve_plain(app, paths: List[str]) -> list:
+    """Serve `paths` with Starlette routes instead of the app's FastAPI routes; returns the FastAPI routes
+    taken out (for the OpenAPI document)."""
+    from fastapi.routing import APIRoute
+
+    replaced = []
+    for index, route in enumerate(app.router.routes):
+        if isinstance(route, APIRoute) and route.path in paths:
+            app.router.routes[index] = Route(route.path, route.endpoint, methods=sorted(route.methods))
+            replaced.append(route)
+    return replaced

@@ -179,3 +179,13 @@ def test_unknown_model_is_404_and_bad_json_400(llava_server, client):
     route = httpx.get(f"{llava_server.base}/v1/nothing", timeout=10)
     assert route.status_code == 404 and error(route)["message"] == "/v1/nothing: no such route"
     assert httpx.get(f"{llava_server.base}/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_openapi_describes_the_routes_and_wrong_methods_get_405(llava_server):
+    schema = httpx.get(f"{llava_server.base}/openapi.json", timeout=10).json()
+    for path, required in (("/v1/chat/completions", ["messages"]), ("/v1/completions", ["prompt"])):
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body["required"] == required
+    assert {"/health", "/ready", "/version", "/metrics", "/v1/models"} <= set(schema["paths"])
+    wrong = httpx.get(f"{llava_server.base}/v1/chat/completions", timeout=10)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
