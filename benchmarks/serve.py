@@ -87,17 +87,24 @@ class Server:
         self.proc.terminate()
         self.proc.wait(60)
 
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system) of the server's processes so far: all of its session's."""
-        total = 0.0
+    def cpu_seconds(self) -> dict:
+        """CPU time (user + system) of the server's processes so far (all of its session's), by role:
+        `engine` (LitServe's spawned inference worker), `http` (the forked uvicorn process) and `other`
+        (this main process, LitServe's manager)."""
+        own = Path(f"/proc/{self.proc.pid}/cmdline").read_bytes()
+        seconds = {"engine": 0.0, "http": 0.0, "other": 0.0}
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:  # gone meanwhile
                 continue
-            if int(fields[3]) == self.proc.pid:  # its session id
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
+            if int(fields[3]) != self.proc.pid:  # not in its session
+                continue
+            role = ("engine" if b"spawn_main" in command else
+                    "http" if command == own and int(pid) != self.proc.pid else "other")
+            seconds[role] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return seconds
 
 
 def on_cpus(cpus, fn, *args):
@@ -368,7 +375,7 @@ def llava_part(args, tmp):
             for _ in range(args.rounds):
                 before = server.cpu_seconds()
                 wall, timings = asyncio.run(run())
-                cpu = server.cpu_seconds() - before
+                cpu = {role: seconds - before[role] for role, seconds in server.cpu_seconds().items()}
                 offline_rate, offline_cpu = offline()
                 rate = sum(t[2] for t in timings) / wall
                 rounds.append((rate / offline_rate, wall, timings, offline_rate, cpu, offline_cpu))
@@ -380,10 +387,11 @@ def llava_part(args, tmp):
           + f" ({tokens / n_requests:.1f} tokens on average)" + (f", the median of {args.rounds} rounds"
                                                                   if args.rounds > 1 else "")
           + "; CPU: every server process, per request")
-    print(HEADER + "   server CPU")
+    print(HEADER + "   server CPU: all (HTTP process, engine process)")
     for c in levels:
         ratio, wall, timings, offline_rate, cpu, offline_cpu = served[c]
-        print(row(f"serve c={c}", wall, timings) + f"   {cpu / n_requests * 1e3:6.2f} ms")
+        ms = {role: seconds / n_requests * 1e3 for role, seconds in cpu.items()}
+        print(row(f"serve c={c}", wall, timings) + f"   {sum(ms.values()):.2f} ms ({ms['http']:.2f}, {ms['engine']:.2f})")
         print(f"{'offline run':14s} {offline_rate:9.1f}   served/offline = {ratio:.2f} (appliance run on the same "
               f"batch, model loaded; CPU {offline_cpu / n_requests * 1e3:.2f} ms per request)")
 

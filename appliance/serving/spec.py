@@ -7,7 +7,7 @@ a pipeline without an engine gets LitServe's generic `POST /predict`. Every serv
 
 LitServe adds these as FastAPI routes; `serve_plain` then swaps each for a Starlette route. Our handlers
 read their own bodies and answer Starlette responses, so FastAPI's per-request work (solving LitServe's
-auth dependency, two exit stacks, more cyclic garbage) bought nothing, and it was a sixth of the HTTP
+auth dependency, two exit stacks, more cyclic garbage) bought nothing, and it was ~15 % of the HTTP
 process's CPU at 64 streams (docs/benchmarks.md, run N). FastAPI's routes still describe them in
 `/openapi.json`.
 """
