@@ -11,5 +11,5 @@ import gc
 
 
 def freeze_startup_heap() -> None:
-    gc.collect()  # today's garbage is not kept
+    gc.collect()  # what is garbage now would otherwise be frozen for good
     gc.freeze()

@@ -70,7 +70,8 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):
         server.app.add_exception_handler(error, handler)
-    openapi.install(server.app, serve_plain(server.app, spec.route_paths()))
+    documented = serve_plain(server.app, spec.route_paths())  # Starlette routes now; FastAPI's describe them
+    openapi.install(server.app, documented)
     # LitServe compresses answers over 1 kB unless its API streams: on the event loop, so a base64
     # GeoTIFF answer would stall every other request while it is compressed. SSE skips gzip anyway, and
     # OpenAI-compatible servers (vLLM) answer uncompressed; a proxy may compress.
