@@ -182,10 +182,10 @@ class LightClient:
             if not data:
                 raise RuntimeError("the server closed the connection")
             received += data
+            if b"\r\n\r\n" in received and not received.startswith(b"HTTP/1.1 200"):  # an error: not chunked
+                raise RuntimeError(received[:300].decode(errors="replace"))
             if b"data: " in data:
                 arrivals.append(time.perf_counter() - start)
-        if not received.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(received[:300].decode(errors="replace"))
         tokens = int(received.rsplit(b'"completion_tokens": ', 1)[1].split(b",", 1)[0])
         timings.append((arrivals[0], arrivals[-1], tokens, [b - a for a, b in zip(arrivals, arrivals[1:])]))
         self.idle.append((reader, writer))
@@ -335,11 +335,11 @@ def llava_part(args, tmp):
                                               {"type": "text", "text": q}]}] for u, q in questions]
     # Natural answers (the tiny model's are 3-6 tokens), or with --llava-tokens N every answer N tokens long.
     length = {"max_tokens": args.llava_tokens, "ignore_eos": True} if args.llava_tokens else {"max_tokens": 16}
-    bodies = [json.dumps({"model": "llava-tiny", "messages": m, "temperature": 0, "stream": True,  # light client
-                          "stream_options": {"include_usage": True}, **length}).encode() for m in messages]
+    bodies = [{"messages": m, "temperature": 0, **length} for m in messages]
     batch, answers = Path(tmp) / "llava.jsonl", Path(tmp) / "llava_answers.jsonl"
-    batch.write_text("".join(json.dumps({"custom_id": str(i), "body": {"messages": m, "temperature": 0, **length}})
-                             + "\n" for i, m in enumerate(messages)))
+    batch.write_text("".join(json.dumps({"custom_id": str(i), "body": body}) + "\n" for i, body in enumerate(bodies)))
+    streamed = [json.dumps({**body, "model": "llava-tiny", "stream": True, "stream_options": {"include_usage": True}})
+                .encode() for body in bodies] if args.llava_client == "light" else []
 
     def offline():
         """`appliance run` on the same requests as one batch file: (tok/s, CPU seconds)."""
@@ -357,7 +357,7 @@ def llava_part(args, tmp):
                 if args.llava_client == "light":
                     client = LightClient(server.port)
                     try:
-                        return await drive(lambda: [lambda timings, b=b: client.chat(b, timings) for b in bodies], c)
+                        return await drive(lambda: [lambda timings, b=b: client.chat(b, timings) for b in streamed], c)
                     finally:
                         client.close()
                 async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,

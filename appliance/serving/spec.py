@@ -13,6 +13,7 @@ process's CPU at 64 streams (docs/benchmarks.md, run N). FastAPI's routes still 
 """
 from typing import List
 
+from fastapi.routing import APIRoute
 from litserve.specs.base import LitSpec
 from starlette.routing import Route
 
@@ -66,8 +67,6 @@ class ApplianceSpec(LitSpec):
 def serve_plain(app, paths: List[str]) -> list:
     """Serve `paths` with Starlette routes instead of the app's FastAPI routes; returns the FastAPI routes
     taken out (for the OpenAPI document)."""
-    from fastapi.routing import APIRoute
-
     replaced = []
     for index, route in enumerate(app.router.routes):
         if isinstance(route, APIRoute) and route.path in paths:
