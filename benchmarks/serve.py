@@ -38,6 +38,7 @@ import base64
 import json
 import multiprocessing as mp
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -186,7 +187,7 @@ class LightClient:
                 raise RuntimeError(received[:300].decode(errors="replace"))
             if b"data: " in data:
                 arrivals.append(time.perf_counter() - start)
-        tokens = int(received.rsplit(b'"completion_tokens": ', 1)[1].split(b",", 1)[0])
+        tokens = int(re.findall(rb'"completion_tokens": ?(\d+)', received)[-1])
         timings.append((arrivals[0], arrivals[-1], tokens, [b - a for a, b in zip(arrivals, arrivals[1:])]))
         self.idle.append((reader, writer))
 

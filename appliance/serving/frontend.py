@@ -7,20 +7,19 @@ event, so that reading an event is one await on one queue (per streamed token). 
 an unfinished one is aborted in the engine, which frees its KV blocks (or stops its tiles) within one
 step.
 
-Two threads connect the event loop to the engine loop's pipes (appliance/serving/server.py): a sender
-writes submitted jobs and aborts, so a large body (a base64 image) never blocks the event loop while it
-is copied; a receiver reads the engine loop's messages (one per loop turn, every request's events) and
-routes each event to its request's channel on the event loop.
+The pipes to the engine loop are read and written on the event loop (appliance/serving/pipes.py): a
+submitted job or abort is written at once (what the pipe cannot take waits in a buffer, so a large body
+never blocks the loop), and the engine loop's messages (one per loop turn, every request's events) wake
+the event loop directly, which routes each event to its request's channel.
 """
 import asyncio
 import logging
-import queue
-import threading
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from appliance.serving.errors import APIError
 from appliance.serving.messages import Abort
+from appliance.serving.pipes import LoopReader, LoopWriter
 from appliance.serving.state import DEAD, SharedState
 
 log = logging.getLogger(__name__)
@@ -73,8 +72,7 @@ class Frontend:
         self.max_queued = int(limits["max_queued_requests"])
         self.model_name = cfg["server"]["served_model_name"] or cfg["model"]["name"]
         self.channels: Dict[str, Channel] = {}
-        self.outbox: "queue.SimpleQueue[Any]" = queue.SimpleQueue()  # (uid, arrival, job or Abort)
-        self._connected = False
+        self.writer: Optional[LoopWriter] = None  # made on the event loop, by the first request
         self._http_metrics = None
 
     def http_metrics(self):
@@ -104,7 +102,7 @@ class Frontend:
         return channel
 
     def submit(self, channel: Channel, job: Any) -> None:
-        self.outbox.put((channel.uid, time.monotonic(), job))
+        self.writer.send((channel.uid, time.monotonic(), job))
 
     def close(self, channel: Channel) -> None:
         """The request is answered, failed or abandoned; abort it in the engine unless it finished."""
@@ -113,7 +111,7 @@ class Frontend:
         channel.stop_watching()
         self.shared.set_inflight(len(self.channels))
         if not channel.finished:
-            self.outbox.put((channel.uid, time.monotonic(), Abort()))
+            self.writer.send((channel.uid, time.monotonic(), Abort()))
 
     # ---- events ---------------------------------------------------------------------------------
     async def next_event(self, channel: Channel) -> Any:
@@ -129,29 +127,11 @@ class Frontend:
 
     # ---- the pipes ------------------------------------------------------------------------------
     def _connect(self) -> None:
-        """Start the sender and receiver threads, once, from the event loop (in the HTTP process)."""
-        if self._connected:
-            return
-        self._connected = True
-        loop = asyncio.get_running_loop()
-        threading.Thread(target=self._send_requests, name="engine-requests", daemon=True).start()
-        threading.Thread(target=self._receive_events, args=(loop,), name="engine-events", daemon=True).start()
-
-    def _send_requests(self) -> None:
-        while True:
-            item = self.outbox.get()
-            try:
-                self.requests.send(item)
-            except (OSError, ValueError):  # shutting down: the engine goes too
-                return
-
-    def _receive_events(self, loop: asyncio.AbstractEventLoop) -> None:
-        while True:
-            try:
-                events = self.events.recv()
-                loop.call_soon_threadsafe(self._route, events)
-            except (EOFError, OSError, RuntimeError):  # shutting down (RuntimeError: the event loop closed)
-                return
+        """Attach the pipes to the event loop, once, from the event loop (in the HTTP process)."""
+        if self.writer is None:
+            loop = asyncio.get_running_loop()
+            self.writer = LoopWriter(self.requests.fileno(), loop)
+            LoopReader(self.events.fileno(), loop, self._route)
 
     def _route(self, events) -> None:
         for uid, event in events:

@@ -16,6 +16,7 @@ import traceback
 from litserve.loops.base import LitLoop
 
 from appliance.heap import freeze_startup_heap
+from appliance.serving import pipes
 from appliance.serving.messages import Failed
 from appliance.serving.state import DEAD, READY
 
@@ -75,7 +76,7 @@ class EngineLoop(LitLoop):
     def _receive(requests, worker) -> None:
         while True:
             try:
-                uid, arrival, message = requests.recv()
+                uid, arrival, message = pipes.receive(requests.fileno())
             except (EOFError, OSError):  # the server is shutting down
                 return
             worker.post("request", uid, message, arrival)
@@ -84,7 +85,7 @@ class EngineLoop(LitLoop):
     def _send(events, batch) -> None:
         """The whole turn in one message: every request's events, routed by uid on the HTTP side."""
         if batch:
-            events.send(batch)
+            pipes.send(events.fileno(), batch)
 
 
 def _exit(signum, frame):

@@ -6,10 +6,10 @@ the route waits for the request's first event: `Admitted` (then it answers 200 a
 the answer) or `Failed` (then it answers the error's status, before any byte of a stream). An error
 after a stream started goes out as a `data: {"error": ...}` event, then the stream ends.
 """
-import json
 import time
-from typing import Any, AsyncIterator, Dict, List
+from typing import Any, AsyncIterator, Dict, List, Tuple
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -68,9 +68,10 @@ class GenerateRoutes:
             if isinstance(event, Tokens) and event.final:
                 return JSONResponse(answer.whole(event))
 
-    async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[str]:
-        """SSE text, one write per wake-up: the role chunk goes out with the first tokens, and whatever
-        events are already queued (the last tokens, the usage chunk, [DONE]) share a write."""
+    async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[Tuple[bytes, bool]]:
+        """SSE bytes and whether more follow, one write per wake-up: the role chunk goes out with the
+        first tokens, and whatever events are already queued (the last tokens, the usage chunk, [DONE])
+        share the last write, which also ends the body."""
         pending = [sse(answer.opening())]
         try:
             while True:
@@ -87,10 +88,10 @@ class GenerateRoutes:
                     if event.final:
                         break
                 if not channel.has_events():
-                    yield "".join(pending)
+                    yield b"".join(pending), True
                     pending = []
-            pending.append("data: [DONE]\n\n")
-            yield "".join(pending)
+            pending.append(b"data: [DONE]\n\n")
+            yield b"".join(pending), False
         except ClientGone:
             pass
         finally:
@@ -98,23 +99,27 @@ class GenerateRoutes:
 
 
 class EventStream(Response):
-    """A `text/event-stream` answer, one body write per string the iterator yields. (Starlette's
-    StreamingResponse also runs a task per stream that waits for the client to leave; the request's
-    channel watches for that already.)"""
+    """A `text/event-stream` answer, one body write per `(data, more)` the iterator yields; the body
+    ends with the data whose `more` is False, or after the last. (Starlette's StreamingResponse also
+    runs a task per stream that waits for the client to leave, which the request's channel does
+    already, and ends the body with a write of its own.)"""
 
     media_type = "text/event-stream"
 
-    def __init__(self, texts: AsyncIterator[str]):
-        self.texts = texts
+    def __init__(self, texts: AsyncIterator[Tuple[bytes, bool]]):
+        self.texts = texts  # SSE bytes
         self.status_code = 200
         self.background = None
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def __call__(self, scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        async for text in self.texts:
-            await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        ended = False
+        async for data, more in self.texts:  # to the iterator's end, which closes the request's channel
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+            ended = not more
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class Answer:
@@ -156,8 +161,9 @@ class Answer:
         return chunks
 
 
-def sse(payload: Dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def sse(payload: Dict[str, Any]) -> bytes:
+    # orjson: a chunk's JSON in a tenth of json.dumps' time, and a stream sends one per token
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def check_model(requested, served: str) -> None:
