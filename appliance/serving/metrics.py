@@ -103,9 +103,13 @@ class HttpMetrics:
         self._requests = Counter("appliance_http_requests", "HTTP requests by route and status",
                                  ["model_name", "route", "status"], registry=None)
         self.model_name = model_name
+        self._series = {}  # (route, status) -> its counter: `labels()` takes a lock and builds a key each call
 
     def request(self, route: str, status: int) -> None:
-        self._requests.labels(self.model_name, route, str(status)).inc()
+        series = self._series.get((route, status))
+        if series is None:
+            series = self._series[route, status] = self._requests.labels(self.model_name, route, str(status))
+        series.inc()
 
 
 def render() -> bytes:

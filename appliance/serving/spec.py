@@ -15,6 +15,7 @@ from typing import List
 
 from fastapi.routing import APIRoute
 from litserve.specs.base import LitSpec
+from starlette.requests import Request
 from starlette.routing import Route
 
 from appliance.serving.frontend import Frontend
@@ -71,5 +72,18 @@ def serve_plain(app, paths: List[str]) -> list:
     routes; returns the FastAPI routes taken out (for the OpenAPI document)."""
     replaced = [route for route in app.router.routes if isinstance(route, APIRoute) and route.path in paths]
     others = [route for route in app.router.routes if not any(route is r for r in replaced)]
-    app.router.routes[:] = [Route(r.path, r.endpoint, methods=sorted(r.methods)) for r in replaced] + others
+    app.router.routes[:] = [Route(r.path, Endpoint(r.endpoint), methods=sorted(r.methods)) for r in replaced] + others
     return replaced
+
+
+class Endpoint:
+    """The ASGI app of a route whose handler takes a Request and returns a Response: what Starlette's
+    `request_response` makes of it, less its own exception layer (ExceptionMiddleware, above the router,
+    answers our errors with the same handlers) and that layer's wrapper around every `send`."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    async def __call__(self, scope, receive, send) -> None:
+        response = await self.handler(Request(scope, receive, send))
+        await response(scope, receive, send)
