@@ -43,12 +43,13 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     import litserve as ls
     from fastapi.exceptions import HTTPException as FastAPIHTTPException
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.middleware.gzip import GZipMiddleware
 
     from appliance.serving import openapi
     from appliance.serving.api import EngineAPI
     from appliance.serving.errors import APIError, api_error_handler, http_exception_handler
-    from appliance.serving.middleware import APIKeyMiddleware, BodyLimitMiddleware, MetricsMiddleware
+    from appliance.serving.middleware import Gate
     from appliance.serving.spec import ApplianceSpec, serve_plain
 
     shared = SharedState()
@@ -59,23 +60,22 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     events_rx, events_tx = mp.Pipe(duplex=False)
     container = OmegaConf.to_container(cfg, resolve=True)
     spec = ApplianceSpec(cfg, container, shared, spool, kind, requests_tx, events_rx)
-    api_key = cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")
-    middlewares = [(BodyLimitMiddleware, {"max_bytes": int(cfg.server.limits.max_request_bytes)}),
-                   (MetricsMiddleware, {"metrics": spec.frontend.http_metrics, "routes": spec.route_paths()})]
-    if api_key:
-        middlewares.insert(0, (APIKeyMiddleware, {"api_key": api_key}))
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
     server = ls.LitServer(EngineAPI(container, shared, spec, requests_rx, events_tx), accelerator="cpu", timeout=False,
-                          healthcheck_path="/litserve/health", info_path="/litserve/info", middlewares=middlewares)
+                          healthcheck_path="/litserve/health", info_path="/litserve/info")
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):
         server.app.add_exception_handler(error, handler)
-    documented = serve_plain(server.app, spec.route_paths())  # Starlette routes now; FastAPI's describe them
+    routes, documented = serve_plain(server.app, spec.route_paths())  # FastAPI's routes describe ours
     openapi.install(server.app, documented)
-    # LitServe compresses answers over 1 kB unless its API streams: on the event loop, so a base64
-    # GeoTIFF answer would stall every other request while it is compressed. SSE skips gzip anyway, and
-    # OpenAI-compatible servers (vLLM) answer uncompressed; a proxy may compress.
-    server.app.user_middleware = [m for m in server.app.user_middleware if m.cls is not GZipMiddleware]
+    gate = Middleware(Gate, routes=routes, metrics=spec.frontend.http_metrics,
+                      max_bytes=int(cfg.server.limits.max_request_bytes),
+                      api_key=cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"))
+    # The Gate goes first, outside LitServe's middleware. LitServe compresses answers over 1 kB unless its
+    # API streams: on the event loop, so a base64 GeoTIFF answer would stall every other request while it
+    # is compressed. SSE skips gzip anyway, and OpenAI-compatible servers (vLLM) answer uncompressed; a
+    # proxy may compress.
+    server.app.user_middleware = [gate] + [m for m in server.app.user_middleware if m.cls is not GZipMiddleware]
     server._monitor_workers = False  # the Supervisor watches the engine (exit code, drain)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s))
     signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())

@@ -11,7 +11,7 @@ auth dependency, two exit stacks, more cyclic garbage) bought nothing, and it wa
 process's CPU at 64 streams (docs/benchmarks.md, run N). FastAPI's routes still describe them in
 `/openapi.json`.
 """
-from typing import List
+from typing import Dict, List, Tuple
 
 from fastapi.routing import APIRoute
 from litserve.specs.base import LitSpec
@@ -67,13 +67,14 @@ class ApplianceSpec(LitSpec):
         raise NotImplementedError("routes shape their own answers")
 
 
-def serve_plain(app, paths: List[str]) -> list:
+def serve_plain(app, paths: List[str]) -> Tuple[Dict[str, Route], list]:
     """Serve `paths` with Starlette routes, ahead of every other route, instead of the app's FastAPI
-    routes; returns the FastAPI routes taken out (for the OpenAPI document)."""
+    routes. Returns the new routes by path, and the FastAPI routes taken out (for the OpenAPI document)."""
     replaced = [route for route in app.router.routes if isinstance(route, APIRoute) and route.path in paths]
     others = [route for route in app.router.routes if not any(route is r for r in replaced)]
-    app.router.routes[:] = [Route(r.path, Endpoint(r.endpoint), methods=sorted(r.methods)) for r in replaced] + others
-    return replaced
+    plain = [Route(r.path, Endpoint(r.endpoint), methods=sorted(r.methods)) for r in replaced]
+    app.router.routes[:] = plain + others
+    return {route.path: route for route in plain}, replaced
 
 
 class Endpoint:

@@ -34,9 +34,14 @@ def start_run(scene, out, **popen):
                             stderr=subprocess.PIPE, text=True, **popen)
 
 
-def wait_for_first_tiles(proc, seconds=1.5):
-    time.sleep(seconds)  # model loaded, tiles running (a 4096^2 scene is ~100 tiles: several seconds)
-    assert proc.poll() is None, proc.communicate()
+def wait_for_first_tiles(proc, out, timeout=60):
+    """Until the run's temporary output exists: the model is loaded and tiles are running (a 4096^2 scene
+    is ~100 tiles: several seconds). A fixed sleep could signal a slow host's run while it still imports,
+    before the CLI handles signals."""
+    deadline = time.monotonic() + timeout
+    while not os.listdir(out):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("sig,code,word,times", [(signal.SIGINT, 130, "interrupted", 1),
@@ -49,7 +54,7 @@ def test_an_interrupted_run_leaves_no_partial_output(tmp_path, sig, code, word, 
     out = tmp_path / "out"
     out.mkdir()
     proc = start_run(scene, out / "mask.tif")
-    wait_for_first_tiles(proc)
+    wait_for_first_tiles(proc, out)
     for _ in range(times):
         proc.send_signal(sig)
         time.sleep(0.01)
