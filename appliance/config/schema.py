@@ -91,7 +91,9 @@ class ServerConfig:
     allowed_media_domains: List[str] = field(default_factory=list)  # hosts fetched even at private addresses
     output_dir: Optional[str] = None  # where /pooling writes outputs asked for as paths (out_data_format: path)
     spool_dir: Optional[str] = None  # uploads and outputs in flight; None: a private temp directory
-    preprocess_workers: int = 4  # threads that prepare requests (fetch, decode, tile) ahead of the engine
+    # threads that prepare requests (fetch, decode, tile) ahead of the engine; 0: for chat and completions
+    # one per CPU the server may use, at most 4 (more only trade the GIL: docs/serving.md), else 4
+    preprocess_workers: int = 0
     drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
     stream_interval: int = 1  # tokens per streamed chunk after the first (vLLM's --stream-interval): >1 saves CPU
     limits: ServerLimits = field(default_factory=ServerLimits)

@@ -1,14 +1,17 @@
 """Generation requests on the engine loop: chat and completion requests in, token events out.
 
-A request's life: `admit` queues its preparation in the pool (chat: the online head, i.e. `chat_prompt`:
-template, images, placeholders; completion: tokenize), `on_prepared` adds it to the `LLMEngine` on the
+A request's life: `admit` queues it for a preparer, a pool thread that prepares every waiting request in
+turn (chat: the online head, i.e. `chat_prompt`: template, images, placeholders; completion: tokenize)
+and hands them over together, `on_prepared` adds it to the `LLMEngine` on the
 loop's thread, every `step` turns the engine's outputs into `Tokens` events (each step's delta when the
 client streams, the whole answer at the end otherwise), `abort` frees its KV blocks at once.
 """
 import logging
+import os
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
@@ -52,17 +55,44 @@ class GenerateWorker(Worker):
         self.stream_interval = int(self.cfg.server.stream_interval)
         self.vocab_size = self.engine.hf_config.get_text_config().vocab_size
         self.counted: Dict[str, int] = {}
+        # Requests waiting for a preparer, and how many preparers run (at most self.workers).
+        self.unprepared: List[Tuple[str, GenerateJob]] = []
+        self.unprepared_lock = threading.Lock()
+        self.preparers = 0
         self.decode = token_decoder(self.engine.tokenizer)
         ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
         self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
 
+    def default_workers(self) -> int:
+        """One preparer per CPU this process may run on, at most 4: preparing is CPU work."""
+        return min(4, len(os.sched_getaffinity(0)))
+
     # ---- requests -------------------------------------------------------------------------------
     def admit(self, uid: str, arrival: float, job: GenerateJob) -> None:
         self.sessions[uid] = Session(job.request, arrival)
-        self.pool.submit(self._prepare, uid, job)
+        with self.unprepared_lock:
+            self.unprepared.append((uid, job))
+            if self.preparers == self.workers:  # a busy preparer takes it with the others waiting
+                return
+            self.preparers += 1
+        self.pool.submit(self._prepare_waiting)
 
-    def _prepare(self, uid: str, job: GenerateJob) -> None:
-        """In a pool thread: the token ids (and images) the engine gets, or a Failed event."""
+    def _prepare_waiting(self) -> None:
+        """In a pool thread: prepare every request waiting, hand them to the loop together, and again
+        until none wait. Requests prepared together join the same engine step, and on one CPU one
+        preparer in turn costs less than several trading the GIL (docs/serving.md)."""
+        while True:
+            with self.unprepared_lock:
+                batch, self.unprepared = self.unprepared, []
+                if not batch:
+                    self.preparers -= 1
+                    return
+            prepared = [(uid, *self._prepare(uid, job)) for uid, job in batch if uid in self.sessions]
+            for uid, kind, payload in prepared:  # aborted ones were skipped: nobody waits for them
+                self.post(kind, uid, payload)
+
+    def _prepare(self, uid: str, job: GenerateJob) -> Tuple[str, Any]:
+        """("prepared", (token ids, images)) for the engine, or ("failed", the Failed event)."""
         try:
             request = job.request
             if request.kind == "chat":
@@ -73,9 +103,9 @@ class GenerateWorker(Worker):
             else:
                 prompt, mm_data = self._tokenize(request.prompt), None
             self._check_fits(len(prompt), request)
-            self.post("prepared", uid, (prompt, mm_data))
+            return "prepared", (prompt, mm_data)
         except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
-            self.post("failed", uid, self.failure(e, "preparing the request"))
+            return "failed", self.failure(e, "preparing the request")
 
     def _tokenize(self, prompt) -> List[int]:
         if isinstance(prompt, str):

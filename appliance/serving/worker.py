@@ -27,7 +27,11 @@ class Worker:
         self.metrics = metrics
         self.shared = shared
         self.inbox: "queue.SimpleQueue[Tuple[str, str, float, Any]]" = queue.SimpleQueue()
-        self.pool = ThreadPoolExecutor(cfg.server.preprocess_workers, thread_name_prefix="prepare")
+        if cfg.server.preprocess_workers < 0:
+            raise ConfigError(f"server.preprocess_workers: {cfg.server.preprocess_workers}; allowed: 0 (the "
+                              "default for the pipeline's kind) or more")
+        self.workers = cfg.server.preprocess_workers or self.default_workers()
+        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="prepare")
         self.events: List[Tuple[str, Any]] = []
 
     # ---- plumbing -------------------------------------------------------------------------------
@@ -85,6 +89,11 @@ class Worker:
         return Failed(500, f"internal error while {where} ({type(error).__name__}); see the server log")
 
     # ---- what a worker kind defines -------------------------------------------------------------
+    def default_workers(self) -> int:
+        """Pool threads when `server.preprocess_workers` is 0. Four: a GeoTIFF request's thread waits
+        for its tiles most of the time, and concurrent requests' tiles should share engine batches."""
+        return 4
+
     def start(self) -> None:
         """Load, warm up; the server reports ready after this returns."""
 

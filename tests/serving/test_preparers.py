@@ -1,0 +1,83 @@
+"""How the engine loop's preparers take requests: each prepares every request waiting when it looks and
+hands them over together; no more preparers run than `server.preprocess_workers`; a request aborted
+before its turn is not prepared. The preparing itself is replaced by a recorder here (the server tests
+run the real one)."""
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from appliance.errors import ConfigError
+from appliance.serving.generate_worker import GenerateWorker
+
+
+class RecordingWorker(GenerateWorker):
+    """The generate worker's admission and preparers, with `_prepare` recording instead of preparing;
+    the first one blocks until released, so requests pile up behind it."""
+
+    def __init__(self, workers: int):
+        cfg = SimpleNamespace(server=SimpleNamespace(preprocess_workers=workers))
+        super().__init__(cfg, online=None, metrics=None, shared=None)
+        self.sessions, self.unprepared, self.unprepared_lock, self.preparers = {}, [], threading.Lock(), 0
+        self.release, self.lock = threading.Event(), threading.Lock()
+        self.prepared_by = {}  # uid -> preparing thread
+
+    def _prepare(self, uid, job):
+        with self.lock:
+            self.prepared_by[uid] = threading.current_thread().name
+        self.release.wait(30)
+        return "prepared", ([1, 2, 3], None)
+
+    def posted(self):
+        items = []
+        while not self.inbox.empty():
+            items.append(self.inbox.get())
+        return [(kind, uid) for kind, uid, _, _ in items]
+
+
+def admit(worker, uid):
+    worker.admit(uid, 0.0, SimpleNamespace(request=SimpleNamespace()))
+
+
+def wait_until(condition, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_one_preparer_takes_every_request_waiting_and_hands_them_over_together():
+    worker = RecordingWorker(workers=1)
+    admit(worker, "a")  # the preparer starts on it and blocks
+    wait_until(lambda: "a" in worker.prepared_by)
+    for uid in "bcd":
+        admit(worker, uid)
+    assert worker.preparers == 1 and [uid for uid, _ in worker.unprepared] == ["b", "c", "d"]
+    worker.release.set()
+    worker.pool.shutdown(wait=True)
+    assert worker.posted() == [("prepared", uid) for uid in "abcd"]
+    assert len(set(worker.prepared_by.values())) == 1 and worker.preparers == 0
+
+
+def test_no_more_preparers_than_workers_and_aborted_requests_are_skipped():
+    worker = RecordingWorker(workers=2)
+    admit(worker, "a")
+    admit(worker, "b")  # two preparers, both blocked
+    wait_until(lambda: len(worker.prepared_by) == 2)
+    admit(worker, "c")
+    admit(worker, "d")
+    assert worker.preparers == 2
+    del worker.sessions["c"]  # aborted while waiting
+    worker.release.set()
+    worker.pool.shutdown(wait=True)
+    assert sorted(uid for _, uid in worker.posted()) == ["a", "b", "d"]
+    assert "c" not in worker.prepared_by and worker.preparers == 0
+
+
+def test_preprocess_workers_default_and_refusal():
+    assert RecordingWorker(workers=0).workers == min(4, len(os.sched_getaffinity(0)))
+    assert RecordingWorker(workers=3).workers == 3
+    with pytest.raises(ConfigError, match="server.preprocess_workers: -1"):
+        RecordingWorker(workers=-1)
