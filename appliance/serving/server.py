@@ -32,6 +32,9 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
     if cfg.server.stream_interval < 1:
         raise ConfigError(f"server.stream_interval: {cfg.server.stream_interval}; allowed: 1 or more "
                           "(tokens per streamed chunk)")
+    if cfg.server.preprocess_workers < 0:
+        raise ConfigError(f"server.preprocess_workers: {cfg.server.preprocess_workers}; allowed: 0 (the default "
+                          "for the pipeline's kind) or more")
     online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
     from appliance.serving.metrics import multiprocess_dir
 

@@ -27,10 +27,7 @@ class Worker:
         self.metrics = metrics
         self.shared = shared
         self.inbox: "queue.SimpleQueue[Tuple[str, str, float, Any]]" = queue.SimpleQueue()
-        if cfg.server.preprocess_workers < 0:
-            raise ConfigError(f"server.preprocess_workers: {cfg.server.preprocess_workers}; allowed: 0 (the "
-                              "default for the pipeline's kind) or more")
-        self.workers = cfg.server.preprocess_workers or self.default_workers()
+        self.workers = cfg.server.preprocess_workers or self.default_workers()  # server.serve checked it
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="prepare")
         self.events: List[Tuple[str, Any]] = []
 

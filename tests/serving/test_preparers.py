@@ -7,10 +7,8 @@ import threading
 import time
 from types import SimpleNamespace
 
-import pytest
-
-from appliance.errors import ConfigError
 from appliance.serving.generate_worker import GenerateWorker
+from tests.conftest import assert_user_error, run_cli
 
 
 class RecordingWorker(GenerateWorker):
@@ -76,8 +74,11 @@ def test_no_more_preparers_than_workers_and_aborted_requests_are_skipped():
     assert "c" not in worker.prepared_by and worker.preparers == 0
 
 
-def test_preprocess_workers_default_and_refusal():
+def test_preprocess_workers_default():
     assert RecordingWorker(workers=0).workers == min(4, len(os.sched_getaffinity(0)))
     assert RecordingWorker(workers=3).workers == 3
-    with pytest.raises(ConfigError, match="server.preprocess_workers: -1"):
-        RecordingWorker(workers=-1)
+
+
+def test_a_negative_preprocess_workers_is_a_cli_error():
+    result = run_cli("serve", "pipeline=llava_chat", "server.preprocess_workers=-1")
+    assert_user_error(result, "server.preprocess_workers: -1; allowed: 0")
