@@ -317,30 +317,39 @@ def offline_engine(model, requests, max_seqs) -> float:
     return sum(len(o.token_ids) for o in outs) / wall
 
 
-def llava_part(args, tmp):
-    import openai
-
+def llava_messages(tmp, n_requests: int) -> list:
+    """`n_requests` one-image questions' messages over 8 distinct images (saved under `tmp`), so the
+    encoder and prefix caches see repeats as a real workload's would."""
     from tests.chat.conftest import clear_samples, synthetic_shapes  # noqa: E402
 
-    shapes = synthetic_shapes()
-    images = [image for image, _ in clear_samples(shapes, 8, first_seed=5000)]
+    images = [image for image, _ in clear_samples(synthetic_shapes(), 8, first_seed=5000)]
     urls = []
     for i, image in enumerate(images):
         image.save(Path(tmp) / f"{i}.png")
         urls.append("data:image/png;base64," + base64.b64encode((Path(tmp) / f"{i}.png").read_bytes()).decode())
-    levels = [int(c) for c in args.concurrency.split(",")]
-    n_requests = max(levels) * args.llava_per_level
     questions = [(urls[i % len(urls)], ("What color is the shape?", "What shape is this?")[i % 2])
                  for i in range(n_requests)]
-    messages = [[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}},
-                                              {"type": "text", "text": q}]}] for u, q in questions]
+    return [[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}},
+                                          {"type": "text", "text": q}]}] for u, q in questions]
+
+
+def streamed_chat(body: dict) -> bytes:
+    """A chat body as the light client sends it: streamed, with the usage chunk."""
+    return json.dumps({**body, "model": "llava-tiny", "stream": True, "stream_options": {"include_usage": True}}).encode()
+
+
+def llava_part(args, tmp):
+    import openai
+
+    levels = [int(c) for c in args.concurrency.split(",")]
+    n_requests = max(levels) * args.llava_per_level
+    messages = llava_messages(tmp, n_requests)
     # Natural answers (the tiny model's are 3-6 tokens), or with --llava-tokens N every answer N tokens long.
     length = {"max_tokens": args.llava_tokens, "ignore_eos": True} if args.llava_tokens else {"max_tokens": 16}
     bodies = [{"messages": m, "temperature": 0, **length} for m in messages]
     batch, answers = Path(tmp) / "llava.jsonl", Path(tmp) / "llava_answers.jsonl"
     batch.write_text("".join(json.dumps({"custom_id": str(i), "body": body}) + "\n" for i, body in enumerate(bodies)))
-    streamed = [json.dumps({**body, "model": "llava-tiny", "stream": True, "stream_options": {"include_usage": True}})
-                .encode() for body in bodies] if args.llava_client == "light" else []
+    streamed = [streamed_chat(body) for body in bodies] if args.llava_client == "light" else []
 
     def offline():
         """`appliance run` on the same requests as one batch file: (tok/s, CPU seconds)."""

@@ -15,9 +15,7 @@ each round's).
 """
 import argparse
 import asyncio
-import base64
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -27,21 +25,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import serve  # noqa: E402
-
-
-def chat_bodies(tmp: Path, n: int):
-    from tests.chat.conftest import clear_samples, synthetic_shapes
-
-    images = [image for image, _ in clear_samples(synthetic_shapes(), 8, first_seed=5000)]
-    urls = []
-    for i, image in enumerate(images):
-        image.save(tmp / f"{i}.png")
-        urls.append("data:image/png;base64," + base64.b64encode((tmp / f"{i}.png").read_bytes()).decode())
-    questions = ("What color is the shape?", "What shape is this?")
-    return [json.dumps({"model": "llava-tiny", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": urls[i % len(urls)]}}, {"type": "text", "text": questions[i % 2]}]}],
-        "temperature": 0, "max_tokens": 16, "stream": True, "stream_options": {"include_usage": True}}).encode()
-        for i in range(n)]
 
 
 async def one_round(server, bodies, concurrency):
@@ -62,7 +45,8 @@ def main():
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[0]})
     tmp = Path(tempfile.mkdtemp())
-    bodies = chat_bodies(tmp, args.requests)
+    bodies = [serve.streamed_chat({"messages": m, "temperature": 0, "max_tokens": 16})
+              for m in serve.llava_messages(tmp, args.requests)]
     results = {build: [] for build in args.builds}
     with contextlib.ExitStack() as stack:
         servers = {}
