@@ -33,23 +33,21 @@ class ApplianceSpec(LitSpec):
         self.api_path = ENGINE_QUEUE
         self.frontend = Frontend(cfg_container, shared, requests, events)
         ops = OpsRoutes(self.frontend, cfg)
-        # The inference routes first: the router tries routes in order (serve_plain puts ours ahead of
-        # LitServe's and FastAPI's own).
-        if kind == "generate":
-            routes = GenerateRoutes(self.frontend, cfg)
-            self.add_endpoint("/v1/chat/completions", routes.chat, ["POST"])
-            self.add_endpoint("/v1/completions", routes.completions, ["POST"])
-            self.add_endpoint("/v1/models", ops.models, ["GET"])
-        elif kind == "pool":
-            routes = PoolRoutes(self.frontend, cfg, spool_dir)
-            self.add_endpoint("/pooling", routes.pooling, ["POST"])
-            self.add_endpoint("/v1/pool", routes.raw, ["POST"])
-            self.add_endpoint("/v1/models", ops.models, ["GET"])
-        else:
-            self.add_endpoint("/predict", PredictRoute(self.frontend, cfg).predict, ["POST"])
         for path, handler in (("/health", ops.health), ("/ready", ops.ready), ("/version", ops.version),
                               ("/metrics", ops.metrics)):
             self.add_endpoint(path, handler, ["GET"])
+        if kind == "generate":
+            routes = GenerateRoutes(self.frontend, cfg)
+            self.add_endpoint("/v1/models", ops.models, ["GET"])
+            self.add_endpoint("/v1/chat/completions", routes.chat, ["POST"])
+            self.add_endpoint("/v1/completions", routes.completions, ["POST"])
+        elif kind == "pool":
+            routes = PoolRoutes(self.frontend, cfg, spool_dir)
+            self.add_endpoint("/v1/models", ops.models, ["GET"])
+            self.add_endpoint("/pooling", routes.pooling, ["POST"])
+            self.add_endpoint("/v1/pool", routes.raw, ["POST"])
+        else:
+            self.add_endpoint("/predict", PredictRoute(self.frontend, cfg).predict, ["POST"])
 
     def route_paths(self):
         return [path for path, _, _ in self.endpoints]
@@ -68,19 +66,21 @@ class ApplianceSpec(LitSpec):
 
 
 def serve_plain(app, paths: List[str]) -> Tuple[Dict[str, Route], list]:
-    """Serve `paths` with Starlette routes, ahead of every other route, instead of the app's FastAPI
-    routes. Returns the new routes by path, and the FastAPI routes taken out (for the OpenAPI document)."""
-    replaced = [route for route in app.router.routes if isinstance(route, APIRoute) and route.path in paths]
-    others = [route for route in app.router.routes if not any(route is r for r in replaced)]
-    plain = [Route(r.path, Endpoint(r.endpoint), methods=sorted(r.methods)) for r in replaced]
-    app.router.routes[:] = plain + others
-    return {route.path: route for route in plain}, replaced
+    """Serve `paths` with Starlette routes instead of the app's FastAPI routes. Returns the new routes by
+    path (middleware.Gate calls them), and the FastAPI routes taken out (for the OpenAPI document)."""
+    plain, replaced = {}, []
+    for index, route in enumerate(app.router.routes):
+        if isinstance(route, APIRoute) and route.path in paths:
+            app.router.routes[index] = plain[route.path] = Route(route.path, Endpoint(route.endpoint),
+                                                                 methods=sorted(route.methods))
+            replaced.append(route)
+    return plain, replaced
 
 
 class Endpoint:
     """The ASGI app of a route whose handler takes a Request and returns a Response: what Starlette's
-    `request_response` makes of it, less its own exception layer (ExceptionMiddleware, above the router,
-    answers our errors with the same handlers) and that layer's wrapper around every `send`."""
+    `request_response` makes of it, less its exception layer and that layer's wrapper around every
+    `send` (middleware.Gate answers our routes' errors with the same handlers)."""
 
     def __init__(self, handler):
         self.handler = handler
