@@ -15,7 +15,8 @@ the event loop directly, which routes each event to its request's channel.
 import asyncio
 import logging
 import time
-from typing import Any, Dict, Optional
+from collections import deque
+from typing import Any, Deque, Dict, Optional
 
 from appliance.serving.errors import APIError
 from appliance.serving.messages import Abort
@@ -31,18 +32,35 @@ class ClientGone(Exception):
 
 class Channel:
     """One request's events in order. The client leaving (GONE) and the deadline passing (TIMED_OUT)
-    arrive among them."""
+    arrive among them. A deque and the one reader's future: the route is the only reader, so
+    asyncio.Queue's getter and putter bookkeeping (a tenth of the HTTP process's CPU per streamed
+    request) buys nothing."""
 
     GONE, TIMED_OUT = "client gone", "timed out"
 
     def __init__(self, uid: str, request, timeout_s: float):
         """`request`: the client's, its body already read (what is left to receive is the disconnect)."""
         self.uid = uid
-        self.events: "asyncio.Queue[Any]" = asyncio.Queue()
         self.finished = False
-        loop = asyncio.get_running_loop()
-        self._deadline = loop.call_later(timeout_s, self.events.put_nowait, self.TIMED_OUT)
-        self._watcher = loop.create_task(self._watch(request))
+        self._events: Deque[Any] = deque()
+        self._reader: Optional[asyncio.Future] = None
+        self._loop = asyncio.get_running_loop()
+        self._deadline = self._loop.call_later(timeout_s, self.put, self.TIMED_OUT)
+        self._watcher = self._loop.create_task(self._watch(request))
+
+    def put(self, event: Any) -> None:
+        self._events.append(event)
+        if self._reader is not None and not self._reader.done():
+            self._reader.set_result(None)
+
+    async def get(self) -> Any:
+        while not self._events:
+            self._reader = self._loop.create_future()
+            try:
+                await self._reader
+            finally:
+                self._reader = None
+        return self._events.popleft()
 
     async def _watch(self, request) -> None:
         # It ends by itself: ASGI answers `receive` with http.disconnect once the answer has been sent
@@ -50,10 +68,10 @@ class Channel:
         # which the collector then walked for every request: docs/serving.md.)
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        self.events.put_nowait(self.GONE)
+        self.put(self.GONE)
 
     def has_events(self) -> bool:
-        return not self.events.empty()
+        return bool(self._events)
 
     def stop_watching(self) -> None:
         """The route is done with the channel (the watcher ends when the answer has been sent)."""
@@ -116,7 +134,7 @@ class Frontend:
     # ---- events ---------------------------------------------------------------------------------
     async def next_event(self, channel: Channel) -> Any:
         """The request's next event; ClientGone if the client left first, APIError 504 past the deadline."""
-        event = await channel.events.get()
+        event = await channel.get()
         if event is Channel.GONE:
             raise ClientGone()
         if event is Channel.TIMED_OUT:
@@ -137,4 +155,4 @@ class Frontend:
         for uid, event in events:
             channel = self.channels.get(uid)
             if channel is not None:
-                channel.events.put_nowait(event)
+                channel.put(event)

@@ -1,10 +1,11 @@
-"""The HTTP process's front door: one ASGI middleware, the outermost of the app's own (server.py).
+"""The HTTP process's front door: one ASGI app around the app's whole middleware stack (server.py).
 
 For every request it checks the API key and the body limit and counts the answer by route and status;
 a request for one of our routes (spec.py) it then hands straight to the route, answering the route's
 API errors itself. Everything else (LitServe's and FastAPI's routes, a wrong method on ours: 405) goes
-on through the app's middleware and router. Going straight past them took the HTTP process from 0.57 to
-0.48 ms of CPU per streamed chat request (docs/benchmarks.md, run O): each layer wraps every `send`.
+on through the app's middleware and router. Each layer wraps every `send` of a stream: going past them
+took the HTTP process from 0.57 to 0.48 ms of CPU per streamed chat request, and past FastAPI's own
+outer layers too, 0.344 to 0.315 with the lighter channel (docs/benchmarks.md, runs O and P).
 
 A plain ASGI class (not Starlette's BaseHTTPMiddleware, which buffers streams and hides client
 disconnects from the routes).

@@ -46,7 +46,6 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     import litserve as ls
     from fastapi.exceptions import HTTPException as FastAPIHTTPException
     from starlette.exceptions import HTTPException
-    from starlette.middleware import Middleware
     from starlette.middleware.gzip import GZipMiddleware
 
     from appliance.serving import openapi
@@ -71,14 +70,17 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
         server.app.add_exception_handler(error, handler)
     routes, documented = serve_plain(server.app, spec.route_paths())  # FastAPI's routes describe ours
     openapi.install(server.app, documented)
-    gate = Middleware(Gate, routes=routes, metrics=spec.frontend.http_metrics,
-                      max_bytes=int(cfg.server.limits.max_request_bytes),
-                      api_key=cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"))
-    # The Gate goes first, outside LitServe's middleware. LitServe compresses answers over 1 kB unless its
-    # API streams: on the event loop, so a base64 GeoTIFF answer would stall every other request while it
-    # is compressed. SSE skips gzip anyway, and OpenAI-compatible servers (vLLM) answer uncompressed; a
-    # proxy may compress.
-    server.app.user_middleware = [gate] + [m for m in server.app.user_middleware if m.cls is not GZipMiddleware]
+    # LitServe compresses answers over 1 kB unless its API streams: on the event loop, so a base64 GeoTIFF
+    # answer would stall every other request while it is compressed. SSE skips gzip anyway, and
+    # OpenAI-compatible servers (vLLM) answer uncompressed; a proxy may compress.
+    server.app.user_middleware = [m for m in server.app.user_middleware if m.cls is not GZipMiddleware]
+    # The Gate wraps the app's whole middleware stack, which Starlette otherwise builds on the first
+    # request: our routes skip the three layers FastAPI puts outside every middleware, each of which
+    # wraps every `send` (docs/serving.md). Built here, before LitServe copies the app for its HTTP process.
+    server.app.middleware_stack = Gate(server.app.build_middleware_stack(), routes=routes,
+                                       metrics=spec.frontend.http_metrics,
+                                       max_bytes=int(cfg.server.limits.max_request_bytes),
+                                       api_key=cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"))
     server._monitor_workers = False  # the Supervisor watches the engine (exit code, drain)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s))
     signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())
