@@ -10,16 +10,17 @@ client from this process, and runs the offline path on the same requests):
 - llama: the engine benchmark's random 58M Llama (benchmarks/engine_throughput.py) over
   `/v1/completions` with token-id prompts, streaming, forced output lengths (ignore_eos). At each
   concurrency: TTFT, TPOT = (E2E - TTFT) / (tokens - 1), ITL and E2E (p50, p99), output tokens/s; the
-  offline row is `LLMEngine` with `max_num_seqs` = the concurrency, on the same requests (with
-  `--rounds N`, N served and offline runs alternate and the round with the median ratio is shown). Then the
+  offline row is `LLMEngine` with `max_num_seqs` = the concurrency, on the same requests, run once the
+  server has stopped (with `--rounds N`, N rounds of a fresh server over every level, then the offline
+  runs; the round with the median ratio is shown). In the last round the
   highest concurrency runs once more while /health, /ready, /version and /metrics are each polled every
   50 ms: their p50 / p95 latency (that pass is not timed: 20 scrapes a second cost the server CPU that
   Prometheus never would).
 - llava: the embedded tiny LLaVA over `/v1/chat/completions`, one image question per request (a few
   distinct images, so the encoder and prefix caches see repeats, as a real workload would); offline:
-  `appliance run`'s pipeline on the same requests as a batch file, after each served run (with
-  `--rounds N`, N pairs and the median round, as for llama). Answers are the model's own (3-6 tokens)
-  or, with `--llava-tokens N`, N tokens each. Beside each level: the CPU time all server processes
+  `appliance run`'s pipeline on the same requests as a batch file, once the server that served every
+  level has stopped (with `--rounds N`, N such pairs, each with a fresh server, and the median round).
+  Answers are the model's own (3-6 tokens) or, with `--llava-tokens N`, N tokens each. Beside each level: the CPU time all server processes
   spent per request, and the offline run's: what serving costs, whatever the client costs. With
   `--llava-client light`, a minimal HTTP client of this file replaces `openai` (~0.1 ms of client CPU per
   request instead of ~2.6): on a host whose client gets one core, the official client cannot keep 64
@@ -252,41 +253,43 @@ def llama_part(args, tmp):
     model = Path(tmp) / "llama"
     build_model(str(model))
     levels = [int(c) for c in args.concurrency.split(",")]
-    served = {}
+    requests = {c: make_requests(max(8, args.per_level * c), seed=c) for c in levels}
+
+    async def run(server, c, probe=False):
+        async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,
+                                      timeout=600) as client:
+            def calls():
+                return [lambda timings, p=p, n=n: stream_one(lambda: client.completions.create(
+                    model="bench-llama", prompt=p, max_tokens=n, temperature=0, stream=True,
+                    stream_options={"include_usage": True}, extra_body={"ignore_eos": True}), timings)
+                    for p, n in requests[c]]
+
+            stop, latencies = asyncio.Event(), {path: [] for path in OPS_ROUTES}
+            pollers = [asyncio.create_task(poll(server.base, path, stop, values))
+                       for path, values in latencies.items()] if probe else []
+            result = await drive(calls, c)
+            stop.set()
+            await asyncio.gather(*pollers)
+            return result, latencies
+
+    # Rounds alternate served and offline, so that a host whose speed drifts shifts both alike; as in the
+    # llava part, each round's server is stopped before the offline runs.
+    rounds = {c: [] for c in levels}
     probes = {}
-    with Server("pipeline=llava_chat", f"model.path={model}", "model.name=bench-llama",
-                "model.architecture=LlamaForCausalLM", "model.vision_language=null", "engine.max_num_seqs=64",
-                "engine.kv_cache_memory_bytes=536870912", "engine.enable_prefix_caching=false",
-                f"server.stream_interval={args.stream_interval}", cwd=tmp, cpus=args.server_cpus) as server:
-        for c in levels:
-            requests = make_requests(max(8, args.per_level * c), seed=c)
-
-            async def run(c=c, requests=requests, probe=False):
-                async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,
-                                              timeout=600) as client:
-                    def calls():
-                        return [lambda timings, p=p, n=n: stream_one(lambda: client.completions.create(
-                            model="bench-llama", prompt=p, max_tokens=n, temperature=0, stream=True,
-                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}), timings)
-                            for p, n in requests]
-
-                    stop, latencies = asyncio.Event(), {path: [] for path in OPS_ROUTES}
-                    pollers = [asyncio.create_task(poll(server.base, path, stop, values))
-                               for path, values in latencies.items()] if probe else []
-                    result = await drive(calls, c)
-                    stop.set()
-                    await asyncio.gather(*pollers)
-                    return result, latencies
-
-            # Rounds alternate served and offline, so that a host whose speed drifts shifts both alike.
-            rounds = []
-            for _ in range(args.rounds):
-                wall, timings = asyncio.run(run())[0]
-                offline = on_cpus(args.server_cpus, offline_engine, str(model), requests, c)
-                rounds.append((sum(t[2] for t in timings) / wall / offline, wall, timings, offline))
-            served[c] = median_round(c, rounds)
-            if c == max(levels):  # once more, probed every 50 ms (which costs the server CPU: not timed)
-                _, probes = asyncio.run(run(probe=True))
+    for round_ in range(args.rounds):
+        measured = {}
+        with Server("pipeline=llava_chat", f"model.path={model}", "model.name=bench-llama",
+                    "model.architecture=LlamaForCausalLM", "model.vision_language=null", "engine.max_num_seqs=64",
+                    "engine.kv_cache_memory_bytes=536870912", "engine.enable_prefix_caching=false",
+                    f"server.stream_interval={args.stream_interval}", cwd=tmp, cpus=args.server_cpus) as server:
+            for c in levels:
+                measured[c] = asyncio.run(run(server, c))[0]
+            if round_ == args.rounds - 1:  # the highest level once more, probed every 50 ms (not timed: it
+                _, probes = asyncio.run(run(server, max(levels), probe=True))  # costs the server CPU)
+        for c, (wall, timings) in measured.items():
+            offline = on_cpus(args.server_cpus, offline_engine, str(model), requests[c], c)
+            rounds[c].append((sum(t[2] for t in timings) / wall / offline, wall, timings, offline))
+    served = {c: median_round(c, rounds[c]) for c in levels}
     print(f"\nllama 58M over /v1/completions (streaming), {args.per_level} x concurrency requests per level"
           + (f", the median of {args.rounds} rounds" if args.rounds > 1 else ""))
     print(HEADER)
@@ -359,37 +362,42 @@ def llava_part(args, tmp):
         lines = answers.read_text().splitlines()
         return sum(json.loads(line)["response"]["body"]["usage"]["completion_tokens"] for line in lines) / wall, cpu
 
-    served = {}
-    with Server("pipeline=llava_chat", f"server.stream_interval={args.stream_interval}", cwd=tmp,
-                cpus=args.server_cpus) as server:
-        for c in levels:
-            async def run(c=c):
-                if args.llava_client == "light":
-                    client = LightClient(server.port)
-                    try:
-                        return await drive(lambda: [lambda timings, b=b: client.chat(b, timings) for b in streamed], c)
-                    finally:
-                        client.close()
-                async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,
-                                              timeout=600) as client:
-                    def calls():
-                        return [lambda timings, m=m: stream_one(lambda: client.chat.completions.create(
-                            model="llava-tiny", messages=m, max_tokens=length["max_tokens"], temperature=0,
-                            stream=True, stream_options={"include_usage": True},
-                            extra_body={k: v for k, v in length.items() if k != "max_tokens"}), timings)
-                            for m in messages]
+    async def run(server, c):
+        if args.llava_client == "light":
+            client = LightClient(server.port)
+            try:
+                return await drive(lambda: [lambda timings, b=b: client.chat(b, timings) for b in streamed], c)
+            finally:
+                client.close()
+        async with openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key="x", max_retries=0,
+                                      timeout=600) as client:
+            def calls():
+                return [lambda timings, m=m: stream_one(lambda: client.chat.completions.create(
+                    model="llava-tiny", messages=m, max_tokens=length["max_tokens"], temperature=0,
+                    stream=True, stream_options={"include_usage": True},
+                    extra_body={k: v for k, v in length.items() if k != "max_tokens"}), timings)
+                    for m in messages]
 
-                    return await drive(calls, c)
+            return await drive(calls, c)
 
-            rounds = []  # as in the llama part: served and offline alternate, the median round is shown
-            for _ in range(args.rounds):
+    # Each round: a fresh server serves every level, then is stopped, and `appliance run` gets the host
+    # as a user's batch job does. (An idle server left beside it made its page faults, and so its CPU,
+    # cost up to 25 % more on our VM hosts: docs/benchmarks.md, run P.) Each starts with cold caches.
+    rounds = {c: [] for c in levels}
+    for _ in range(args.rounds):
+        measured = {}
+        with Server("pipeline=llava_chat", f"server.stream_interval={args.stream_interval}", cwd=tmp,
+                    cpus=args.server_cpus) as server:
+            for c in levels:
                 before = server.cpu_seconds()
-                wall, timings = asyncio.run(run())
-                cpu = {role: seconds - before[role] for role, seconds in server.cpu_seconds().items()}
-                offline_rate, offline_cpu = offline()
-                rate = sum(t[2] for t in timings) / wall
-                rounds.append((rate / offline_rate, wall, timings, offline_rate, cpu, offline_cpu))
-            served[c] = median_round(c, rounds)
+                wall, timings = asyncio.run(run(server, c))
+                measured[c] = wall, timings, {role: seconds - before[role]
+                                              for role, seconds in server.cpu_seconds().items()}
+        offline_rate, offline_cpu = offline()
+        for c, (wall, timings, cpu) in measured.items():
+            rate = sum(t[2] for t in timings) / wall
+            rounds[c].append((rate / offline_rate, wall, timings, offline_rate, cpu, offline_cpu))
+    served = {c: median_round(c, rounds[c]) for c in levels}
     tokens = sum(t[2] for t in served[levels[0]][2])
     print(f"\ntiny LLaVA over /v1/chat/completions (streaming, {args.llava_client} client), {n_requests} image "
           "questions per level, "
