@@ -12,19 +12,20 @@ client from this process, and runs the offline path on the same requests):
   concurrency: TTFT, TPOT = (E2E - TTFT) / (tokens - 1), ITL and E2E (p50, p99), output tokens/s; the
   offline row is `LLMEngine` with `max_num_seqs` = the concurrency, on the same requests, run once the
   server has stopped (with `--rounds N`, N rounds of a fresh server over every level, then the offline
-  runs; the round with the median ratio is shown). In the last round the
-  highest concurrency runs once more while /health, /ready, /version and /metrics are each polled every
-  50 ms: their p50 / p95 latency (that pass is not timed: 20 scrapes a second cost the server CPU that
-  Prometheus never would).
+  runs; the round with the median ratio is shown). In the last round the highest concurrency runs once
+  more while /health, /ready, /version and /metrics are each polled every 50 ms: their p50 / p95
+  latency (that pass is not timed: 20 scrapes a second cost the server CPU that Prometheus never
+  would).
 - llava: the embedded tiny LLaVA over `/v1/chat/completions`, one image question per request (a few
   distinct images, so the encoder and prefix caches see repeats, as a real workload would); offline:
   `appliance run`'s pipeline on the same requests as a batch file, once the server that served every
   level has stopped (with `--rounds N`, N such pairs, each with a fresh server, and the median round).
-  Answers are the model's own (3-6 tokens) or, with `--llava-tokens N`, N tokens each. Beside each level: the CPU time all server processes
-  spent per request, and the offline run's: what serving costs, whatever the client costs. With
-  `--llava-client light`, a minimal HTTP client of this file replaces `openai` (~0.1 ms of client CPU per
-  request instead of ~2.6): on a host whose client gets one core, the official client cannot keep 64
-  streams coming fast enough to saturate the server, and the light one shows what the server can do.
+  Answers are the model's own (3-6 tokens) or, with `--llava-tokens N`, N tokens each. Beside each
+  level: the CPU time all server processes spent per request, and the offline run's: what serving
+  costs, whatever the client costs. With `--llava-client light`, a minimal HTTP client of this file
+  replaces `openai` (~0.1 ms of client CPU per request instead of ~2.6): on a host whose client gets
+  one core, the official client cannot keep 64 streams coming fast enough to saturate the server, and
+  the light one shows what the server can do.
 - pool: the demo flood model over `/pooling` (base64 in and out), scenes/s at concurrency 1 and 4,
   beside `appliance run`'s pipeline on the same scenes.
 By default the client shares the host's cores with the server and the offline baselines. With
@@ -382,7 +383,7 @@ def llava_part(args, tmp):
 
     # Each round: a fresh server serves every level, then is stopped, and `appliance run` gets the host
     # as a user's batch job does. (An idle server left beside it made its page faults, and so its CPU,
-    # cost up to 25 % more on our VM hosts: docs/benchmarks.md, run P.) Each starts with cold caches.
+    # cost up to 30 % more on our VM host: docs/benchmarks.md, run P.) Each starts with cold caches.
     rounds = {c: [] for c in levels}
     for _ in range(args.rounds):
         measured = {}
