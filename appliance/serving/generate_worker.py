@@ -41,6 +41,13 @@ class Session:
 
 
 class GenerateWorker(Worker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Requests waiting for a preparer, and how many preparers run (at most self.workers).
+        self.unprepared: List[Tuple[str, GenerateJob]] = []
+        self.unprepared_lock = threading.Lock()
+        self.preparers = 0
+
     def start(self) -> None:
         self.engine = self.online.engine.engine
         self.defaults = sampling_defaults(self.cfg)
@@ -55,10 +62,6 @@ class GenerateWorker(Worker):
         self.stream_interval = int(self.cfg.server.stream_interval)
         self.vocab_size = self.engine.hf_config.get_text_config().vocab_size
         self.counted: Dict[str, int] = {}
-        # Requests waiting for a preparer, and how many preparers run (at most self.workers).
-        self.unprepared: List[Tuple[str, GenerateJob]] = []
-        self.unprepared_lock = threading.Lock()
-        self.preparers = 0
         self.decode = token_decoder(self.engine.tokenizer)
         ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
         self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step

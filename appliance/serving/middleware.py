@@ -48,12 +48,12 @@ class Gate:
             return await self.app(scope, receive, send)
         path = scope["path"]
         route = self.routes.get(path)
-        status, started = 500, False
+        status = None  # the answer's, once it started
 
         async def counted(message):
-            nonlocal status, started
+            nonlocal status
             if message["type"] == "http.response.start":
-                status, started = message["status"], True
+                status = message["status"]
             await send(message)
 
         try:
@@ -61,11 +61,11 @@ class Gate:
                 return
             receive = self._limited(receive)
             if route is not None and scope["method"] in route.methods:
-                await self._route(route, scope, receive, counted, lambda: started)
+                await self._route(route, scope, receive, counted, lambda: status is not None)
             else:
                 await self.app(scope, receive, counted)
         finally:
-            self.metrics().request(path if route is not None else "other", status)
+            self.metrics().request(path if route is not None else "other", 500 if status is None else status)
 
     async def _admit(self, scope, send) -> bool:
         """The API key and the declared body size; False once a refusal was sent."""

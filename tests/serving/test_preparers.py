@@ -18,7 +18,7 @@ class RecordingWorker(GenerateWorker):
     def __init__(self, workers: int):
         cfg = SimpleNamespace(server=SimpleNamespace(preprocess_workers=workers))
         super().__init__(cfg, online=None, metrics=None, shared=None)
-        self.sessions, self.unprepared, self.unprepared_lock, self.preparers = {}, [], threading.Lock(), 0
+        self.sessions = {}  # start() makes it, with the engine
         self.release, self.lock = threading.Event(), threading.Lock()
         self.prepared_by = {}  # uid -> preparing thread
 
