@@ -7,9 +7,9 @@ event, so that reading an event is one await on one queue (per streamed token). 
 an unfinished one is aborted in the engine, which frees its KV blocks (or stops its tiles) within one
 step.
 
-The pipes to the engine loop are read and written on the event loop (appliance/serving/pipes.py): a
-submitted job or abort is written at once (what the pipe cannot take waits in a buffer, so a large body
-never blocks the loop), and the engine loop's messages (one per loop turn, every request's events) wake
+The pipes to the engine loop are read and written on the event loop (appliance/serving/pipes.py): the
+jobs and aborts of one turn of the loop are written together at its end (what the pipe cannot take
+waits in a buffer, so a large body never blocks the loop), and the engine loop's messages (one per loop turn, every request's events) wake
 the event loop directly, which routes each event to its request's channel.
 """
 import asyncio

@@ -79,30 +79,40 @@ class LoopReader:
 
 
 class LoopWriter:
-    """Sends messages on `fd` from the event loop without blocking it: what the pipe cannot take at
-    once is kept, in order, and written as the other side reads."""
+    """Sends messages on `fd` from the event loop without blocking it. What is sent during one turn of
+    the loop goes out in one write when the turn's callbacks are done (requests that arrive together
+    cost one system call and one wake-up of the engine's receiver); what the pipe cannot take at once
+    is kept, in order, and written as the other side reads."""
 
     def __init__(self, fd: int, loop: asyncio.AbstractEventLoop):
         self.fd, self.loop = fd, loop
         self.pending = bytearray()
+        self.flush_due = False  # a flush is scheduled for the end of this turn
+        self.waiting = False    # the pipe was full: the loop writes the rest when it drains
         self.closed = False
         os.set_blocking(fd, False)
 
     def send(self, message: Any) -> None:
         if self.closed:
             return
-        data = frame(message)
-        if self.pending:  # earlier frames still wait: this one goes after them
-            self.pending += data
+        self.pending += frame(message)
+        if not (self.flush_due or self.waiting):
+            self.flush_due = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_due = False
+        if self.closed:
             return
-        written = self._write(data)
-        if written < len(data):
-            self.pending += memoryview(data)[written:]
+        self._writable()
+        if self.pending and not self.closed:
+            self.waiting = True
             self.loop.add_writer(self.fd, self._writable)
 
     def _writable(self) -> None:
         del self.pending[:self._write(self.pending)]
-        if not self.pending or self.closed:
+        if self.waiting and (not self.pending or self.closed):
+            self.waiting = False
             self.loop.remove_writer(self.fd)
 
     def _write(self, data) -> int:

@@ -72,7 +72,30 @@ def test_a_writer_whose_reader_is_gone_drops_messages_quietly():
         writer = pipes.LoopWriter(tx, asyncio.get_running_loop())
         writer.send(("uid", 0.0, "job"))  # EPIPE: the engine is gone, the server is going down
         writer.send(("uid", 0.0, "abort"))
+        await asyncio.sleep(0)  # the turn ends: the writer flushes
         return writer.closed, bytes(writer.pending)
 
     assert asyncio.run(main()) == (True, b"")
     os.close(tx)
+
+
+def test_what_one_turn_of_the_loop_sends_goes_out_in_one_write(monkeypatch):
+    rx, tx = os.pipe()
+    writes = []
+    real_write = os.write
+    monkeypatch.setattr(pipes.os, "write", lambda fd, data: writes.append(len(data)) or real_write(fd, data))
+
+    async def main():
+        writer = pipes.LoopWriter(tx, asyncio.get_running_loop())
+        for i in range(5):  # five requests handled in the same turn
+            writer.send((f"uid{i}", 0.0, "job"))
+        assert writes == []  # nothing written while the turn runs
+        await asyncio.sleep(0)
+        assert len(writes) == 1
+        writer.send(("uid5", 0.0, "job"))  # a later turn: a write of its own
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert len(writes) == 2
+    assert [pipes.receive(rx)[0] for _ in range(6)] == [f"uid{i}" for i in range(6)]
+    os.close(rx), os.close(tx)
