@@ -9,8 +9,9 @@ step.
 
 The pipes to the engine loop are read and written on the event loop (appliance/serving/pipes.py): the
 jobs and aborts of one turn of the loop are written together at its end (what the pipe cannot take
-waits in a buffer, so a large body never blocks the loop), and the engine loop's messages (one per loop turn, every request's events) wake
-the event loop directly, which routes each event to its request's channel.
+waits in a buffer, so a large body never blocks the loop), and the engine loop's messages (one per
+engine-loop turn, every request's events) wake the event loop directly, which routes each event to its
+request's channel.
 """
 import asyncio
 import logging

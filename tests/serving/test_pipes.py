@@ -82,8 +82,9 @@ def test_a_writer_whose_reader_is_gone_drops_messages_quietly():
 def test_what_one_turn_of_the_loop_sends_goes_out_in_one_write(monkeypatch):
     rx, tx = os.pipe()
     writes = []
-    real_write = os.write
-    monkeypatch.setattr(pipes.os, "write", lambda fd, data: writes.append(len(data)) or real_write(fd, data))
+    real_write = pipes.LoopWriter._write
+    monkeypatch.setattr(pipes.LoopWriter, "_write",
+                        lambda self, data: writes.append(len(data)) or real_write(self, data))
 
     async def main():
         writer = pipes.LoopWriter(tx, asyncio.get_running_loop())
