@@ -86,33 +86,26 @@ class LoopWriter:
 
     def __init__(self, fd: int, loop: asyncio.AbstractEventLoop):
         self.fd, self.loop = fd, loop
-        self.pending = bytearray()
-        self.flush_due = False  # a flush is scheduled for the end of this turn
-        self.waiting = False    # the pipe was full: the loop writes the rest when it drains
+        self.pending = bytearray()  # not empty: a flush is due this turn, or the loop waits to write it
         self.closed = False
         os.set_blocking(fd, False)
 
     def send(self, message: Any) -> None:
         if self.closed:
             return
-        self.pending += frame(message)
-        if not (self.flush_due or self.waiting):
-            self.flush_due = True
+        data = frame(message)
+        if not self.pending:  # what follows this turn joins it
             self.loop.call_soon(self._flush)
+        self.pending += data
 
     def _flush(self) -> None:
-        self.flush_due = False
-        if self.closed:
-            return
-        self._writable()
-        if self.pending and not self.closed:
-            self.waiting = True
+        del self.pending[:self._write(self.pending)]
+        if self.pending:  # the pipe is full: the rest goes as the other side reads
             self.loop.add_writer(self.fd, self._writable)
 
     def _writable(self) -> None:
         del self.pending[:self._write(self.pending)]
-        if self.waiting and (not self.pending or self.closed):
-            self.waiting = False
+        if not self.pending or self.closed:
             self.loop.remove_writer(self.fd)
 
     def _write(self, data) -> int:
