@@ -18,8 +18,9 @@ client from this process, and runs the offline path on the same requests):
   would).
 - llava: the embedded tiny LLaVA over `/v1/chat/completions`, one image question per request (a few
   distinct images, so the encoder and prefix caches see repeats, as a real workload would); offline:
-  `appliance run`'s pipeline on the same requests as a batch file, once the server that served every
-  level has stopped (with `--rounds N`, N such pairs, each with a fresh server, and the median round).
+  `appliance run`'s pipeline on the same requests as a batch file, before and after the server that
+  served every level (the baseline is the mean of the two runs around it; with `--rounds N`, N rounds,
+  each with a fresh server, N + 1 offline runs, and the median round).
   Answers are the model's own (3-6 tokens) or, with `--llava-tokens N`, N tokens each. Beside each
   level: the CPU time all server processes spent per request, and the offline run's: what serving
   costs, whatever the client costs. With `--llava-client light`, a minimal HTTP client of this file
@@ -384,7 +385,10 @@ def llava_part(args, tmp):
     # Each round: a fresh server serves every level, then is stopped, and `appliance run` gets the host
     # as a user's batch job does. (An idle server left beside it made its page faults, and so its CPU,
     # cost up to 30 % more on our VM host: docs/benchmarks.md, run P.) Each starts with cold caches.
+    # Every served round sits between two offline runs and is measured against their mean, so a host
+    # whose speed drifts steadily moves a round's baseline with it (docs/benchmarks.md, run R).
     rounds = {c: [] for c in levels}
+    before_round = offline()
     for _ in range(args.rounds):
         measured = {}
         with Server("pipeline=llava_chat", f"server.stream_interval={args.stream_interval}", cwd=tmp,
@@ -394,7 +398,9 @@ def llava_part(args, tmp):
                 wall, timings = asyncio.run(run(server, c))
                 measured[c] = wall, timings, {role: seconds - before[role]
                                               for role, seconds in server.cpu_seconds().items()}
-        offline_rate, offline_cpu = offline()
+        after_round = offline()
+        offline_rate, offline_cpu = ((a + b) / 2 for a, b in zip(before_round, after_round))
+        before_round = after_round
         for c, (wall, timings, cpu) in measured.items():
             rate = sum(t[2] for t in timings) / wall
             rounds[c].append((rate / offline_rate, wall, timings, offline_rate, cpu, offline_cpu))
@@ -412,7 +418,8 @@ def llava_part(args, tmp):
         ms = {role: seconds / n_requests * 1e3 for role, seconds in cpu.items()}
         print(row(f"serve c={c}", wall, timings) + f"   {sum(ms.values()):.2f} ms ({ms['http']:.2f}, {ms['engine']:.2f})")
         print(f"{'offline run':14s} {offline_rate:9.1f}   served/offline = {ratio:.2f} (appliance run on the same "
-              f"batch, model loaded; CPU {offline_cpu / n_requests * 1e3:.2f} ms per request)")
+              f"batch, model loaded, the mean of the runs before and after; CPU {offline_cpu / n_requests * 1e3:.2f} "
+              "ms per request)")
 
 
 def offline_pipeline(overrides):
