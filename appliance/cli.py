@@ -9,7 +9,7 @@ from typing import List, Optional
 from omegaconf import OmegaConf
 
 from appliance.errors import UserError
-from appliance.heap import freeze_startup_heap
+from appliance.heap import settle_heap
 
 VERBS = {
     "run": "run the pipeline offline on `input=...` and write or print its results",
@@ -95,7 +95,7 @@ def _run(cfg, pipeline) -> int:
     try:
         for count, result in enumerate(stream):
             if count == 0:
-                freeze_startup_heap()  # every stage is set up (lazily) once a result came out
+                settle_heap()  # every stage is set up (lazily) once a result came out
             if result.get("display") is not None:
                 print(result["display"], flush=True)
     finally:

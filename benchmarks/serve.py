@@ -308,12 +308,12 @@ def offline_engine(model, requests, max_seqs) -> float:
     from appliance.config.schema import EngineConfig
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
-    from appliance.heap import freeze_startup_heap
+    from appliance.heap import settle_heap
 
     engine = LLMEngine(str(model), EngineConfig(kv_cache_memory_bytes=512 * 2 ** 20, max_num_seqs=max_seqs,
                                                 enable_prefix_caching=False))
     engine.generate([requests[0][0][:8]], SamplingParams(temperature=0, max_tokens=2))
-    freeze_startup_heap()  # as the server's engine loop does after its warm-up
+    settle_heap()  # as the server's engine loop does after its warm-up
     start = time.perf_counter()
     outs = engine.generate([p for p, _ in requests],
                            [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in requests])
@@ -427,14 +427,14 @@ def offline_pipeline(overrides):
     from omegaconf import OmegaConf
 
     from appliance.config.compose import compose
-    from appliance.heap import freeze_startup_heap
+    from appliance.heap import settle_heap
     from appliance.pipeline import build_pipeline
 
     cfg = compose(overrides)
     pipeline = build_pipeline(cfg)
     pipeline.check()
     pipeline.setup()
-    freeze_startup_heap()  # as `appliance run` does once its stages are set up
+    settle_heap()  # as `appliance run` does once its stages are set up
     record = {f: OmegaConf.to_object(v) if OmegaConf.is_config(v) else v
               for f, v in ((f, cfg.get(f)) for f in cfg.pipeline.inputs)}
     start, cpu = time.perf_counter(), time.process_time()

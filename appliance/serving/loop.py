@@ -15,7 +15,7 @@ import threading
 import traceback
 from litserve.loops.base import LitLoop
 
-from appliance.heap import freeze_startup_heap
+from appliance.heap import settle_heap
 from appliance.serving import pipes
 from appliance.serving.messages import Failed
 from appliance.serving.state import DEAD, READY
@@ -32,7 +32,7 @@ class EngineLoop(LitLoop):
         try:
             worker = lit_api.build_worker()
             worker.start()
-            freeze_startup_heap()  # the model, tokenizer and warm-up state live as long as the loop
+            settle_heap()  # the model, tokenizer and warm-up state live as long as the loop
         except SystemExit:
             raise
         except BaseException:

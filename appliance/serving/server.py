@@ -19,7 +19,7 @@ from typing import Iterator
 from omegaconf import DictConfig, OmegaConf
 
 from appliance.errors import ConfigError
-from appliance.heap import freeze_startup_heap
+from appliance.heap import settle_heap
 from appliance.pipeline import Pipeline
 from appliance.serving.split import split_online
 from appliance.serving.state import DEAD, SharedState
@@ -87,7 +87,7 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     threading.Thread(target=supervisor.watch, name="supervisor", daemon=True).start()
     log.warning("serving pipeline %s (%s) on http://%s:%d", cfg.pipeline.name, kind, cfg.server.host,
                 cfg.server.port)
-    freeze_startup_heap()  # before LitServe forks the HTTP process, which inherits the frozen heap
+    settle_heap()  # before LitServe forks the HTTP process, which inherits the frozen heap
     server.run(host=cfg.server.host, port=cfg.server.port, num_api_servers=1, generate_client_file=False,
                log_level="warning", api_server_worker_type="process")
     return supervisor.exit_code
