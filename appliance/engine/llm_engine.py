@@ -9,6 +9,7 @@ from appliance.engine.block_manager import BlockManager
 from appliance.engine.config import EngineConfig, EngineKind, engine_config_from
 from appliance.engine.detokenizer import IncrementalDetokenizer
 from appliance.engine.executor import make_executor
+from appliance.engine.model_runner import architecture
 from appliance.engine.models import get_model_class
 from appliance.engine.models.base import MultimodalCausalLM
 from appliance.engine.multimodal import image_token_id
@@ -52,6 +53,10 @@ class LLMEngine:
         self.tokenizer = tokenizer or load_tokenizer(model_path)
         self.max_model_len = max_model_len(hf_config.get_text_config(), cfg.max_model_len)
         self.executor = make_executor(model_path, hf_config, cfg, self.max_model_len, tp_timeout_s)
+        model_cls = get_model_class(architecture(hf_config, model_path))
+        # The model's rule for an image item, its config arithmetic done once; None: it takes no images.
+        self.check_image_item = model_cls.image_item_check(hf_config) \
+            if issubclass(model_cls, MultimodalCausalLM) else None
         self.block_manager = BlockManager(self.executor.num_kv_blocks, cfg.block_size,
                                           cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_batched_tokens, cfg.max_num_seqs,
@@ -112,12 +117,11 @@ class LLMEngine:
                              f"an ImageItem (expand each image's token to its num_tokens)")
         if not mm_data:
             return mm_ranges
-        model_cls = get_model_class(self.hf_config.architectures[0])
-        if not issubclass(model_cls, MultimodalCausalLM):
-            raise ValueError(f"mm_data was given but {model_cls.__name__} takes no images")
+        if self.check_image_item is None:
+            raise ValueError(f"mm_data was given but {self.hf_config.architectures[0]} takes no images")
         end = 0
         for i, item in enumerate(mm_data):
-            model_cls.check_image_item(self.hf_config, item)
+            self.check_image_item(item)
             run = ids[item.offset:item.offset + item.num_tokens]
             if item.offset < end or item.num_tokens < 1 or len(run) != item.num_tokens \
                     or any(t != token for t in run):

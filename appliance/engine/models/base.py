@@ -4,7 +4,7 @@
   max_positions)` by the model runner, which then loads it (`load_weights`), sizes the KV pool from its
   `attention_layers()` and runs `forward` / `compute_logits` each step.
 - `MultimodalCausalLM`: a CausalLM that also turns `ImageItem`s into embeddings; the engine checks each
-  item when it is added (`check_image_item`, config arithmetic only) and the runner embeds the step's
+  item when it is added (`image_item_check`, config arithmetic only) and the runner embeds the step's
   new images in one call (`embed_images`).
 - `PoolModel` (engine.kind=pool): a class with `from_config(model_cfg, engine_cfg)` returning a module
   whose forward maps a batch [B, ...] to [B, ...] (PoolEngine stacks items and scatters the rows back).
@@ -13,7 +13,7 @@ The abstract methods make a model that lacks one fail when it is built, naming t
 at its first request.
 """
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Dict, Iterable, List, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Protocol, Tuple, runtime_checkable
 
 import torch
 from torch import nn
@@ -57,9 +57,10 @@ class CausalLM(nn.Module, ABC):
 class MultimodalCausalLM(CausalLM):
     @classmethod
     @abstractmethod
-    def check_image_item(cls, hf_config, item) -> None:
-        """Raise ValueError unless the ImageItem's input has this model's shape and `num_tokens` its
-        count. Config arithmetic only: the engine calls it in add_request."""
+    def image_item_check(cls, hf_config) -> Callable[[Any], None]:
+        """What the engine calls on each ImageItem in add_request: raises ValueError unless the item's
+        input has this model's shape and `num_tokens` its count. The config's arithmetic is done here,
+        once (reading a transformers config's attributes is slow: ~12 µs a request for LLaVA)."""
 
     @abstractmethod
     def embed_images(self, items: List) -> List[torch.Tensor]:

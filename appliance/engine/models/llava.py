@@ -22,7 +22,7 @@ and transformers 5's in-memory names (`model.language_model.*`, `model.vision_to
 `model.multi_modal_projector.*`, `lm_head.*`).
 """
 import re
-from typing import Iterable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -182,22 +182,26 @@ class LlavaForConditionalGeneration(LlavaVisionTower, MultimodalCausalLM):
         return (v.image_size // v.patch_size) ** 2 + (hf_config.vision_feature_select_strategy == "full")
 
     @classmethod
-    def check_image_item(cls, hf_config, item: ImageItem) -> None:
-        """Raise ValueError unless the item's input has the model's shape and num_tokens its count.
-        Pure config arithmetic: the engine calls it in add_request, before anything is scheduled."""
+    def image_item_check(cls, hf_config) -> Callable[[ImageItem], None]:
+        """The item's input must have the model's shape and num_tokens its count."""
         v = hf_config.vision_config
-        s, dim = v.image_size, v.hidden_size * len(feature_layers(hf_config))
-        if (item.pixel_values is None) == (item.features is None):
-            raise ValueError(f"image {item.content_hash}: give exactly one of pixel_values and features")
-        if item.pixel_values is not None:
-            shapes, got = [(3, s, s), (1, 3, s, s)], tuple(item.pixel_values.shape)
-        else:
-            shapes, got = [(cls.view_tokens(hf_config), dim)], tuple(item.features.shape)
-        if got not in shapes:
-            what = "pixel_values" if item.pixel_values is not None else "features"
-            raise ValueError(f"image {item.content_hash}: {what} has shape {got}; this model takes "
-                             f"{' or '.join(map(str, shapes))}")
-        check_num_tokens(item, cls.view_tokens(hf_config))
+        s, tokens = v.image_size, cls.view_tokens(hf_config)
+        pixel_shapes = [(3, s, s), (1, 3, s, s)]
+        feature_shapes = [(tokens, v.hidden_size * len(feature_layers(hf_config)))]
+
+        def check(item: ImageItem) -> None:
+            if (item.pixel_values is None) == (item.features is None):
+                raise ValueError(f"image {item.content_hash}: give exactly one of pixel_values and features")
+            if item.pixel_values is not None:
+                what, shapes, got = "pixel_values", pixel_shapes, tuple(item.pixel_values.shape)
+            else:
+                what, shapes, got = "features", feature_shapes, tuple(item.features.shape)
+            if got not in shapes:
+                raise ValueError(f"image {item.content_hash}: {what} has shape {got}; this model takes "
+                                 f"{' or '.join(map(str, shapes))}")
+            check_num_tokens(item, tokens)
+
+        return check
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         p = self.multi_modal_projector.linear_1.weight

@@ -13,7 +13,7 @@ so the count is `appliance.anyres_plan.llava_next_feature_count(image_size, conf
 comes from the same planner (`grid_shape`). image_features inputs hold the tower output per view:
 [1 + rows*cols, s*s, vision hidden * k].
 """
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -48,27 +48,31 @@ class LlavaNextForConditionalGeneration(Llava):
         self.image_newline = nn.Parameter(torch.zeros(hf_config.text_config.hidden_size))
 
     @classmethod
-    def check_image_item(cls, hf_config, item: ImageItem) -> None:
-        """Raise ValueError unless the item has image_size, 1 + rows*cols views of the model's shape and
-        llava_next_feature_count(image_size) placeholders (pure config arithmetic, for add_request)."""
-        if item.image_size is None or len(item.image_size) != 2 or min(item.image_size) < 1:
-            raise ValueError(f"image {item.content_hash}: LLaVA-NeXT needs image_size (height, width), "
-                             f"got {item.image_size}")
-        if (item.pixel_values is None) == (item.features is None):
-            raise ValueError(f"image {item.content_hash}: give exactly one of pixel_values and features")
+    def image_item_check(cls, hf_config) -> Callable[[ImageItem], None]:
+        """The item must have image_size, 1 + rows*cols views of the model's shape and
+        llava_next_feature_count(image_size) placeholders."""
         anyres = AnyresConfig.from_model_config(hf_config.to_dict())
-        rows, cols = grid_shape(tuple(item.image_size), anyres)
         v = hf_config.vision_config
-        if item.pixel_values is not None:
-            want, got = (1 + rows * cols, 3, v.image_size, v.image_size), tuple(item.pixel_values.shape)
-        else:
-            want = (1 + rows * cols, cls.view_tokens(hf_config), v.hidden_size * len(feature_layers(hf_config)))
-            got = tuple(item.features.shape)
-        if got != want:
-            raise ValueError(f"image {item.content_hash}: an image of size {tuple(item.image_size)} takes "
-                             f"{'pixel_values' if item.pixel_values is not None else 'features'} of shape "
-                             f"{want} (base view + {rows}x{cols} tiles), got {got}")
-        check_num_tokens(item, llava_next_feature_count(tuple(item.image_size), anyres))
+        view_pixels = (3, v.image_size, v.image_size)
+        view_features = (cls.view_tokens(hf_config), v.hidden_size * len(feature_layers(hf_config)))
+
+        def check(item: ImageItem) -> None:
+            if item.image_size is None or len(item.image_size) != 2 or min(item.image_size) < 1:
+                raise ValueError(f"image {item.content_hash}: LLaVA-NeXT needs image_size (height, width), "
+                                 f"got {item.image_size}")
+            if (item.pixel_values is None) == (item.features is None):
+                raise ValueError(f"image {item.content_hash}: give exactly one of pixel_values and features")
+            rows, cols = grid_shape(tuple(item.image_size), anyres)
+            if item.pixel_values is not None:
+                what, want, got = "pixel_values", (1 + rows * cols, *view_pixels), tuple(item.pixel_values.shape)
+            else:
+                what, want, got = "features", (1 + rows * cols, *view_features), tuple(item.features.shape)
+            if got != want:
+                raise ValueError(f"image {item.content_hash}: an image of size {tuple(item.image_size)} takes "
+                                 f"{what} of shape {want} (base view + {rows}x{cols} tiles), got {got}")
+            check_num_tokens(item, llava_next_feature_count(tuple(item.image_size), anyres))
+
+        return check
 
     def pack(self, feats: torch.Tensor, image_size: Tuple[int, int]) -> torch.Tensor:
         """Projected per-view features [views, s*s, D] -> the image's embedding sequence [tokens, D]."""
