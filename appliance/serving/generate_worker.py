@@ -90,25 +90,36 @@ class GenerateWorker(Worker):
                 if not batch:
                     self.preparers -= 1
                     return
-            prepared = [(uid, *self._prepare(uid, job)) for uid, job in batch if uid in self.sessions]
-            for uid, kind, payload in prepared:  # aborted ones were skipped: nobody waits for them
+            group = [(uid, job) for uid, job in batch if uid in self.sessions]  # aborted ones: nobody waits
+            for (uid, _), (kind, payload) in zip(group, self._prepare_group(group)):
                 self.post(kind, uid, payload)
 
-    def _prepare(self, uid: str, job: GenerateJob) -> Tuple[str, Any]:
-        """("prepared", (token ids, images)) for the engine, or ("failed", the Failed event)."""
-        try:
-            request = job.request
-            if request.kind == "chat":
-                record = {"messages": request.messages, "sampling": request.sampling, "where": "messages",
-                          "media_dir": job.media_dir, "custom_id": uid, "model_name": request.model}
-                (out,) = list(self.head.run([record]))
-                prompt, mm_data = out["prompt"], out.get("mm_data")
-            else:
-                prompt, mm_data = self._tokenize(request.prompt), None
-            self._check_fits(len(prompt), request)
-            return "prepared", (prompt, mm_data)
-        except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
-            return "failed", self.failure(e, "preparing the request")
+    def _prepare_group(self, group: List[Tuple[str, GenerateJob]]) -> List[Tuple[str, Any]]:
+        """Per request, ("prepared", (token ids, images)) for the engine or ("failed", the Failed event).
+        The chat requests go through the online head together, as a batch file's do in `appliance run`
+        (one failing fails only itself)."""
+        chats = [(uid, job) for uid, job in group if job.request.kind == "chat"]
+        heads = dict(zip((uid for uid, _ in chats), self.head.run_each([self._record(uid, job) for uid, job in chats])))
+        results = []
+        for uid, job in group:
+            try:
+                if job.request.kind == "chat":
+                    if isinstance(heads[uid], Exception):
+                        raise heads[uid]
+                    prompt, mm_data = heads[uid]["prompt"], heads[uid].get("mm_data")
+                else:
+                    prompt, mm_data = self._tokenize(job.request.prompt), None
+                self._check_fits(len(prompt), job.request)
+                results.append(("prepared", (prompt, mm_data)))
+            except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
+                results.append(("failed", self.failure(e, "preparing the request")))
+        return results
+
+    @staticmethod
+    def _record(uid: str, job: GenerateJob) -> dict:
+        request = job.request
+        return {"messages": request.messages, "sampling": request.sampling, "where": "messages",
+                "media_dir": job.media_dir, "custom_id": uid, "model_name": request.model}
 
     def _tokenize(self, prompt) -> List[int]:
         if isinstance(prompt, str):

@@ -88,8 +88,10 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     log.warning("serving pipeline %s (%s) on http://%s:%d", cfg.pipeline.name, kind, cfg.server.host,
                 cfg.server.port)
     settle_heap()  # before LitServe forks the HTTP process, which inherits the frozen heap
+    # uvicorn logs at warning, so its access log never prints; access_log=False also stops it formatting
+    # each request's line before the logger drops it.
     server.run(host=cfg.server.host, port=cfg.server.port, num_api_servers=1, generate_client_file=False,
-               log_level="warning", api_server_worker_type="process")
+               log_level="warning", access_log=False, api_server_worker_type="process")
     return supervisor.exit_code
 
 

@@ -253,3 +253,37 @@ def test_a_text_refused_before_tokenizing_never_fits(model, request):
     assert refused  # the examples reach the bound
     with pytest.raises(InputError, match="prompt: the prompt is 10000000 characters"):
         check_text_fits("word " * 2_000_000, longest, 4096, "prompt")
+
+
+def test_a_group_prepared_together_fails_only_its_bad_requests(llava15_dir, tmp_path):
+    # What a server's preparer does with the requests waiting: each good one comes out as when it is
+    # prepared alone, each bad one as its own error.
+    from appliance.config.compose import compose
+    from appliance.pipeline import build_pipeline
+
+    pipeline = build_pipeline(compose(llava_overrides(llava15_dir)))
+    stage = next(s for s in pipeline.stages if s.name == "chat_prompt")
+    stage.setup()
+
+    def request(*content):
+        return {"messages": [{"role": "user", "content": list(content)}], "where": "messages", "media_dir": None}
+
+    def image(url):
+        return {"type": "image_url", "image_url": {"url": url}}
+
+    question = {"type": "text", "text": "What colour?"}
+    group = [request(image(data_url(64, 48)), question), request(image("data:image/png;base64,AAAA"), question),
+             request(image(data_url(40, 90, (10, 200, 10))), question),
+             request(image(data_url(8, 8)), image(data_url(8, 8)), question),
+             request(question), request(image(data_url(30, 30, (10, 10, 200))), question)]
+    try:
+        results = stage.process_each(group)
+        for i in (0, 2, 4, 5):
+            (alone,) = stage.process(iter([group[i]]))
+            assert results[i]["prompt"] == alone["prompt"] and results[i]["mm_ranges"] == alone["mm_ranges"]
+            for together, single in zip(results[i]["mm_data"] or [], alone["mm_data"] or []):
+                assert torch.equal(together.pixel_values, single.pixel_values)
+        assert isinstance(results[1], InputError) and str(results[1]).startswith("messages[0].content[0].image_url")
+        assert isinstance(results[3], InputError) and "2 images in one request" in str(results[3])
+    finally:
+        pipeline.close()

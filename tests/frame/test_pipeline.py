@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from appliance.config.compose import compose
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, InputError
 from appliance.pipeline import STAGES, Stage, build_pipeline, register_stage
 from tests.frame import stages as frame_stages  # noqa: F401  (registers the test stages)
 
@@ -161,3 +161,17 @@ def test_shared_values_are_made_once_and_may_be_made_from_each_other():
     assert answers == [6], "a value made from another must not wait for itself"
     assert shared.get("longest", longest) == 6 and shared.get("tokenizer", tokenizer) == {"hello": 0, "world!": 1}
     assert made == ["longest", "tokenizer"]
+
+
+def test_run_each_stops_only_the_records_that_fail(frame_conf, tmp_path):
+    # The server prepares the requests waiting as one group; one bad request must fail alone.
+    cfg = with_stages(frame_conf, {"read_numbers": {}, "scale": {"factor": 3}})
+    pipeline = build_pipeline(cfg)
+    (tmp_path / "one.txt").write_text("2\n")
+    (tmp_path / "two.txt").write_text("5\n")
+    (tmp_path / "many.txt").write_text("1 2\n")
+    results = pipeline.run_each([{"input": str(tmp_path / "one.txt")}, {"input": str(tmp_path / "gone.txt")},
+                                 {"input": str(tmp_path / "many.txt")}, {"input": str(tmp_path / "two.txt")}])
+    assert [r["number"] for r in (results[0], results[3])] == [6.0, 15.0]
+    assert isinstance(results[1], InputError) and "gone.txt does not exist" in str(results[1])
+    assert isinstance(results[2], ValueError)  # two records out of one: not a stage a server's head may hold

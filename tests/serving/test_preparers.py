@@ -12,8 +12,8 @@ from tests.conftest import assert_user_error, run_cli
 
 
 class RecordingWorker(GenerateWorker):
-    """The generate worker's admission and preparers, with `_prepare` recording instead of preparing;
-    the first one blocks until released, so requests pile up behind it."""
+    """The generate worker's admission and preparers, with `_prepare_group` recording instead of
+    preparing; the first group blocks until released, so requests pile up behind it."""
 
     def __init__(self, workers: int):
         cfg = SimpleNamespace(server=SimpleNamespace(preprocess_workers=workers))
@@ -21,12 +21,15 @@ class RecordingWorker(GenerateWorker):
         self.sessions = {}  # start() makes it, with the engine
         self.release, self.lock = threading.Event(), threading.Lock()
         self.prepared_by = {}  # uid -> preparing thread
+        self.groups = []  # the uids of each group prepared
 
-    def _prepare(self, uid, job):
+    def _prepare_group(self, group):
         with self.lock:
-            self.prepared_by[uid] = threading.current_thread().name
+            for uid, _ in group:
+                self.prepared_by[uid] = threading.current_thread().name
+            self.groups.append([uid for uid, _ in group])
         self.release.wait(30)
-        return "prepared", ([1, 2, 3], None)
+        return [("prepared", ([1, 2, 3], None))] * len(group)
 
     def posted(self):
         items = []
@@ -56,6 +59,7 @@ def test_one_preparer_takes_every_request_waiting_and_hands_them_over_together()
     worker.release.set()
     worker.pool.shutdown(wait=True)
     assert worker.posted() == [("prepared", uid) for uid in "abcd"]
+    assert worker.groups == [["a"], ["b", "c", "d"]]  # prepared as one group
     assert len(set(worker.prepared_by.values())) == 1 and worker.preparers == 0
 
 

@@ -13,11 +13,11 @@ A text-only checkpoint (no `model.vision_language`) works too; images are then r
 """
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 from appliance.engine.multimodal import ImageItem, mm_ranges
 from appliance.errors import ConfigError, InputError
-from appliance.pipeline import Record, Stage, register_stage
+from appliance.pipeline import Record, Stage, attempt, register_stage
 from appliance.stages.chat.images import ImageSide
 from appliance.stages.chat.template import (check_image_tokens, encode_rendered, expand_placeholders,
                                             render_text, template_messages)
@@ -87,14 +87,23 @@ class ChatPrompt(Stage):
                 ids, futures = self._submit(record, images)
                 jobs.append((record, ids, futures))
             images.run_held()
-            done = [(record, *self._finish(record, ids, futures)) for record, ids, futures in jobs]
+            done = [self._done(record, ids, futures) for record, ids, futures in jobs]
         except BaseException:
             for _, _, futures in jobs:
                 for future in futures:
                     future.cancel()
             raise
-        for record, ids, items in done:
-            yield {**record, "prompt": ids, "mm_data": items or None, "mm_ranges": mm_ranges(items) or None}
+        yield from done
+
+    def process_each(self, records: List[Record]) -> List[Union[Record, Exception]]:
+        """As `process`, but one request failing does not stop the others (a server's group of requests).
+        A group's templates run back to back while its images are prepared in the pool: ~7 % less CPU
+        per request than preparing each request alone (docs/serving.md)."""
+        images = ImageJobs(self.pool)
+        submitted = [attempt(self._submit, record, images) for record in records]
+        images.run_held()
+        return [entry if isinstance(entry, Exception) else attempt(self._done, record, *entry)
+                for record, entry in zip(records, submitted)]
 
     def _submit(self, record: Record, images: "ImageJobs") -> Tuple[List[int], List[Future]]:
         """Render the text now; queue the images."""
@@ -116,14 +125,15 @@ class ChatPrompt(Stage):
                    for url, field in urls]
         return ids, futures
 
-    def _finish(self, record: Record, ids: List[int], futures: List[Future]) -> Tuple[List[int], List[ImageItem]]:
+    def _done(self, record: Record, ids: List[int], futures: List[Future]) -> Record:
+        """The record with its prompt, once its images are ready."""
         items = [future.result() for future in futures]
         if items:
             ids, offsets = expand_placeholders(ids, self.images.vl.image_token_id, [i.num_tokens for i in items])
             for item, offset in zip(items, offsets):
                 item.offset = offset
         check_length(len(ids), items, self.max_len, record["where"])
-        return ids, items
+        return {**record, "prompt": ids, "mm_data": items or None, "mm_ranges": mm_ranges(items) or None}
 
     def close(self) -> None:
         if self.pool is not None:
