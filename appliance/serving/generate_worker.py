@@ -1,8 +1,8 @@
 """Generation requests on the engine loop: chat and completion requests in, token events out.
 
-A request's life: `admit` queues it for a preparer, a pool thread that prepares every waiting request in
-turn (chat: the online head, i.e. `chat_prompt`: template, images, placeholders; completion: tokenize)
-and hands them over together, `on_prepared` adds it to the `LLMEngine` on the
+A request's life: `admit` queues it for a preparer, a pool thread that prepares every waiting request as
+one group (chat: through the online head together, i.e. `chat_prompt`: templates, images, placeholders;
+completion: tokenize) and hands them over together, `on_prepared` adds it to the `LLMEngine` on the
 loop's thread, every `step` turns the engine's outputs into `Tokens` events (each step's delta when the
 client streams, the whole answer at the end otherwise), `abort` frees its KV blocks at once.
 """
@@ -99,7 +99,8 @@ class GenerateWorker(Worker):
         The chat requests go through the online head together, as a batch file's do in `appliance run`
         (one failing fails only itself)."""
         chats = [(uid, job) for uid, job in group if job.request.kind == "chat"]
-        heads = dict(zip((uid for uid, _ in chats), self.head.run_each([self._record(uid, job) for uid, job in chats])))
+        outputs = self.head.run_each([self._record(uid, job) for uid, job in chats])
+        heads = {uid: out for (uid, _), out in zip(chats, outputs)}
         results = []
         for uid, job in group:
             try:
