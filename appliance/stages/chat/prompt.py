@@ -3,8 +3,8 @@
 For each request: render the messages with the checkpoint's chat template, count the images against
 `model.vision_language.limit_per_prompt`, load and preprocess every image in a `PreprocessPool` (all
 requests' images are submitted before the first is awaited, so decoding and resizing overlap with the
-template work and each other; a run with a single image, as a server request usually is, prepares
-it in the calling thread: `ImageJobs`), expand each single `<image>` token into the model's count of
+template work and each other; a run with a single image, such as a server's group of one request,
+prepares it in the calling thread: `ImageJobs`), expand each single `<image>` token into the model's count of
 placeholder tokens, and refuse a prompt that does not fit the context. Every request of the run is
 checked before the first record goes on, so a bad request fails the run before the engine loads any
 weights (the engine stage holds all requests of a run anyway: it batches them).
@@ -143,9 +143,9 @@ class ChatPrompt(Stage):
 
 class ImageJobs:
     """One run's image preparations, as futures. The first is held back until a second arrives: a run
-    with one image (a server request; the server's own threads run requests side by side) prepares it
-    in the calling thread by `run_held`, because there is nothing to overlap it with and the hand-off to
-    a pool thread and back cost a served request about 1 ms of CPU (docs/benchmarks.md, run L)."""
+    with one image (a server's preparer that found one request waiting) prepares it in the calling
+    thread by `run_held`, because there is nothing to overlap it with and the hand-off to a pool thread
+    and back cost a served request about 1 ms of CPU (docs/benchmarks.md, run L)."""
 
     def __init__(self, pool):
         self.pool = pool
