@@ -5,7 +5,7 @@ chat.completion bodies) and the server (answers and SSE chunks). Logprobs travel
 the engine reports `{token_id: logprob}` per output token (sampled token first, then the top N);
 `token_logprobs` turns them into text once, wherever the tokenizer lives.
 """
-import uuid
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -18,7 +18,9 @@ class TokenLogprob:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """`prefix-` and 32 random hex digits, as vLLM's ids (uuid4's hex, less its fixed version bits and
+    its ~1.5 µs of Python)."""
+    return f"{prefix}-{os.urandom(16).hex()}"
 
 
 def token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Dict[int, float]], top_n: int,

@@ -1,11 +1,12 @@
 """The HTTP process's front door: one ASGI app around the app's whole middleware stack (server.py).
 
 For every request it checks the API key and the body limit and counts the answer by route and status;
-a request for one of our routes (spec.py) it then hands straight to the route, answering the route's
-API errors itself. Everything else (LitServe's and FastAPI's routes, a wrong method on ours: 405) goes
-on through the app's middleware and router. Each layer wraps every `send` of a stream: going past them
-took the HTTP process from 0.57 to 0.48 ms of CPU per streamed chat request, and past FastAPI's own
-outer layers too, 0.344 to 0.315 with the lighter channel (docs/benchmarks.md, runs O and P).
+a request for one of our routes (spec.py) it then hands straight to the route's `Endpoint`, which
+answers the route's API errors and reports the status. Everything else (LitServe's and FastAPI's
+routes, a wrong method on ours: 405) goes on through the app's middleware and router. Each layer wraps
+every `send` of a stream: going past them took the HTTP process from 0.57 to 0.48 ms of CPU per
+streamed chat request, and past FastAPI's own outer layers too, 0.344 to 0.315 with the lighter
+channel (docs/benchmarks.md, runs O and P).
 
 A plain ASGI class (not Starlette's BaseHTTPMiddleware, which buffers streams and hides client
 disconnects from the routes).
@@ -14,12 +15,10 @@ import hmac
 import json
 from typing import Callable, Dict, Iterable, Optional
 
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
 from starlette.routing import Route
 
 from appliance.protocol.openai_responses import error_body
-from appliance.serving.errors import APIError, api_error_handler, http_exception_handler
+from appliance.serving.errors import APIError
 
 OPEN_PATHS = ("/health", "/ready", "/version", "/metrics", "/docs", "/openapi.json")
 
@@ -50,7 +49,7 @@ class Gate:
         route = self.routes.get(path)
         status = None  # the answer's, once it started
 
-        async def counted(message):
+        async def counted(message):  # the app's routes: the status is seen on its way out
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
@@ -61,7 +60,7 @@ class Gate:
                 return
             receive = self._limited(receive)
             if route is not None and scope["method"] in route.methods:
-                await self._route(route, scope, receive, counted, lambda: status is not None)
+                status = await route.app(scope, receive, send)  # spec.Endpoint: it answers the status
             else:
                 await self.app(scope, receive, counted)
         finally:
@@ -98,19 +97,6 @@ class Gate:
             return message
 
         return limited
-
-    @staticmethod
-    async def _route(route: Route, scope, receive, send, started: Callable[[], bool]) -> None:
-        """Our route's app; its API errors answered as the app's exception handlers would (server.py
-        registers the same two), unless its answer had started."""
-        try:
-            await route.app(scope, receive, send)
-        except (APIError, HTTPException) as error:
-            if started():
-                raise
-            handler = api_error_handler if isinstance(error, APIError) else http_exception_handler
-            response = await handler(Request(scope, receive), error)
-            await response(scope, receive, send)
 
     def _too_large(self, size: Optional[int]) -> str:
         size_text = f"{size} bytes" if size is not None else "larger"

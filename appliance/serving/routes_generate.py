@@ -7,7 +7,7 @@ the answer) or `Failed` (then it answers the error's status, before any byte of 
 after a stream started goes out as a `data: {"error": ...}` event, then the stream ends.
 """
 import time
-from typing import Any, AsyncIterator, Dict, List, Tuple
+from typing import Any, Awaitable, Callable, Dict, List
 
 import orjson
 from starlette.requests import Request
@@ -52,7 +52,7 @@ class GenerateRoutes:
             answer = Answer(uid, kind, parsed, self.frontend.model_name)
             if parsed.stream:
                 streaming = True
-                return EventStream(self._stream(answer, channel))
+                return EventStream(lambda send: self._stream(answer, channel, send))
             return await self._collect(answer, channel)
         except ClientGone:
             return JSONResponse({}, status_code=499)  # nobody reads it; the request was aborted
@@ -68,10 +68,10 @@ class GenerateRoutes:
             if isinstance(event, Tokens) and event.final:
                 return JSONResponse(answer.whole(event))
 
-    async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[Tuple[bytes, bool]]:
-        """SSE bytes and whether more follow, one write per wake-up: the role chunk goes out with the
-        first tokens, and whatever events are already queued (the last tokens, the usage chunk, [DONE])
-        share the last write, which also ends the body."""
+    async def _stream(self, answer: "Answer", channel: Channel, send) -> None:
+        """The SSE body, one write per wake-up: the role chunk goes out with the first tokens, and
+        whatever events are already queued (the last tokens, the usage chunk, [DONE]) share the last
+        write, which also ends the body."""
         pending = [sse(answer.opening())]
         try:
             while True:
@@ -88,38 +88,34 @@ class GenerateRoutes:
                     if event.final:
                         break
                 if not channel.has_events():
-                    yield b"".join(pending), True
+                    await send({"type": "http.response.body", "body": b"".join(pending), "more_body": True})
                     pending = []
             pending.append(b"data: [DONE]\n\n")
-            yield b"".join(pending), False
         except ClientGone:
-            pass
+            pending = []  # nobody reads it: end the body
         finally:
             self.frontend.close(channel)
+        await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
 
 
 class EventStream(Response):
-    """A `text/event-stream` answer, one body write per `(data, more)` the iterator yields; the body
-    ends with the data whose `more` is False, or after the last. (Starlette's StreamingResponse also
-    runs a task per stream that waits for the client to leave, which the request's channel does
-    already, and ends the body with a write of its own.)"""
+    """A `text/event-stream` answer whose body `write_body(send)` writes, one ASGI message per write.
+    (Starlette's StreamingResponse pulls an iterator, runs a task per stream that waits for the client
+    to leave, which the request's channel does already, and ends the body with a write of its own.)"""
 
     media_type = "text/event-stream"
+    status_code = 200
+    background = None
+    HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
 
-    def __init__(self, texts: AsyncIterator[Tuple[bytes, bool]]):
-        self.texts = texts  # SSE bytes
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, write_body: Callable[[Any], Awaitable[None]]):
+        self.write_body = write_body
+        self.raw_headers = list(self.HEADERS)
 
     async def __call__(self, scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        ended = False
-        async for data, more in self.texts:  # to the iterator's end, which closes the request's channel
-            await send({"type": "http.response.body", "body": data, "more_body": more})
-            ended = not more
-        if not ended:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await self.write_body(send)
 
 
 class Answer:

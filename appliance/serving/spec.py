@@ -15,9 +15,11 @@ from typing import Dict, List, Tuple
 
 from fastapi.routing import APIRoute
 from litserve.specs.base import LitSpec
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import Route
 
+from appliance.serving.errors import APIError, api_error_handler, http_exception_handler
 from appliance.serving.frontend import Frontend
 from appliance.serving.routes_generate import GenerateRoutes
 from appliance.serving.routes_ops import OpsRoutes, PredictRoute
@@ -80,11 +82,18 @@ def serve_plain(app, paths: List[str]) -> Tuple[Dict[str, Route], list]:
 class Endpoint:
     """The ASGI app of a route whose handler takes a Request and returns a Response: what Starlette's
     `request_response` makes of it, less its exception layer and that layer's wrapper around every
-    `send` (middleware.Gate answers our routes' errors with the same handlers)."""
+    `send`. It answers the handler's API errors with the handlers the app registers (server.py) and
+    returns the answer's status, which middleware.Gate counts (so no wrapper there either)."""
 
     def __init__(self, handler):
         self.handler = handler
 
-    async def __call__(self, scope, receive, send) -> None:
-        response = await self.handler(Request(scope, receive, send))
+    async def __call__(self, scope, receive, send) -> int:
+        request = Request(scope, receive, send)
+        try:
+            response = await self.handler(request)
+        except (APIError, HTTPException) as error:
+            handler = api_error_handler if isinstance(error, APIError) else http_exception_handler
+            response = await handler(request, error)
         await response(scope, receive, send)
+        return response.status_code
