@@ -23,6 +23,10 @@ from appliance.serving.worker import Worker, elapsed
 from appliance.stages.engine import check_fits, check_text_fits, model_longest_token, sampling_defaults
 
 log = logging.getLogger(__name__)
+# While the engine runs, how often its gauges are written: each write goes to a memory-mapped file
+# (prometheus-client's multiprocess mode), the loop turns ~50 times a second under load and Prometheus
+# scrapes every few seconds; ~40 µs of the loop's CPU a turn, cold after a step (docs/serving.md).
+GAUGES_INTERVAL_S = 0.1
 
 
 @dataclass
@@ -62,6 +66,7 @@ class GenerateWorker(Worker):
         self.stream_interval = int(self.cfg.server.stream_interval)
         self.vocab_size = self.engine.hf_config.get_text_config().vocab_size
         self.counted: Dict[str, int] = {}
+        self.gauges_due = 0.0  # time.monotonic() after which a busy engine's gauges are written again
         self.decode = token_decoder(self.engine.tokenizer)
         ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
         self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
@@ -234,10 +239,15 @@ class GenerateWorker(Worker):
                 self.metrics.queue.observe(elapsed(session.arrival))
 
     def publish(self) -> None:
-        """Gauges, counters that mirror the engine's own, and the running count the HTTP side reads."""
+        """The running count the HTTP side reads (every turn), then gauges and counters that mirror the
+        engine's own: at once when the engine is idle, else at most every GAUGES_INTERVAL_S."""
         stats = self.engine.stats()
         running = stats["num_running"]
         self.shared.set_running(running)
+        now = time.monotonic()
+        if now < self.gauges_due and self.engine.has_unfinished():
+            return
+        self.gauges_due = now + GAUGES_INTERVAL_S
         self.metrics.running.set(running)
         self.metrics.waiting.set(stats["num_waiting"] + sum(not s.in_engine for s in self.sessions.values()))
         total = stats["kv_blocks_total"]
