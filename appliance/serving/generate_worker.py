@@ -19,7 +19,7 @@ from appliance.pipeline import Pipeline
 from appliance.protocol.openai_requests import GenerateRequest
 from appliance.protocol.openai_responses import token_decoder, token_logprobs
 from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
-from appliance.serving.worker import Worker, elapsed
+from appliance.serving.worker import Worker
 from appliance.stages.engine import check_fits, check_text_fits, model_longest_token, sampling_defaults
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ class Session:
     in_engine: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    started: bool = False           # the engine has run it once (queue time observed)
     last_token_at: float = 0.0
     # A stream's output not sent yet (server.stream_interval > 1 holds tokens back between chunks).
     unsent_text: str = ""
@@ -57,6 +56,8 @@ class GenerateWorker(Worker):
         self.defaults = sampling_defaults(self.cfg)
         self.head = Pipeline(self.online.head, ready=True)
         self.sessions: Dict[str, Session] = {}
+        # Requests in the engine that no step has run yet: their queue time is still to observe.
+        self.unstarted: Dict[str, Session] = {}
         # The pipeline's one tokenizer (the engine's): pool threads encode prompts with it (chat_prompt,
         # completions) while the loop's thread detokenizes. A fast tokenizer encodes and decodes through
         # shared borrows; only changing its truncation or padding would take it exclusively, and nothing
@@ -155,6 +156,7 @@ class GenerateWorker(Worker):
             self.fail(uid, Failed(400, f"{field}: {e}", field))
             return
         session.in_engine, session.prompt_tokens = True, len(prompt)
+        self.unstarted[uid] = session
         self.metrics.prompt_tokens.inc(len(prompt))
         self.emit(uid, Admitted(len(prompt)))
 
@@ -165,6 +167,7 @@ class GenerateWorker(Worker):
 
     def forget(self, uid: str) -> bool:
         session = self.sessions.pop(uid, None)
+        self.unstarted.pop(uid, None)
         if session is not None and session.in_engine:
             self.engine.abort(uid)
         return session is not None
@@ -185,7 +188,7 @@ class GenerateWorker(Worker):
                     self._deliver(out.request_id, session, out, now)
             if new_tokens:  # counted once a step: a multiprocess counter's increment costs ~1 µs
                 self.metrics.generation_tokens.inc(new_tokens)
-            self._observe_starts()
+            self._observe_starts(now)
         self.publish()
 
     def _deliver(self, uid: str, session: Session, out, now: float) -> None:
@@ -232,11 +235,12 @@ class GenerateWorker(Worker):
             return None
         return token_logprobs(token_ids, logprobs, top_n, self.decode)
 
-    def _observe_starts(self) -> None:
-        for uid, session in self.sessions.items():
-            if session.in_engine and not session.started and self.engine.is_running(uid):
-                session.started = True
-                self.metrics.queue.observe(elapsed(session.arrival))
+    def _observe_starts(self, now: float) -> None:
+        """Queue time (arrival to the first step that ran it) of the requests this step ran first: those
+        running now, and those that finished in it (answered, so no longer in `sessions`)."""
+        started = [uid for uid in self.unstarted if uid not in self.sessions or self.engine.is_running(uid)]
+        for uid in started:
+            self.metrics.queue.observe(now - self.unstarted.pop(uid).arrival)
 
     def publish(self) -> None:
         """The running count the HTTP side reads (every turn), then gauges and counters that mirror the
@@ -249,7 +253,7 @@ class GenerateWorker(Worker):
             return
         self.gauges_due = now + GAUGES_INTERVAL_S
         self.metrics.running.set(running)
-        self.metrics.waiting.set(stats["num_waiting"] + sum(not s.in_engine for s in self.sessions.values()))
+        self.metrics.waiting.set(len(self.sessions) - running)  # every session not running: queued or preparing
         total = stats["kv_blocks_total"]
         self.metrics.kv_usage.set((total - stats["kv_blocks_free"]) / total if total else 0.0)
         for counter, key in ((self.metrics.preemptions, "num_preemptions"),

@@ -7,7 +7,6 @@ one. Everything that touches the engine runs on the loop's thread; pool threads 
 """
 import logging
 import queue
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, List, Optional, Tuple
 
@@ -132,6 +131,3 @@ def field_of(message: str) -> Optional[str]:
         return head
     return None
 
-
-def elapsed(since: float) -> float:
-    return max(0.0, time.monotonic() - since)

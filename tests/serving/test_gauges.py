@@ -40,7 +40,8 @@ def stub_worker():
         "encoder_queries")})
     shared = SimpleNamespace(running=[], set_running=lambda n: shared.running.append(n))
     worker = GenerateWorker(cfg, online=None, metrics=metrics, shared=shared)
-    worker.engine, worker.sessions, worker.counted, worker.gauges_due = StubEngine(), {}, {}, 0.0
+    worker.engine, worker.counted, worker.gauges_due = StubEngine(), {}, 0.0
+    worker.sessions = {uid: None for uid in "abcd"}  # 3 running, 1 waiting
     return worker
 
 
@@ -64,6 +65,7 @@ def test_an_idle_engine_writes_its_gauges_at_once():
     worker.publish()
     worker.engine.busy = False
     worker.engine.counts.update(num_running=0, num_waiting=0, kv_blocks_free=10)
+    worker.sessions.clear()
     worker.publish()  # the last request just finished: /metrics must show the engine idle now
     assert worker.metrics.running.values == [3, 0] and worker.metrics.waiting.values == [1, 0]
     assert worker.metrics.kv_usage.values == [0.4, 0.0]
