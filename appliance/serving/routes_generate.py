@@ -103,9 +103,7 @@ class EventStream(Response):
     (Starlette's StreamingResponse pulls an iterator, runs a task per stream that waits for the client
     to leave, which the request's channel does already, and ends the body with a write of its own.)"""
 
-    media_type = "text/event-stream"
     status_code = 200
-    background = None
     HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
 
@@ -114,7 +112,7 @@ class EventStream(Response):
         self.raw_headers = list(self.HEADERS)
 
     async def __call__(self, scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await self.write_body(send)
 
 
