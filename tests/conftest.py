@@ -31,6 +31,7 @@ SLOW = (
     "tests/serving/test_metrics.py",
     "tests/serving/test_stream_interval.py",  # a server of its own
     "tests/engine/test_tensor_parallel.py::test_tp2_matches_tp1",  # TP ranks are processes
+    "tests/engine/test_tensor_parallel.py::test_tp2_structured_output_matches_tp1",
     "tests/engine/test_tensor_parallel.py::test_killed_worker_raises_clear_error",
     "tests/engine/test_tensor_parallel.py::test_hung_worker_times_out",
     "tests/engine/test_tensor_parallel.py::test_indivisible_tp_size_is_a_clear_error",

@@ -1,6 +1,10 @@
 """Per-request sampling settings."""
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
+
+from appliance.engine.structured_output import StructuredOutput
+
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's bound on a logit_bias value
 
 
 @dataclass
@@ -9,6 +13,8 @@ class SamplingParams:
 
     temperature=0 means greedy. top_k=0 and top_p=1.0 disable those filters. `logprobs=N` returns the
     sampled token's log-probability plus the top N, computed from the raw (untempered, unmasked) logits.
+    `logit_bias` ({token id: bias}) is added to the logits before any token is picked; `structured`
+    constrains the output to a grammar (structured_output.py).
     """
 
     temperature: float = 1.0
@@ -21,6 +27,8 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop_token_ids are suppressed, and stop strings unchecked, until this many
     logprobs: Optional[int] = None
+    logit_bias: Dict[int, float] = field(default_factory=dict)
+    structured: Optional[StructuredOutput] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -39,6 +47,9 @@ class SamplingParams:
             raise ValueError(f"logprobs must be >= 0 or None, got {self.logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        for token, bias in self.logit_bias.items():
+            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {bias}")
 
     @property
     def greedy(self) -> bool:
