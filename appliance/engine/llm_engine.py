@@ -16,7 +16,7 @@ from appliance.engine.multimodal import image_token_id
 from appliance.engine.multimodal import mm_ranges as mm_ranges_of
 from appliance.engine.outputs import RequestOutput
 from appliance.engine.sampler import SamplerOutput
-from appliance.engine.sampling_params import SamplingParams
+from appliance.engine.sampling_params import FieldError, SamplingParams
 from appliance.engine.scheduler import Scheduler, SchedulerOutput
 from appliance.engine.sequence import MMRange, Sequence, SequenceStatus
 from appliance.engine.structured_output import GrammarMatchers
@@ -114,8 +114,8 @@ class LLMEngine:
         for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
             outside = [t for t in ids if not 0 <= t < self.vocab_size]
             if outside:
-                raise ValueError(f"{name}: token ids {outside[:5]} are outside the vocabulary "
-                                 f"(0 to {self.vocab_size - 1})")
+                raise FieldError(name, f"token ids {outside[:5]} are outside the vocabulary "
+                                       f"(0 to {self.vocab_size - 1})")
 
     def _check_mm(self, ids: List[int], mm_data, mm_ranges: Optional[List[MMRange]]) -> List[MMRange]:
         """Items in prompt order, each on a run of image tokens, and no image token without an item;

@@ -7,6 +7,15 @@ from appliance.engine.structured_output import StructuredOutput
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's bound on a logit_bias value
 
 
+class FieldError(ValueError):
+    """A request setting the engine refuses, naming it (`field`: the SamplingParams field, which is the
+    request body's field of the same name), so a server answers 400 with that `param`."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 @dataclass
 class SamplingParams:
     """How one request picks its tokens and when it stops.
