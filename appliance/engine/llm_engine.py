@@ -203,7 +203,8 @@ class LLMEngine:
             return "stop"
         if seq.matcher is not None and seq.matcher.is_stopped():  # the grammar is complete
             return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) \
+                or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 

@@ -30,7 +30,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: Optional[int] = None
-    max_tokens: int = 16
+    max_tokens: Optional[int] = None  # None: until EOS, a stop, or the end of the context (vLLM's default)
     stop_token_ids: List[int] = field(default_factory=list)
     stop: List[str] = field(default_factory=list)
     ignore_eos: bool = False
@@ -48,9 +48,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0 or None, got {self.logprobs}")

@@ -50,7 +50,11 @@ class Scheduler:
         self.num_chunked_prefills = 0  # steps that computed only part of a prompt
 
     def max_len(self, seq: Sequence) -> int:
-        return min(seq.num_prompt_tokens + seq.sampling_params.max_tokens, self.max_model_len)
+        """Tokens the sequence may reach: prompt + max_tokens, or the whole context when max_tokens is None."""
+        max_tokens = seq.sampling_params.max_tokens
+        if max_tokens is None:
+            return self.max_model_len
+        return min(seq.num_prompt_tokens + max_tokens, self.max_model_len)
 
     def add(self, seq: Sequence) -> None:
         if seq.request_id in self.requests:
@@ -65,7 +69,8 @@ class Scheduler:
         if need > bm.num_blocks:
             raise ValueError(
                 f"request {seq.request_id!r} needs up to {need} KV blocks (prompt {seq.num_prompt_tokens} "
-                f"+ max_tokens {seq.sampling_params.max_tokens}) but the cache has only {bm.num_blocks}; "
+                f"+ max_tokens {seq.sampling_params.max_tokens or 'up to the context'}) but the cache has only "
+                f"{bm.num_blocks}; "
                 f"lower max_tokens or raise engine.kv_cache_memory_bytes / engine.num_kv_blocks")
         self.requests[seq.request_id] = seq
         self.waiting.append(seq)

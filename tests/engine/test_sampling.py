@@ -193,3 +193,10 @@ def test_from_config_composes_engine_group(llama_dir):
     out = engine.generate(["héllo wörld"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
     assert len(out.token_ids) == 3
     assert_no_block_leaks(engine)
+
+
+def test_no_max_tokens_runs_to_the_end_of_the_context(llama_dir):
+    with LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, max_model_len=40)) as engine:
+        prompt = [PROMPTS[0]]
+        (out,) = engine.generate(prompt, [SamplingParams(temperature=0, ignore_eos=True)])
+        assert out.finish_reason == "length" and len(prompt[0]) + len(out.token_ids) == 40

@@ -146,3 +146,4 @@ def test_token_ids_outside_the_vocabulary_are_refused(engine, params, fragment):
 def test_logit_bias_values_are_bounded():
     with pytest.raises(ValueError, match=r"logit_bias\[3\] must be in \[-100, 100\]"):
         SamplingParams(logit_bias={3: 101.0})
+
