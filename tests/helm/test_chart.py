@@ -10,15 +10,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.helm.conftest import (CHART, KUBERNETES, PROFILES, by_kind, container, manifests, pod_spec,
-                                 profile_values, render_files)
+from tests.helm.conftest import (CHART, KUBERNETES, PROFILES, by_kind, container, helm_test_pod, manifests,
+                                 pod_spec, profile_values, render_files)
 
-KINDS = {
-    "default": {"Deployment", "Service"},
+KINDS = {  # each with the Pod `helm test` runs
+    "default": {"Deployment", "Service", "Pod"},
     "llava-chat": {"Deployment", "Service", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget",
-                   "ConfigMap"},
-    "prithvi-flood-batch": {"Job"},
-    "extra-config": {"Deployment", "Service", "ConfigMap"},
+                   "ConfigMap", "Pod"},
+    "prithvi-flood-batch": {"Job", "Pod"},
+    "extra-config": {"Deployment", "Service", "ConfigMap", "Pod"},
 }
 
 
@@ -138,6 +138,28 @@ def test_locked_down_and_writable_where_the_appliance_writes(chart, profile):
     assert "XDG_CACHE_HOME" not in env, "the image's (read-only) cache holds the CPU kernels it built"
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_helm_test_checks_in_the_workloads_pod(chart, profile):
+    """`helm test` runs `appliance check` as the workload's container would run: its image, env, mounts,
+    volumes, security and scheduling; a GPU-free pod (`check` loads no weights). Its arguments are
+    compared in test_command_line, where they are checked."""
+    docs = manifests(chart, profile_values(profile))
+    pod, main = pod_spec(docs), container(docs)
+    hook = helm_test_pod(docs)
+    assert hook["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    assert hook["metadata"]["labels"]["app.kubernetes.io/component"] == "check", "no Service selects it"
+    (checker,) = hook["spec"]["containers"]
+    for key in ("image", "imagePullPolicy", "env", "volumeMounts", "securityContext"):
+        assert checker.get(key) == main.get(key), key
+    assert checker["command"] == ["appliance"], "no shell: the arguments as rendered"
+    for key in ("volumes", "securityContext", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
+                "automountServiceAccountToken"):
+        assert hook["spec"].get(key) == pod.get(key), key
+    assert hook["spec"]["restartPolicy"] == "Never"
+    assert checker["args"][0] == "check"
+    assert set(checker["resources"]["limits"]) == {"memory"}, "no GPU taken from the server's pods"
+
+
 def test_batch_mode(chart):
     values = profile_values("prithvi-flood-batch")
     docs = manifests(chart, values)
@@ -232,6 +254,7 @@ def test_notes_say_how_to_reach_it(chart, profile):
         assert "kubectl -n apps get job demo-appliance" in notes
     else:
         assert "port-forward service/demo-appliance 8000:8000 &" in notes and "curl" in notes
+    assert "helm test demo -n apps --logs" in notes
 
 
 def test_chart_version_follows_the_package():
