@@ -19,6 +19,7 @@ KINDS = {  # each with the Pod `helm test` runs
                    "ConfigMap", "Pod"},
     "prithvi-flood-batch": {"Job", "Pod"},
     "extra-config": {"Deployment", "Service", "ConfigMap", "Pod"},
+    "ingress": {"Deployment", "Service", "Ingress", "Pod"},
 }
 
 
@@ -160,6 +161,35 @@ def test_helm_test_checks_in_the_workloads_pod(chart, profile):
     assert set(checker["resources"]["limits"]) == {"memory"}, "no GPU taken from the server's pods"
 
 
+def test_the_ingress_routes_to_the_services_http_port(chart):
+    values = profile_values("ingress")
+    kinds = by_kind(manifests(chart, values))
+    ingress = kinds["Ingress"]
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-buffering"] == "off", "SSE"
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == values["ingress"]["tls"]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "chat.example.com"
+    service = kinds["Service"]
+    assert [port["name"] for port in service["spec"]["ports"]] == ["http"]
+    paths = rule["http"]["paths"]
+    assert [(p["path"], p["pathType"]) for p in paths] == [("/v1", "Prefix"), ("/version", "Exact")]
+    for path in paths:
+        assert path["backend"] == {"service": {"name": service["metadata"]["name"], "port": {"name": "http"}}}
+    notes = render_files(chart, values)["appliance/templates/NOTES.txt"]
+    assert "https://chat.example.com/v1" in notes and "https://chat.example.com/version" in notes
+
+
+def test_the_ingress_is_off_by_default_and_any_host_when_only_enabled(chart):
+    assert "Ingress" not in by_kind(manifests(chart, {}))
+    ingress = by_kind(manifests(chart, {"ingress": {"enabled": True}}))["Ingress"]
+    kubernetes_validate.validate(ingress, KUBERNETES, strict=True)
+    assert "ingressClassName" not in ingress["spec"] and "tls" not in ingress["spec"], "the cluster's default class"
+    assert ingress["spec"]["rules"] == [{"http": {"paths": [
+        {"path": "/", "pathType": "Prefix",
+         "backend": {"service": {"name": "demo-appliance", "port": {"name": "http"}}}}]}}]
+
+
 def test_batch_mode(chart):
     values = profile_values("prithvi-flood-batch")
     docs = manifests(chart, values)
@@ -239,6 +269,8 @@ def test_an_extra_config_pipeline_gets_its_engine_kind_from_its_defaults(chart):
      "batch.output: out.tif looks like a file"),
     ({"mode": "batch", "batch": {"inputs": ["a.tif"], "volume": "v", "output": "o"}, "autoscaling": {"enabled": True}},
      "autoscaling.enabled: only for mode=serve"),
+    ({"mode": "batch", "batch": {"inputs": ["a.tif"], "volume": "v", "output": "o"}, "ingress": {"enabled": True}},
+     "ingress.enabled: only for mode=serve (a batch Job has no Service to route to)"),
     ({"autoscaling": {"enabled": True, "metric": "cpu"}}, "autoscaling.metric=cpu: set resources.requests.cpu"),
     ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas 5 is above maxReplicas 2"),
 ])

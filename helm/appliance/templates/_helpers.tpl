@@ -101,6 +101,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if $v.metrics.serviceMonitor.enabled -}}
 {{- fail "metrics.serviceMonitor.enabled: only for mode=serve (a batch Job has no server to scrape)" -}}
 {{- end -}}
+{{- if $v.ingress.enabled -}}
+{{- fail "ingress.enabled: only for mode=serve (a batch Job has no Service to route to)" -}}
+{{- end -}}
 {{- end -}}
 {{- if $v.autoscaling.enabled -}}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}
