@@ -89,7 +89,10 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt: Union[str, List[int]], sampling_params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, mm_ranges: Optional[List[MMRange]] = None,
-                    mm_data=None) -> str:
+                    mm_data=None, sibling: Optional[str] = None) -> str:
+        """Queue a request; returns its id. `sibling`: the id of a request added just before with the same
+        prompt (another answer to it, `n` > 1): this one is admitted once the sibling's prompt is in the
+        prefix cache, so the prompt is computed once."""
         params = sampling_params or SamplingParams()
         self._check_token_ids(params)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -104,6 +107,7 @@ class LLMEngine:
         if params.min_tokens:
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
             seq.min_tokens_suppress = tuple(sorted(stops))
+        seq.sibling = self.scheduler.requests.get(sibling) if sibling is not None else None
         if params.structured is not None:
             seq.matcher = self.grammars.matcher(params.structured)  # raises if the grammar cannot compile
         self.scheduler.add(seq)  # raises if the request can never fit

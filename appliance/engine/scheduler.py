@@ -101,6 +101,8 @@ class Scheduler:
         # Admit waiting requests in order; stop at the first that does not fit (FCFS).
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
+            if self._sibling_computing(seq):
+                break  # admitted once the sibling's prompt is in the prefix cache: computed once, not n times
             cached = bm.find_cached_prefix(seq)
             n = min(seq.num_tokens - len(cached) * bm.block_size, budget)
             if not bm.allocate(seq, len(cached) * bm.block_size + n, cached):
@@ -111,6 +113,14 @@ class Scheduler:
             self._schedule(out, seq, n)
             budget -= n
         return out
+
+    def _sibling_computing(self, seq: Sequence) -> bool:
+        """`seq` shares its prompt with `seq.sibling` (a request's other answers, `n` > 1), whose prompt is
+        still being computed."""
+        sibling = seq.sibling
+        return (sibling is not None and self.block_manager.enable_prefix_caching
+                and sibling.status == SequenceStatus.RUNNING
+                and sibling.num_computed_tokens < sibling.num_prompt_tokens)
 
     def _schedule(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
         item = ScheduledSeq(seq, n, seq.num_computed_tokens + n == seq.num_tokens)
