@@ -15,6 +15,9 @@ def check_engine(cfg) -> None:
     if engine.block_size < 1:
         raise ConfigError(f"engine.block_size must be >= 1, got {engine.block_size}")
     if _name(engine.kind) != "generate":
+        if _name(engine.quantization) != "none":
+            raise ConfigError(f"engine.quantization={_name(engine.quantization)} applies to a language model "
+                              f"(engine.kind=generate); pool models run in engine.dtype")
         return
     backend, device, dtype = _name(engine.attention_backend), str(engine.device), _name(engine.dtype)
     if backend == "cpu" and (device != "cpu" or dtype != "float32"):

@@ -17,6 +17,11 @@ class EngineKind(str, Enum):
     pool = "pool"
 
 
+class Quantization(str, Enum):
+    none = "none"
+    int8 = "int8"  # weight-only, per output channel, quantised at load (engine/int8.py)
+
+
 class AttentionBackend(str, Enum):
     auto = "auto"
     torch = "torch"
@@ -41,6 +46,7 @@ class EngineConfig:
     encoder_cache_bytes: int = 256 * 1024 * 1024  # image embeddings kept by content hash (rank 0); 0 = none
     attention_backend: AttentionBackend = AttentionBackend.auto
     cpu_kernels: bool = True  # our AVX2 GEMM and paged decode attention for fp32 on CPU, where they build
+    quantization: Quantization = Quantization.none  # int8: the language model's linear layers, at load
     seed: int = 0
 
 

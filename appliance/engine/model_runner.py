@@ -12,6 +12,7 @@ the `EncoderCache`, keyed by content hash, within `engine.encoder_cache_bytes`; 
 `execute` embeds the tokens and overwrites those rows.
 """
 import contextlib
+import logging
 import weakref
 from typing import Dict, Optional
 
@@ -23,13 +24,17 @@ from appliance.engine.attention_probe import AttentionGeometry
 from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
-from appliance.engine.linear import pack_for_cpu
+from appliance.engine.int8 import kernel_problem
+from appliance.engine.linear import pack_for_cpu, quantize_int8
 from appliance.engine.loader import iter_weights
 from appliance.engine.models import MODEL_REGISTRY, get_model_class
 from appliance.engine.models.base import CausalLM, MultimodalCausalLM
 from appliance.engine.parallel import ParallelState
 from appliance.engine.sampler import Sampler, SamplerOutput
 from appliance.engine.scheduler import SchedulerOutput
+
+log = logging.getLogger(__name__)
+
 
 def architecture(hf_config, model_path: str) -> str:
     """The checkpoint's architecture name (config.json `architectures`), which picks the model class."""
@@ -60,6 +65,12 @@ class ModelRunner:
             model = model_cls(hf_config, self.tp, self.attn_backend, max_model_len)
         self.model: CausalLM = model.to(self.dtype).eval()
         self.model.load_weights(iter_weights(model_path))
+        if getattr(cfg.quantization, "value", cfg.quantization) == "int8":
+            problem = kernel_problem(self.device)
+            if problem:
+                raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
+            saved = quantize_int8(self.model)
+            log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
         if self.use_cpu_kernels:
             pack_for_cpu(self.model)  # our GEMM
             cpu_kernels.use_in(self.model)  # the fused small ops and the KV write
