@@ -20,9 +20,9 @@ def check_engine(cfg) -> None:
                               f"(engine.kind=generate); pool models run in engine.dtype")
         return
     backend, device, dtype = _name(engine.attention_backend), str(engine.device), _name(engine.dtype)
-    if backend == "cpu" and (device != "cpu" or dtype != "float32"):
-        raise ConfigError(f"engine.attention_backend=cpu runs only with engine.device=cpu and engine.dtype=float32 "
-                          f"(got {device}, {dtype}); use attention_backend=torch or auto")
+    if backend == "cpu" and (device != "cpu" or dtype not in ("float32", "bfloat16")):
+        raise ConfigError(f"engine.attention_backend=cpu runs only with engine.device=cpu and engine.dtype "
+                          f"float32 or bfloat16 (got {device}, {dtype}); use attention_backend=torch or auto")
     if backend != "xformers":
         return
     if not device.startswith("cuda"):
