@@ -178,6 +178,8 @@ class LLMEngine:
         return self._postprocess(scheduled, sampled)
 
     def _postprocess(self, scheduled: SchedulerOutput, sampled: SamplerOutput) -> List[RequestOutput]:
+        for item in scheduled.scheduled:  # before update: a finished prefill's output carries them
+            item.seq.prompt_logprobs += sampled.prompt_logprobs.get(item.seq.request_id, ())
         self.scheduler.update(scheduled)
         seqs = [item.seq for item in scheduled.scheduled if item.will_sample]
         outputs = []
@@ -219,10 +221,12 @@ class LLMEngine:
     def _output(self, seq: Sequence, delta: str, new_ids: List[int], new_lps) -> RequestOutput:
         detok = self.detokenizers[seq.request_id]
         want_lps = seq.sampling_params.logprobs is not None
+        want_prompt = seq.sampling_params.prompt_logprobs is not None
         return RequestOutput(request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
                              new_text=delta, new_token_ids=new_ids, new_logprobs=new_lps, text=detok.text,
                              token_ids=seq.output_token_ids,
-                             logprobs=list(seq.output_logprobs) if want_lps else None)
+                             logprobs=list(seq.output_logprobs) if want_lps else None,
+                             prompt_logprobs=list(seq.prompt_logprobs) if want_prompt else None)
 
     # ---- convenience ----------------------------------------------------------------------------
     def generate(self, prompts: Seq[Union[str, List[int]]],

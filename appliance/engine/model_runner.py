@@ -14,7 +14,7 @@ the `EncoderCache`, keyed by content hash, within `engine.encoder_cache_bytes`; 
 import contextlib
 import logging
 import weakref
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -119,6 +119,8 @@ class ModelRunner:
             step.query_lens.append(item.num_new_tokens)
             step.context_lens.append(end)
             step.block_tables.append(table[: -(-end // bs)])
+            first, count = seq.prompt_scoring(start, end)
+            step.prompt_rows += range(row + first - start, row + first - start + count)
             row += item.num_new_tokens
             if item.will_sample:
                 step.sample_rows.append(row - 1)
@@ -199,6 +201,22 @@ class ModelRunner:
         while the forward ran, or None."""
         sampled = [item.seq for item in out.scheduled if item.will_sample]
         with self.on_device():
-            return self.sampler(logits, [s.sampling_params for s in sampled], [s.generator for s in sampled],
-                                [s.suppressed_ids() for s in sampled],
-                                masks.result() if masks is not None else None)
+            result = self.sampler(logits[:len(sampled)], [s.sampling_params for s in sampled],
+                                  [s.generator for s in sampled], [s.suppressed_ids() for s in sampled],
+                                  masks.result() if masks is not None else None)
+            if logits.shape[0] > len(sampled):
+                result.prompt_logprobs = self._prompt_logprobs(logits[len(sampled):], out)
+        return result
+
+    def _prompt_logprobs(self, logits: torch.Tensor, out: SchedulerOutput) -> Dict[str, List[Dict[int, float]]]:
+        """{request id: this step's prompt entries} from the prompt rows' logits, in `prepare`'s order."""
+        scored, row = {}, 0
+        for item in out.scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            first, count = seq.prompt_scoring(start, start + item.num_new_tokens)
+            if count:
+                targets = seq.token_ids[first + 1:first + 1 + count]
+                scored[seq.request_id] = self.sampler.score(logits[row:row + count], targets,
+                                                            seq.sampling_params.prompt_logprobs)
+                row += count
+        return scored
