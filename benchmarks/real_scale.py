@@ -100,7 +100,8 @@ def llava_tensors(config: dict):
     yield "language_model.lm_head.weight", (VOCAB, h)
     d, vi, grid = v["hidden_size"], v["intermediate_size"], IMAGE_SIZE // PATCH
     p = "vision_tower.vision_model."
-    yield from [(p + "embeddings.class_embedding", (d,)), (p + "embeddings.patch_embedding.weight", (d, 3, PATCH, PATCH)),
+    yield from [(p + "embeddings.class_embedding", (d,)),
+                (p + "embeddings.patch_embedding.weight", (d, 3, PATCH, PATCH)),
                 (p + "embeddings.position_embedding.weight", (grid * grid + 1, d)),
                 (p + "pre_layrnorm.weight", (d,)), (p + "pre_layrnorm.bias", (d,))]
     for n in range(v["num_hidden_layers"]):
@@ -156,8 +157,9 @@ def build_llava(path: Path, shape: dict) -> None:
     config = llava_config(shape, tokenizer)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     for name in ("preprocessor_config.json", "processor_config.json"):
-        text = (TINY_LLAVA / name).read_text().replace('"height": 112', f'"height": {IMAGE_SIZE}') \
-            .replace('"width": 112', f'"width": {IMAGE_SIZE}').replace('"shortest_edge": 112', f'"shortest_edge": {IMAGE_SIZE}')
+        text = (TINY_LLAVA / name).read_text()
+        for key in ("height", "width", "shortest_edge"):
+            text = text.replace(f'"{key}": 112', f'"{key}": {IMAGE_SIZE}')
         (path / name).write_text(text)
     tensors = list(llava_tensors(config))
     shards, size = [[]], 0
@@ -312,8 +314,8 @@ def child_transformers(root: Path, args) -> dict:
     if args.startup_only:
         return out
     processor = AutoProcessor.from_pretrained(path)
-    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}],
-                                         add_generation_prompt=True)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}], add_generation_prompt=True)
     inputs = processor(images=images(1, 100)[0], text=text, return_tensors="pt")
     tokens = 8 if args.quick else 32
     with torch.inference_mode():
@@ -333,7 +335,8 @@ def child_flood(root: Path, args) -> dict:
 
     shape = SHAPES[args.shape]
     side = shape["quick_scene" if args.quick else "scene"]
-    overrides = ["pipeline=prithvi_flood", f"model={shape['prithvi']}", f"model.checkpoint={root / (shape['prithvi'] + '.pt')}"]
+    checkpoint = root / f"{shape['prithvi']}.pt"
+    overrides = ["pipeline=prithvi_flood", f"model={shape['prithvi']}", f"model.checkpoint={checkpoint}"]
     if args.dtype != "auto":
         overrides.append(f"engine.dtype={args.dtype}")
     pipeline = build_pipeline(compose(overrides))
@@ -344,7 +347,8 @@ def child_flood(root: Path, args) -> dict:
     ready = time.perf_counter() - start
     start = time.perf_counter()
     out_path = root / "flood_out.tif"
-    records = list(pipeline.run([{"input": str(root / f"scene_{side}.tif"), "output": str(out_path), "overwrite": True}]))
+    scene = root / f"scene_{side}.tif"
+    records = list(pipeline.run([{"input": str(scene), "output": str(out_path), "overwrite": True}]))
     wall = time.perf_counter() - start
     tiles = int(re.search(r", (\d+) tiles?,", records[0]["display"]).group(1))
     return {"ready_s": ready, "dtype": str(engine.dtype).replace("torch.", ""), "scene": f"{side}x{side}",
@@ -369,11 +373,13 @@ def run_child(kind: str, root: Path, args) -> dict:
 def served(root: Path, args) -> dict:
     import asyncio
 
-    import httpx
-    from openai import AsyncOpenAI
-    from serve import _free_port
+    import socket
 
-    port = _free_port()
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     overrides = ["pipeline=llava_chat", "model=llava_1_5_7b", f"model.path={root / 'llava'}", f"server.port={port}"]
     if args.dtype != "auto":
         overrides.append(f"engine.dtype={args.dtype}")
@@ -492,7 +498,8 @@ def main() -> None:
         print(f"{run}: {json.dumps(result)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
         rows.append((run, result))
     flags = " ".join(f for f in NATIVE_FLAGS if f in host.cpu_flags) or "none of " + " ".join(NATIVE_FLAGS)
-    print(f"\nreal_scale ({args.shape}{', quick' if args.quick else ''}{', start-up only' if args.startup_only else ''}); "
+    mode = (", quick" if args.quick else "") + (", start-up only" if args.startup_only else "")
+    print(f"\nreal_scale ({args.shape}{mode}); "
           f"CPU flags: {flags}; {os.cpu_count()} CPUs; threads {args.threads or 'default'}; "
           f"{host.memory_available / 2 ** 30:.1f} of {host.memory_total / 2 ** 30:.1f} GiB available")
     print(table(rows))

@@ -11,8 +11,9 @@ from tests.conftest import REPO
 
 @pytest.mark.slow
 def test_real_scale_quick_at_toy_shapes(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "real_scale.py"), str(tmp_path), "--shape", "tiny",
-                             "--quick", "--runs", "ours,transformers,flood"], capture_output=True, text=True,
+    script = REPO / "benchmarks" / "real_scale.py"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path), "--shape", "tiny", "--quick",
+                             "--runs", "ours,transformers,flood"], capture_output=True, text=True,
                             timeout=900, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "failed:" not in result.stdout, result.stdout

@@ -157,7 +157,7 @@ class _Sizing:
             why = f"derived: {CUDA_MEMORY_UTILIZATION:.0%} of the card after the weights"
         else:
             spare = self.host.memory_available - self.weights(dtype) - self.reserve()
-            room = min(int(CPU_KV_SHARE * spare), CPU_KV_CAP_BYTES * self.world) // self.world
+            room = min(int(CPU_KV_SHARE * spare), CPU_KV_CAP_BYTES) // self.world  # all ranks share the host
             why = f"derived: half the memory left after the weights, at most {_gib(CPU_KV_CAP_BYTES)}"
         if room >= useful:
             return useful, f"derived: what max_num_seqs={self.cfg.max_num_seqs} full-length sequences use"
