@@ -27,6 +27,7 @@ from appliance.engine.encoder_cache import EncoderCache
 from appliance.engine.int8 import kernel_problem
 from appliance.engine.linear import pack_for_cpu, quantize_int8
 from appliance.engine.loader import iter_weights
+from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models import MODEL_REGISTRY, get_model_class
 from appliance.engine.models.base import CausalLM, MultimodalCausalLM
 from appliance.engine.parallel import ParallelState
@@ -61,9 +62,9 @@ class ModelRunner:
         with self.on_device():  # the xformers probe runs kernels on this device
             self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype, geometry,
                                                use_cpu_kernels=bool(cfg.cpu_kernels))
-        with torch.device(self.device):
-            model = model_cls(hf_config, self.tp, self.attn_backend, max_model_len)
-        self.model: CausalLM = model.to(self.dtype).eval()
+        # Built without memory, given storage in the final dtype, filled once from the checkpoint.
+        model = build_on_meta(lambda: model_cls(hf_config, self.tp, self.attn_backend, max_model_len))
+        self.model: CausalLM = materialize(model, self.device, self.dtype).eval()
         self.model.load_weights(iter_weights(model_path))
         if getattr(cfg.quantization, "value", cfg.quantization) == "int8":
             problem = kernel_problem(self.device)

@@ -1,0 +1,87 @@
+"""What a checkpoint holds, read without loading it: its own dtype and how many weights it has.
+
+An HF directory: the dtype config.json declares (`dtype`, transformers 4's `torch_dtype`, or its
+`text_config`'s), else the dtype most of its tensors have; sizes from the safetensors headers.
+A single file (terratorch `.pt`/`.ckpt`, our `.safetensors`): the dtype of most of its floating point
+weights (a `.pt` is memory-mapped, its tensors are not read).
+"""
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+
+from appliance.engine.safetensors_files import SAFETENSORS_DTYPES, checkpoint_files, read_header
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    dtype: torch.dtype  # the checkpoint's own floating point dtype
+    float_elements: int  # elements of its floating point tensors: the weights a dtype applies to
+    other_bytes: int = 0  # integer tensors (kept as they are)
+
+    def weight_bytes(self, dtype: torch.dtype) -> int:
+        """The weights' memory in `dtype` (an upper bound: tensors the engine skips are counted)."""
+        return self.float_elements * dtype.itemsize + self.other_bytes
+
+
+def hf_checkpoint_facts(path: str) -> CheckpointFacts:
+    """Facts of an HF model directory (config.json and its safetensors)."""
+    tensors = []
+    for file in checkpoint_files(path):
+        _, header = read_header(file)
+        tensors += [(SAFETENSORS_DTYPES.get(t["dtype"]), t["shape"]) for t in header.values()]
+    facts = _facts(tensors, path)
+    declared = declared_dtype(path)
+    return CheckpointFacts(declared, facts.float_elements, facts.other_bytes) if declared else facts
+
+
+def file_checkpoint_facts(file: str) -> CheckpointFacts:
+    """Facts of a single checkpoint file (.safetensors, or a torch .pt/.pth/.ckpt state dict)."""
+    if file.endswith(".safetensors"):
+        _, header = read_header(file)
+        return _facts([(SAFETENSORS_DTYPES.get(t["dtype"]), t["shape"]) for t in header.values()], file)
+    state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    tensors = state.values() if isinstance(state, dict) else []
+    return _facts([(t.dtype, t.shape) for t in tensors if isinstance(t, torch.Tensor)], file)
+
+
+def model_checkpoint_facts(model_cfg) -> CheckpointFacts:
+    """Facts of a config's model: `model.checkpoint` (a file) or else `model.path` (an HF directory)."""
+    checkpoint = getattr(model_cfg, "checkpoint", None)
+    return file_checkpoint_facts(str(checkpoint)) if checkpoint else hf_checkpoint_facts(str(model_cfg.path))
+
+
+def declared_dtype(path: str) -> Optional[torch.dtype]:
+    """The dtype config.json declares for the weights, if any."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    for node in (config, config.get("text_config") or {}):
+        name = node.get("dtype") or node.get("torch_dtype")
+        dtype = getattr(torch, name, None) if isinstance(name, str) else None
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+            return dtype
+    return None
+
+
+def _facts(tensors: Iterable[Tuple[Optional[torch.dtype], Iterable[int]]], source: str) -> CheckpointFacts:
+    elements: Dict[torch.dtype, int] = Counter()
+    other = 0
+    for dtype, shape in tensors:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        if dtype is not None and dtype.is_floating_point:
+            elements[dtype] += n
+        elif dtype is not None:
+            other += n * dtype.itemsize
+    if not elements:
+        raise ValueError(f"{source} holds no floating point weights")
+    return CheckpointFacts(max(elements, key=elements.get), sum(elements.values()), other)
