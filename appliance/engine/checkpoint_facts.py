@@ -6,6 +6,7 @@ A single file (terratorch `.pt`/`.ckpt`, our `.safetensors`): the dtype of most 
 weights (a `.pt` is memory-mapped, its tensors are not read).
 """
 import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -16,26 +17,41 @@ import torch
 from appliance.engine.safetensors_files import SAFETENSORS_DTYPES, checkpoint_files, read_header
 
 
+# The language model's projections, the weights engine.quantization=int8 stores as int8 (linear.py's
+# column- and row-parallel layers); a vision tower's layers of the same names stay in the dtype.
+DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def is_decoder_projection(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in DECODER_PROJECTIONS \
+        and "vision_tower" not in parts
+
+
 @dataclass(frozen=True)
 class CheckpointFacts:
     dtype: torch.dtype  # the checkpoint's own floating point dtype
     float_elements: int  # elements of its floating point tensors: the weights a dtype applies to
     other_bytes: int = 0  # integer tensors (kept as they are)
+    projection_elements: int = 0  # of float_elements, those of the decoder's projections (int8 candidates)
 
-    def weight_bytes(self, dtype: torch.dtype) -> int:
-        """The weights' memory in `dtype` (an upper bound: tensors the engine skips are counted)."""
-        return self.float_elements * dtype.itemsize + self.other_bytes
+    def weight_bytes(self, dtype: torch.dtype, int8: bool = False) -> int:
+        """The weights' memory in `dtype`, the decoder's projections as int8 bytes when `int8` (an upper
+        bound: tensors the engine skips are counted; int8's per-row scales are left out, ~0.1 %)."""
+        projections = self.projection_elements if int8 else 0
+        return (self.float_elements - projections) * dtype.itemsize + projections + self.other_bytes
 
 
 def hf_checkpoint_facts(path: str) -> CheckpointFacts:
     """Facts of an HF model directory (config.json and its safetensors)."""
-    tensors = []
+    tensors, projections = [], 0
     for file in checkpoint_files(path):
         _, header = read_header(file)
         tensors += [(SAFETENSORS_DTYPES.get(t["dtype"]), t["shape"]) for t in header.values()]
+        projections += sum(math.prod(t["shape"]) for name, t in header.items() if is_decoder_projection(name))
     facts = _facts(tensors, path)
-    declared = declared_dtype(path)
-    return CheckpointFacts(declared, facts.float_elements, facts.other_bytes) if declared else facts
+    return CheckpointFacts(declared_dtype(path) or facts.dtype, facts.float_elements, facts.other_bytes,
+                           projections)
 
 
 def file_checkpoint_facts(file: str) -> CheckpointFacts:

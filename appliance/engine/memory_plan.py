@@ -18,7 +18,9 @@ KV cache (`engine.kv_cache_memory_bytes`, per rank; `null`, the default, derives
 
 A model that cannot fit (weights + the KV cache, at least one `max_model_len` sequence when derived,
 + the reserve, against the memory available) is refused with one line that names the figures and
-the dtype that would fit.
+the dtype or quantization that would fit. With `engine.quantization: int8` the decoder's projections
+count a byte a weight once loaded; they load in the dtype first, so the whole checkpoint in the dtype
+(+ the reserve) must fit too, before any KV cache exists.
 """
 import math
 from dataclasses import dataclass
@@ -116,10 +118,12 @@ class _Sizing:
         self.cfg, self.facts, self.host, self.kv, self.max_model_len = cfg, facts, host, kv, max_model_len
         self.world = max(1, cfg.tensor_parallel_size)
         self.cuda = str(cfg.device).startswith("cuda")
+        self.int8 = getattr(cfg.quantization, "value", cfg.quantization) == "int8"
 
-    def weights(self, dtype: torch.dtype) -> int:
-        """Weights on the device that `host` describes: a card holds its rank's share, a host all ranks'."""
-        total = self.facts.weight_bytes(dtype)
+    def weights(self, dtype: torch.dtype, int8: Optional[bool] = None) -> int:
+        """Weights once loaded (int8 projections when this engine quantizes, unless `int8` says) on the
+        device that `host` describes: a card holds its rank's share, a host all ranks'."""
+        total = self.facts.weight_bytes(dtype, self.int8 if int8 is None else int8)
         return math.ceil(total / self.world) if self.cuda else total
 
     def reserve(self) -> int:
@@ -132,8 +136,10 @@ class _Sizing:
         """One max_model_len sequence, per rank."""
         return self.kv.bytes_for(self.max_model_len, dtype) if self.kv else 0
 
-    def need(self, dtype: torch.dtype, kv_per_rank: int) -> int:
-        return self.weights(dtype) + self.ranks_here() * kv_per_rank + self.reserve()
+    def need(self, dtype: torch.dtype, kv_per_rank: int, int8: Optional[bool] = None) -> int:
+        serving = self.weights(dtype, int8) + self.ranks_here() * kv_per_rank + self.reserve()
+        loading = self.weights(dtype, int8=False) + self.reserve()  # int8: quantized after loading
+        return max(serving, loading)
 
     def fits(self, dtype: torch.dtype) -> bool:
         """Known to fit (unknown memory: no, so auto never doubles the weights on a guess)."""
@@ -191,7 +197,11 @@ class _Sizing:
         hints = ["more memory"]
         if self.kv is not None:
             hints.append("a smaller engine.max_model_len" if kv_derived else "a smaller engine.kv_cache_memory_bytes")
-        return f"no dtype this engine runs fits (int8 weights are not supported yet): use {' or '.join(hints)}"
+        if not self.int8 and self.kv is not None:
+            need = self.need(dtype, self.min_kv(dtype) if kv_derived else kv_per_rank, int8=True)
+            if need <= self.host.memory_available:
+                return f"engine.quantization=int8 would need {_gib(need)}, which fits"
+        return f"no dtype or quantization this engine runs fits: use {' or '.join(hints)}"
 
 
 def _gib(n: int) -> str:

@@ -109,12 +109,32 @@ def test_fp32_on_a_small_machine_is_refused_naming_the_dtype_that_fits():
 
 
 def test_a_model_no_dtype_fits_is_refused_with_what_to_change():
-    with pytest.raises(ConfigError, match=r"needs 15\.9 GiB .* has 8\.0 GiB available; no dtype this engine runs "
-                                          r"fits .*more memory or a smaller engine\.max_model_len"):
+    with pytest.raises(ConfigError, match=r"needs 15\.9 GiB .* has 8\.0 GiB available; no dtype or quantization "
+                                          r"this engine runs fits: use more memory or a smaller engine\.max_model_len"):
         plan(machine=host(AMX, 8))
     with pytest.raises(ConfigError, match=r"KV cache \(engine\.kv_cache_memory_bytes\).*a smaller "
                                           r"engine\.kv_cache_memory_bytes"):
         plan(machine=host(AMX, 20), kv_cache_memory_bytes=10 * GIB)
+
+
+B7_PROJECTIONS = 6_480_000_000  # of B7, the decoder's projections
+
+
+def int8_plan(gib, **cfg):
+    facts = CheckpointFacts(torch.bfloat16, B7, 0, B7_PROJECTIONS)
+    return plan_memory(EngineConfig(device="cpu", **cfg), facts, host(AMX, gib), "model M", LLAVA_7B_KV, 4096)
+
+
+def test_int8_weights_leave_the_kv_cache_more_room_and_are_suggested_where_they_fit():
+    assert int8_plan(14, quantization="int8").kv_cache_memory_bytes > int8_plan(19).kv_cache_memory_bytes >= 0
+    with pytest.raises(ConfigError, match=r"engine\.quantization=int8 would need 13\.\d GiB, which fits"):
+        int8_plan(14)
+
+
+def test_int8_still_needs_the_checkpoint_in_its_dtype_while_it_loads():
+    with pytest.raises(ConfigError, match="does not fit"):
+        int8_plan(13, quantization="int8")  # 12.9 GiB of bf16 + 1 GiB reserve while loading
+    assert int8_plan(14.5, quantization="int8").dtype == torch.bfloat16
 
 
 def test_memory_budget_bytes_caps_the_machine():
@@ -144,6 +164,11 @@ def test_checkpoint_facts_from_headers(tmp_path):
                                "model.n": torch.zeros(3, dtype=torch.int64)}}, tmp_path / "c.pt")
     pt = file_checkpoint_facts(str(tmp_path / "c.pt"))
     assert (pt.dtype, pt.float_elements, pt.other_bytes) == (torch.bfloat16, 100, 24)
+    # The language model's projections, not the vision tower's (CLIP's have the same names).
+    projections = [n for n in ref if n.split(".")[-2:-1] and n.split(".")[-2] in (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj") and n.endswith(".weight")]
+    assert any("vision_tower" in n for n in projections)
+    assert facts.projection_elements == sum(ref[n].numel() for n in projections if "vision_tower" not in n) > 0
 
 
 PROC_CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 amx_bf16 amx_tile\n\nprocessor\t: 1\n"
