@@ -42,6 +42,8 @@ class SceneInfo:
     mask_band: bool  # the file carries a GDAL mask band (0 = no data), e.g. JPEG-compressed scenes
     crs: Any  # rasterio CRS or None
     transform: Any  # affine.Affine
+    links: Tuple[str, ...] = ()  # what the mask is derived from (files, URLs, a STAC item), for its STAC item
+    datetime: Optional[str] = None  # acquisition time when the source says (ISO 8601 or TIFFTAG_DATETIME)
 
     @property
     def name(self) -> str:
@@ -198,7 +200,7 @@ def inspect_scene(
             band_indexes=tuple(indexes), band_names=tuple(model_bands),
             scales=tuple(float(s) for s in scales), offsets=tuple(float(o) for o in offsets),
             nodata=tuple(band_nodata), nodata_fill=float(nodata_fill), mask_band=mask_band,
-            crs=ds.crs, transform=ds.transform,
+            crs=ds.crs, transform=ds.transform, links=(str(path),), datetime=ds.tags().get("TIFFTAG_DATETIME"),
         )
 
 

@@ -27,6 +27,7 @@ from appliance.stages.geo.cog import overview_resampling, translate_to_cog
 from appliance.stages.geo.quicklook import class_colour, quicklook_path, write_quicklook
 from appliance.stages.geo.read import geo_contract
 from appliance.stages.geo.scene import open_raster, probe_geotiff
+from appliance.stages.geo.stac_out import mask_item, stac_path, write_item
 from appliance.stages.geo.stitch import NODATA_CLASS
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class MaskWriter:
         self.file = AtomicFile(output_path, sidecars=(".aux.xml",))  # GDAL may leave statistics beside it
         self.draft = AtomicFile(output_path, sidecars=(".aux.xml",)) if cog else None
         self.temp_path = (self.draft or self.file).temp_path
+        self.dtype = dtype
         self.resampling = overview_resampling(dtype == "uint8", resampling)
         self.counts = np.zeros(len(class_names), dtype=np.int64)
         self.nodata_pixels = 0
@@ -149,6 +151,7 @@ class RasterWriteOptions:
     overview_resampling: Optional[str] = None  # COG overviews; None: mode for classes, average for probabilities
     quicklook: bool = False  # also write <output stem>.quicklook.png (mask over RGB, downsampled)
     quicklook_size: int = 1024  # longer side of the quicklook in pixels
+    stac: bool = True  # also write <output stem>.stac.json, a STAC item describing the mask
 
 
 @register_stage
@@ -205,10 +208,20 @@ class RasterWrite(Stage):
     def _finish(self, record: Record, writer: MaskWriter) -> Record:
         scene, path = record["scene"], record["output_path"]
         text = describe(path, scene, record["strip"].tiles, writer.counts, writer.nodata_pixels, writer.class_names)
+        quicklook = None
         if record.get("quicklook", self.options.quicklook):  # a server request may ask for one
-            target = quicklook_path(path)
-            write_quicklook(scene, path, target, self.options.quicklook_size)
-            text += f" (quicklook {target})"
+            quicklook = quicklook_path(path)
+            write_quicklook(scene, path, quicklook, self.options.quicklook_size)
+            text += f" (quicklook {quicklook})"
+        if self.options.stac:
+            item = mask_item(scene, path, writer.class_names, writer.dtype == "uint8", self.cfg.model.name,
+                             self.cfg.pipeline.name, quicklook)
+            target = stac_path(path)
+            try:
+                write_item(item, target)
+            except OSError as e:
+                raise InputError(f"output: writing {target} failed ({e.strerror or e}); the mask {path} was "
+                                 "written; free space or pass pipeline.stages.raster_write.stac=false") from None
         out = {k: v for k, v in record.items() if k != "strip"}
         out["display"] = text
         return out
