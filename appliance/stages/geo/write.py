@@ -48,9 +48,12 @@ class MaskWriter:
     def __init__(self, scene, output_path: str, bands: int, dtype: str, class_names: List[str], block: int,
                  cog: bool = True, resampling: Optional[str] = None):
         self.scene, self.output_path, self.class_names, self.block = scene, output_path, class_names, block
-        self.file = AtomicFile(output_path, sidecars=(".aux.xml",))  # GDAL may leave statistics beside it
-        self.draft = AtomicFile(output_path, sidecars=(".aux.xml",)) if cog else None
-        self.temp_path = (self.draft or self.file).temp_path
+        # Strips go to the draft; a COG is made from it into a second temp file only at commit, so an
+        # interrupted run has one temp file to remove. GDAL may leave statistics (.aux.xml) beside either.
+        self.draft = AtomicFile(output_path, sidecars=(".aux.xml",))
+        self.file: Optional[AtomicFile] = None
+        self.cog = cog
+        self.temp_path = self.draft.temp_path
         self.dtype = dtype
         self.resampling = overview_resampling(dtype == "uint8", resampling)
         self.counts = np.zeros(len(class_names), dtype=np.int64)
@@ -88,10 +91,13 @@ class MaskWriter:
         with self._writing():
             self.dataset.close()
             self._verify(self.temp_path)
-            if self.draft is not None:
-                translate_to_cog(self.draft.temp_path, self.file.temp_path, self.block, self.resampling)
-                self.draft.abort()
-                self._verify(self.file.temp_path)
+            if not self.cog:
+                self.draft.commit()
+                return
+            self.file = AtomicFile(self.output_path, sidecars=(".aux.xml",))
+            translate_to_cog(self.draft.temp_path, self.file.temp_path, self.block, self.resampling)
+            self.draft.abort()
+            self._verify(self.file.temp_path)
             self.file.commit()
 
     def _verify(self, path: str) -> None:
@@ -125,9 +131,9 @@ class MaskWriter:
                 dataset.close()
             except Exception:  # the temp file goes anyway
                 pass
-        if self.draft is not None:
-            self.draft.abort()
-        self.file.abort()
+        self.draft.abort()
+        if self.file is not None:
+            self.file.abort()
 
 
 def describe(output_path: str, scene, tiles: int, counts: np.ndarray, nodata: int, class_names: List[str]) -> str:
