@@ -50,6 +50,8 @@ class SceneReader:
                     invalid |= ds.read_masks(bands[0], window=window) == 0
             except RasterioError as e:
                 label = scene.labels[positions[0]] if scene.labels else file
+                if scene.fetch is not None:  # serve mode: the request's field leads (the error's param)
+                    label = f"{scene.fetch[1]}: {label}"
                 raise InputError(
                     f"{label}: cannot read the window of rows {y}..{y + height - 1}, columns {x}..{x + width - 1} "
                     f"({_first_line(e)}); the file may be truncated, corrupt or no longer reachable"
@@ -82,5 +84,5 @@ def open_scene(scene: SceneInfo) -> Iterator[SceneReader]:
         for position, file in enumerate(scene.files):
             if file not in datasets:
                 label = scene.labels[position] if scene.labels else None
-                datasets[file] = stack.enter_context(open_raster(file, label))
+                datasets[file] = stack.enter_context(open_raster(file, label, scene.fetch))
         yield SceneReader(scene, datasets)

@@ -47,6 +47,7 @@ class SceneInfo:
     files: Tuple[str, ...] = ()  # per model band, the GDAL path holding it (one path repeated: a multi-band file)
     offset: Tuple[int, int] = (0, 0)  # (row, column) of the scene's first pixel in the files' grid
     labels: Tuple[str, ...] = ()  # per model band, how messages name its file
+    fetch: Any = None  # SceneSpec.fetch: (FetchPolicy, field) when remote files go through the fetcher
     links: Tuple[str, ...] = ()  # what the mask is derived from (files, URLs, a STAC item), for its STAC item
     datetime: Optional[str] = None  # acquisition time when the source says (ISO 8601 or TIFFTAG_DATETIME)
 
@@ -63,9 +64,10 @@ REMOTE_OPTIONS = dict(GDAL_DISABLE_READDIR_ON_OPEN="EMPTY_DIR", GDAL_HTTP_CONNEC
 
 
 @contextlib.contextmanager
-def open_raster(path: str, label: Optional[str] = None) -> Iterator[rasterio.DatasetReader]:
+def open_raster(path: str, label: Optional[str] = None, fetch=None) -> Iterator[rasterio.DatasetReader]:
     """rasterio.open without the not-georeferenced warning (we log our own) and with clear errors. `path`
     may be a URL (https://, s3://), read by range requests with REMOTE_OPTIONS in force while it is open;
+    with `fetch` (serve mode: a FetchPolicy and the request's field) through the SSRF-safe fetcher.
     `label` names it in messages (default: the path, or the URL without its query string)."""
     remote = is_remote(path)
     name = label or shown(path)
@@ -75,7 +77,7 @@ def open_raster(path: str, label: Optional[str] = None) -> Iterator[rasterio.Dat
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", NotGeoreferencedWarning)
-                dataset = rasterio.open(gdal_path(path))
+                dataset = _open_remote(path, name, fetch) if remote and fetch else rasterio.open(gdal_path(path))
         except RasterioError as e:
             if remote:
                 raise InputError(f"{name}: cannot be opened ({_first_line(e)}); the URL must answer HTTP range "
@@ -90,6 +92,22 @@ def open_raster(path: str, label: Optional[str] = None) -> Iterator[rasterio.Dat
             yield dataset
 
 
+def _open_remote(url: str, name: str, fetch) -> rasterio.DatasetReader:
+    from appliance.stages.geo.remote_file import opener_for
+
+    policy, field = fetch
+    if not url.lower().startswith(("http://", "https://")):
+        raise InputError(f"{field}: {name}: the server reads http(s) URLs only; s3:// is for appliance run and "
+                         "the batch Job")
+    errors: List[InputError] = []
+    try:
+        return rasterio.open(url, opener=opener_for(url, policy, field, policy.max_bytes, errors))
+    except RasterioError as e:
+        if errors:
+            raise errors[-1] from None
+        raise InputError(f"{field}: {name}: cannot be read as a GeoTIFF ({_first_line(e)})") from None
+
+
 def _looks_like_tiff(path: str) -> bool:
     try:
         with open(path, "rb") as f:
@@ -99,11 +117,11 @@ def _looks_like_tiff(path: str) -> bool:
     return magic in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # TIFF and BigTIFF
 
 
-def probe_geotiff(path: str, label: Optional[str] = None) -> None:
+def probe_geotiff(path: str, label: Optional[str] = None, fetch=None) -> None:
     """InputError unless `path` is a non-empty GeoTIFF whose blocks all lie inside the file (for a URL:
     whose header reads; a truncated remote file fails at its first missing block, before any output)."""
     if is_remote(path):
-        with open_raster(path, label) as ds:
+        with open_raster(path, label, fetch) as ds:
             _check_header(ds, label or shown(path))
         return
     if not os.path.exists(path):
@@ -237,7 +255,7 @@ def inspect_scene(
         nodata=tuple(nodata if nodata is not None else b.nodata for b in bands), nodata_fill=float(nodata_fill),
         mask_band=any(b.mask_band for b in bands), crs=first.crs, transform=transform,
         files=tuple(b.file for b in bands), offset=(row, col), labels=tuple(b.label for b in bands),
-        links=spec.links, datetime=spec.datetime or first.datetime,
+        links=spec.links, datetime=spec.datetime or first.datetime, fetch=spec.fetch,
     )
 
 
@@ -266,8 +284,8 @@ def _band(ds, file: str, label: str, index: int) -> _Band:
 
 def _multi_band(spec: SceneSpec, model_bands: Sequence[str], requested) -> List[_Band]:
     file, label = spec.files[0], spec.label(0)
-    probe_geotiff(file, label)
-    with open_raster(file, label) as ds:
+    probe_geotiff(file, label, spec.fetch)
+    with open_raster(file, label, spec.fetch) as ds:
         try:
             indexes = select_bands(requested, ds.descriptions, model_bands)
         except InputError as e:
@@ -283,8 +301,8 @@ def _per_band(spec: SceneSpec, model_bands: Sequence[str], requested) -> List[_B
     bands = []
     for position, (file, name) in enumerate(zip(spec.files, model_bands)):
         label = spec.label(position)
-        probe_geotiff(file, label)
-        with open_raster(file, label) as ds:
+        probe_geotiff(file, label, spec.fetch)
+        with open_raster(file, label, spec.fetch) as ds:
             if ds.count != 1:
                 raise InputError(f"{label}: has {ds.count} bands; a per-band input is one single-band file per "
                                  f"model band ({name} here)")

@@ -24,6 +24,9 @@ class SceneSpec:
     labels: Tuple[str, ...] = ()  # per file, how messages name it (a STAC asset key; default the file)
     links: Tuple[str, ...] = ()  # what the mask derives from (the STAC item, else the files)
     datetime: Optional[str] = None
+    # (FetchPolicy, request field) in `appliance serve`: remote files are read through the SSRF-safe
+    # fetcher (remote_file.py) instead of GDAL's /vsicurl/. None: the CLI's and batch Job's own network.
+    fetch: Any = None
 
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels else shown(self.files[index])
