@@ -18,6 +18,7 @@ KINDS = {
     "llava-chat": {"Deployment", "Service", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget",
                    "ConfigMap"},
     "prithvi-flood-batch": {"Job"},
+    "prithvi-flood-object-storage": {"Job"},
     "extra-config": {"Deployment", "Service", "ConfigMap"},
 }
 
