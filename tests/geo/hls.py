@@ -64,6 +64,8 @@ class RangeServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as object stores and web servers do
+
             def log_message(self, *args):
                 pass
 
