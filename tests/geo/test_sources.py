@@ -9,7 +9,7 @@ from rasterio.warp import transform_bounds
 
 from appliance.errors import InputError
 from appliance.stages.geo.aoi import Aoi, aoi_window, parse_aoi
-from tests.geo.conftest import run_geo, synthetic
+from tests.geo.conftest import run_geo
 from tests.geo.hls import masks_equal, split_bands, stac_item
 
 
