@@ -58,6 +58,9 @@ class GeoModelConfig:
     stds: List[float] = MISSING
     scale: float = 1.0  # DN -> reflectance multiplier applied before normalisation
     class_names: List[str] = MISSING
+    # STAC names of `bands`, in order: an item's asset serves a band when its eo:bands common_name or name
+    # (or the asset key) is this name. None: the model takes no STAC items.
+    stac_bands: Optional[List[str]] = None
 
 
 @dataclass
@@ -116,6 +119,8 @@ class AppConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     # Per-invocation arguments of `appliance run`.
     input: Optional[Any] = None  # a path or a list of paths
+    aoi: Optional[Any] = None  # geo: [xmin, ymin, xmax, ymax] limiting the run (lon/lat unless aoi_crs)
+    aoi_crs: Optional[str] = None
     output: Optional[Any] = None
     prompt: Optional[str] = None
     overwrite: bool = False

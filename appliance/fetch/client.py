@@ -42,6 +42,17 @@ def fetch_bytes(url: str, policy: FetchPolicy, field: str, *,
     return b"".join(chunks)
 
 
+def fetch_range(url: str, start: int, end: int, policy: FetchPolicy, field: str, *,
+                ssl_context: Optional[ssl.SSLContext] = None) -> tuple[bytes, int]:
+    """Bytes `start..end` (inclusive) of `url` and the file's total size (from Content-Range), by one
+    ranged GET under the same rules; a host that does not answer 206 is an InputError. For readers that
+    take a file a window at a time (GeoTIFFs, appliance/stages/geo/remote_file.py)."""
+    chunks: list[bytes] = []
+    transfer = _Transfer(url, policy, field, ssl_context, byte_range=(start, end))
+    transfer.run(chunks.append)
+    return b"".join(chunks), transfer.total_size
+
+
 def fetch_to_file(url: str, path: Union[str, os.PathLike, BinaryIO], policy: FetchPolicy, field: str, *,
                   ssl_context: Optional[ssl.SSLContext] = None) -> int:
     """Stream `url` into `path` and return the bytes written. On failure nothing is left behind.
@@ -89,9 +100,12 @@ class _Hop:
 class _Transfer:
     """One fetch: the policy, the field for messages, and the deadline shared by every hop."""
 
-    def __init__(self, url: str, policy: FetchPolicy, field: str, ssl_context: Optional[ssl.SSLContext]):
+    def __init__(self, url: str, policy: FetchPolicy, field: str, ssl_context: Optional[ssl.SSLContext],
+                 byte_range: Optional[tuple[int, int]] = None):
         self.url, self.policy, self.field, self.ssl_context = url, policy, field, ssl_context
         self.deadline = time.monotonic() + policy.total_timeout_s
+        self.byte_range = byte_range  # (start, end) inclusive: a ranged GET that must answer 206
+        self.total_size = -1  # the whole file's size, from a 206's Content-Range
 
     def run(self, write: Callable[[bytes], object]) -> int:
         url, origin = self.url, None
@@ -181,7 +195,8 @@ class _Transfer:
              hop: _Hop) -> http.client.HTTPResponse:
         try:
             self._set_read_timeout(sock, hop)
-            connection.request("GET", hop.path, headers=HEADERS)
+            headers = HEADERS if self.byte_range is None else {**HEADERS, "Range": "bytes=%d-%d" % self.byte_range}
+            connection.request("GET", hop.path, headers=headers)
             return connection.getresponse()
         except (http.client.InvalidURL, UnicodeError):
             self._fail(f"the URL for {hop.where} holds characters that cannot be sent (spaces, control or "
@@ -202,7 +217,13 @@ class _Transfer:
     def _stream(self, sock: socket.socket, response: http.client.HTTPResponse, hop: _Hop,
                 write: Callable[[bytes], object]) -> int:
         limit = self.policy.max_bytes
-        if response.status != 200:
+        if self.byte_range is not None:
+            if response.status != 206:
+                self._fail(f"{hop.where} answered HTTP {response.status} to a range request; the URL must answer "
+                           "206 with the bytes asked for (a server that supports HTTP range requests)")
+            total = (response.getheader("Content-Range") or "").rpartition("/")[2]
+            self.total_size = int(total) if total.isdigit() else -1
+        elif response.status != 200:
             self._fail(f"{hop.where} answered HTTP {response.status}; the URL must answer 200 with the file")
         declared = response.length  # from Content-Length; None when chunked or absent
         if declared is not None and declared > limit:

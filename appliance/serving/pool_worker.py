@@ -117,12 +117,18 @@ class PoolWorker(Worker):
         session.started = True
         self.metrics.queue.observe(time.monotonic() - session.arrival)
         try:
+            source = job.input_path
             if job.input_url is not None:
                 from appliance.fetch import FetchPolicy, fetch_to_file
+                from appliance.stages.geo.sources import is_stac_item
+                from appliance.stages.geo.stac_in import served_item_spec
 
-                fetch_to_file(job.input_url, job.input_path, FetchPolicy.from_server_config(self.cfg.server),
-                              job.field)
-            record = {"input_path": job.input_path, "output_path": job.output_path, "scene_index": 0,
+                policy = FetchPolicy.from_server_config(self.cfg.server)
+                if is_stac_item(job.input_url):  # per-band assets, read by windows through the fetcher
+                    source = served_item_spec(job.input_url, self.cfg.model.geo, policy, job.field)
+                else:
+                    fetch_to_file(job.input_url, job.input_path, policy, job.field)
+            record = {"input_path": source, "output_path": job.output_path, "scene_index": 0,
                       "overwrite": True, "quicklook": job.quicklook, "bands": job.bands}
             bridge = EngineBridge(session, self.input_field, self.output_field, self.in_flight)
             last: Optional[Record] = None

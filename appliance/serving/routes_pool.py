@@ -26,6 +26,7 @@ from appliance.serving.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.routes_generate import check_model
 from appliance.stages.geo.quicklook import quicklook_path
+from appliance.stages.geo.stac_out import stac_path
 
 RAW_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")
 
@@ -63,7 +64,7 @@ class PoolRoutes:
             output = os.path.join(self.output_dir, f"{uid}.tif")
         else:
             output = self._spool(uid, ".out.tif")
-            spooled += [output, output + ".aux.xml"]
+            spooled += [output, output + ".aux.xml", stac_path(output)]
         job = PoolJob(input_path, url, output, "data.data", bands=parsed.bands)
         del body
         parsed.data = None  # the scene is on disk now: a request waiting in the queue holds no copy of it
@@ -85,7 +86,7 @@ class PoolRoutes:
         quicklook = quicklook in ("true", "1")
         uid = new_id("pool")
         input_path, output = self._spool(uid, ".in.tif"), self._spool(uid, ".out.tif")
-        spooled = [input_path, output, output + ".aux.xml", quicklook_path(output)]
+        spooled = [input_path, output, output + ".aux.xml", quicklook_path(output), stac_path(output)]
         try:
             size = 0
             with open(input_path, "wb") as f:

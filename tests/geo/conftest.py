@@ -25,6 +25,7 @@ GEO = {
     "stds": [0.07406382, 0.07370365, 0.08692279, 0.11798815, 0.09772074, 0.07659938],
     "scale": 0.0001,
     "class_names": ["land", "water"],
+    "stac_bands": ["blue", "green", "red", "nir08", "swir16", "swir22"],
 }
 
 

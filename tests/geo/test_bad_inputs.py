@@ -131,7 +131,7 @@ def test_output_exists_needs_overwrite(dirs):
         run_geo(str(scene), out / "m.tif")
     assert (out / "m.tif").read_bytes() == b"old" and leftovers(out) == ["m.tif"]
     run_geo(str(scene), out / "m.tif", overwrite=True)
-    assert rasterio.open(out / "m.tif").width == 30 and leftovers(out) == ["m.tif"]
+    assert rasterio.open(out / "m.tif").width == 30 and leftovers(out) == ["m.stac.json", "m.tif"]
 
 
 def test_output_directory_below_a_file(dirs):
@@ -183,7 +183,7 @@ def test_abandoned_run_leaves_no_file(dirs):
     stream = pipeline.run([{"input": [str(a), str(b)], "output": str(out), "overwrite": False}])
     next(stream)  # a is done; b is half-written when we walk away
     stream.close()
-    assert leftovers(out) == ["a.mask.tif"]
+    assert leftovers(out) == ["a.mask.stac.json", "a.mask.tif"]
 
 
 @pytest.mark.parametrize("height, width", [(1, 1), (1, 300), (300, 1), (2, 3)])

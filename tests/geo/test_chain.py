@@ -44,7 +44,7 @@ def test_mask_matches_labels_and_input_grid(scene, tmp_path):
     assert water_iou(mask, labels) > 0.9
     water_share = float(display.split("water ")[1].split("%")[0])
     assert water_share == pytest.approx(100 * (mask == 1).sum() / (mask != 255).sum(), abs=0.05)
-    assert sorted(p.name for p in out.parent.iterdir()) == ["mask.tif"]  # no temp files left
+    assert sorted(p.name for p in out.parent.iterdir()) == ["mask.stac.json", "mask.tif"]  # no temp files left
 
 
 @pytest.mark.parametrize("tile_size, overlap", [(64, 0), (100, 37), (128, 32), (256, 200), (333, 1)])

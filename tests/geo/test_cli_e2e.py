@@ -64,7 +64,7 @@ def test_run_writes_mask_on_the_input_grid(checkpoint, dirs):
     assert "Traceback" not in result.stderr
     mask = assert_mask_matches(out / "mask.tif", scene)
     assert (mask == 255).any(), "the synthetic scene has nodata patches"
-    assert listing(src, out) == [["a.tif"], ["mask.tif"]]
+    assert listing(src, out) == [["a.tif"], ["mask.stac.json", "mask.tif"]]
 
 
 @pytest.mark.filterwarnings("ignore::rasterio.errors.NotGeoreferencedWarning")  # reading nocrs.tif here
@@ -85,7 +85,8 @@ def test_several_inputs_into_a_directory_including_all_nodata_and_no_crs(checkpo
     assert "empty.mask.tif: 50x40, 1 tile, water n/a, nodata 100.0%" in lines[1]
     assert "nocrs.mask.tif: 70x40, 2 tiles" in lines[2]
     assert "nocrs.tif has no CRS" in result.stderr and "Traceback" not in result.stderr
-    assert listing(out / "masks") == [["a.mask.tif", "empty.mask.tif", "nocrs.mask.tif"]]
+    assert listing(out / "masks") == [[f"{name}.mask.{kind}" for name in ("a", "empty", "nocrs")
+                                       for kind in ("stac.json", "tif")]]
     assert_mask_matches(out / "masks" / "a.mask.tif", a)
     assert_mask_matches(out / "masks" / "nocrs.mask.tif", nocrs)
     with rasterio.open(out / "masks" / "empty.mask.tif") as dst:

@@ -84,7 +84,7 @@ def test_the_rendered_command_line_checks(chart, profile, tmp_path):
         assert hook == ["check", *serve[1:]], "helm test checks what the server runs"
     else:
         inputs = profile_values(profile)["batch"]["inputs"]
-        assert [a for a in hook if a.startswith("input=")] == ["input=[%s]" % ",".join(f'"/data/{p}"' for p in inputs)]
+        assert [a for a in hook if a.startswith("input=")] == ["input=[%s]" % ",".join(f'"{p}"' if "://" in p else f'"/data/{p}"' for p in inputs)]
         for run in lines:
             assert [a for a in hook[1:] if not a.startswith("input=")] == [a for a in run[1:] if not a.startswith("input=")]
     distinct = {tuple(["check", *args[1:]]) for args in [*lines, hook]}
@@ -104,6 +104,18 @@ def test_the_batch_indexes_share_the_inputs(chart, tmp_path):
         assert args[:2] == ["run", "pipeline=prithvi_flood"]
         assert args[-2:] == values["overrides"], "the overrides come last, verbatim"
         assert 'output="/data/masks/2024-07"' in args
+
+
+def test_url_inputs_are_read_in_place_with_credentials_from_a_secret(chart, tmp_path):
+    values = profile_values("prithvi-flood-object-storage")
+    docs = manifests(chart, values)
+    lines = command_lines(docs, tmp_path)
+    urls = values["batch"]["inputs"]
+    assert [[a for a in args if a.startswith("input=")] for args in lines] == [[f'input=["{urls[0]}"]'],
+                                                                             [f'input=["{urls[1]}"]']]
+    cfg = compose(lines[0][1:])
+    assert list(cfg.input) == [urls[0]] and list(cfg.aoi) == [-91.2, 29.9, -90.9, 30.2]
+    assert container(docs)["envFrom"] == [{"secretRef": {"name": "object-storage-credentials"}}]
 
 
 def test_paths_with_spaces_and_commas_survive_the_shell_and_hydra(chart, tmp_path):

@@ -118,6 +118,6 @@ def test_two_runs_racing_for_one_output_never_interleave(tmp_path):
     # Both may finish (the later rename wins) or the second may find the first's mask and refuse: either
     # way the file is one whole mask, never a mix.
     assert 0 in codes, [p.stderr.read() for p in procs]
-    assert os.listdir(out) == ["mask.tif"]
+    assert sorted(os.listdir(out)) == ["mask.stac.json", "mask.tif"]  # and no temp files
     got = rasterio.open(out / "mask.tif").read()
     assert any(np.array_equal(got, e) for e in expected)

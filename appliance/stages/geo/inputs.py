@@ -1,8 +1,13 @@
 """`raster_inputs`: one run record in, one record per input scene out, all validated first.
 
+A scene (`sources.scene_spec`) is a GeoTIFF path or URL, a STAC item (`.json`, path or URL), or a list
+of per-band GeoTIFFs in the model's band order: `input=[a.tif, b.tif]` is two scenes,
+`input=[[b02.tif, b03.tif, ...]]` one scene from per-band files. Its stem names the mask: the file's,
+the first band file's, or the item file's.
+
 Output rule (`plan_outputs`, pure):
-  - no `output`: `<stem><suffix>` beside each input (suffix `.mask.tif` by default), except beside an
-    input inside the installed package (its bundled samples): refused, asking for `output=`;
+  - no `output`: `<stem><suffix>` beside each input (suffix `.mask.tif` by default); a remote input
+    needs an `output`, and so does an input inside the installed package (its bundled samples);
   - `output` ending in .tif/.tiff (and not an existing directory): that file; one input only;
   - any other `output`: a directory (created if missing) receiving `<stem><suffix>` per input.
 Nothing is read or written before every input and output of the run passes its checks.
@@ -17,32 +22,42 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.aoi import parse_aoi
+from appliance.stages.geo.read import geo_contract
 from appliance.stages.geo.scene import probe_geotiff
+from appliance.stages.geo.sources import is_remote, scene_spec, shown, stem
+from appliance.stages.geo.stac_in import load_item
 
 TIFF_SUFFIXES = (".tif", ".tiff")
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # the installed `appliance` package
 
 
-def as_path_list(value: Any) -> List[str]:
+def as_path_list(value: Any) -> List[Any]:
+    """The scenes of `input`: each a path / URL, or a list of them (one scene from per-band files)."""
     if isinstance(value, (ListConfig, DictConfig)):
         value = OmegaConf.to_container(value)
     if value is None or value == "" or value == []:
         raise InputError("input: no scene given; pass input=scene.tif or input=[a.tif,b.tif]")
     items = value if isinstance(value, (list, tuple)) else [value]
-    if not all(isinstance(v, (str, os.PathLike)) and str(v) for v in items):
-        raise InputError(f"input: expected a path or a list of paths, got {value!r}")
-    return [str(v) for v in items]
+
+    def path(v) -> bool:
+        return isinstance(v, (str, os.PathLike)) and bool(str(v))
+
+    if not all(path(v) or (isinstance(v, (list, tuple)) and v and all(path(p) for p in v)) for v in items):
+        raise InputError(f"input: expected a path, a list of paths, or lists of per-band paths, got {value!r}")
+    return [[str(p) for p in v] if isinstance(v, (list, tuple)) else str(v) for v in items]
 
 
 def plan_outputs(inputs: Sequence[str], output: Optional[str], suffix: str = ".mask.tif") -> List[Tuple[str, str]]:
     """(input, output) pairs by the rule in the module docstring; InputError on conflicts."""
     def named(src: str, directory: str) -> str:
-        path = Path(src)
-        stem = path.stem if path.suffix.lower() in TIFF_SUFFIXES else path.name
-        return os.path.join(directory, stem + suffix)
+        return os.path.join(directory, stem(src) + suffix)
 
     if output is None or str(output) == "":
         for src in inputs:
+            if is_remote(src):
+                raise InputError(f"output: {shown(src)} is remote, so its mask cannot go beside it; give "
+                                 "output=DIR or output=mask.tif")
             if _inside(src, PACKAGE_DIR):
                 raise InputError(f"output: not given, and the mask of {src} would go beside it, inside the "
                                  f"appliance package; pass output=PATH (a .tif file or a directory)")
@@ -109,15 +124,26 @@ class RasterInputs(Stage):
 
     Options = RasterInputsOptions
 
+    def __init__(self, options, cfg):
+        super().__init__(options, cfg)
+        geo = geo_contract(cfg, self.name, required=False)
+        self.model_bands = list(geo.bands) if geo is not None else []
+        self.stac_bands = list(geo.stac_bands) if geo is not None and geo.get("stac_bands") else None
+
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
-            inputs = as_path_list(record.get("input"))
-            pairs = plan_outputs(inputs, record.get("output"), self.options.suffix)
-            for src, _ in pairs:
-                probe_geotiff(src)
+            aoi = parse_aoi(record.get("aoi"), record.get("aoi_crs"))
+            values = as_path_list(record.get("input"))
+            names = [value[0] if isinstance(value, list) else value for value in values]  # what names a mask
+            pairs = plan_outputs(names, record.get("output"), self.options.suffix)  # before any network
+            specs = [scene_spec(value, self.stac_bands, self.model_bands, load_item) for value in values]
+            local = [f for spec in specs for f in spec.files if not is_remote(f)]
+            for spec in specs:
+                for position, file in enumerate(spec.files):
+                    probe_geotiff(file, spec.label(position))
             for src, dst in pairs:
-                check_output(src, dst, bool(record.get("overwrite", False)), inputs)
+                check_output(src, dst, bool(record.get("overwrite", False)), local)
             for directory in sorted({os.path.dirname(dst) for _, dst in pairs}):
                 check_writable_dir(directory)
-            for index, (src, dst) in enumerate(pairs):
-                yield {**record, "input_path": src, "output_path": dst, "scene_index": index}
+            for index, (spec, (_, dst)) in enumerate(zip(specs, pairs)):
+                yield {**record, "input_path": spec, "output_path": dst, "scene_index": index, "aoi": aoi}

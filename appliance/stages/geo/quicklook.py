@@ -6,6 +6,7 @@ from PIL import Image
 from rasterio.enums import Resampling
 
 from appliance.output_files import AtomicFile
+from appliance.stages.geo.reader import open_scene
 from appliance.stages.geo.scene import _norm, open_raster
 
 # Class colours (RGB), shared by the mask's GeoTIFF colour table and the quicklook's overlay; class i
@@ -24,10 +25,10 @@ def quicklook_path(output_path: str) -> str:
 
 
 def rgb_bands(scene) -> list:
-    """File bands for red, green, blue by the model's band names; else the first selected band thrice."""
-    by_name = {_norm(n): i for n, i in zip(scene.band_names, scene.band_indexes)}
+    """Positions of red, green, blue among the model's bands by name; else the first band thrice."""
+    by_name = {_norm(n): i for i, n in enumerate(scene.band_names)}
     picked = [by_name.get(c) for c in ("red", "green", "blue")]
-    return picked if all(picked) else [scene.band_indexes[0]] * 3
+    return picked if None not in picked else [0] * 3
 
 
 def stretch(rgb: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -46,8 +47,8 @@ def stretch(rgb: np.ndarray, valid: np.ndarray) -> np.ndarray:
 def write_quicklook(scene, mask_path: str, png_path: str, max_size: int) -> None:
     factor = min(1.0, max_size / max(scene.width, scene.height))
     shape = (max(1, round(scene.height * factor)), max(1, round(scene.width * factor)))
-    with open_raster(scene.path) as src:
-        rgb = src.read(rgb_bands(scene), out_shape=(3, *shape), resampling=Resampling.nearest, out_dtype="float32")
+    with open_scene(scene) as reader:
+        rgb = reader.read_decimated(rgb_bands(scene), shape)
     with open_raster(mask_path) as mask_ds:
         mask = mask_ds.read(out_shape=(mask_ds.count, *shape), resampling=Resampling.nearest)
     if mask.dtype == np.uint8:

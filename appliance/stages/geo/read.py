@@ -1,12 +1,15 @@
 """`raster_read`: validate each scene's header for the model and attach a `SceneInfo`.
 
-Pixels are read later, one tile window at a time, by the `tile` stage (`scene.read_window`).
+Pixels are read later, one tile window at a time, by the `tile` stage (`reader.py`). `input_path` is a
+`SceneSpec` (from `raster_inputs`) or a GeoTIFF path (a server request); a record's `aoi` / `aoi_crs`
+cut the scene to an area of interest.
 """
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 from appliance.errors import ConfigError
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.aoi import Aoi, parse_aoi
 from appliance.stages.geo.scene import inspect_scene
 
 
@@ -24,6 +27,11 @@ def geo_contract(cfg, stage: str, required: bool = True):
                           f"{model.get('name') if model is not None else None} has no `geo` block: choose a "
                           "geospatial model (conf/model/prithvi_*)")
     return geo
+
+
+def record_aoi(record: Record):
+    aoi = record.get("aoi")
+    return aoi if isinstance(aoi, Aoi) or aoi is None else parse_aoi(aoi, record.get("aoi_crs"))
 
 
 @dataclass
@@ -54,7 +62,7 @@ class RasterRead(Stage):
             inspect_scene(
                 record["input_path"], record.get("scene_index", i), list(self.geo.bands),
                 requested=record.get("bands") or self.options.bands, scale=self.options.scale, model_scale=self.geo.scale,
-                nodata=self.options.nodata, nodata_fill=self.options.nodata_fill,
+                nodata=self.options.nodata, nodata_fill=self.options.nodata_fill, aoi=record_aoi(record),
             )
             for i, record in enumerate(pending)
         ]

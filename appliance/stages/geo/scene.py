@@ -1,8 +1,9 @@
-"""GeoTIFF scenes: validate headers, select bands, read windows. Never reads a whole scene.
+"""GeoTIFF scenes: validate headers, select bands, check grids. Never reads a pixel.
 
-`probe_geotiff` checks a file is a complete GeoTIFF (header and block table only);
-`select_bands` is the pure band-selection rule; `inspect_scene` builds the `SceneInfo` a run
-carries; `read_window` reads one window as float32 reflectance plus a validity mask.
+`probe_geotiff` checks a file is a complete GeoTIFF (header and block table only; a remote file's
+header); `select_bands` is the pure band-selection rule; `inspect_scene` builds the `SceneInfo` a run
+carries from a `SceneSpec` (one multi-band file or one file per band, local or remote, cut to an
+area of interest). `reader.py` reads its windows.
 """
 import contextlib
 import logging
@@ -11,15 +12,16 @@ import re
 import uuid
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import rasterio
+from affine import Affine
 from rasterio.enums import Interleaving, MaskFlags
 from rasterio.errors import NotGeoreferencedWarning, RasterioError
-from rasterio.windows import Window
 
 from appliance.errors import InputError
+from appliance.stages.geo.aoi import Aoi, aoi_window
+from appliance.stages.geo.sources import SceneSpec, gdal_path, is_remote, shown
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +32,8 @@ MAX_BLOCKS_CHECKED = 200_000  # block-table check cost is ~1 µs a block
 class SceneInfo:
     id: int  # position of the scene in the run
     key: str  # unique per inspection: keys per-scene state when many runs share a stream
-    path: str
-    width: int
+    path: str  # the input as the user named it (a file, URL or STAC item; messages, the mask's source tag)
+    width: int  # of the scene as run: the area of interest when one is given
     height: int
     band_indexes: Tuple[int, ...]  # 1-based file bands, in the model's band order
     band_names: Tuple[str, ...]  # the model's names for them
@@ -41,28 +43,69 @@ class SceneInfo:
     nodata_fill: float  # reflectance given to the model where the input is nodata
     mask_band: bool  # the file carries a GDAL mask band (0 = no data), e.g. JPEG-compressed scenes
     crs: Any  # rasterio CRS or None
-    transform: Any  # affine.Affine
+    transform: Any  # affine.Affine of the scene as run
+    files: Tuple[str, ...] = ()  # per model band, the GDAL path holding it (one path repeated: a multi-band file)
+    offset: Tuple[int, int] = (0, 0)  # (row, column) of the scene's first pixel in the files' grid
+    labels: Tuple[str, ...] = ()  # per model band, how messages name its file
+    fetch: Any = None  # SceneSpec.fetch: (FetchPolicy, field) when remote files go through the fetcher
+    links: Tuple[str, ...] = ()  # what the mask is derived from (files, URLs, a STAC item), for its STAC item
+    datetime: Optional[str] = None  # acquisition time when the source says (ISO 8601 or TIFFTAG_DATETIME)
 
     @property
     def name(self) -> str:
         return os.path.basename(self.path)
 
 
+# GDAL's options while a remote file is open (scoped to the reader, never os.environ): no directory
+# listing probes next to the file, bounded waits with retries, adjacent block ranges merged.
+REMOTE_OPTIONS = dict(GDAL_DISABLE_READDIR_ON_OPEN="EMPTY_DIR", GDAL_HTTP_CONNECTTIMEOUT=10, GDAL_HTTP_TIMEOUT=60,
+                      GDAL_HTTP_MAX_RETRY=2, GDAL_HTTP_RETRY_DELAY=0.5, GDAL_HTTP_MERGE_CONSECUTIVE_RANGES="YES",
+                      CPL_VSIL_CURL_ALLOWED_EXTENSIONS=".tif,.tiff,.TIF,.TIFF")
+
+
 @contextlib.contextmanager
-def open_raster(path: str) -> Iterator[rasterio.DatasetReader]:
-    """rasterio.open without the not-georeferenced warning (we log our own) and with clear errors."""
+def open_raster(path: str, label: Optional[str] = None, fetch=None) -> Iterator[rasterio.DatasetReader]:
+    """rasterio.open without the not-georeferenced warning (we log our own) and with clear errors. `path`
+    may be a URL (https://, s3://), read by range requests with REMOTE_OPTIONS in force while it is open;
+    with `fetch` (serve mode: a FetchPolicy and the request's field) through the SSRF-safe fetcher.
+    `label` names it in messages (default: the path, or the URL without its query string)."""
+    remote = is_remote(path)
+    name = label or shown(path)
+    with contextlib.ExitStack() as stack:
+        if remote:
+            stack.enter_context(rasterio.Env(**REMOTE_OPTIONS))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", NotGeoreferencedWarning)
+                dataset = _open_remote(path, name, fetch) if remote and fetch else rasterio.open(gdal_path(path))
+        except RasterioError as e:
+            if remote:
+                raise InputError(f"{name}: cannot be opened ({_first_line(e)}); the URL must answer HTTP range "
+                                 "requests with a GeoTIFF (for s3://, set AWS_* credentials in the environment)"
+                                 ) from None
+            if _looks_like_tiff(path):
+                raise InputError(
+                    f"{name}: is truncated or corrupt ({_first_line(e)}); re-download or re-export it"
+                ) from None
+            raise InputError(f"{name}: cannot be read as a GeoTIFF ({_first_line(e)}); expected a .tif scene") from None
+        with dataset:
+            yield dataset
+
+
+def _open_remote(url: str, name: str, fetch) -> rasterio.DatasetReader:
+    from appliance.stages.geo.remote_file import opener_for
+
+    policy, field = fetch
+    if not url.lower().startswith(("http://", "https://")):
+        raise InputError(f"{field}: {name}: the server reads http(s) URLs only; s3:// is for appliance run and "
+                         "the batch Job")
+    errors: List[InputError] = []
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotGeoreferencedWarning)
-            dataset = rasterio.open(path)
+        return rasterio.open(url, opener=opener_for(url, policy, field, policy.max_bytes, errors))
     except RasterioError as e:
-        if _looks_like_tiff(path):
-            raise InputError(
-                f"{path}: is truncated or corrupt ({_first_line(e)}); re-download or re-export it"
-            ) from None
-        raise InputError(f"{path}: cannot be read as a GeoTIFF ({_first_line(e)}); expected a .tif scene") from None
-    with dataset:
-        yield dataset
+        if errors:
+            raise errors[-1] from None
+        raise InputError(f"{field}: {name}: cannot be read as a GeoTIFF ({_first_line(e)})") from None
 
 
 def _looks_like_tiff(path: str) -> bool:
@@ -74,20 +117,29 @@ def _looks_like_tiff(path: str) -> bool:
     return magic in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # TIFF and BigTIFF
 
 
-def probe_geotiff(path: str) -> None:
-    """InputError unless `path` is a non-empty GeoTIFF whose blocks all lie inside the file."""
+def probe_geotiff(path: str, label: Optional[str] = None, fetch=None) -> None:
+    """InputError unless `path` is a non-empty GeoTIFF whose blocks all lie inside the file (for a URL:
+    whose header reads; a truncated remote file fails at its first missing block, before any output)."""
+    if is_remote(path):
+        with open_raster(path, label, fetch) as ds:
+            _check_header(ds, label or shown(path))
+        return
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if not os.path.isfile(path):
         raise InputError(f"{path}: is not a file; expected a GeoTIFF scene")
     if not os.access(path, os.R_OK):
         raise InputError(f"{path}: is not readable (permission denied)")
-    with open_raster(path) as ds:
-        if ds.driver != "GTiff":
-            raise InputError(f"{path}: is a {ds.driver} file, not a GeoTIFF; convert it (gdal_translate -of GTiff)")
-        if ds.width < 1 or ds.height < 1 or ds.count < 1:
-            raise InputError(f"{path}: is empty ({ds.width}x{ds.height} pixels, {ds.count} bands)")
+    with open_raster(path, label) as ds:
+        _check_header(ds, label or path)
         _check_blocks_inside(ds, path)
+
+
+def _check_header(ds, name: str) -> None:
+    if ds.driver != "GTiff":
+        raise InputError(f"{name}: is a {ds.driver} file, not a GeoTIFF; convert it (gdal_translate -of GTiff)")
+    if ds.width < 1 or ds.height < 1 or ds.count < 1:
+        raise InputError(f"{name}: is empty ({ds.width}x{ds.height} pixels, {ds.count} bands)")
 
 
 def _check_blocks_inside(ds, path: str) -> None:
@@ -163,7 +215,7 @@ def select_bands(
 
 
 def inspect_scene(
-    path: str,
+    source: Union[str, SceneSpec],
     scene_id: int,
     model_bands: Sequence[str],
     requested: Optional[Sequence[Any]] = None,
@@ -171,64 +223,104 @@ def inspect_scene(
     model_scale: float = 1.0,
     nodata: Optional[float] = None,
     nodata_fill: float = 0.0,
+    aoi: Optional[Aoi] = None,
 ) -> SceneInfo:
-    """Validate a scene's header for the model and describe it; reads no pixels.
+    """Validate a scene's headers for the model and describe it; reads no pixels.
 
-    Scale rule: `scale` if given; else the file's own scale/offset tags when it declares any;
-    else `model_scale` (the model config's DN -> reflectance factor).
+    `source`: a GeoTIFF path or URL, or a `SceneSpec` (per-band files share one grid, checked here).
+    Scale rule, per band: `scale` if given; else the file's own scale/offset tags when it declares
+    any; else `model_scale` (the model config's DN -> reflectance factor).
     """
-    probe_geotiff(path)
-    with open_raster(path) as ds:
+    spec = source if isinstance(source, SceneSpec) else SceneSpec(str(source), (str(source),), False,
+                                                                  links=(shown(str(source)),))
+    bands = _per_band(spec, model_bands, requested) if spec.per_band else _multi_band(spec, model_bands, requested)
+    first = bands[0]
+    if scale is not None:
+        scales, offsets = [scale] * len(bands), [0.0] * len(bands)
+    elif any(b.scale != 1 or b.offset != 0 for b in bands):
+        scales, offsets = [b.scale for b in bands], [b.offset for b in bands]
+    else:
+        scales, offsets = [model_scale] * len(bands), [0.0] * len(bands)
+    row, col, height, width = 0, 0, first.height, first.width
+    transform = first.transform
+    if aoi is not None:
+        row, col, height, width = aoi_window(aoi, first.crs, first.transform, first.width, first.height, spec.name)
+        transform = first.transform @ Affine.translation(col, row)
+    if first.crs is None:
+        log.warning("%s has no CRS: the mask is written without one (pixel coordinates only)", shown(spec.name))
+    return SceneInfo(
+        id=scene_id, key=uuid.uuid4().hex, path=shown(spec.name), width=width, height=height,
+        band_indexes=tuple(b.index for b in bands), band_names=tuple(model_bands),
+        scales=tuple(float(v) for v in scales), offsets=tuple(float(v) for v in offsets),
+        nodata=tuple(nodata if nodata is not None else b.nodata for b in bands), nodata_fill=float(nodata_fill),
+        mask_band=any(b.mask_band for b in bands), crs=first.crs, transform=transform,
+        files=tuple(b.file for b in bands), offset=(row, col), labels=tuple(b.label for b in bands),
+        links=spec.links, datetime=spec.datetime or first.datetime, fetch=spec.fetch,
+    )
+
+
+@dataclass(frozen=True)
+class _Band:
+    """One model band as found in its file's header."""
+    file: str
+    label: str
+    index: int
+    scale: float
+    offset: float
+    nodata: Optional[float]
+    mask_band: bool
+    crs: Any
+    transform: Any
+    width: int
+    height: int
+    datetime: Optional[str]
+
+
+def _band(ds, file: str, label: str, index: int) -> _Band:
+    return _Band(file, label, index, ds.scales[index - 1], ds.offsets[index - 1], ds.nodatavals[index - 1],
+                 MaskFlags.per_dataset in ds.mask_flag_enums[index - 1], ds.crs, ds.transform, ds.width,
+                 ds.height, ds.tags().get("TIFFTAG_DATETIME"))
+
+
+def _multi_band(spec: SceneSpec, model_bands: Sequence[str], requested) -> List[_Band]:
+    file, label = spec.files[0], spec.label(0)
+    probe_geotiff(file, label, spec.fetch)
+    with open_raster(file, label, spec.fetch) as ds:
         try:
             indexes = select_bands(requested, ds.descriptions, model_bands)
         except InputError as e:
-            raise InputError(f"{path}: {e}") from None
-        if scale is not None:
-            scales, offsets = [scale] * len(indexes), [0.0] * len(indexes)
-        elif any(ds.scales[i - 1] != 1 or ds.offsets[i - 1] != 0 for i in indexes):
-            scales, offsets = [ds.scales[i - 1] for i in indexes], [ds.offsets[i - 1] for i in indexes]
-        else:
-            scales, offsets = [model_scale] * len(indexes), [0.0] * len(indexes)
-        band_nodata = [nodata if nodata is not None else ds.nodatavals[i - 1] for i in indexes]
-        mask_band = any(MaskFlags.per_dataset in ds.mask_flag_enums[i - 1] for i in indexes)
-        if ds.crs is None:
-            log.warning("%s has no CRS: the mask is written without one (pixel coordinates only)", path)
-        return SceneInfo(
-            id=scene_id, key=uuid.uuid4().hex, path=str(path), width=ds.width, height=ds.height,
-            band_indexes=tuple(indexes), band_names=tuple(model_bands),
-            scales=tuple(float(s) for s in scales), offsets=tuple(float(o) for o in offsets),
-            nodata=tuple(band_nodata), nodata_fill=float(nodata_fill), mask_band=mask_band,
-            crs=ds.crs, transform=ds.transform,
-        )
+            raise InputError(f"{label}: {e}") from None
+        return [_band(ds, file, label, i) for i in indexes]
 
 
-def read_window(ds, scene: SceneInfo, y: int, x: int, height: int, width: int) -> Tuple[np.ndarray, np.ndarray]:
-    """(reflectance float32 [C,h,w] with nodata pixels set to `nodata_fill`, valid bool [h,w]).
+def _per_band(spec: SceneSpec, model_bands: Sequence[str], requested) -> List[_Band]:
+    """Band 1 of each file, in the model's order; every file on the first one's grid."""
+    if requested:
+        raise InputError("raster_read.bands picks bands of one multi-band file; per-band inputs are already "
+                         "in the model's band order: drop the bands option")
+    bands = []
+    for position, (file, name) in enumerate(zip(spec.files, model_bands)):
+        label = spec.label(position)
+        probe_geotiff(file, label, spec.fetch)
+        with open_raster(file, label, spec.fetch) as ds:
+            if ds.count != 1:
+                raise InputError(f"{label}: has {ds.count} bands; a per-band input is one single-band file per "
+                                 f"model band ({name} here)")
+            bands.append(_band(ds, file, label, 1))
+    first = bands[0]
+    for band in bands[1:]:
+        grid, reference = _grid(band), _grid(first)
+        if grid != reference:
+            raise InputError(f"{band.label}: is on a different grid from {first.label} ({grid} vs {reference}); "
+                             "per-band inputs must share one grid (CRS, pixel size, origin, size): resample them "
+                             "first, e.g. gdalwarp -tr / -te")
+    return bands
 
-    A pixel is invalid when any selected band is the band's nodata value or NaN, or the file's
-    mask band says so.
-    """
-    window = Window(x, y, width, height)
-    try:
-        data = ds.read(list(scene.band_indexes), window=window, out_dtype="float32")
-        masked = ds.read_masks(scene.band_indexes[0], window=window) == 0 if scene.mask_band else None
-    except RasterioError as e:
-        raise InputError(
-            f"{scene.path}: cannot read the window of rows {y}..{y + height - 1}, columns {x}..{x + width - 1} "
-            f"({_first_line(e)}); the file may be truncated or corrupt"
-        ) from None
-    invalid = np.isnan(data).any(axis=0)
-    if masked is not None:
-        invalid |= masked
-    for band, value in enumerate(scene.nodata):
-        if value is not None and not np.isnan(value):
-            invalid |= data[band] == np.float32(value)
-    scales = np.asarray(scene.scales, dtype=np.float32)[:, None, None]
-    offsets = np.asarray(scene.offsets, dtype=np.float32)[:, None, None]
-    data *= scales
-    data += offsets
-    data[:, invalid] = scene.nodata_fill
-    return data, ~invalid
+
+def _grid(band: _Band) -> str:
+    t = band.transform
+    crs = band.crs.to_string() if band.crs is not None else "no CRS"
+    return f"{band.width}x{band.height} px of {abs(t.a):g}x{abs(t.e):g} from ({t.c:g}, {t.f:g}), {crs}"
 
 
 def _first_line(e: BaseException) -> str:

@@ -14,7 +14,7 @@ import rasterio
 from appliance.errors import ConfigError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.plan import TilePlan, TileWindow, plan_tiles
-from appliance.stages.geo.scene import open_raster, read_window
+from appliance.stages.geo.reader import SceneReader, open_scene
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,13 @@ def pad_to_tile(pixels: np.ndarray, tile_size: int, mode: str) -> np.ndarray:
     return np.pad(pixels, ((0, 0), (0, tile_size - h), (0, tile_size - w)), mode=mode)
 
 
-def block_cache_bytes(ds, tile_size: int) -> int:
+def block_cache_bytes(reader: SceneReader, tile_size: int) -> int:
     """GDAL keeps decoded blocks up to GDAL_CACHEMAX (default 5% of RAM), so its cache grows with the
-    scene's area; one band of tile rows is enough for overlapping windows to hit it."""
-    block_height = ds.block_shapes[0][0]
-    row_band = (tile_size + 2 * block_height) * ds.width * ds.count * np.dtype(ds.dtypes[0]).itemsize
+    scene's area; one band of tile rows (of the blocks the scene's window touches) is enough for
+    overlapping windows to hit it."""
+    block = reader.block_height
+    width = reader.scene.width + 2 * block  # an area of interest need not start on a block edge
+    row_band = (tile_size + 2 * block) * width * len(reader.scene.files) * reader.itemsize
     return max(16 << 20, row_band)
 
 
@@ -104,9 +106,9 @@ class Tile(Stage):
         for record in records:
             scene = record["scene"]
             plan = plan_tiles(scene.height, scene.width, size, self.stride)
-            with open_raster(scene.path) as ds, rasterio.Env(GDAL_CACHEMAX=block_cache_bytes(ds, size)):
+            with open_scene(scene) as reader, rasterio.Env(GDAL_CACHEMAX=block_cache_bytes(reader, size)):
                 for window in plan.tiles():
-                    pixels, valid = read_window(ds, scene, window.y, window.x, window.height, window.width)
+                    pixels, valid = reader.read(window.y, window.x, window.height, window.width)
                     yield {
                         **record,
                         "pixels": pad_to_tile(pixels, size, mode),

@@ -1,14 +1,18 @@
-"""`raster_write`: mask strips -> a tiled, compressed GeoTIFF with the input's grid, atomically.
+"""`raster_write`: mask strips -> a Cloud-Optimized GeoTIFF (or a plain tiled one) with the input's grid,
+atomically.
 
-Strips are written by windows into a temp file in the output directory, renamed over `output_path`
-after the last strip; on any failure (or an abandoned run) the temp file is removed, so a run never
-leaves a half-written mask. Emits one record per scene with `display`.
+Strips are written by windows into a tiled GeoTIFF draft in the output directory; after the last strip
+the draft is copied to a COG (`cog.py`: internal overviews, range-read layout) beside it, and that is
+renamed over `output_path` (with `format: gtiff` the draft itself is). On any failure (or an abandoned
+run) the temp files are removed, so a run never leaves a half-written mask. Emits one record per scene
+with `display`.
 """
 import contextlib
 import logging
 import os
 import warnings
 from dataclasses import dataclass
+from enum import Enum
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
@@ -19,21 +23,39 @@ from rasterio.windows import Window
 from appliance.errors import ConfigError, InputError
 from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.cog import overview_resampling, translate_to_cog
 from appliance.stages.geo.quicklook import class_colour, quicklook_path, write_quicklook
 from appliance.stages.geo.read import geo_contract
 from appliance.stages.geo.scene import open_raster, probe_geotiff
+from appliance.stages.geo.stac_out import mask_item, stac_path, write_item
 from appliance.stages.geo.stitch import NODATA_CLASS
 
 log = logging.getLogger(__name__)
 
 
-class MaskWriter:
-    """One scene's output: a temp GeoTIFF in the output directory until `commit` (`AtomicFile`)."""
+OVERVIEW_RESAMPLINGS = ("nearest", "mode", "average", "bilinear", "cubic", "lanczos")  # GDAL's names
 
-    def __init__(self, scene, output_path: str, bands: int, dtype: str, class_names: List[str], block: int):
-        self.scene, self.output_path, self.class_names = scene, output_path, class_names
-        self.file = AtomicFile(output_path, sidecars=(".aux.xml",))  # GDAL may leave statistics beside it
-        self.temp_path = self.file.temp_path
+
+class MaskFormat(str, Enum):
+    cog = "cog"  # Cloud-Optimized GeoTIFF: internal overviews, for web maps and range reads
+    gtiff = "gtiff"  # the plain tiled GeoTIFF (no second pass)
+
+
+class MaskWriter:
+    """One scene's output: a temp GeoTIFF in the output directory until `commit` (`AtomicFile`); for a COG,
+    a draft GeoTIFF that `commit` copies into the output's temp file first."""
+
+    def __init__(self, scene, output_path: str, bands: int, dtype: str, class_names: List[str], block: int,
+                 cog: bool = True, resampling: Optional[str] = None):
+        self.scene, self.output_path, self.class_names, self.block = scene, output_path, class_names, block
+        # Strips go to the draft; a COG is made from it into a second temp file only at commit, so an
+        # interrupted run has one temp file to remove. GDAL may leave statistics (.aux.xml) beside either.
+        self.draft = AtomicFile(output_path, sidecars=(".aux.xml",))
+        self.file: Optional[AtomicFile] = None
+        self.cog = cog
+        self.temp_path = self.draft.temp_path
+        self.dtype = dtype
+        self.resampling = overview_resampling(dtype == "uint8", resampling)
         self.counts = np.zeros(len(class_names), dtype=np.int64)
         self.nodata_pixels = 0
         is_classes = dtype == "uint8"
@@ -68,15 +90,22 @@ class MaskWriter:
     def commit(self) -> None:
         with self._writing():
             self.dataset.close()
-            self._verify()
+            self._verify(self.temp_path)
+            if not self.cog:
+                self.draft.commit()
+                return
+            self.file = AtomicFile(self.output_path, sidecars=(".aux.xml",))
+            translate_to_cog(self.draft.temp_path, self.file.temp_path, self.block, self.resampling)
+            self.draft.abort()
+            self._verify(self.file.temp_path)
             self.file.commit()
 
-    def _verify(self) -> None:
+    def _verify(self, path: str) -> None:
         """GDAL reports a failed block or directory write (a full disk) only on stderr, and closing does not
         raise: re-read the header and block table before the rename, so a broken file never replaces one."""
         try:
-            probe_geotiff(self.temp_path)
-            with open_raster(self.temp_path) as ds:
+            probe_geotiff(path)
+            with open_raster(path) as ds:
                 whole = (ds.width, ds.height) == (self.scene.width, self.scene.height)
         except InputError:
             raise OSError("the written file does not read back whole") from None
@@ -102,7 +131,9 @@ class MaskWriter:
                 dataset.close()
             except Exception:  # the temp file goes anyway
                 pass
-        self.file.abort()
+        self.draft.abort()
+        if self.file is not None:
+            self.file.abort()
 
 
 def describe(output_path: str, scene, tiles: int, counts: np.ndarray, nodata: int, class_names: List[str]) -> str:
@@ -122,8 +153,11 @@ def describe(output_path: str, scene, tiles: int, counts: np.ndarray, nodata: in
 class RasterWriteOptions:
     class_names: Optional[List[str]] = None  # None: model.geo.class_names
     block_size: int = 256  # GeoTIFF tile edge (multiple of 16)
+    format: MaskFormat = MaskFormat.cog  # cog | gtiff (plain tiled GeoTIFF, no overviews)
+    overview_resampling: Optional[str] = None  # COG overviews; None: mode for classes, average for probabilities
     quicklook: bool = False  # also write <output stem>.quicklook.png (mask over RGB, downsampled)
     quicklook_size: int = 1024  # longer side of the quicklook in pixels
+    stac: bool = True  # also write <output stem>.stac.json, a STAC item describing the mask
 
 
 @register_stage
@@ -137,6 +171,9 @@ class RasterWrite(Stage):
         super().__init__(options, cfg)
         if options.block_size < 16 or options.block_size % 16:
             raise ConfigError(f"{self.name}.block_size: must be a multiple of 16 (got {options.block_size})")
+        if options.overview_resampling is not None and options.overview_resampling.lower() not in OVERVIEW_RESAMPLINGS:
+            raise ConfigError(f"{self.name}.overview_resampling: {options.overview_resampling!r}; choose one of "
+                              f"{', '.join(OVERVIEW_RESAMPLINGS)} (or null: mode for classes, average otherwise)")
         names = options.class_names
         if names is None:
             geo = geo_contract(cfg, self.name, required=False)
@@ -171,15 +208,26 @@ class RasterWrite(Stage):
                 f"{self.name}: {len(names)} class names ({', '.join(names)}) but the model gave {channels} classes"
             )
         bands, dtype = (1, "uint8") if strip.data.dtype == np.uint8 else (strip.data.shape[0], "float32")
-        return MaskWriter(scene, record["output_path"], bands, dtype, names, self.options.block_size)
+        return MaskWriter(scene, record["output_path"], bands, dtype, names, self.options.block_size,
+                          cog=self.options.format is MaskFormat.cog, resampling=self.options.overview_resampling)
 
     def _finish(self, record: Record, writer: MaskWriter) -> Record:
         scene, path = record["scene"], record["output_path"]
         text = describe(path, scene, record["strip"].tiles, writer.counts, writer.nodata_pixels, writer.class_names)
+        quicklook = None
         if record.get("quicklook", self.options.quicklook):  # a server request may ask for one
-            target = quicklook_path(path)
-            write_quicklook(scene, path, target, self.options.quicklook_size)
-            text += f" (quicklook {target})"
+            quicklook = quicklook_path(path)
+            write_quicklook(scene, path, quicklook, self.options.quicklook_size)
+            text += f" (quicklook {quicklook})"
+        if self.options.stac:
+            item = mask_item(scene, path, writer.class_names, writer.dtype == "uint8", self.cfg.model.name,
+                             self.cfg.pipeline.name, quicklook)
+            target = stac_path(path)
+            try:
+                write_item(item, target)
+            except OSError as e:
+                raise InputError(f"output: writing {target} failed ({e.strerror or e}); the mask {path} was "
+                                 "written; free space or pass pipeline.stages.raster_write.stac=false") from None
         out = {k: v for k, v in record.items() if k != "strip"}
         out["display"] = text
         return out

@@ -133,7 +133,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
      Hydra keeps spaces and commas. Takes the list. */}}
 {{- define "appliance.inputArg" -}}
 {{- $quoted := list -}}
-{{- range . -}}{{- $quoted = append $quoted (printf "\"/data/%s\"" .) -}}{{- end -}}
+{{- range . -}}{{- $quoted = append $quoted (ternary (printf "\"%s\"" .) (printf "\"/data/%s\"" .) (contains "://" .)) -}}{{- end -}}
 {{- printf "input=[%s]" (join "," $quoted) -}}
 {{- end -}}
 

@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""Geo I/O: a scene's time reading per-band COGs over loopback HTTP against the same files on disk, and
+the cost of writing the mask as a COG against the plain tiled GeoTIFF.
+
+    python benchmarks/geo_io.py              # a 2048^2 HLS-like scene, 256-pixel COG blocks, 3 rounds
+    python benchmarks/geo_io.py --quick      # a smoke run: 512^2, 1 round
+    python benchmarks/geo_io.py --side 3660 --rounds 5   # one HLS tile's size
+
+The model is the tests' fake-logits stage (tests/geo/fake_engine.py: cheap numpy), so the times are
+the pipeline's reading, tiling, stitching and writing, which is what the input and output formats
+change. Cases, interleaved per round (best and median reported):
+- local bands:  `input=[[B02.tif, ...]]`, six single-band COGs on disk;
+- http item:    `input=http://127.0.0.1:PORT/item.json`, the same COGs from a loopback server that
+                answers range requests (tests/geo/hls.py, in a child process; a fresh port each
+                round, so GDAL's /vsicurl/ cache starts cold); goal: <= 1.2x local bands;
+- local multi:  the same bands as one 6-band file (today's input);
+- gtiff write:  local bands, raster_write.format=gtiff (no COG pass);
+and the COG pass alone: GDAL's COG driver copying the finished draft (`cog.translate_to_cog`).
+Loopback HTTP has no network latency: it measures GDAL's request overhead, not a WAN's.
+"""
+import argparse
+import contextlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from appliance.pipeline import build_pipeline  # noqa: E402
+from appliance.stages.geo.cog import translate_to_cog  # noqa: E402
+from tests.geo.conftest import make_cfg, synthetic  # noqa: E402  (registers the fake engine)
+from tests.geo.hls import file_sizes, split_bands, stac_item  # noqa: E402
+
+
+SERVER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tests.geo.hls import RangeServer
+with RangeServer(sys.argv[2]) as server:
+    print(server.url, flush=True)
+    sys.stdin.read()  # until the benchmark closes our stdin
+    print(server.total_sent(), flush=True)
+"""
+
+
+@contextlib.contextmanager
+def http_server(root: Path):
+    """The loopback range server in its own process (in ours it would share the GIL with the pipeline):
+    yields (url, a list that receives the bytes it sent once it stops)."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(REPO), str(root)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    sent = []
+    try:
+        yield proc.stdout.readline().strip(), sent
+    finally:
+        proc.stdin.close()
+        sent.append(int(proc.stdout.readline() or 0))
+        proc.wait(timeout=30)
+
+
+def run(input_value, output: Path, write=None) -> float:
+    pipeline = build_pipeline(make_cfg(tile_size=512, overlap=64, write=write))
+    pipeline.setup()
+    start = time.perf_counter()
+    try:
+        for _ in pipeline.run([{"input": input_value, "output": str(output), "overwrite": True}]):
+            pass
+    finally:
+        pipeline.close()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--side", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--block", type=int, default=256, help="COG block size of the input bands")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.side, args.rounds = 512, 1
+    tmp = Path(tempfile.mkdtemp(prefix="geo_io."))
+    scene = tmp / "scene.tif"
+    synthetic.write_scene(scene, args.side, args.side, seed=7)
+    files = split_bands(scene, tmp / "hls", block=args.block)
+    stac_item(tmp / "hls" / "item.json", [f.name for f in files])
+    bands = [[str(f) for f in files]]
+    times = {name: [] for name in ("local bands", "http item", "local multi", "gtiff write", "COG pass alone")}
+    fetched = []
+    for _ in range(args.rounds):
+        times["local bands"].append(run(bands, tmp / "out" / "local.tif"))
+        with http_server(tmp / "hls") as (url, sent):
+            times["http item"].append(run(f"{url}/item.json", tmp / "out" / "http.tif"))
+        fetched += sent
+        times["local multi"].append(run(str(scene), tmp / "out" / "multi.tif"))
+        times["gtiff write"].append(run(bands, tmp / "out" / "plain.tif", write={"format": "gtiff", "stac": False}))
+        start = time.perf_counter()
+        translate_to_cog(str(tmp / "out" / "plain.tif"), str(tmp / "out" / "again.tif"), 256, "MODE")
+        times["COG pass alone"].append(time.perf_counter() - start)
+    base = statistics.median(times["local bands"])
+    print(f"scene {args.side}x{args.side}, 6 int16 bands, input blocks {args.block}, tile 512 overlap 64, "
+          f"{args.rounds} round(s); bytes over HTTP {statistics.median(fetched) / 1e6:.1f} MB of "
+          f"{file_sizes(files) / 1e6:.1f} MB of band files")
+    print(f"{'case':<16} {'best s':>8} {'median s':>9} {'x local bands':>14}")
+    for name, values in times.items():
+        print(f"{name:<16} {min(values):>8.3f} {statistics.median(values):>9.3f} "
+              f"{statistics.median(values) / base:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""`appliance serve`: a STAC item URL in `/pooling` is read band by band, a window at a time, through the
+SSRF-safe fetcher (remote_file.py), never GDAL's own HTTP client: the mask equals `appliance run`'s on
+the multi-band sample; redirects are re-checked on every range request."""
+import base64
+
+import httpx
+import numpy as np
+import pytest
+import rasterio
+
+from appliance.errors import InputError
+from appliance.fetch import FetchPolicy
+from appliance.stages.geo.remote_file import RangeFile
+from tests.conftest import run_cli
+from tests.geo.hls import RangeServer, split_bands, stac_item
+from tests.servers import API_KEY, SAMPLE_SCENE, error
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def pooling(server, url):
+    body = {"model": "flood", "data": {"data": url, "data_format": "url", "out_data_format": "b64_json",
+                                       "image_format": "tiff"}}
+    return httpx.post(f"{server.base}/pooling", json=body, headers=AUTH, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def hls_sample(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hls_sample")
+    files = split_bands(SAMPLE_SCENE, root)
+    stac_item(root / "item.json", [f.name for f in files])
+    out = root / "offline.tif"
+    result = run_cli("run", "pipeline=prithvi_flood", f"input={SAMPLE_SCENE}", f"output={out}")
+    assert result.returncode == 0, result.stderr
+    return root, files, out
+
+
+def test_stac_item_url_through_the_server_equals_appliance_run(flood_server, hls_sample, tmp_path):
+    root, files, offline = hls_sample
+    with RangeServer(root) as source:
+        response = pooling(flood_server, f"{source.url}/item.json")
+        assert response.status_code == 200, response.text
+        assert set(source.sent) == {"item.json"} | {f.name for f in files}
+    (tmp_path / "m.tif").write_bytes(base64.b64decode(response.json()["data"]["data"]))
+    with rasterio.open(tmp_path / "m.tif") as got, rasterio.open(offline) as expected:
+        assert np.array_equal(got.read(), expected.read())
+        assert (got.crs, got.transform, got.nodata) == (expected.crs, expected.transform, expected.nodata)
+
+
+def test_asset_redirected_to_a_refused_host_is_a_400(flood_server, hls_sample):
+    root, files, _ = hls_sample
+    with RangeServer(root) as source:
+        port = source.url.rsplit(":", 1)[1]
+        # localhost is loopback and not in allowed_media_domains (only 127.0.0.1 is)
+        source.redirects[f"/{files[2].name}"] = f"http://localhost:{port}/{files[2].name}"
+        response = pooling(flood_server, f"{source.url}/item.json")
+    assert response.status_code == 400, response.text
+    body = error(response)
+    assert body["param"] == "data.data" and "redirected from 127.0.0.1" in body["message"], body
+    assert "allowed_media_domains" in body["message"] and "Traceback" not in body["message"]
+
+
+def test_item_naming_a_server_file_is_refused(flood_server, hls_sample, tmp_path):
+    root, files, _ = hls_sample
+    stac_item(root / "local.json", [str(files[0])] + [f.name for f in files[1:]])  # an absolute local path
+    with RangeServer(root) as source:
+        response = pooling(flood_server, f"{source.url}/local.json")
+    assert response.status_code == 400 and "is not an http(s) URL" in error(response)["message"], response.text
+
+
+def test_range_file_reads_what_it_is_asked_and_honours_the_policy(hls_sample):
+    root, files, _ = hls_sample
+    data = files[0].read_bytes()
+    with RangeServer(root) as source:
+        url = f"{source.url}/{files[0].name}"
+        f = RangeFile(url, FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 20), "data.data", 1 << 30)
+        f.seek(len(data) - 10)
+        assert f.read(100) == data[-10:] and f.read(5) == b""
+        f.seek(5)
+        assert f.read(7) == data[5:12]
+        with pytest.raises(InputError, match="resolves to 127.0.0.1, a loopback address"):
+            RangeFile(url, FetchPolicy(max_bytes=1 << 20), "data.data", 1 << 30)
+        with pytest.raises(InputError, match="more than 1000 bytes"):
+            RangeFile(url, FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 20), "data.data", 1000)
