@@ -19,7 +19,8 @@ Built (skipped when DIR/<shape>/BUILT exists):
   HLS-like scene (scripts/synthetic_scenes.py).
 
 Measured, each in its own process, one after another (never two 7B models in memory at once):
-- ours in one process: time to ready (`LLMEngine` built), TTFT of one image question, decode ms/token
+- ours in one process: time to ready (`LLMEngine` built), a warm-up (an 8-token text prompt, one token
+  out: every weight read once; transformers gets the same), TTFT of one image question, decode ms/token
   of one stream, output tok/s with 8 and 32 image questions at once (distinct images), peak RSS;
 - ours served: `appliance serve` to /ready, then the same through the official `openai` client
   (streaming; tokens from the server's usage counts), peak RSS of the engine process;
@@ -63,6 +64,7 @@ VOCAB = 32064  # llava-hf's LLaVA-1.5 vocabulary (Llama-2's 32000, <image>, <pad
 IMAGE_SIZE, PATCH = 336, 14
 QUESTION = "What is in this image? Describe it."
 SHARD_BYTES = 2 * 2 ** 30
+WARMUP_IDS = [1, 5, 6, 7, 8, 9, 10, 11]  # a short text prompt, one token out: every weight read once
 NATIVE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
@@ -267,7 +269,11 @@ def child_ours(root: Path, args) -> dict:
     engine = LLMEngine(path, EngineConfig(dtype=args.dtype))
     out = {"ready_s": time.perf_counter() - start, "dtype": engine.cfg.dtype.value,
            "kv_tokens": engine.executor.num_kv_blocks * engine.cfg.block_size, "rss_ready_gib": peak_rss_gib()}
+    start = time.perf_counter()
+    engine.generate([WARMUP_IDS], SamplingParams(temperature=0, max_tokens=1))
+    out["warmup_s"] = time.perf_counter() - start
     if args.startup_only:
+        out["rss_gib"] = peak_rss_gib()
         return out
     tok, pre = engine.tokenizer, load_preprocess_config(path)
     image_id, count = engine.image_token_id, (IMAGE_SIZE // PATCH) ** 2
@@ -290,7 +296,6 @@ def child_ours(root: Path, args) -> dict:
         return arrivals, time.perf_counter() - t0
 
     tokens = 8 if args.quick else 32
-    _, out["warmup_s"] = run([request(images(1, 50)[0])], 2)  # as the server warms up before /ready
     arrivals, _ = run([request(images(1, 100)[0])], tokens)
     times = next(iter(arrivals.values()))
     out.update(ttft_s=times[0], decode_ms=1000 * (times[-1] - times[0]) / (len(times) - 1))
@@ -311,7 +316,12 @@ def child_transformers(root: Path, args) -> dict:
     model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16)
     model.eval()
     out = {"ready_s": time.perf_counter() - start, "dtype": "bfloat16", "rss_ready_gib": peak_rss_gib()}
+    start = time.perf_counter()
+    with torch.inference_mode():  # the same warm-up as ours: its weights are read from the files now
+        model.generate(input_ids=torch.tensor([WARMUP_IDS]), max_new_tokens=1, do_sample=False)
+    out["warmup_s"] = time.perf_counter() - start
     if args.startup_only:
+        out["rss_gib"] = peak_rss_gib()
         return out
     processor = AutoProcessor.from_pretrained(path)
     text = processor.apply_chat_template(

@@ -38,6 +38,9 @@ SLOW = (
     "tests/engine/test_tensor_parallel.py::test_worker_that_raises_mid_run_reaches_rank_0",
     "tests/engine/test_llava.py::test_tp2_matches_tp1",
     "tests/engine/test_cpu_kernels.py::test_fresh_cache_builds_once",  # compiles the kernels
+    "tests/engine/test_engine_sizing.py::test_cli_refusal_is_one_line_exit_2",
+    "tests/chat/test_bf16.py",  # `appliance run` in fp32 and bf16
+    "tests/geo/test_bf16.py",
     # reliability: a server (or CLI) process a case, loaded, faulted or fuzzed; the hostile-input cases
     # share one server each and stay in the fast tier
     "tests/reliability/test_load.py",
