@@ -94,6 +94,13 @@ class Frontend:
         self.writer: Optional[LoopWriter] = None  # made on the event loop, by the first request
         self._http_metrics = None
 
+    def __getstate__(self):
+        """LitServe hands the spec, and so this, to the engine process too, which serves no route: the HTTP
+        side's pipe ends stay here (the engine's receiver then sees the end of its pipe when this process
+        goes)."""
+        return {**self.__dict__, "requests": None, "events": None, "channels": {}, "writer": None,
+                "_http_metrics": None}
+
     def http_metrics(self):
         if self._http_metrics is None:
             from appliance.serving.metrics import HttpMetrics

@@ -3,7 +3,7 @@
 The routes parse their own bodies (appliance/protocol: errors that name the field), so FastAPI cannot
 infer these; they are declared here for clients, docs (`/docs`) and the schema-driven fuzz tests.
 """
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
 NULLABLE_BOOL = {"type": ["boolean", "null"]}
@@ -86,14 +86,13 @@ BODIES = {
 }
 
 
-def install(app, documented: List[Any]) -> None:
-    """Make `app.openapi()` describe our routes' bodies and answers (FastAPI caches the result).
-    `documented`: FastAPI routes that describe routes the app serves otherwise (spec.serve_plain)."""
+def install(app) -> None:
+    """Make `app.openapi()` describe our routes' bodies and answers (FastAPI caches the result)."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title="appliance", version="1", routes=[*app.routes, *documented])
+            schema = get_openapi(title="appliance", version="1", routes=app.routes)
             for path, item in schema.get("paths", {}).items():
                 for method, operation in item.items():
                     _describe(path, method, operation)

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from appliance.errors import ConfigError
 from appliance.heap import settle_heap
 from appliance.pipeline import Pipeline
+from appliance.serving import litserve_adapter
 from appliance.serving.split import split_online
 from appliance.serving.state import DEAD, SharedState
 
@@ -46,42 +47,34 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     import litserve as ls
     from fastapi.exceptions import HTTPException as FastAPIHTTPException
     from starlette.exceptions import HTTPException
-    from starlette.middleware.gzip import GZipMiddleware
 
     from appliance.serving import openapi
     from appliance.serving.api import EngineAPI
     from appliance.serving.errors import APIError, api_error_handler, http_exception_handler
     from appliance.serving.middleware import Gate
-    from appliance.serving.spec import ApplianceSpec, serve_plain
+    from appliance.serving.spec import ApplianceSpec
 
     shared = SharedState()
     # The HTTP process and the engine loop talk over two pipes of ours, not LitServe's queues: those are
     # multiprocessing.Manager queues, an IPC round trip through LitServe's manager process per message
-    # each way (at 64 streams, 5% of the engine loop's time went to sending; docs/serving.md).
+    # each way (docs/serving.md).
     requests_rx, requests_tx = mp.Pipe(duplex=False)
     events_rx, events_tx = mp.Pipe(duplex=False)
     container = OmegaConf.to_container(cfg, resolve=True)
     spec = ApplianceSpec(cfg, container, shared, spool, kind, requests_tx, events_rx)
+    gate = {"routes": spec.route_paths(), "metrics": spec.frontend.http_metrics,
+            "max_bytes": int(cfg.server.limits.max_request_bytes),
+            "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")}
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
-    server = ls.LitServer(EngineAPI(container, shared, spec, requests_rx, events_tx), accelerator="cpu", timeout=False,
+    # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere.
+    server = ls.LitServer(EngineAPI(container, shared, spec, requests_rx, events_tx), accelerator="cpu",
+                          timeout=False, middlewares=[(Gate, gate)],
                           healthcheck_path="/litserve/health", info_path="/litserve/info")
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):
         server.app.add_exception_handler(error, handler)
-    routes, documented = serve_plain(server.app, spec.route_paths())  # FastAPI's routes describe ours
-    openapi.install(server.app, documented)
-    # LitServe compresses answers over 1 kB unless its API streams: on the event loop, so a base64 GeoTIFF
-    # answer would stall every other request while it is compressed. SSE skips gzip anyway, and
-    # OpenAI-compatible servers (vLLM) answer uncompressed; a proxy may compress.
-    server.app.user_middleware = [m for m in server.app.user_middleware if m.cls is not GZipMiddleware]
-    # The Gate wraps the app's whole middleware stack, which Starlette otherwise builds on the first
-    # request: our routes skip the three layers FastAPI puts outside every middleware, each of which
-    # wraps every `send` (docs/serving.md). Built here, before LitServe copies the app for its HTTP process.
-    server.app.middleware_stack = Gate(server.app.build_middleware_stack(), routes=routes,
-                                       metrics=spec.frontend.http_metrics,
-                                       max_bytes=int(cfg.server.limits.max_request_bytes),
-                                       api_key=cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"))
-    server._monitor_workers = False  # the Supervisor watches the engine (exit code, drain)
+    openapi.install(server.app)
+    litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s))
     signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())
     threading.Thread(target=supervisor.watch, name="supervisor", daemon=True).start()
@@ -130,9 +123,7 @@ class Supervisor:
 
     def stop(self) -> None:
         self.stopping.set()
-        while getattr(self.server, "_shutdown_event", None) is None:  # still starting up
-            time.sleep(0.05)
-        self.server._shutdown_event.set()
+        litserve_adapter.request_stop(self.server)
 
 
 @contextmanager
