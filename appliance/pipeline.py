@@ -77,6 +77,13 @@ class Shared:
         self._made: Dict[str, Any] = {}
         self._lock = threading.RLock()  # re-entrant: a value may be made from another (longest token <- tokenizer)
 
+    def __getstate__(self):
+        """Pickled (a server's stages travel to its engine process): made again in the new process."""
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
     def get(self, key: str, make: Callable[[], Any]) -> Any:
         with self._lock:
             if key not in self._made:
@@ -254,16 +261,22 @@ def _at_node(message: str, node: StageNode) -> str:
 
 
 def build_pipeline(cfg: DictConfig) -> Pipeline:
-    """Build every stage and check the graph: each stage's `consumes` must come from `pipeline.inputs`
-    or an earlier stage; loads no weights."""
+    """Build every stage and check the graph (`check_graph`, fed by `pipeline.inputs`); loads no weights."""
     stages = build_stages(cfg)
-    available = set(cfg.pipeline.inputs)
+    check_graph(stages, cfg.pipeline.inputs, "pipeline.inputs")
+    return Pipeline(stages)
+
+
+def check_graph(stages: List[Stage], inputs: Iterable[str], source: str,
+                fed: Callable[[Stage], bool] = lambda stage: False) -> None:
+    """ConfigError unless each stage's `consumes` come from `inputs` (what `source` supplies) or an
+    earlier stage's `produces`. `fed(stage)`: the stage gets its input another way (not checked)."""
+    available = set(inputs)
     for stage in stages:
-        missing = [f for f in stage.consumes if f not in available]
+        missing = [] if fed(stage) else [f for f in stage.consumes if f not in available]
         if missing:
             raise ConfigError(
                 f"pipeline.stages.{stage.id} ({stage.name}) consumes {', '.join(repr(f) for f in missing)}, which "
-                f"no earlier stage produces (available: {', '.join(sorted(available))})"
+                f"neither {source} nor an earlier stage provides (available: {', '.join(sorted(available))})"
             )
         available |= set(stage.produces)
-    return Pipeline(stages)

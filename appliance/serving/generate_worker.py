@@ -19,6 +19,7 @@ from appliance.pipeline import Pipeline
 from appliance.protocol.openai_requests import GenerateRequest
 from appliance.protocol.openai_responses import token_decoder, token_logprobs
 from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
+from appliance.serving.records import ChatRecord, as_record
 from appliance.serving.worker import Worker
 from appliance.stages.engine import check_fits, check_text_fits, model_longest_token, sampling_defaults
 
@@ -125,8 +126,7 @@ class GenerateWorker(Worker):
     @staticmethod
     def _record(uid: str, job: GenerateJob) -> dict:
         request = job.request
-        return {"messages": request.messages, "sampling": request.sampling, "where": "messages",
-                "media_dir": job.media_dir, "custom_id": uid, "model_name": request.model}
+        return as_record(ChatRecord(request.messages, request.sampling, "messages", job.media_dir, uid, request.model))
 
     def _tokenize(self, prompt) -> List[int]:
         if isinstance(prompt, str):

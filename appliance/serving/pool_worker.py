@@ -23,6 +23,7 @@ import torch
 from appliance.errors import UserError
 from appliance.pipeline import Pipeline, Record, Stage
 from appliance.serving.messages import Done, Failed, PoolJob
+from appliance.serving.records import SceneRecord, as_record
 from appliance.serving.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -122,8 +123,7 @@ class PoolWorker(Worker):
 
                 fetch_to_file(job.input_url, job.input_path, FetchPolicy.from_server_config(self.cfg.server),
                               job.field)
-            record = {"input_path": job.input_path, "output_path": job.output_path, "scene_index": 0,
-                      "overwrite": True, "quicklook": job.quicklook, "bands": job.bands}
+            record = as_record(SceneRecord(job.input_path, job.output_path, job.quicklook, job.bands))
             bridge = EngineBridge(session, self.input_field, self.output_field, self.in_flight)
             last: Optional[Record] = None
             for last in self.stages.replaced(self.engine_index, bridge).run([record]):

@@ -22,7 +22,7 @@ from appliance.errors import ConfigError
 from appliance.heap import settle_heap
 from appliance.pipeline import Pipeline
 from appliance.serving import litserve_adapter
-from appliance.serving.split import split_online
+from appliance.serving.split import OnlinePipeline, split_online
 from appliance.serving.state import DEAD, SharedState
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,10 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
     from appliance.serving.metrics import multiprocess_dir
 
     with multiprocess_dir(), spool_directory(cfg.server.spool_dir) as spool:
-        return _serve(cfg, online.kind, spool)
+        return _serve(cfg, online, spool)
 
 
-def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
+def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     import litserve as ls
     from fastapi.exceptions import HTTPException as FastAPIHTTPException
     from starlette.exceptions import HTTPException
@@ -61,13 +61,13 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     requests_rx, requests_tx = mp.Pipe(duplex=False)
     events_rx, events_tx = mp.Pipe(duplex=False)
     container = OmegaConf.to_container(cfg, resolve=True)
-    spec = ApplianceSpec(cfg, container, shared, spool, kind, requests_tx, events_rx)
+    spec = ApplianceSpec(cfg, container, shared, spool, online.kind, requests_tx, events_rx)
     gate = {"routes": spec.route_paths(), "metrics": spec.frontend.http_metrics,
             "max_bytes": int(cfg.server.limits.max_request_bytes),
             "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")}
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
     # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere.
-    server = ls.LitServer(EngineAPI(container, shared, spec, requests_rx, events_tx), accelerator="cpu",
+    server = ls.LitServer(EngineAPI(cfg, online, shared, spec, requests_rx, events_tx), accelerator="cpu",
                           timeout=False, middlewares=[(Gate, gate)],
                           healthcheck_path="/litserve/health", info_path="/litserve/info")
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
@@ -78,7 +78,7 @@ def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s))
     signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())
     threading.Thread(target=supervisor.watch, name="supervisor", daemon=True).start()
-    log.warning("serving pipeline %s (%s) on http://%s:%d", cfg.pipeline.name, kind, cfg.server.host,
+    log.warning("serving pipeline %s (%s) on http://%s:%d", cfg.pipeline.name, online.kind, cfg.server.host,
                 cfg.server.port)
     settle_heap()  # before LitServe forks the HTTP process, which inherits the frozen heap
     # uvicorn logs at warning, so its access log never prints; access_log=False also stops it formatting

@@ -59,6 +59,9 @@ def test_paths_are_refused_unless_the_server_allows_a_directory(frame_conf, tmp_
     assert opened._resolve("input", ["n.txt", None]) == [str(tmp_path.resolve() / "n.txt"), None]
     with pytest.raises(APIError):
         opened._resolve("input", [str(tmp_path / "a.txt"), "/etc/passwd"])
+    with pytest.raises(APIError) as info:  # the same rule as every route's: no NUL
+        opened._resolve("input", "n.txt\0.png")
+    assert "NUL" in info.value.message and info.value.param == "input"
 
 
 def test_a_dead_engine_takes_the_server_down_with_exit_code_1(tmp_path):
