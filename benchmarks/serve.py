@@ -428,7 +428,7 @@ def offline_pipeline(overrides):
 
     from appliance.config.compose import compose
     from appliance.heap import settle_heap
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
 
     cfg = compose(overrides)
     pipeline = build_pipeline(cfg)

@@ -33,11 +33,11 @@ from fastapi import FastAPI  # noqa: E402
 import serve  # noqa: E402
 from appliance.config.compose import compose  # noqa: E402
 from appliance.serving import pipes  # noqa: E402
-from appliance.serving.frontend import Frontend  # noqa: E402
+from appliance.serving.http.frontend import Frontend  # noqa: E402
 from appliance.serving.messages import Admitted, Tokens  # noqa: E402
-from appliance.serving.middleware import Gate  # noqa: E402
-from appliance.serving.routes_generate import GenerateRoutes  # noqa: E402
-from appliance.serving.errors import APIError, api_error_handler  # noqa: E402
+from appliance.serving.http.middleware import Gate  # noqa: E402
+from appliance.serving.http.routes_generate import GenerateRoutes  # noqa: E402
+from appliance.serving.http.errors import APIError, api_error_handler  # noqa: E402
 from appliance.serving.state import READY, SharedState  # noqa: E402
 
 PATH = "/v1/chat/completions"

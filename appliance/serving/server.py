@@ -48,11 +48,11 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     from fastapi.exceptions import HTTPException as FastAPIHTTPException
     from starlette.exceptions import HTTPException
 
-    from appliance.serving import openapi
-    from appliance.serving.api import EngineAPI
-    from appliance.serving.errors import APIError, api_error_handler, http_exception_handler
-    from appliance.serving.middleware import Gate
-    from appliance.serving.spec import ApplianceSpec
+    from appliance.serving.http import openapi
+    from appliance.serving.engine_process.api import EngineAPI
+    from appliance.serving.http.errors import APIError, api_error_handler, http_exception_handler
+    from appliance.serving.http.middleware import Gate
+    from appliance.serving.http.spec import ApplianceSpec
 
     shared = SharedState()
     # The HTTP process and the engine loop talk over two pipes of ours, not LitServe's queues: those are

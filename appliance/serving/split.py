@@ -11,7 +11,7 @@ from typing import List, Optional
 from appliance.config.schema import EngineKind
 from appliance.errors import ConfigError
 from appliance.pipeline import Pipeline, Stage, check_graph
-from appliance.serving.records import record_fields
+from appliance.serving.engine_process.records import record_fields
 
 
 

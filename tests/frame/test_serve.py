@@ -46,8 +46,8 @@ def message(response) -> str:
 
 def test_paths_are_refused_unless_the_server_allows_a_directory(frame_conf, tmp_path):
     from appliance.config.compose import compose
-    from appliance.serving.errors import APIError
-    from appliance.serving.routes_ops import PredictRoute
+    from appliance.serving.http.errors import APIError
+    from appliance.serving.http.routes_ops import PredictRoute
 
     closed = PredictRoute(None, compose([]))
     with pytest.raises(APIError) as info:

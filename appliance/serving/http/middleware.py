@@ -9,7 +9,7 @@ import json
 from typing import Callable, Iterable, Optional
 
 from appliance.protocol.openai_responses import error_body
-from appliance.serving.errors import APIError
+from appliance.serving.http.errors import APIError
 
 OPEN_PATHS = ("/health", "/ready", "/version", "/metrics", "/docs", "/openapi.json")
 

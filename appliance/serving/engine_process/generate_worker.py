@@ -19,8 +19,8 @@ from appliance.pipeline import Pipeline
 from appliance.protocol.openai_requests import GenerateRequest
 from appliance.protocol.openai_responses import token_decoder, token_logprobs
 from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
-from appliance.serving.records import ChatRecord, as_record
-from appliance.serving.worker import Worker
+from appliance.serving.engine_process.records import ChatRecord, as_record
+from appliance.serving.engine_process.worker import Worker
 from appliance.stages.engine import check_fits, check_text_fits, model_longest_token, sampling_defaults
 
 log = logging.getLogger(__name__)

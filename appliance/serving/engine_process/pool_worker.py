@@ -23,8 +23,8 @@ import torch
 from appliance.errors import UserError
 from appliance.pipeline import Pipeline, Record, Stage
 from appliance.serving.messages import Done, Failed, PoolJob
-from appliance.serving.records import SceneRecord, as_record
-from appliance.serving.worker import Worker
+from appliance.serving.engine_process.records import SceneRecord, as_record
+from appliance.serving.engine_process.worker import Worker
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from appliance.errors import InputError
 from appliance.fetch.local_files import allowed_path
 from appliance.protocol.openai_responses import new_id
 from appliance.protocol.pooling import parse_pooling, pooling_response
-from appliance.serving.errors import APIError, error_response, read_json
-from appliance.serving.frontend import ClientGone, Frontend
+from appliance.serving.http.errors import APIError, error_response, read_json
+from appliance.serving.http.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PoolJob
-from appliance.serving.routes_generate import check_model
+from appliance.serving.http.routes_generate import check_model
 from appliance.stages.geo.quicklook import quicklook_path
 
 RAW_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")

@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from appliance.errors import InputError
 from appliance.protocol import openai_responses as shape
 from appliance.protocol.openai_requests import GenerateRequest, parse_chat, parse_completion
-from appliance.serving.errors import APIError, error_response, read_json
-from appliance.serving.frontend import Channel, ClientGone, Frontend
+from appliance.serving.http.errors import APIError, error_response, read_json
+from appliance.serving.http.frontend import Channel, ClientGone, Frontend
 from appliance.serving.messages import Failed, GenerateJob, Tokens
 from appliance.stages.engine import sampling_defaults
 

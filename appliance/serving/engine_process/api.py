@@ -8,7 +8,7 @@ ends of the two pipes (both travel with the process they are handed to).
 """
 import litserve as ls
 
-from appliance.serving.loop import EngineLoop
+from appliance.serving.engine_process.loop import EngineLoop
 from appliance.serving.split import OnlinePipeline
 from appliance.serving.state import SharedState
 
@@ -27,11 +27,11 @@ class EngineAPI(ls.LitAPI):
     def setup(self, device) -> None:
         """The worker for the pipeline's kind; loads no weights (the engine loop does, so the HTTP server
         answers /health while they load). `device`: the engine places itself (engine.device, TP ranks)."""
-        from appliance.pipeline import load_stages
-        from appliance.serving.generate_worker import GenerateWorker
+        from appliance.stages.build import load_stages
+        from appliance.serving.engine_process.generate_worker import GenerateWorker
         from appliance.serving.metrics import EngineMetrics
-        from appliance.serving.plain_worker import PlainWorker
-        from appliance.serving.pool_worker import PoolWorker
+        from appliance.serving.engine_process.plain_worker import PlainWorker
+        from appliance.serving.engine_process.pool_worker import PoolWorker
 
         load_stages(self.cfg.plugins)  # a plugin may register models, not only the stages unpickled here
         kind = {"generate": GenerateWorker, "pool": PoolWorker, "plain": PlainWorker}[self.online.kind]

@@ -9,10 +9,10 @@ engine goes through the `Frontend` (frontend.py), never through LitServe's reque
 """
 from litserve.specs.base import LitSpec
 
-from appliance.serving.frontend import Frontend
-from appliance.serving.routes_generate import GenerateRoutes
-from appliance.serving.routes_ops import OpsRoutes, PredictRoute
-from appliance.serving.routes_pool import PoolRoutes
+from appliance.serving.http.frontend import Frontend
+from appliance.serving.http.routes_generate import GenerateRoutes
+from appliance.serving.http.routes_ops import OpsRoutes, PredictRoute
+from appliance.serving.http.routes_pool import PoolRoutes
 
 
 MAIN_ROUTE = {"generate": "/v1/chat/completions", "pool": "/pooling", "plain": "/predict"}

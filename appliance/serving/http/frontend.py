@@ -19,7 +19,7 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, Optional
 
-from appliance.serving.errors import APIError
+from appliance.serving.http.errors import APIError
 from appliance.serving.messages import Abort
 from appliance.serving.pipes import LoopReader, LoopWriter
 from appliance.serving.state import DEAD, SharedState

@@ -11,8 +11,8 @@ from appliance import __version__
 from appliance.errors import InputError
 from appliance.fetch.local_files import allowed_path
 from appliance.protocol.openai_responses import new_id
-from appliance.serving.errors import APIError, error_response, read_json
-from appliance.serving.frontend import ClientGone, Frontend
+from appliance.serving.http.errors import APIError, error_response, read_json
+from appliance.serving.http.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PredictJob
 from appliance.serving.state import DEAD, READY
 from appliance.vision.image_load import is_remote_image
