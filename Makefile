@@ -10,8 +10,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# Editable install so conf/ and the embedded models are found beside the package.
+# Editable install so conf/ and the embedded models are found beside the package. The demo needs only
+# the package; the test extras (Helm SDK, fuzzers, clients) come with `make test`.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
@@ -31,12 +36,12 @@ demo: install
 	$(BIN)/appliance run pipeline=llava_chat input=appliance/assets/samples/orange_star.png \
 		prompt="What color is the shape?"
 
-test: install
+test: install $(VENV)/.test-installed
 	$(BIN)/python -m pytest
 
 # Everything but the slow tier (tests/conftest.py SLOW: CLI and server processes, TP ranks, end-to-end
 # model runs); every package is still reached.
-test-fast: install
+test-fast: install $(VENV)/.test-installed
 	$(BIN)/python -m pytest -m "not slow"
 
 clean:

@@ -19,16 +19,70 @@ VERBS = {
 }
 
 
+RUN_HELP = """\
+keys a run takes (besides any config key; `appliance config pipeline=NAME` prints them all):
+  input=PATH | input=[A,B]   flood: GeoTIFF scenes; chat: an image, or an OpenAI batch file (.jsonl)
+  output=PATH                flood: a .tif file (one input) or a directory; left out, each mask goes
+                             beside its input as <name>.mask.tif (refused for inputs inside the
+                             installed package, such as its samples). chat: answers are printed; a
+                             .jsonl input needs output=answers.jsonl
+  prompt=TEXT                chat: the question about the image (quote it: prompt="What is this?")
+  overwrite=true             replace output files that exist
+
+examples:
+  appliance run pipeline=prithvi_flood input=scene.tif output=mask.tif
+  appliance run pipeline=llava_chat input=photo.png prompt="What color is the shape?"
+"""
+
+SERVE_HELP = """\
+listens on http://SERVER.HOST:SERVER.PORT (default http://127.0.0.1:8000; server.host=0.0.0.0 for
+every interface) and answers, by the pipeline's engine kind:
+  generate (llava_chat)      POST /v1/chat/completions, POST /v1/completions, GET /v1/models
+  pool (prithvi_flood)       POST /pooling (vLLM's body), POST /v1/pool (a raw GeoTIFF), GET /v1/models
+  every pipeline             GET /health, /ready, /version, /metrics
+docs/serving.md lists every field, limit and metric.
+
+examples:
+  appliance serve pipeline=llava_chat
+  appliance serve pipeline=prithvi_flood server.port=8001 server.allowed_local_media_dir=/data
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="appliance",
         description="Declarative serving appliance. Overrides use Hydra syntax: pipeline=NAME model=NAME key=value.",
     )
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    epilogs = {"run": RUN_HELP, "serve": SERVE_HELP}
     for verb, help_text in VERBS.items():
-        p = sub.add_parser(verb, help=help_text, description=help_text)
-        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra override")
+        epilog = _pipelines_help() + epilogs.get(verb, "")
+        p = sub.add_parser(verb, help=help_text, description=help_text, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="a Hydra override: pipeline=NAME, model=NAME, engine=NAME or key=value")
     return parser
+
+
+def _pipelines_help() -> str:
+    """`pipeline=NAME` choices, each with the first line of its file's header comment."""
+    from appliance.config.compose import conf_dir, group_options
+
+    lines = ["pipelines (pipeline=NAME):"]
+    for name in group_options("pipeline"):
+        path = conf_dir() / "pipeline" / f"{name}.yaml"
+        about = next((line.lstrip("# ").strip() for line in _header(path) if not line.startswith("# @")), "")
+        lines.append(f"  {name:<26} {about}")
+    return "\n".join(lines) + "\n\n"
+
+
+def _header(path) -> List[str]:
+    """The comment lines a config file starts with (nothing when it cannot be read)."""
+    try:
+        with open(path) as f:
+            return [line.rstrip() for line in iter(f.readline, "") if line.startswith("#")][:3]
+    except OSError:
+        return []
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -64,7 +118,8 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
     from appliance.config.compose import compose
 
     cfg = compose(overrides)
-    logging.basicConfig(level=cfg.log_level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    level = cfg.log_level or ("INFO" if verb == "serve" else "WARNING")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if verb == "config":
         print(OmegaConf.to_yaml(cfg), end="")
         return 0

@@ -25,11 +25,13 @@ SLOW = (
     "tests/frame/test_cli.py::test_stage_options_are_checked_by_the_verbs",
     "tests/frame/test_serve.py::test_serve_runs_the_pipeline_and_rejects_bad_requests",
     "tests/frame/test_serve.py::test_a_dead_engine_takes_the_server_down_with_exit_code_1",
+    "tests/frame/test_serve.py::test_start_up_lines_are_info_and_one_says_ready_with_the_url",
     "tests/serving/test_lifecycle.py",  # one server with limits, drained at the end
     "tests/serving/test_pooling.py::test_a_client_that_leaves_stops_the_remaining_tiles",
     "tests/serving/test_metrics.py",
     "tests/serving/test_stream_interval.py",  # a server of its own
     "tests/engine/test_tensor_parallel.py::test_tp2_matches_tp1",  # TP ranks are processes
+    "tests/engine/test_tensor_parallel.py::test_tp2_structured_output_matches_tp1",
     "tests/engine/test_tensor_parallel.py::test_killed_worker_raises_clear_error",
     "tests/engine/test_tensor_parallel.py::test_hung_worker_times_out",
     "tests/engine/test_tensor_parallel.py::test_indivisible_tp_size_is_a_clear_error",

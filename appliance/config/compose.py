@@ -9,7 +9,7 @@ working directory, which matters in containers with read-only root file systems.
 import dataclasses
 import os
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from appliance.config.engine_check import check_engine
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, register_schemas
-from appliance.config.stage_overrides import apply_stage_overrides, split_stage_overrides
+from appliance.config.stage_overrides import STAGES_KEY, apply_stage_overrides, split_stage_overrides
 from appliance.errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -67,10 +67,30 @@ def group_options(group: str) -> List[str]:
 
 
 def _parse(overrides: Sequence[str]) -> List[Override]:
-    try:
-        return OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException as e:
-        raise ConfigError(f"bad override: {_first_line(e)}") from None
+    parser = OverridesParser.create()
+    parsed = []
+    for line in overrides:  # one at a time, so the error can name the word at fault
+        try:
+            parsed.extend(parser.parse_overrides([line]))
+        except HydraException as e:
+            raise ConfigError(f"bad override {line!r}: {_first_line(e)}{_split_word_hint(line)}") from None
+    for override in parsed:
+        if override.is_sweep_override():  # `prompt=Hello, who are you?`: Hydra reads a sweep over two values
+            key, _, value = override.input_line.partition("=")
+            raise ConfigError(f"{override.input_line}: one value per override, and a comma outside quotes "
+                              f"separates values (a sweep); quote a text for Hydra and the shell: "
+                              f"'{key}=\"{value}\"'")
+    return parsed
+
+
+def _split_word_hint(line: str) -> str:
+    """The usual cause of a parse error: the shell split one override at a space (`input=[a.tif, b.tif]`
+    arrives as `input=[a.tif,` and `b.tif]`; `prompt=hello world` as `prompt=hello` and `world`)."""
+    unbalanced = any(line.count(a) != line.count(b) for a, b in ("[]", "{}", "()")) or line.count('"') % 2
+    if "=" in line and not unbalanced:
+        return ""
+    return ("; the shell splits words at spaces: write a list without spaces (input=[a.tif,b.tif]) or quote "
+            "the whole override ('input=[a.tif, b.tif]', 'prompt=hello world')")
 
 
 def _check_group_choices(parsed: Sequence[Override]) -> None:
@@ -95,6 +115,7 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
         _check_extra_conf_dir(extra)
     parsed = _parse(overrides)
     _check_group_choices(parsed)
+    _check_stage_ids_at_root(parsed)
     hydra_overrides, stage_overrides = split_stage_overrides(parsed)
     # Hydra's search path after conf/: the extra directory's group files join conf/'s groups.
     search = [f"hydra.searchpath=['file://{_quoted(str(extra))}']"] if extra is not None else []
@@ -106,6 +127,47 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_describe(e)) from None
     return validate(cfg)
+
+
+def _check_stage_ids_at_root(parsed: Sequence[Override]) -> None:
+    """`tile.overlap=64` names a stage where a root key belongs, `engine.sampling.max_tokens=9` a stage option
+    under the engine group: point at `pipeline.stages.<id>.<option>`."""
+    strays = [o for o in parsed if o.package is None and not _in_schema(o.key_or_group)]
+    if not strays:
+        return
+    stage_options = _stage_options([o.input_line for o in parsed if o.key_or_group in GROUP_SCHEMAS])
+    for override in strays:
+        root, _, rest = override.key_or_group.partition(".")
+        if root not in stage_options:
+            continue
+        if _in_schema(root) and rest.split(".")[0] not in stage_options[root]:
+            continue  # a misspelt key of the group: the schema's own error lists its fields
+        value = override.input_line.partition("=")[2]
+        suggestion = f"{STAGES_KEY}.{override.key_or_group}" + (f"={value}" if value else "")
+        where = f"group '{root}'" if _in_schema(root) else "the root config"
+        raise ConfigError(f"{override.key_or_group}: unknown key in {where}; '{root}' is a stage of this "
+                          f"pipeline: did you mean {suggestion}?")
+
+
+def _in_schema(key: str) -> bool:
+    """Whether `key`'s first two parts are fields of the schema (a root key, or a field of its group)."""
+    parts = key.split(".")[:2]
+    return all(part in _fields_beside(".".join(parts[:i + 1])) for i, part in enumerate(parts))
+
+
+def _stage_options(group_choices: Sequence[str]) -> Dict[str, List[str]]:
+    """{stage id: its option names} of the pipeline these group choices compose (an error path only)."""
+    from appliance.stages.build import load_stages, stage_nodes
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=list(group_choices))
+        load_stages(cfg.plugins)
+        return {node.id: [f.name for f in dataclasses.fields(node.cls.Options)]
+                for node in stage_nodes(cfg.pipeline.stages)}
+    except (HydraException, OmegaConfBaseException, ConfigError):
+        return {}
 
 
 def validate(cfg: DictConfig) -> DictConfig:

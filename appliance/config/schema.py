@@ -119,7 +119,7 @@ class AppConfig:
     output: Optional[Any] = None
     prompt: Optional[str] = None
     overwrite: bool = False
-    log_level: str = "WARNING"
+    log_level: Optional[str] = None  # None: INFO for `serve` (its start-up and ready lines), WARNING otherwise
     plugins: List[str] = field(default_factory=list)  # modules imported first: they may register stages
 
 

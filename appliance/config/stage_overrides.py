@@ -49,8 +49,6 @@ def apply_stage_overrides(cfg: DictConfig, overrides: Sequence[Override]) -> Non
 
 def _apply(cfg: DictConfig, stages: DictConfig, override: Override) -> None:
     line = override.input_line
-    if override.is_sweep_override():
-        raise ConfigError(f"{line}: one value per override (a sweep is not supported here)")
     key = override.key_or_group
     stage_id, _, option = key[len(STAGES_KEY) + 1:].partition(".")
     if stage_id not in stages:

@@ -13,8 +13,8 @@ class LocalExecutor:
     def num_kv_blocks(self) -> int:
         return self.runner.num_kv_blocks
 
-    def run(self, out: SchedulerOutput) -> SamplerOutput:
-        return self.runner.run(self.runner.prepare(out), out)
+    def run(self, out: SchedulerOutput, masks=None) -> SamplerOutput:
+        return self.runner.run(self.runner.prepare(out), out, masks)
 
     def shutdown(self) -> None:
         pass

@@ -16,9 +16,10 @@ from appliance.engine.multimodal import image_token_id
 from appliance.engine.multimodal import mm_ranges as mm_ranges_of
 from appliance.engine.outputs import RequestOutput
 from appliance.engine.sampler import SamplerOutput
-from appliance.engine.sampling_params import SamplingParams
+from appliance.engine.sampling_params import FieldError, SamplingParams
 from appliance.engine.scheduler import Scheduler, SchedulerOutput
 from appliance.engine.sequence import MMRange, Sequence, SequenceStatus
+from appliance.engine.structured_output import GrammarMatchers
 
 
 def load_tokenizer(model_path: str):
@@ -62,6 +63,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_batched_tokens, cfg.max_num_seqs,
                                    self.max_model_len)
         self.eos_token_ids = self._eos_ids(hf_config.get_text_config(), self.tokenizer)
+        self.vocab_size = hf_config.get_text_config().vocab_size
+        self.grammars = GrammarMatchers(self.tokenizer, self.vocab_size)
         self.seed_rng = torch.Generator().manual_seed(cfg.seed)  # seeds for requests that give none
         self.device = torch.device(cfg.device)
         self.detokenizers: Dict[str, IncrementalDetokenizer] = {}
@@ -86,8 +89,12 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt: Union[str, List[int]], sampling_params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None, mm_ranges: Optional[List[MMRange]] = None,
-                    mm_data=None) -> str:
+                    mm_data=None, sibling: Optional[str] = None) -> str:
+        """Queue a request; returns its id. `sibling`: the id of a request added just before with the same
+        prompt (another answer to it, `n` > 1): this one is admitted once the sibling's prompt is in the
+        prefix cache, so the prompt is computed once."""
         params = sampling_params or SamplingParams()
+        self._check_token_ids(params)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if mm_data or self.image_token_id is not None:
             mm_ranges = self._check_mm(ids, list(mm_data or []), mm_ranges)
@@ -100,9 +107,19 @@ class LLMEngine:
         if params.min_tokens:
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
             seq.min_tokens_suppress = tuple(sorted(stops))
+        seq.sibling = self.scheduler.requests.get(sibling) if sibling is not None else None
+        if params.structured is not None:
+            seq.matcher = self.grammars.matcher(params.structured)  # raises if the grammar cannot compile
         self.scheduler.add(seq)  # raises if the request can never fit
         self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
         return request_id
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
+            outside = [t for t in ids if not 0 <= t < self.vocab_size]
+            if outside:
+                raise FieldError(name, f"token ids {outside[:5]} are outside the vocabulary "
+                                       f"(0 to {self.vocab_size - 1})")
 
     def _check_mm(self, ids: List[int], mm_data, mm_ranges: Optional[List[MMRange]]) -> List[MMRange]:
         """Items in prompt order, each on a run of image tokens, and no image token without an item;
@@ -155,7 +172,9 @@ class LLMEngine:
                 raise RuntimeError(f"scheduler made no progress with {len(self.scheduler.waiting)} waiting "
                                    f"and {len(self.scheduler.running)} running requests")
             return []
-        sampled = self.executor.run(scheduled)
+        # The grammar masks of constrained requests are filled while the forward runs.
+        masks = self.grammars.start_masks([item.seq.matcher for item in scheduled.scheduled if item.will_sample])
+        sampled = self.executor.run(scheduled, masks)
         return self._postprocess(scheduled, sampled)
 
     def _postprocess(self, scheduled: SchedulerOutput, sampled: SamplerOutput) -> List[RequestOutput]:
@@ -164,6 +183,8 @@ class LLMEngine:
         outputs = []
         for seq, token, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs):
             seq.append_token(token)
+            if seq.matcher is not None:
+                seq.matcher.consume_token(token)
             if logprobs is not None:
                 seq.output_logprobs.append(logprobs)
             detok = self.detokenizers[seq.request_id]
@@ -184,7 +205,10 @@ class LLMEngine:
         if detok.stopped or (may_stop and (token in p.stop_token_ids or
                                            (not p.ignore_eos and token in self.eos_token_ids))):
             return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        if seq.matcher is not None and seq.matcher.is_stopped():  # the grammar is complete
+            return "stop"
+        if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) \
+                or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 
@@ -226,6 +250,7 @@ class LLMEngine:
                 "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting)}
 
     def close(self) -> None:
+        self.grammars.close()
         self.executor.shutdown()
 
     def __enter__(self):

@@ -180,11 +180,14 @@ class ModelRunner:
             hidden = self.model(ids, ctx.positions, ctx)
         return self.model.compute_logits(hidden[ctx.sample_rows])
 
-    def run(self, step: StepInput, out: SchedulerOutput) -> SamplerOutput:
-        return self.sample(self.execute(step), out)
+    def run(self, step: StepInput, out: SchedulerOutput, masks=None) -> SamplerOutput:
+        return self.sample(self.execute(step), out, masks)
 
-    def sample(self, logits: torch.Tensor, out: SchedulerOutput) -> SamplerOutput:
+    def sample(self, logits: torch.Tensor, out: SchedulerOutput, masks=None) -> SamplerOutput:
+        """`masks`: a future of the step's grammar masks (structured_output.GrammarMatchers), filled
+        while the forward ran, or None."""
         sampled = [item.seq for item in out.scheduled if item.will_sample]
         with self.on_device():
             return self.sampler(logits, [s.sampling_params for s in sampled], [s.generator for s in sampled],
-                                [s.suppressed_ids() for s in sampled])
+                                [s.suppressed_ids() for s in sampled],
+                                masks.result() if masks is not None else None)

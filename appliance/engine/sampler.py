@@ -1,4 +1,5 @@
-"""Batched next-token selection: greedy, temperature, top-k, top-p, per-request seeds, top-N logprobs."""
+"""Batched next-token selection: greedy, temperature, top-k, top-p, per-request seeds, top-N logprobs;
+logit biases, stop tokens held back until min_tokens, and grammar masks (structured output) first."""
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -6,6 +7,7 @@ import torch
 
 from appliance.engine import cpu_kernels
 from appliance.engine.sampling_params import SamplingParams
+from appliance.engine.structured_output import StepMasks
 
 
 @dataclass
@@ -20,16 +22,13 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, params: List[SamplingParams],
                  generators: List[Optional[torch.Generator]],
-                 suppress: Optional[List[Sequence[int]]] = None) -> SamplerOutput:
+                 suppress: Optional[List[Sequence[int]]] = None, masks: Optional[StepMasks] = None
+                 ) -> SamplerOutput:
         """logits: [S, V], one row per sequence that samples this step; `suppress[i]`: token ids row i
-        must not pick (stop tokens before the request's min_tokens). Logprobs stay those of the raw logits."""
-        raw = logits = logits.float()
-        if suppress and any(suppress):
-            # One indexed write for all rows (per-row writes are a host -> device copy each on a GPU).
-            rows = [row for row, ids in enumerate(suppress) for _ in ids]
-            cols = [tid for ids in suppress for tid in ids]
-            logits = raw.clone()
-            logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = float("-inf")
+        must not pick (stop tokens before the request's min_tokens); `masks`: the tokens each constrained
+        row may pick. Logprobs stay those of the raw logits."""
+        raw = logits.float()
+        logits = self._adjusted(raw, params, suppress, masks)
         use_ours = self.use_cpu_kernels and logits.dim() == 2 and cpu_kernels.fits(logits)
         tokens = cpu_kernels.argmax_rows(logits) if use_ours else logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -39,6 +38,34 @@ class Sampler:
                                         [generators[i] for i in sample_rows])
         token_list = tokens.tolist()
         return SamplerOutput(token_list, self._logprobs(raw, token_list, params))
+
+    @staticmethod
+    def _adjusted(raw: torch.Tensor, params: List[SamplingParams], suppress, masks: Optional[StepMasks]):
+        """`raw` with each row's logit biases added and its forbidden tokens at -inf (a copy, when any)."""
+        biased = [(row, p.logit_bias) for row, p in enumerate(params) if p.logit_bias]
+        held = suppress is not None and any(suppress)
+        if not (biased or held or masks is not None):
+            return raw
+        logits = raw.clone()
+        device = logits.device
+        if biased:  # one indexed add for all rows (a per-row write is a host -> device copy each on a GPU)
+            rows = [row for row, bias in biased for _ in bias]
+            cols = [tid for _, bias in biased for tid in bias]
+            values = [value for _, bias in biased for value in bias.values()]
+            logits[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] += \
+                torch.tensor(values, device=device, dtype=logits.dtype)
+        if held:
+            rows = [row for row, ids in enumerate(suppress) for _ in ids]
+            cols = [tid for ids in suppress for tid in ids]
+            logits[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = float("-inf")
+        if masks is not None:
+            rows = torch.tensor(masks.rows, device=device)
+            vocab = min(logits.shape[1], masks.allowed.shape[1])
+            constrained = logits[rows]
+            constrained[:, :vocab].masked_fill_(~masks.allowed[:, :vocab].to(device), float("-inf"))
+            constrained[:, vocab:] = float("-inf")  # padding rows of the embedding are never a token
+            logits[rows] = constrained
+        return logits
 
     def _sample(self, logits, params, generators) -> torch.Tensor:
         temp = torch.tensor([p.temperature for p in params], device=logits.device)

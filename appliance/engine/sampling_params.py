@@ -1,6 +1,19 @@
 """Per-request sampling settings."""
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
+
+from appliance.engine.structured_output import StructuredOutput
+
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's bound on a logit_bias value
+
+
+class FieldError(ValueError):
+    """A request setting the engine refuses, naming it (`field`: the SamplingParams field, which is the
+    request body's field of the same name), so a server answers 400 with that `param`."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
 
 
 @dataclass
@@ -9,18 +22,22 @@ class SamplingParams:
 
     temperature=0 means greedy. top_k=0 and top_p=1.0 disable those filters. `logprobs=N` returns the
     sampled token's log-probability plus the top N, computed from the raw (untempered, unmasked) logits.
+    `logit_bias` ({token id: bias}) is added to the logits before any token is picked; `structured`
+    constrains the output to a grammar (structured_output.py).
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     seed: Optional[int] = None
-    max_tokens: int = 16
+    max_tokens: Optional[int] = None  # None: until EOS, a stop, or the end of the context (vLLM's default)
     stop_token_ids: List[int] = field(default_factory=list)
     stop: List[str] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop_token_ids are suppressed, and stop strings unchecked, until this many
     logprobs: Optional[int] = None
+    logit_bias: Dict[int, float] = field(default_factory=dict)
+    structured: Optional[StructuredOutput] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -31,14 +48,17 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0 or None, got {self.logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        for token, bias in self.logit_bias.items():
+            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {bias}")
 
     @property
     def greedy(self) -> bool:

@@ -50,7 +50,11 @@ class Scheduler:
         self.num_chunked_prefills = 0  # steps that computed only part of a prompt
 
     def max_len(self, seq: Sequence) -> int:
-        return min(seq.num_prompt_tokens + seq.sampling_params.max_tokens, self.max_model_len)
+        """Tokens the sequence may reach: prompt + max_tokens, or the whole context when max_tokens is None."""
+        max_tokens = seq.sampling_params.max_tokens
+        if max_tokens is None:
+            return self.max_model_len
+        return min(seq.num_prompt_tokens + max_tokens, self.max_model_len)
 
     def add(self, seq: Sequence) -> None:
         if seq.request_id in self.requests:
@@ -65,7 +69,8 @@ class Scheduler:
         if need > bm.num_blocks:
             raise ValueError(
                 f"request {seq.request_id!r} needs up to {need} KV blocks (prompt {seq.num_prompt_tokens} "
-                f"+ max_tokens {seq.sampling_params.max_tokens}) but the cache has only {bm.num_blocks}; "
+                f"+ max_tokens {seq.sampling_params.max_tokens or 'up to the context'}) but the cache has only "
+                f"{bm.num_blocks}; "
                 f"lower max_tokens or raise engine.kv_cache_memory_bytes / engine.num_kv_blocks")
         self.requests[seq.request_id] = seq
         self.waiting.append(seq)
@@ -96,6 +101,8 @@ class Scheduler:
         # Admit waiting requests in order; stop at the first that does not fit (FCFS).
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
+            if self._sibling_computing(seq):
+                break  # admitted once the sibling's prompt is in the prefix cache: computed once, not n times
             cached = bm.find_cached_prefix(seq)
             n = min(seq.num_tokens - len(cached) * bm.block_size, budget)
             if not bm.allocate(seq, len(cached) * bm.block_size + n, cached):
@@ -106,6 +113,14 @@ class Scheduler:
             self._schedule(out, seq, n)
             budget -= n
         return out
+
+    def _sibling_computing(self, seq: Sequence) -> bool:
+        """`seq` shares its prompt with `seq.sibling` (a request's other answers, `n` > 1), whose prompt is
+        still being computed."""
+        sibling = seq.sibling
+        return (sibling is not None and self.block_manager.enable_prefix_caching
+                and sibling.status == SequenceStatus.RUNNING
+                and sibling.num_computed_tokens < sibling.num_prompt_tokens)
 
     def _schedule(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
         item = ScheduledSeq(seq, n, seq.num_computed_tokens + n == seq.num_tokens)

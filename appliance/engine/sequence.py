@@ -40,6 +40,8 @@ class Sequence:
         self.finish_reason: Optional[str] = None
         self.generator = None  # torch.Generator, made by the engine when the request is added
         self.min_tokens_suppress: Tuple[int, ...] = ()  # EOS / stop ids masked until min_tokens (engine sets)
+        self.matcher = None  # llguidance's matcher of a structured request (engine sets), fed each token
+        self.sibling: Optional["Sequence"] = None  # the request whose prompt this one shares (n > 1)
         # One entry per output token: {token_id: logprob}, sampled token first.
         self.output_logprobs: List[Dict[int, float]] = []
 

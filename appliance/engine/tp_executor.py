@@ -165,7 +165,7 @@ class TPExecutor:
             return None  # the pipe closed without a report: the liveness check names the exit code
         return payload if kind == "error" else None
 
-    def run(self, out: SchedulerOutput) -> SamplerOutput:
+    def run(self, out: SchedulerOutput, masks=None) -> SamplerOutput:
         if self.closed:
             raise WorkerDiedError("the tensor-parallel engine is shut down; create a new one")
         self.check_workers()
@@ -179,7 +179,7 @@ class TPExecutor:
                 conn.send(wire)
             logits = self.runner.execute(step)
             self._await_device(deadline)
-            return self.runner.sample(logits, out)
+            return self.runner.sample(logits, out, masks)
         except WorkerDiedError:
             raise
         except (RuntimeError, OSError) as e:

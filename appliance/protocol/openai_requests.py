@@ -6,14 +6,16 @@ message starts with the field's path (`temperature: expected a number, got 'hot'
 `line 3: body.temperature: ...`) and whose `param` is the field's name. Fields a request leaves out take
 the pipeline's defaults (the engine stage's `sampling`), not OpenAI's.
 """
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from appliance.engine.sampling_params import SamplingParams
+from appliance.engine.structured_output import StructuredOutput, json_object
 from appliance.errors import InputError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's name for system in newer models
 MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 # body field -> SamplingParams field. top_k, min_tokens, ignore_eos, stop_token_ids extend OpenAI, as in vLLM.
 SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
@@ -22,10 +24,12 @@ SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tok
 FLOAT_FIELDS = ("temperature", "top_p")
 INT_FIELDS = ("max_tokens", "max_completion_tokens", "top_k", "seed", "min_tokens", "top_logprobs")
 # Fields OpenAI clients may send that we accept only at their neutral value.
-NEUTRAL_FIELDS = {"n": (1, None), "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": (None, {}),
+NEUTRAL_FIELDS = {"n": (1, None), "frequency_penalty": (0,), "presence_penalty": (0,),
                   "echo": (False,), "best_of": (1,), "suffix": (None, "")}
+# vLLM's structured_outputs: exactly one of these, as vLLM's StructuredOutputsParams has them.
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
 COMMON_FIELDS = ("model", "stream", "stream_options", "user", *SAMPLING_FIELDS, "n", "frequency_penalty",
-                 "presence_penalty", "logit_bias")
+                 "presence_penalty", "logit_bias", "response_format", "structured_outputs")
 CHAT_FIELDS = ("messages", "logprobs", "top_logprobs", *COMMON_FIELDS)
 COMPLETION_FIELDS = ("prompt", "logprobs", "echo", "best_of", "suffix", *COMMON_FIELDS)
 
@@ -105,10 +109,7 @@ def check_messages(messages: Any, at: str) -> List[Dict[str, Any]]:
             raise fail(at, i, f"expected an object {{role, content}}, got {type(message).__name__}")
         if message.get("role") not in ROLES:
             raise fail(where, "role", f"{message.get('role')!r}; allowed: {', '.join(ROLES)}")
-        extra = sorted(set(message) - {"role", "content", "name"})
-        if extra:
-            raise fail(where, extra[0], "unknown field; allowed: role, content, name")
-        content = message.get("content")
+        content = message.get("content")  # other keys of a message are ignored, as vLLM does
         if isinstance(content, str):
             continue
         if not isinstance(content, list) or not content:
@@ -213,7 +214,83 @@ def _sampling(body: Dict[str, Any], at: str) -> Dict[str, Any]:
     seed = sampling.get("seed")
     if seed is not None and not -2 ** 63 <= seed < 2 ** 63:
         raise fail(at, "seed", f"{seed}; allowed: a 64-bit signed integer")
+    if body.get("logit_bias") is not None:
+        sampling["logit_bias"] = _logit_bias(body["logit_bias"], at)
+    structured = _structured(body, at)
+    if structured is not None:
+        sampling["structured"] = structured
     return sampling
+
+
+def _logit_bias(value: Any, at: str) -> Dict[int, float]:
+    """OpenAI's {"token id": bias}: ids as decimal strings (JSON keys), biases in [-100, 100]."""
+    if not isinstance(value, dict):
+        raise fail(at, "logit_bias", f"expected an object of token id -> bias, got {value!r:.80}")
+    bias = {}
+    for key, number in value.items():
+        where = path(at, "logit_bias")
+        if not (isinstance(key, str) and key.isdigit()) and not _is_int(key):
+            raise fail(where, key, "expected a token id (a non-negative integer) as the key")
+        bias[int(key)] = _number(where, key, number)
+    return bias
+
+
+def _structured(body: Dict[str, Any], at: str) -> Optional[StructuredOutput]:
+    """OpenAI's `response_format` or vLLM's `structured_outputs` as one StructuredOutput (None: free text);
+    a grammar that cannot compile is refused here, naming the field."""
+    format_, extra = body.get("response_format"), body.get("structured_outputs")
+    if format_ is not None and extra is not None:
+        raise fail(at, "structured_outputs", "give response_format or structured_outputs, not both")
+    if format_ is not None:
+        structured, key = _response_format(format_, path(at, "response_format")), "response_format"
+    elif extra is not None:
+        structured, key = _structured_outputs(extra, path(at, "structured_outputs")), "structured_outputs"
+    else:
+        return None
+    if structured is not None:
+        try:
+            structured.check()
+        except ValueError as e:
+            raise fail(at, key, str(e)) from None
+    return structured
+
+
+def _response_format(value: Any, at: str) -> Optional[StructuredOutput]:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_object()
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise fail(at, "json_schema", "required, an object {name, schema, strict} whose schema is a JSON "
+                                          "schema object")
+        return StructuredOutput("json", json.dumps(spec["schema"]))
+    raise fail(at, "type", f"{kind!r}; allowed: text, json_object, json_schema")
+
+
+def _structured_outputs(value: Any, at: str) -> StructuredOutput:
+    if not isinstance(value, dict):
+        raise InputError(f"{at}: expected an object with one of {', '.join(STRUCTURED_KINDS)}", param=at)
+    given = [k for k in STRUCTURED_KINDS if value.get(k) is not None]
+    if len(given) != 1:
+        raise InputError(f"{at}: give exactly one of {', '.join(STRUCTURED_KINDS)} (got "
+                         f"{', '.join(given) or 'none'})", param=at)
+    kind, spec = given[0], value[given[0]]
+    if kind == "json":
+        if isinstance(spec, str):
+            return StructuredOutput("json", spec)
+        if isinstance(spec, dict):
+            return StructuredOutput("json", json.dumps(spec))
+        raise fail(at, kind, "expected a JSON schema (an object, or its JSON text)")
+    if kind == "choice":
+        if not isinstance(spec, list) or not spec or not all(isinstance(c, str) for c in spec):
+            raise fail(at, kind, "expected a non-empty list of strings")
+        return StructuredOutput("choice", json.dumps(spec))
+    if not isinstance(spec, str) or not spec:
+        raise fail(at, kind, "expected a non-empty string")
+    return StructuredOutput(kind, spec)
 
 
 def _with_logprobs(request: GenerateRequest) -> GenerateRequest:

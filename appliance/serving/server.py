@@ -23,7 +23,8 @@ from appliance.heap import settle_heap
 from appliance.pipeline import Pipeline
 from appliance.serving import litserve_adapter
 from appliance.serving.split import OnlinePipeline, split_online
-from appliance.serving.state import DEAD, SharedState
+from appliance.serving.startup import check_media_dir, check_port_free, url
+from appliance.serving.state import DEAD, READY, SharedState
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,9 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
     if cfg.server.preprocess_workers < 0:
         raise ConfigError(f"server.preprocess_workers: {cfg.server.preprocess_workers}; allowed: 0 (the default "
                           "for the pipeline's kind) or more")
+    check_media_dir(cfg.server.allowed_local_media_dir)
     online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
+    check_port_free(cfg.server.host, cfg.server.port)  # before anything says we serve there
     from appliance.serving.metrics import multiprocess_dir
 
     with multiprocess_dir(), spool_directory(cfg.server.spool_dir) as spool:
@@ -75,11 +78,13 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
         server.app.add_exception_handler(error, handler)
     openapi.install(server.app)
     litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
-    supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s))
+    address = url(cfg.server.host, cfg.server.port)
+    supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s),
+                            ready_line=f"ready: pipeline {cfg.pipeline.name} on {address} (model loaded, warm-up done)")
     signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())
     threading.Thread(target=supervisor.watch, name="supervisor", daemon=True).start()
-    log.warning("serving pipeline %s (%s) on http://%s:%d", cfg.pipeline.name, online.kind, cfg.server.host,
-                cfg.server.port)
+    log.info("starting pipeline %s (%s), model %s, on %s: loading the model", cfg.pipeline.name, online.kind,
+             cfg.model.name, address)
     settle_heap()  # before LitServe forks the HTTP process, which inherits the frozen heap
     # uvicorn logs at warning, so its access log never prints; access_log=False also stops it formatting
     # each request's line before the logger drops it.
@@ -91,8 +96,11 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
 class Supervisor:
     """Stops the server when asked (SIGTERM, after draining) or when the engine dies (exit code 1)."""
 
-    def __init__(self, server, shared: SharedState, drain_timeout_s: float):
+    def __init__(self, server, shared: SharedState, drain_timeout_s: float, ready_line: str = "ready"):
         self.server, self.shared, self.drain_timeout_s = server, shared, drain_timeout_s
+        self.ready_line = ready_line
+        self.announced = False
+        self.announcing = threading.Lock()  # the watcher and the drain may both see the engine ready
         self.exit_code = 0
         self.stopping = threading.Event()
 
@@ -108,10 +116,18 @@ class Supervisor:
         if self.shared.inflight:
             log.warning("drain: %d requests still running after server.drain_timeout_s=%g s; stopping anyway",
                         self.shared.inflight, self.drain_timeout_s)
+        self.announce_ready()  # a server stopped just after it became ready still said so
         self.stop()
+
+    def announce_ready(self) -> None:
+        with self.announcing:
+            if not self.announced and self.shared.phase == READY:
+                log.info(self.ready_line)
+                self.announced = True
 
     def watch(self) -> None:
         while not self.stopping.is_set():
+            self.announce_ready()
             workers = getattr(self.server, "inference_workers", None) or []
             if self.shared.phase == DEAD or any(not w.is_alive() for w in workers):
                 log.error("the engine stopped; shutting the server down")

@@ -193,7 +193,8 @@ class EngineStage(Stage):
                 request_id = self.engine.add_request(record["prompt"], params, mm_ranges=record.get("mm_ranges"),
                                                      mm_data=record.get("mm_data"))
             except ValueError as e:  # e.g. a prompt longer than the model's context
-                raise InputError(f"prompt: {e}") from None
+                field = getattr(e, "field", None)  # a FieldError names the request field at fault
+                raise InputError(str(e) if field else f"prompt: {e}", param=field or "prompt") from None
             pending.append((request_id, record))
         progress = GenerateProgress(len(pending))
         try:

@@ -193,3 +193,32 @@ def test_from_config_composes_engine_group(llama_dir):
     out = engine.generate(["héllo wörld"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
     assert len(out.token_ids) == 3
     assert_no_block_leaks(engine)
+
+
+def test_no_max_tokens_runs_to_the_end_of_the_context(llama_dir):
+    with LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, max_model_len=40)) as engine:
+        prompt = [PROMPTS[0]]
+        (out,) = engine.generate(prompt, [SamplingParams(temperature=0, ignore_eos=True)])
+        assert out.finish_reason == "length" and len(prompt[0]) + len(out.token_ids) == 40
+
+
+def test_siblings_share_a_prompt_computed_once(llama_dir):
+    prompt = random_prompts(400, [40], seed=12)[0]  # 2 full blocks of 16 and a partial one
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    for share in (False, True):
+        engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64))
+        first = engine.add_request(prompt, greedy)
+        ids = [first] + [engine.add_request(prompt, SamplingParams(temperature=0.8, seed=i, max_tokens=6,
+                                                                    ignore_eos=True), sibling=first if share else None)
+                         for i in range(3)]
+        outs = {}
+        while engine.has_unfinished():
+            outs.update({o.request_id: o for o in engine.step() if o.finished})
+        hits = engine.stats()["prefix_cache_hit_tokens"]
+        if share:
+            assert hits == 3 * 32, "each sibling found the first one's two full prompt blocks"
+            assert [outs[i].token_ids for i in ids] == [o.token_ids for o in alone]
+        else:
+            assert hits == 0, "admitted together, every copy computed the prompt"
+            alone = [outs[i] for i in ids]
+        assert_no_block_leaks(engine)

@@ -38,6 +38,20 @@ def test_tp2_matches_tp1(sharded_tied_dir, tp_engine):
     assert_no_block_leaks(tp_engine)
 
 
+def test_tp2_structured_output_matches_tp1(sharded_tied_dir, tp_engine):
+    from appliance.engine.structured_output import StructuredOutput
+
+    prompts = random_prompts(400, [3, 17, 30], seed=22)
+    regex = StructuredOutput("regex", r"[a-z]{2,6}( [a-z]{2,6}){1,3}\.")
+    params = [SamplingParams(temperature=t, seed=i, max_tokens=40, structured=regex)
+              for i, t in enumerate((0.0, 1.0, 1.0))]
+    single = LLMEngine(sharded_tied_dir, EngineConfig(num_kv_blocks=64)).generate(prompts, params)
+    outs = tp_engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in single]
+    assert all(o.finish_reason == "stop" and o.text.endswith(".") for o in outs)
+    assert_no_block_leaks(tp_engine)
+
+
 def test_killed_worker_raises_clear_error(sharded_tied_dir):
     engine = LLMEngine(sharded_tied_dir, EngineConfig(num_kv_blocks=64, tensor_parallel_size=2))
     worker = engine.executor.procs[0]

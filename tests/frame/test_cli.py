@@ -1,5 +1,8 @@
 """The CLI verbs, run as subprocesses the way a user runs them."""
+import pytest
 import yaml
+
+from appliance.cli import main
 
 from tests.conftest import FRAME_CONF, assert_user_error, run_cli
 
@@ -70,3 +73,18 @@ def test_stage_options_are_checked_by_the_verbs():
     stages = yaml.safe_load(result.stdout)["pipeline"]["stages"]
     assert stages["tile"]["overlap"] == 64 and stages["raster_write"]["quicklook"] is True
     assert list(stages) == ["raster_inputs", "raster_read", "tile", "normalize", "engine", "stitch", "raster_write"]
+
+
+@pytest.mark.parametrize("verb, fragments", [
+    ("run", ["llava_chat", "prithvi_flood", "input=PATH", "output=PATH", "prompt=TEXT", "overwrite=true",
+             "<name>.mask.tif", "appliance run pipeline=prithvi_flood input=scene.tif output=mask.tif"]),
+    ("serve", ["llava_chat", "prithvi_flood", "http://127.0.0.1:8000", "/v1/chat/completions", "/pooling",
+               "/health", "appliance serve pipeline=llava_chat"]),
+])
+def test_help_lists_pipelines_keys_and_examples(capsys, verb, fragments):
+    with pytest.raises(SystemExit) as done:
+        main([verb, "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    for fragment in fragments:
+        assert fragment in shown, fragment

@@ -1,20 +1,22 @@
 """`appliance serve` as a real server process on 127.0.0.1, started and stopped by the test."""
+import socket
+
 import httpx
 import pytest
 
-from tests.conftest import FRAME_CONF
-from tests.server_process import running_server
+from tests.conftest import FRAME_CONF, assert_user_error, run_cli
+from tests.server_process import running_server, server_process
 
 
 @pytest.fixture
 def server(tmp_path):
+    (tmp_path / "media").mkdir()  # the server refuses a media directory that is not there
     with running_server("server.api_key=s3cret", f"server.allowed_local_media_dir={tmp_path / 'media'}",
                         cwd=tmp_path, conf_dir=FRAME_CONF) as base:
         yield base
 
 
 def test_serve_runs_the_pipeline_and_rejects_bad_requests(server, tmp_path):
-    (tmp_path / "media").mkdir()
     numbers = tmp_path / "media" / "n.txt"
     numbers.write_text("2 4\n")
     outside = tmp_path / "secret.txt"
@@ -80,3 +82,32 @@ def test_a_dead_engine_takes_the_server_down_with_exit_code_1(tmp_path):
         assert srv.proc.wait(timeout=30) == 1
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{srv.base}/health", timeout=2)
+
+
+def test_a_port_in_use_is_one_line_and_exit_2_before_any_announcement(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", f"server.port={port}", conf_dir=FRAME_CONF, cwd=tmp_path)
+    assert_user_error(result, "server.port", f"127.0.0.1:{port} is already in use")
+    assert "starting" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("make, fragment", [(None, "does not exist"), ("file", "is not a directory")])
+def test_a_media_directory_that_is_not_there_is_refused_at_start(tmp_path, make, fragment):
+    media = tmp_path / "media"
+    if make == "file":
+        media.write_text("")
+    result = run_cli("serve", f"server.allowed_local_media_dir={media}", conf_dir=FRAME_CONF, cwd=tmp_path)
+    assert_user_error(result, "server.allowed_local_media_dir", fragment)
+
+
+def test_start_up_lines_are_info_and_one_says_ready_with_the_url(tmp_path):
+    with server_process(cwd=tmp_path, conf_dir=FRAME_CONF) as server:
+        pass
+    lines = server.output().splitlines()
+    starting = next(i for i, line in enumerate(lines) if "starting pipeline" in line)
+    ready = next(i for i, line in enumerate(lines) if line.startswith("INFO") and "ready:" in line)
+    assert lines[starting].startswith("INFO ") and starting < ready
+    assert f"on {server.base} " in lines[ready] + " "

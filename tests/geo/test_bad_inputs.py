@@ -96,7 +96,7 @@ def make_bad(kind, src):
         ("truncated_band_interleaved", ["scene.tif: is truncated or corrupt (block 63,0 of band 6"]),
         ("zero_size", ["scene.tif:"]),
         ("directory", ["scene.tif: is not a file"]),
-        ("four_bands", ["has 4 bands but the model expects 6", "raster_read.bands"]),
+        ("four_bands", ["has 4 bands but the model expects 6", "pipeline.stages.raster_read.bands="]),
         ("band_names", ["has no band named NIR", "available: 1:BLUE, 2:GREEN, 3:RED, 4:NIR_NARROW"]),
         ("band_index", ["has no band 9: band indexes are 1..6"]),
         ("one_bad_of_two", ["scene.tif: has 3 bands"]),  # checked before the good one is processed

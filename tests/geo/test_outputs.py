@@ -1,4 +1,6 @@
 """Where masks go: the output-naming rule, table-driven and pure."""
+from pathlib import Path
+
 import pytest
 
 from appliance.errors import InputError
@@ -47,3 +49,12 @@ def test_input_must_be_paths(value):
 def test_input_list_forms():
     assert as_path_list("a.tif") == ["a.tif"]
     assert as_path_list(["a.tif", "b.tif"]) == ["a.tif", "b.tif"]
+
+
+def test_no_output_beside_a_bundled_sample_is_refused_and_output_still_works(tmp_path):
+    import appliance
+
+    sample = str(Path(appliance.__file__).parent / "assets" / "samples" / "flood_sample.tif")
+    with pytest.raises(InputError, match="inside the appliance package; pass output=PATH"):
+        plan_outputs([sample], None)
+    assert plan_outputs([sample], str(tmp_path)) == [(sample, str(tmp_path / "flood_sample.mask.tif"))]

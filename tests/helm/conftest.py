@@ -49,3 +49,9 @@ def pod_spec(docs: List[dict]) -> dict:
 def container(docs: List[dict]) -> dict:
     (only,) = pod_spec(docs)["containers"]
     return only
+
+
+def helm_test_pod(docs: List[dict]) -> dict:
+    """The Pod `helm test` runs (templates/tests/check.yaml)."""
+    (pod,) = [doc for doc in docs if doc["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    return pod

@@ -10,15 +10,16 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.helm.conftest import (CHART, KUBERNETES, PROFILES, by_kind, container, manifests, pod_spec,
-                                 profile_values, render_files)
+from tests.helm.conftest import (CHART, KUBERNETES, PROFILES, by_kind, container, helm_test_pod, manifests,
+                                 pod_spec, profile_values, render_files)
 
-KINDS = {
-    "default": {"Deployment", "Service"},
+KINDS = {  # each with the Pod `helm test` runs
+    "default": {"Deployment", "Service", "Pod"},
     "llava-chat": {"Deployment", "Service", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget",
-                   "ConfigMap"},
-    "prithvi-flood-batch": {"Job"},
-    "extra-config": {"Deployment", "Service", "ConfigMap"},
+                   "ConfigMap", "Pod"},
+    "prithvi-flood-batch": {"Job", "Pod"},
+    "extra-config": {"Deployment", "Service", "ConfigMap", "Pod"},
+    "ingress": {"Deployment", "Service", "Ingress", "Pod"},
 }
 
 
@@ -138,6 +139,57 @@ def test_locked_down_and_writable_where_the_appliance_writes(chart, profile):
     assert "XDG_CACHE_HOME" not in env, "the image's (read-only) cache holds the CPU kernels it built"
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_helm_test_checks_in_the_workloads_pod(chart, profile):
+    """`helm test` runs `appliance check` as the workload's container would run: its image, env, mounts,
+    volumes, security and scheduling; a GPU-free pod (`check` loads no weights). Its arguments are
+    compared in test_command_line, where they are checked."""
+    docs = manifests(chart, profile_values(profile))
+    pod, main = pod_spec(docs), container(docs)
+    hook = helm_test_pod(docs)
+    assert hook["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    assert hook["metadata"]["labels"]["app.kubernetes.io/component"] == "check", "no Service selects it"
+    (checker,) = hook["spec"]["containers"]
+    for key in ("image", "imagePullPolicy", "env", "volumeMounts", "securityContext"):
+        assert checker.get(key) == main.get(key), key
+    assert checker["command"] == ["appliance"], "no shell: the arguments as rendered"
+    for key in ("volumes", "securityContext", "nodeSelector", "tolerations", "affinity", "imagePullSecrets",
+                "automountServiceAccountToken"):
+        assert hook["spec"].get(key) == pod.get(key), key
+    assert hook["spec"]["restartPolicy"] == "Never"
+    assert checker["args"][0] == "check"
+    assert set(checker["resources"]["limits"]) == {"memory"}, "no GPU taken from the server's pods"
+
+
+def test_the_ingress_routes_to_the_services_http_port(chart):
+    values = profile_values("ingress")
+    kinds = by_kind(manifests(chart, values))
+    ingress = kinds["Ingress"]
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-buffering"] == "off", "SSE"
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == values["ingress"]["tls"]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "chat.example.com"
+    service = kinds["Service"]
+    assert [port["name"] for port in service["spec"]["ports"]] == ["http"]
+    paths = rule["http"]["paths"]
+    assert [(p["path"], p["pathType"]) for p in paths] == [("/v1", "Prefix"), ("/version", "Exact")]
+    for path in paths:
+        assert path["backend"] == {"service": {"name": service["metadata"]["name"], "port": {"name": "http"}}}
+    notes = render_files(chart, values)["appliance/templates/NOTES.txt"]
+    assert "https://chat.example.com/v1" in notes and "https://chat.example.com/version" in notes
+
+
+def test_the_ingress_is_off_by_default_and_any_host_when_only_enabled(chart):
+    assert "Ingress" not in by_kind(manifests(chart, {}))
+    ingress = by_kind(manifests(chart, {"ingress": {"enabled": True}}))["Ingress"]
+    kubernetes_validate.validate(ingress, KUBERNETES, strict=True)
+    assert "ingressClassName" not in ingress["spec"] and "tls" not in ingress["spec"], "the cluster's default class"
+    assert ingress["spec"]["rules"] == [{"http": {"paths": [
+        {"path": "/", "pathType": "Prefix",
+         "backend": {"service": {"name": "demo-appliance", "port": {"name": "http"}}}}]}}]
+
+
 def test_batch_mode(chart):
     values = profile_values("prithvi-flood-batch")
     docs = manifests(chart, values)
@@ -217,6 +269,8 @@ def test_an_extra_config_pipeline_gets_its_engine_kind_from_its_defaults(chart):
      "batch.output: out.tif looks like a file"),
     ({"mode": "batch", "batch": {"inputs": ["a.tif"], "volume": "v", "output": "o"}, "autoscaling": {"enabled": True}},
      "autoscaling.enabled: only for mode=serve"),
+    ({"mode": "batch", "batch": {"inputs": ["a.tif"], "volume": "v", "output": "o"}, "ingress": {"enabled": True}},
+     "ingress.enabled: only for mode=serve (a batch Job has no Service to route to)"),
     ({"autoscaling": {"enabled": True, "metric": "cpu"}}, "autoscaling.metric=cpu: set resources.requests.cpu"),
     ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas 5 is above maxReplicas 2"),
 ])
@@ -232,6 +286,7 @@ def test_notes_say_how_to_reach_it(chart, profile):
         assert "kubectl -n apps get job demo-appliance" in notes
     else:
         assert "port-forward service/demo-appliance 8000:8000 &" in notes and "curl" in notes
+    assert "helm test demo -n apps --logs" in notes
 
 
 def test_chart_version_follows_the_package():

@@ -12,7 +12,7 @@ import pytest
 
 from appliance.config.compose import compose
 from tests.conftest import assert_user_error, run_cli
-from tests.helm.conftest import PROFILES, by_kind, container, manifests, pod_spec, profile_values
+from tests.helm.conftest import PROFILES, by_kind, container, helm_test_pod, manifests, pod_spec, profile_values
 
 SHIM = """#!/bin/sh
 exec "{python}" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
@@ -60,16 +60,36 @@ def command_lines(docs, tmp_path: Path):
 
 def check(args, env):
     verb, *overrides = args
-    assert verb in ("serve", "run")
+    assert verb in ("serve", "run", "check")
     return run_cli("check", *overrides, env=env, timeout=120)
+
+
+def helm_test_args(docs) -> list:
+    """What the `helm test` pod runs; asserted to be the workload's command line with the verb `check`
+    (for a Job: `run`'s over every input, the indexes' shares joined in the order of batch.inputs)."""
+    (checker,) = helm_test_pod(docs)["spec"]["containers"]
+    assert checker["command"] == ["appliance"]
+    return checker["args"]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_rendered_command_line_checks(chart, profile, tmp_path):
+    """The workload's command lines and the `helm test` pod's, each run through `appliance check`."""
     docs = manifests(chart, profile_values(profile))
     env = lay_out_config_files(docs, tmp_path / "root")
-    for args in command_lines(docs, tmp_path):
-        result = check(args, env)
+    lines = command_lines(docs, tmp_path)
+    hook = helm_test_args(docs)
+    if "Deployment" in by_kind(docs):
+        (serve,) = lines
+        assert hook == ["check", *serve[1:]], "helm test checks what the server runs"
+    else:
+        inputs = profile_values(profile)["batch"]["inputs"]
+        assert [a for a in hook if a.startswith("input=")] == ["input=[%s]" % ",".join(f'"/data/{p}"' for p in inputs)]
+        for run in lines:
+            assert [a for a in hook[1:] if not a.startswith("input=")] == [a for a in run[1:] if not a.startswith("input=")]
+    distinct = {tuple(["check", *args[1:]]) for args in [*lines, hook]}
+    for args in distinct:
+        result = check(list(args), env)
         assert result.returncode == 0, (args, result.stderr)
         assert result.stdout.startswith("ok: pipeline "), result.stdout
 
@@ -107,6 +127,15 @@ def test_a_bad_override_fails_the_check(chart, tmp_path):
     values = {**profile_values("default"), "overrides": ["engine.block_sizee=16"]}
     (args,) = command_lines(manifests(chart, values), tmp_path)
     assert_user_error(check(args, {}), "engine.block_sizee", "unknown key")
+
+
+def test_helm_test_fails_on_a_bad_override_and_on_missing_weights(chart):
+    """What `helm test` shows when the pod's arguments cannot work: the override named, the path named."""
+    docs = manifests(chart, {**profile_values("prithvi-flood-batch"), "overrides": ["pipeline.stages.tile.overlapp=64"]})
+    assert_user_error(check(helm_test_args(docs), {}), "pipeline.stages.tile.overlapp")
+    docs = manifests(chart, {"pipeline": "llava_chat", "model": {"existingClaim": "weights"},
+                             "overrides": ["model=llava_1_5_7b", "model.path=/models/llava-1.5-7b-hf"]})
+    assert_user_error(check(helm_test_args(docs), {}), "model.path: /models/llava-1.5-7b-hf is not a directory")
 
 
 def test_an_unknown_pipeline_fails_the_check(chart, tmp_path):

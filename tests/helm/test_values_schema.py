@@ -27,6 +27,12 @@ SCHEMA = json.loads((CHART / "values.schema.json").read_text())
     ({"extraConfig": {"pipelines/x.yaml": "a: 1"}}, "at '/extraConfig'", "additional properties 'pipelines/x.yaml'"),
     ({"batch": {"inputs": ["/abs/a.tif"]}}, "at '/batch/inputs/0'", "does not match pattern"),
     ({"autoscaling": {"metric": "gpu"}}, "at '/autoscaling/metric'", "value must be one of"),
+    ({"ingress": {"host": "a.example.com"}}, "at '/ingress'", "additional properties 'host' not allowed"),
+    ({"ingress": {"hosts": [{"host": "a.example.com", "paths": [{"path": "v1"}]}]}},
+     "at '/ingress/hosts/0/paths/0/path'", "does not match pattern"),
+    ({"ingress": {"hosts": [{"host": "https://a.example.com", "paths": [{"path": "/"}]}]}},
+     "at '/ingress/hosts/0/host'", "does not match pattern"),
+    ({"ingress": {"hosts": [{"host": "a.example.com"}]}}, "at '/ingress/hosts/0'", "missing property 'paths'"),
 ])
 def test_mistakes_are_refused_naming_the_key(chart, values, where, message):
     with pytest.raises(helm_python.HelmValuesError) as refused:

@@ -74,8 +74,9 @@ HAND_WRITTEN = [
      "messages[0].content[0].type"),
     ("image part without url", CHAT, lambda h: chat(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {}}]}]), 400, "image_url.url"),
-    ("unknown message field", CHAT, lambda h: chat(messages=[{"role": "user", "content": "x", "tool_calls": []}]),
-     400, "messages[0].tool_calls"),
+    ("uncompilable schema", CHAT, lambda h: chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}),
+     400, "response_format"),
     ("unknown field", CHAT, lambda h: chat(functions=[]), 400, "functions"),
     ("unknown model", CHAT, lambda h: chat(model="gpt-5"), 404, "model"),
     ("model not a string", CHAT, lambda h: chat(model=5), 400, "model"),

@@ -177,7 +177,9 @@ def test_unknown_model_is_404_and_bad_json_400(llava_server, client):
                      content=b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}')
     assert nan.status_code == 400 and "NaN" in error(nan)["message"]
     route = httpx.get(f"{llava_server.base}/v1/nothing", timeout=10)
-    assert route.status_code == 404 and error(route)["message"] == "/v1/nothing: no such route"
+    assert route.status_code == 404 and error(route)["message"].startswith("/v1/nothing: no such route; this "
+                                                                          "server answers /")
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= _named_routes(error(route)["message"])
     assert httpx.get(f"{llava_server.base}/health", timeout=10).json() == {"status": "ok"}
 
 
@@ -189,3 +191,7 @@ def test_openapi_describes_the_routes_and_wrong_methods_get_405(llava_server):
     assert {"/health", "/ready", "/version", "/metrics", "/v1/models"} <= set(schema["paths"])
     wrong = httpx.get(f"{llava_server.base}/v1/chat/completions", timeout=10)
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+
+
+def _named_routes(message: str) -> set:
+    return {path.strip() for path in message.partition("this server answers ")[2].split(",")}

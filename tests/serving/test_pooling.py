@@ -183,3 +183,13 @@ def plan_tiles_for(path) -> int:
 
     with rasterio.open(path) as ds:
         return plan_tiles(ds.height, ds.width, 512, 448).count
+
+
+def test_a_chat_route_on_the_pooling_server_names_the_routes_it_has(flood_server):
+    answer = httpx.post(f"{flood_server.base}/v1/chat/completions", json={"messages": []}, headers=AUTH,
+                         timeout=10)
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 404 and "/v1/chat/completions: no such route" in message
+    routes = {path.strip() for path in message.partition("this server answers ")[2].split(",")}
+    assert {"/pooling", "/v1/pool", "/v1/models", "/health"} <= routes
+    assert "/v1/chat/completions" not in routes

@@ -151,9 +151,12 @@ class GenerateWorker(Worker):
         try:
             params = SamplingParams(**{**self.defaults, **session.request.sampling})
             self.engine.add_request(prompt, params, request_id=uid, mm_data=mm_data)
-        except ValueError as e:  # the engine's own checks (cache too small, image tokens, ...)
-            field = "messages" if session.request.kind == "chat" else "prompt"
-            self.fail(uid, Failed(400, f"{field}: {e}", field))
+        except ValueError as e:  # the engine's own checks (cache too small, image tokens, token ids, ...)
+            field = getattr(e, "field", None)  # a FieldError names the request field at fault
+            if field is None:
+                field = "messages" if session.request.kind == "chat" else "prompt"
+                e = f"{field}: {e}"
+            self.fail(uid, Failed(400, str(e), field))
             return
         session.in_engine, session.prompt_tokens = True, len(prompt)
         self.unstarted[uid] = session

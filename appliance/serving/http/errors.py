@@ -34,10 +34,16 @@ async def http_exception_handler(request: Request, error) -> JSONResponse:
     detail = getattr(error, "detail", None) or str(error)
     status = getattr(error, "status_code", 500)
     if status == 404:
-        detail = f"{request.url.path}: no such route"
+        detail = f"{request.url.path}: no such route; this server answers {', '.join(_route_paths(request))}"
     elif status == 405:
         detail = f"{request.method} {request.url.path}: method not allowed"
     return error_response(status, str(detail), headers=getattr(error, "headers", None))
+
+
+def _route_paths(request: Request) -> list:
+    """The documented routes of the app serving `request` (the pipeline decides which there are)."""
+    return sorted({route.path for route in request.app.routes if getattr(route, "include_in_schema", True)
+                   and not route.path.startswith("/litserve")})
 
 
 async def read_json(request: Request) -> object:

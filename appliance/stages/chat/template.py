@@ -31,7 +31,9 @@ def template_messages(messages: List[Dict[str, Any]], parts: bool) -> Tuple[List
                 out_parts.append({"type": "text", "text": part["text"]})
         if not parts:
             out_parts = " ".join(p["text"] for p in out_parts if p["type"] == "text")
-        rendered.append({"role": message["role"], "content": out_parts})
+        # OpenAI's `developer` role is what chat templates know as `system`.
+        role = "system" if message["role"] == "developer" else message["role"]
+        rendered.append({"role": role, "content": out_parts})
     return rendered, images
 
 

@@ -1,7 +1,8 @@
 """`raster_inputs`: one run record in, one record per input scene out, all validated first.
 
 Output rule (`plan_outputs`, pure):
-  - no `output`: `<stem><suffix>` beside each input (suffix `.mask.tif` by default);
+  - no `output`: `<stem><suffix>` beside each input (suffix `.mask.tif` by default), except beside an
+    input inside the installed package (its bundled samples): refused, asking for `output=`;
   - `output` ending in .tif/.tiff (and not an existing directory): that file; one input only;
   - any other `output`: a directory (created if missing) receiving `<stem><suffix>` per input.
 Nothing is read or written before every input and output of the run passes its checks.
@@ -19,6 +20,7 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.scene import probe_geotiff
 
 TIFF_SUFFIXES = (".tif", ".tiff")
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # the installed `appliance` package
 
 
 def as_path_list(value: Any) -> List[str]:
@@ -40,6 +42,10 @@ def plan_outputs(inputs: Sequence[str], output: Optional[str], suffix: str = ".m
         return os.path.join(directory, stem + suffix)
 
     if output is None or str(output) == "":
+        for src in inputs:
+            if _inside(src, PACKAGE_DIR):
+                raise InputError(f"output: not given, and the mask of {src} would go beside it, inside the "
+                                 f"appliance package; pass output=PATH (a .tif file or a directory)")
         pairs = [(src, named(src, os.path.dirname(src))) for src in inputs]
     else:
         output = str(output)
@@ -58,6 +64,10 @@ def plan_outputs(inputs: Sequence[str], output: Optional[str], suffix: str = ".m
             )
         seen[key] = src
     return pairs
+
+
+def _inside(path: str, directory: Path) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(directory)
 
 
 def check_output(src: str, dst: str, overwrite: bool, inputs: Sequence[str]) -> None:

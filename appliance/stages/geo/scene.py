@@ -140,8 +140,8 @@ def select_bands(
             return list(range(1, count + 1))
         raise InputError(
             f"has {count} bands but the model expects {len(model_bands)} ({wanted}) and the band "
-            f"descriptions do not name them (bands: {available}); select them with raster_read.bands="
-            f"[names or 1-based indexes]"
+            f"descriptions do not name them (bands: {available}); select them with "
+            f"pipeline.stages.raster_read.bands=[names or 1-based indexes]"
         )
     indexes, missing = [], []
     for item in requested:

@@ -101,6 +101,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if $v.metrics.serviceMonitor.enabled -}}
 {{- fail "metrics.serviceMonitor.enabled: only for mode=serve (a batch Job has no server to scrape)" -}}
 {{- end -}}
+{{- if $v.ingress.enabled -}}
+{{- fail "ingress.enabled: only for mode=serve (a batch Job has no Service to route to)" -}}
+{{- end -}}
 {{- end -}}
 {{- if $v.autoscaling.enabled -}}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}
@@ -112,12 +115,46 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
-{{/* `serve`'s arguments, as a JSON list: the verb, the pipeline, what the chart derives, the overrides. */}}
-{{- define "appliance.serveArgs" -}}
-{{- $args := list "serve" (printf "pipeline=%s" .Values.pipeline) "server.host=0.0.0.0"
+{{/* What `serve` takes after `pipeline=P`, as a JSON list: what the chart derives, the overrides. */}}
+{{- define "appliance.serveSettings" -}}
+{{- $args := list "server.host=0.0.0.0"
       (printf "server.port=%d" (int .Values.server.port))
       (printf "server.drain_timeout_s=%d" (int .Values.server.drainTimeoutSeconds)) -}}
 {{- $args = concat $args (include "appliance.gpuOverrides" . | fromJsonArray) .Values.overrides -}}
+{{- toJson $args -}}
+{{- end -}}
+
+{{/* `serve`'s arguments, as a JSON list: the verb, the pipeline, what the chart derives, the overrides. */}}
+{{- define "appliance.serveArgs" -}}
+{{- concat (list "serve" (printf "pipeline=%s" .Values.pipeline)) (include "appliance.serveSettings" . | fromJsonArray) | toJson -}}
+{{- end -}}
+
+{{/* `input=[...]` for a list of paths inside batch.volume (mounted at /data), each double-quoted so that
+     Hydra keeps spaces and commas. Takes the list. */}}
+{{- define "appliance.inputArg" -}}
+{{- $quoted := list -}}
+{{- range . -}}{{- $quoted = append $quoted (printf "\"/data/%s\"" .) -}}{{- end -}}
+{{- printf "input=[%s]" (join "," $quoted) -}}
+{{- end -}}
+
+{{/* What `run` takes after `pipeline=P` and its inputs, as a JSON list: the output directory,
+     overwrite=true (a retried index rewrites its masks; the overrides, last, may turn it off), the CUDA
+     engine, the overrides. */}}
+{{- define "appliance.batchSettings" -}}
+{{- concat (list (printf "output=\"/data/%s\"" .Values.batch.output) "overwrite=true")
+      (include "appliance.gpuOverrides" . | fromJsonArray) .Values.overrides | toJson -}}
+{{- end -}}
+
+{{/* `check`'s arguments, as a JSON list: the workload's own with the verb `check` (batch mode: `run`'s
+     over every input), so that `helm test` checks the command line the pods run. */}}
+{{- define "appliance.checkArgs" -}}
+{{- $args := list "check" (printf "pipeline=%s" .Values.pipeline) -}}
+{{- if eq .Values.mode "batch" -}}
+{{- $args = concat $args (list (include "appliance.inputArg" .Values.batch.inputs))
+      (include "appliance.batchSettings" . | fromJsonArray) -}}
+{{- else -}}
+{{- $args = concat $args (include "appliance.serveSettings" . | fromJsonArray) -}}
+{{- end -}}
 {{- toJson $args -}}
 {{- end -}}
 
