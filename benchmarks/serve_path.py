@@ -37,6 +37,7 @@ from appliance.serving.http.frontend import Frontend  # noqa: E402
 from appliance.serving.messages import Admitted, Tokens  # noqa: E402
 from appliance.serving.http.middleware import Gate  # noqa: E402
 from appliance.serving.http.routes_generate import GenerateRoutes  # noqa: E402
+from appliance.stages.engine import sampling_defaults  # noqa: E402
 from appliance.serving.http.errors import APIError, api_error_handler  # noqa: E402
 from appliance.serving.state import READY, SharedState  # noqa: E402
 
@@ -59,7 +60,7 @@ def build_gate():
     events_rx, events_tx = mp.Pipe(duplex=False)
     frontend = Frontend(OmegaConf.to_container(cfg, resolve=True), shared, requests_tx, events_rx)
     app = FastAPI()
-    app.add_api_route(PATH, GenerateRoutes(frontend, cfg).chat, methods=["POST"])
+    app.add_api_route(PATH, GenerateRoutes(frontend, cfg, sampling_defaults(cfg)).chat, methods=["POST"])
     app.add_exception_handler(APIError, api_error_handler)
     app.add_middleware(Gate, routes=[PATH], metrics=frontend.http_metrics, max_bytes=1 << 26, api_key=None)
     return app, requests_rx, events_tx  # the engine's ends: kept open while the benchmark runs

@@ -64,7 +64,7 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     requests_rx, requests_tx = mp.Pipe(duplex=False)
     events_rx, events_tx = mp.Pipe(duplex=False)
     container = OmegaConf.to_container(cfg, resolve=True)
-    spec = ApplianceSpec(cfg, container, shared, spool, online.kind, requests_tx, events_rx)
+    spec = ApplianceSpec(cfg, container, shared, spool, online, requests_tx, events_rx)
     gate = {"routes": spec.route_paths(), "metrics": spec.frontend.http_metrics,
             "max_bytes": int(cfg.server.limits.max_request_bytes),
             "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")}

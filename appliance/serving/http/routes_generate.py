@@ -19,16 +19,16 @@ from appliance.protocol.openai_requests import GenerateRequest, parse_chat, pars
 from appliance.serving.http.errors import APIError, error_response, read_json
 from appliance.serving.http.frontend import Channel, ClientGone, Frontend
 from appliance.serving.messages import Failed, GenerateJob, Tokens
-from appliance.stages.engine import sampling_defaults
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class GenerateRoutes:
-    def __init__(self, frontend: Frontend, cfg):
+    def __init__(self, frontend: Frontend, cfg, sampling: dict):
+        """`sampling`: the engine stage's, what a request's own sampling fields override."""
         self.frontend = frontend
-        self.defaults = sampling_defaults(cfg)
+        self.defaults = sampling
         self.media_dir = cfg.server.allowed_local_media_dir
 
     async def chat(self, request: Request):

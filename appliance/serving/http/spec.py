@@ -19,8 +19,10 @@ MAIN_ROUTE = {"generate": "/v1/chat/completions", "pool": "/pooling", "plain": "
 
 
 class ApplianceSpec(LitSpec):
-    def __init__(self, cfg, cfg_container: dict, shared, spool_dir: str, kind: str, requests, events):
-        """`requests`, `events`: the HTTP side's ends of the pipes to and from the engine loop."""
+    def __init__(self, cfg, cfg_container: dict, shared, spool_dir: str, online, requests, events):
+        """`online`: the pipeline's online stages (split.OnlinePipeline); `requests`, `events`: the HTTP
+        side's ends of the pipes to and from the engine loop."""
+        kind = online.kind
         super().__init__()
         # The API's main route. LitServe keys the inference worker's request queue by it, a queue our
         # routes leave unused: jobs reach the engine loop over our own pipe (docs/serving.md).
@@ -31,7 +33,7 @@ class ApplianceSpec(LitSpec):
                               ("/metrics", ops.metrics)):
             self.add_endpoint(path, handler, ["GET"])
         if kind == "generate":
-            routes = GenerateRoutes(self.frontend, cfg)
+            routes = GenerateRoutes(self.frontend, cfg, dict(online.engine.options.sampling))
             self.add_endpoint("/v1/models", ops.models, ["GET"])
             self.add_endpoint("/v1/chat/completions", routes.chat, ["POST"])
             self.add_endpoint("/v1/completions", routes.completions, ["POST"])
