@@ -7,10 +7,9 @@ from typing import Any, Dict
 
 STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
 NULLABLE_BOOL = {"type": ["boolean", "null"]}
-MAX_TOKENS = {"type": ["integer", "null"], "minimum": 1, "maximum": 256}
+MAX_TOKENS = {"type": ["integer", "null"], "minimum": 1}  # the context bounds it: past it, a 400 that says so
 # Fields OpenAI clients send that the parser accepts only at their neutral value (protocol.NEUTRAL_FIELDS).
-NEUTRAL = {"frequency_penalty": {"type": "number", "enum": [0]}, "presence_penalty": {"type": "number", "enum": [0]},
-           "logit_bias": {"type": ["object", "null"], "maxProperties": 0}}
+NEUTRAL = {"frequency_penalty": {"type": "number", "enum": [0]}, "presence_penalty": {"type": "number", "enum": [0]}}
 SAMPLING = {
     "model": {"type": ["string", "null"]},
     "max_tokens": MAX_TOKENS,
@@ -19,7 +18,7 @@ SAMPLING = {
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": ["integer", "null"], "minimum": 0},
     "seed": {"type": ["integer", "null"], "minimum": -(2 ** 63), "maximum": 2 ** 63 - 1},
-    "min_tokens": {"type": ["integer", "null"], "minimum": 0, "maximum": 1},
+    "min_tokens": {"type": ["integer", "null"], "minimum": 0},
     "stop": STRING_OR_LIST,
     "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
     "ignore_eos": NULLABLE_BOOL,
@@ -28,6 +27,11 @@ SAMPLING = {
                        "properties": {"include_usage": NULLABLE_BOOL, "continuous_usage_stats": NULLABLE_BOOL}},
     "n": {"type": ["integer", "null"], "enum": [1, None]},
     "user": {"type": ["string", "null"]},
+    "logit_bias": {"type": ["object", "null"], "propertyNames": {"pattern": "^[0-9]+$"},
+                   "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+    "response_format": {"type": ["object", "null"], "required": ["type"], "properties": {
+        "type": {"enum": ["text", "json_object", "json_schema"]}, "json_schema": {"type": "object"}}},
+    "structured_outputs": {"type": ["object", "null"]},  # vLLM's: one of json, regex, choice, grammar
     **NEUTRAL,
 }
 PART = {"oneOf": [
@@ -38,7 +42,7 @@ PART = {"oneOf": [
                     "image_url": {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}}}},
 ]}
 MESSAGE = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
-           "properties": {"role": {"enum": ["system", "user", "assistant"]}, "name": {"type": "string"},
+           "properties": {"role": {"enum": ["system", "developer", "user", "assistant"]}, "name": {"type": "string"},
                           "content": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": PART}]}}}
 CHAT_REQUEST = {"type": "object", "required": ["messages"], "additionalProperties": False, "properties": {
     **SAMPLING, "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
