@@ -1,9 +1,16 @@
 """The request and response schemas of the routes, in the server's OpenAPI document (`/openapi.json`).
 
 The routes parse their own bodies (appliance/protocol: errors that name the field), so FastAPI cannot
-infer these; they are declared here for clients, docs (`/docs`) and the schema-driven fuzz tests.
+infer these. `/pooling`'s request is its pydantic model's own schema (`protocol.pooling.PoolingBody`,
+which also validates the bodies); the chat and completion requests are still declared here beside
+their hand-written parser, as are the answers. For clients, docs (`/docs`) and the schema-driven fuzz
+tests.
 """
 from typing import Any, Dict
+
+from pydantic import BaseModel
+
+from appliance.protocol.pooling import PoolingBody
 
 STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
 NULLABLE_BOOL = {"type": ["boolean", "null"]}
@@ -56,13 +63,6 @@ COMPLETION_REQUEST = {"type": "object", "required": ["prompt"], "additionalPrope
     "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
     "echo": {"enum": [False]}, "best_of": {"type": "integer", "enum": [1]},
     "suffix": {"type": ["string", "null"], "maxLength": 0}}}
-POOLING_REQUEST = {"type": "object", "required": ["data"], "additionalProperties": False, "properties": {
-    "model": {"type": "string"}, "priority": {"enum": [0]}, "task": {"enum": ["plugin"]},
-    "data": {"type": "object", "required": ["data", "data_format"], "additionalProperties": False, "properties": {
-        "data": {"type": "string", "minLength": 1}, "data_format": {"enum": ["b64_json", "url", "path"]},
-        "out_data_format": {"enum": ["b64_json", "path"]}, "image_format": {"enum": ["tiff"]},
-        "indices": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}}}}}
-
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
@@ -86,7 +86,7 @@ SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"ty
 BODIES = {
     "/v1/chat/completions": (CHAT_REQUEST, {"application/json": CHAT_COMPLETION, "text/event-stream": SSE_EVENT}),
     "/v1/completions": (COMPLETION_REQUEST, {"application/json": TEXT_COMPLETION, "text/event-stream": SSE_EVENT}),
-    "/pooling": (POOLING_REQUEST, {"application/json": POOLING_RESPONSE}),
+    "/pooling": (PoolingBody, {"application/json": POOLING_RESPONSE}),
 }
 
 
@@ -97,21 +97,25 @@ def install(app) -> None:
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title="appliance", version="1", routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
             for path, item in schema.get("paths", {}).items():
                 for method, operation in item.items():
-                    _describe(path, method, operation)
+                    _describe(path, method, operation, components)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi
 
 
-def _describe(path: str, method: str, operation: Dict[str, Any]) -> None:
+def _describe(path: str, method: str, operation: Dict[str, Any], components: Dict[str, Any]) -> None:
     errors = {"description": "error", "content": {"application/json": {"schema": ERROR}}}
     operation["responses"] = {"4XX": errors, "5XX": errors, **{
         code: spec for code, spec in operation.get("responses", {}).items() if code == "200"}}
     if path in BODIES and method == "post":
         request, answers = BODIES[path]
+        if isinstance(request, type) and issubclass(request, BaseModel):  # a request model: its own schema
+            request = request.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(request.pop("$defs", {}))
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
         operation["responses"]["200"] = {"description": "the answer", "content": {
             kind: {"schema": schema} for kind, schema in answers.items()}}
