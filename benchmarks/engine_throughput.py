@@ -45,15 +45,15 @@ def make_requests(n: int, seed: int = 0):
 
 
 @contextlib.contextmanager
-def bench_model(model_dir=None):
-    """The bench model's directory: `model_dir` if it holds one, else built there (or in a temp
-    directory, removed afterwards)."""
+def bench_model(model_dir=None, build=build_model):
+    """The bench model's directory: `model_dir` if it holds one, else built there by `build` (or in a
+    temp directory, removed afterwards)."""
     if model_dir and os.path.exists(os.path.join(model_dir, "config.json")):
         yield model_dir
         return
     with contextlib.ExitStack() as stack:
         path = model_dir or stack.enter_context(tempfile.TemporaryDirectory())
-        build_model(path)
+        build(path)
         yield path
 
 

@@ -11,21 +11,24 @@ runs step the same batch; prints the mean step time of each, the overhead, and t
 thread spent filling masks (hidden behind the forward when the overhead is below it).
 """
 import argparse
-import contextlib
 import json
 import os
 import random
 import statistics
-import tempfile
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from engine_throughput import bench_model  # noqa: E402
 
 SCHEMA = {"type": "object", "required": ["labels"], "properties": {
     "labels": {"type": "array", "minItems": 64, "items": {"type": "string", "maxLength": 12}}}}
 
 
 def build_model(path: str) -> None:
+    """engine_throughput.py's Llama with a byte-level BPE vocabulary of 32000 tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -47,17 +50,6 @@ def build_model(path: str) -> None:
                       max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
-
-
-@contextlib.contextmanager
-def bench_model(model_dir=None):
-    if model_dir and os.path.exists(os.path.join(model_dir, "config.json")):
-        yield model_dir
-        return
-    with contextlib.ExitStack() as stack:
-        path = model_dir or stack.enter_context(tempfile.TemporaryDirectory())
-        build_model(path)
-        yield path
 
 
 class MaskTimer:
@@ -104,7 +96,7 @@ def main() -> None:
     from appliance.engine.structured_output import StructuredOutput
 
     rng = random.Random(0)
-    with bench_model(args.model_dir) as path:
+    with bench_model(args.model_dir, build=build_model) as path:
         engine = LLMEngine(path, EngineConfig(num_kv_blocks=1024, max_num_seqs=args.num_requests))
         prompts = [[rng.randrange(3, engine.vocab_size) for _ in range(rng.randint(32, 128))]
                    for _ in range(args.num_requests)]

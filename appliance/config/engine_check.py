@@ -15,11 +15,16 @@ def check_engine(cfg) -> None:
     if engine.block_size < 1:
         raise ConfigError(f"engine.block_size must be >= 1, got {engine.block_size}")
     if _name(engine.kind) != "generate":
+        if _name(engine.quantization) != "none":
+            raise ConfigError(f"engine.quantization={_name(engine.quantization)} applies to a language model "
+                              f"(engine.kind=generate); pool models run in engine.dtype")
         return
     backend, device, dtype = _name(engine.attention_backend), str(engine.device), _name(engine.dtype)
-    if backend == "cpu" and (device != "cpu" or dtype != "float32"):
-        raise ConfigError(f"engine.attention_backend=cpu runs only with engine.device=cpu and engine.dtype=float32 "
-                          f"(got {device}, {dtype}); use attention_backend=torch or auto")
+    if dtype == "auto":  # what the engine will resolve it to, when the checkpoint declares it
+        dtype = _auto_dtype(cfg.model, device)
+    if backend == "cpu" and (device != "cpu" or dtype not in ("float32", "bfloat16", "auto")):
+        raise ConfigError(f"engine.attention_backend=cpu runs only with engine.device=cpu and engine.dtype "
+                          f"float32 or bfloat16 (got {device}, {dtype}); use attention_backend=torch or auto")
     if backend != "xformers":
         return
     if not device.startswith("cuda"):
@@ -31,6 +36,24 @@ def check_engine(cfg) -> None:
     if why:
         raise ConfigError(f"engine.attention_backend=xformers cannot run: {why}; fix that or use "
                           f"attention_backend=torch (or auto)")
+
+
+def _auto_dtype(model, device: str) -> str:
+    """engine.dtype=auto as the engine will settle it from the checkpoint (memory_plan's rule; on CPU
+    the host decides between bfloat16 and float32 for a half precision checkpoint, so it stays `auto`
+    here, as it does when the checkpoint cannot be read yet)."""
+    from appliance.engine.checkpoint_facts import hf_checkpoint_facts
+
+    try:
+        own = hf_checkpoint_facts(model.path).dtype if getattr(model, "path", None) else None
+    except (OSError, ValueError):  # files missing or unreadable: reported where they are read
+        own = None
+    if own is None:
+        return "auto"
+    name = str(own).replace("torch.", "")
+    if name == "float32" or device.startswith("cuda"):
+        return name
+    return "auto"
 
 
 def model_head_dim(model) -> Optional[int]:

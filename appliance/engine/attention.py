@@ -88,8 +88,8 @@ class TorchAttentionBackend:
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
-    """fp32 on CPU: decodes read the paged K/V in place with our kernel (no gathered, padded copy);
-    prefills as in the torch backend."""
+    """fp32 or bf16 on CPU: decodes read the paged K/V in place with our kernel (no gathered, padded
+    copy); prefills as in the torch backend."""
 
     name = "cpu"
     decode_group_size = None  # no padding to limit: one call for all of a step's decodes
@@ -105,7 +105,7 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.f
                    probe=None, fmha=None, use_cpu_kernels: bool = True):
     """`auto`: xformers on CUDA where it runs every kind of step of this engine (its kernels' limits,
     then a probe forward of each kind at start; otherwise the torch backend and one logged line saying
-    why), our CPU kernel for fp32 on CPU where it builds (and `use_cpu_kernels`, the engine's
+    why), our CPU kernel for fp32 or bf16 on CPU where it builds (and `use_cpu_kernels`, the engine's
     engine.cpu_kernels, is on), else torch. An explicit choice that cannot run raises ValueError with the
     reason, before any request. `geometry` (an AttentionGeometry) is needed on CUDA; `probe` and `fmha`
     replace the real ones in tests."""
@@ -113,15 +113,16 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.f
     if name == "auto":
         if device.type == "cuda":
             return _auto_on_cuda(device, dtype, geometry, probe, fmha)
-        if device.type == "cpu" and dtype == torch.float32 and use_cpu_kernels and cpu_kernels.available():
+        if device.type == "cpu" and dtype in cpu_kernels.PAGED_DECODE_DTYPES and use_cpu_kernels \
+                and cpu_kernels.available():
             return CpuAttentionBackend()
         return TorchAttentionBackend()
     if name == "torch":
         return TorchAttentionBackend()
     if name == "cpu":
-        if device.type != "cpu" or dtype != torch.float32:
-            raise ValueError("attention_backend=cpu needs engine.device=cpu and engine.dtype=float32; use "
-                             "attention_backend=torch (or auto)")
+        if device.type != "cpu" or dtype not in cpu_kernels.PAGED_DECODE_DTYPES:
+            raise ValueError("attention_backend=cpu needs engine.device=cpu and engine.dtype float32 or "
+                             "bfloat16; use attention_backend=torch (or auto)")
         if not use_cpu_kernels or not cpu_kernels.available():
             why = "engine.cpu_kernels=false" if not use_cpu_kernels else cpu_kernels.unavailable_reason()
             raise ValueError(f"attention_backend=cpu: our CPU kernels are unavailable ({why}); use "

@@ -7,6 +7,7 @@ from typing import Optional
 
 
 class DType(str, Enum):
+    auto = "auto"  # the checkpoint's own, by the rule in memory_plan.py (docs/engine.md)
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
@@ -15,6 +16,11 @@ class DType(str, Enum):
 class EngineKind(str, Enum):
     generate = "generate"
     pool = "pool"
+
+
+class Quantization(str, Enum):
+    none = "none"
+    int8 = "int8"  # weight-only, per output channel, quantised at load (engine/int8.py)
 
 
 class AttentionBackend(str, Enum):
@@ -27,12 +33,14 @@ class AttentionBackend(str, Enum):
 @dataclass
 class EngineConfig:
     kind: EngineKind = EngineKind.generate
-    dtype: DType = DType.float32
+    dtype: DType = DType.auto
     device: str = "cpu"  # cpu | cuda | cuda:N
     tensor_parallel_size: int = 1
     block_size: int = 16
-    kv_cache_memory_bytes: int = 256 * 1024 * 1024  # KV pool budget across all layers, per rank
+    kv_cache_memory_bytes: Optional[int] = None  # KV pool across all layers, per rank; None: from the machine
     num_kv_blocks: Optional[int] = None  # overrides the budget (tests use it to force preemption)
+    # The memory the engine plans within (the host; per card on CUDA); None: what is available now.
+    memory_budget_bytes: Optional[int] = None
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     max_model_len: Optional[int] = None  # defaults to the model's max_position_embeddings
@@ -41,6 +49,7 @@ class EngineConfig:
     encoder_cache_bytes: int = 256 * 1024 * 1024  # image embeddings kept by content hash (rank 0); 0 = none
     attention_backend: AttentionBackend = AttentionBackend.auto
     cpu_kernels: bool = True  # our AVX2 GEMM and paged decode attention for fp32 on CPU, where they build
+    quantization: Quantization = Quantization.none  # int8: the language model's linear layers, at load
     seed: int = 0
 
 
@@ -52,6 +61,9 @@ def resolve_dtype(name) -> "torch.dtype":
     name = getattr(name, "value", name)
     if name not in DType.__members__:
         raise ValueError(f"engine.dtype {name!r} is not one of {', '.join(DType.__members__)}")
+    if name == DType.auto.value:
+        raise ValueError("engine.dtype=auto names no dtype until the checkpoint is known; the engine "
+                         "resolves it (memory_plan.plan_memory) before building the model")
     return getattr(torch, name)
 
 

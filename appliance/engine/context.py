@@ -20,6 +20,9 @@ class StepInput:
     context_lens: List[int]  # tokens each sequence attends to after this step (cached + new)
     block_tables: List[List[int]]
     sample_rows: List[int]  # rows whose logits pick a next token (the last row of finished prefills)
+    # Rows whose logits score the prompt's next token (requests asking for prompt_logprobs), after
+    # sample_rows in the logits the runner returns.
+    prompt_rows: List[int] = field(default_factory=list)
     # Multimodal: rows whose input embedding is an image embedding rather than the token's, and those
     # embeddings [len(mm_rows), hidden] (rank 0 computes them). Empty / None on text-only steps.
     mm_rows: List[int] = field(default_factory=list)
@@ -57,7 +60,7 @@ class StepContext:
     context_lens: List[int]
     query_start: List[int]  # len B + 1
     block_tables: List[List[int]]
-    sample_rows: torch.Tensor  # [S]
+    sample_rows: torch.Tensor  # [S + P]: the rows that sample, then those scoring prompt tokens
     block_size: int
     # Sequences computing exactly one token (decodes) are batched by the torch backend, in groups of
     # similar context length so that padding every table to the group's longest wastes little.
@@ -80,7 +83,7 @@ class StepContext:
         decode_seqs = [i for i, n in enumerate(step.query_lens) if n == 1]
         ctx = cls(positions=t(step.positions), slot_mapping=t(step.slot_mapping),
                   query_lens=step.query_lens, context_lens=step.context_lens, query_start=query_start,
-                  block_tables=step.block_tables, sample_rows=t(step.sample_rows),
+                  block_tables=step.block_tables, sample_rows=t(step.sample_rows + step.prompt_rows),
                   block_size=block_size, decode_seqs=decode_seqs, decode_groups=[],
                   kind=step_kind(step.query_lens, step.context_lens))
         if decode_group_size == 0:

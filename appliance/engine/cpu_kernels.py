@@ -115,14 +115,18 @@ def linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] =
     return y.view(*lead, n)
 
 
+PAGED_DECODE_DTYPES = (torch.float32, torch.bfloat16)  # the caches our paged decode attention reads
+
+
 def handles_paged_decode(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    return fits(q, k_cache) and k_cache.is_contiguous() and q.shape[-1] % 8 == 0
+    return (q.is_cpu and k_cache.is_cpu and k_cache.dtype in PAGED_DECODE_DTYPES and q.dtype in PAGED_DECODE_DTYPES
+            and k_cache.is_contiguous() and q.shape[-1] % 8 == 0)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [B, Hq, D] (one token per sequence); caches: [num_blocks, block_size, Hk, D];
-    block_tables: [B, width]; context_lens: [B]. Returns [B, Hq, D]."""
+    """q: [B, Hq, D] (one token per sequence); caches: [num_blocks, block_size, Hk, D], fp32 or bf16 (read
+    in place, computed in fp32); block_tables: [B, width]; context_lens: [B]. Returns [B, Hq, D] in q's dtype."""
     return ops().paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 

@@ -20,8 +20,8 @@ class VocabParallelEmbedding(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         part = loaded[self.start:self.start + self.local]
-        param.data.zero_()
         param.data[: part.shape[0]].copy_(part)
+        param.data[part.shape[0]:].zero_()  # the padding rows (storage comes uninitialised)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:

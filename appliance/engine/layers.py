@@ -71,11 +71,26 @@ class RotaryEmbedding(cpu_kernels.KernelLayer):
 
     def __init__(self, head_dim: int, max_positions: int, params: Optional[dict] = None):
         super().__init__()
-        inv_freq = rope_inv_freq(head_dim, params or {"rope_theta": 10000.0, "rope_type": "default"})
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        self.head_dim, self.max_positions = head_dim, max_positions
+        self.params = params or {"rope_theta": 10000.0, "rope_type": "default"}
+        cos, sin = self._tables()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _tables(self):
+        inv_freq = rope_inv_freq(self.head_dim, self.params)
+        freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        return emb.cos(), emb.sin()
+
+    def init_buffers(self) -> None:
+        """The tables, computed in fp32 on the CPU into the buffers' storage (a model built on the meta
+        device has storage but no values; engine/materialize.py)."""
+        with torch.device("cpu"):
+            cos, sin = self._tables()
+        with torch.no_grad():
+            self.cos.copy_(cos)
+            self.sin.copy_(sin)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hk, D]; positions: [T]. With our CPU kernels q and k are rotated in place."""

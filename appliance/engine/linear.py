@@ -2,7 +2,9 @@
 checkpoint tensor and keeps this rank's shard; collectives are visible in `forward`.
 
 With our CPU kernels (fp32 on CPU, engine.cpu_kernels) the runner calls `pack_for_cpu(model)` once the
-weights are loaded: each layer's weight is repacked for our GEMM and the [N, K] copy is freed."""
+weights are loaded: each layer's weight is repacked for our GEMM and the [N, K] copy is freed. With
+`engine.quantization: int8` it calls `quantize_int8(model)` first: the decoder's projections keep int8
+rows and scales instead (engine/int8.py), and packing leaves them be."""
 from collections import Counter
 from typing import List, Optional
 
@@ -11,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from appliance.engine import cpu_kernels, hugepages
+from appliance.engine.int8 import Int8Weight
 from appliance.engine.parallel import ParallelState
 
 
@@ -24,13 +27,20 @@ class PackableLinear(nn.Module):
     """x W^T on torch's GEMM, or on ours once `pack` has repacked W."""
 
     packed: Optional[cpu_kernels.PackedWeight] = None
+    quantized: Optional[Int8Weight] = None
 
     def pack(self, out: Optional[torch.Tensor] = None, keep_weight: bool = False) -> None:
         self.packed = cpu_kernels.PackedWeight(self.weight.data, out)
         if not keep_weight:
             self.weight.data = torch.empty(0)  # the Parameter (and its name) stays; its memory goes
 
+    def quantize(self) -> None:
+        self.quantized = Int8Weight(self.weight.data)
+        self.weight.data = torch.empty(0, device=self.weight.device)  # the Parameter stays; its memory goes
+
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.quantized is not None:
+            return self.quantized.linear(x, bias)
         if self.packed is None:
             return F.linear(x, self.weight, bias)
         return cpu_kernels.linear(x, self.packed, bias)
@@ -39,7 +49,7 @@ class PackableLinear(nn.Module):
 def pack_for_cpu(model: nn.Module) -> None:
     """Pack every PackableLinear's weight, all into one huge-page arena (a decode step streams them
     all); a weight another module also uses (tied embeddings) is kept."""
-    layers = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    layers = [m for m in model.modules() if isinstance(m, PackableLinear) and m.quantized is None]
     sizes = [cpu_kernels.PackedWeight.numel(*m.weight.shape) for m in layers]
     arena = hugepages.empty([sum(sizes)])
     users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
@@ -47,6 +57,18 @@ def pack_for_cpu(model: nn.Module) -> None:
     for m, size in zip(layers, sizes):
         m.pack(arena[start:start + size], keep_weight=users[id(m.weight)] > 1)
         start += size
+
+
+def quantize_int8(model: nn.Module) -> int:
+    """int8 weights for every column- and row-parallel projection (the decoder's; the LM head and the
+    embeddings stay in the model's dtype, as vLLM's int8 schemes leave them). Returns the bytes saved."""
+    saved = 0
+    for m in model.modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+            before = m.weight.numel() * m.weight.element_size()
+            m.quantize()
+            saved += before - m.quantized.nbytes
+    return saved
 
 
 class ColumnParallelLinear(PackableLinear):

@@ -1,14 +1,19 @@
 """The generation engine: add requests, then step (schedule -> run -> postprocess) until done."""
+import dataclasses
 import itertools
+import logging
 from typing import Dict, Iterable, List, Optional, Sequence as Seq, Union
 
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from appliance.engine.block_manager import BlockManager
-from appliance.engine.config import EngineConfig, EngineKind, engine_config_from
+from appliance.engine.checkpoint_facts import hf_checkpoint_facts
+from appliance.engine.config import DType, EngineConfig, EngineKind, engine_config_from
 from appliance.engine.detokenizer import IncrementalDetokenizer
 from appliance.engine.executor import make_executor
+from appliance.engine.host import Host
+from appliance.engine.memory_plan import KVShape, plan_memory
 from appliance.engine.model_runner import architecture
 from appliance.engine.models import get_model_class
 from appliance.engine.models.base import MultimodalCausalLM
@@ -20,6 +25,8 @@ from appliance.engine.sampling_params import FieldError, SamplingParams
 from appliance.engine.scheduler import Scheduler, SchedulerOutput
 from appliance.engine.sequence import MMRange, Sequence, SequenceStatus
 from appliance.engine.structured_output import GrammarMatchers
+
+log = logging.getLogger(__name__)
 
 
 def load_tokenizer(model_path: str):
@@ -42,18 +49,28 @@ def max_model_len(text_config, requested: Optional[int]) -> int:
 
 class LLMEngine:
     def __init__(self, model_path: str, engine_config: Optional[EngineConfig] = None, tokenizer=None,
-                 tp_timeout_s: float = 120.0):
-        """`tp_timeout_s` bounds TP start-up and each collective, so a hung rank raises instead of hanging."""
+                 tp_timeout_s: float = 120.0, host: Optional[Host] = None):
+        """`tp_timeout_s` bounds TP start-up and each collective, so a hung rank raises instead of hanging.
+        `host`: the machine the dtype and KV rules size for (default: this one, read at start)."""
         cfg = engine_config_from(engine_config)
         if getattr(cfg.kind, "value", cfg.kind) != EngineKind.generate.value:
             raise ValueError("LLMEngine serves engine.kind=generate; use PoolEngine for kind=pool")
-        self.cfg = cfg
         hf_config = AutoConfig.from_pretrained(model_path)
         self.hf_config = hf_config
         self.image_token_id = image_token_id(hf_config)  # None for a text model
-        self.tokenizer = tokenizer or load_tokenizer(model_path)
         self.max_model_len = max_model_len(hf_config.get_text_config(), cfg.max_model_len)
+        # dtype and KV budget settled (or the model refused) before any weight or tokenizer loads.
+        plan = plan_memory(cfg, hf_checkpoint_facts(model_path), host or Host.read(cfg.device),
+                           f"model {model_path}", KVShape.of(hf_config, cfg.tensor_parallel_size, cfg.block_size),
+                           self.max_model_len)
+        cfg = dataclasses.replace(cfg, dtype=DType(plan.dtype_name), kv_cache_memory_bytes=plan.kv_cache_memory_bytes)
+        log.info("engine.dtype: %s (%s)", plan.dtype_name, plan.dtype_reason)
+        self.cfg = cfg
+        self.tokenizer = tokenizer or load_tokenizer(model_path)
         self.executor = make_executor(model_path, hf_config, cfg, self.max_model_len, tp_timeout_s)
+        blocks = self.executor.num_kv_blocks
+        log.info("KV cache: %d tokens (%d blocks of %d; %.2f GiB per rank; %s)", blocks * cfg.block_size, blocks,
+                 cfg.block_size, plan.kv_cache_memory_bytes / 2 ** 30, plan.kv_reason)
         model_cls = get_model_class(architecture(hf_config, model_path))
         # The model's rule for an image item, its config arithmetic done once; None: it takes no images.
         self.check_image_item = model_cls.image_item_check(hf_config) \
@@ -178,6 +195,8 @@ class LLMEngine:
         return self._postprocess(scheduled, sampled)
 
     def _postprocess(self, scheduled: SchedulerOutput, sampled: SamplerOutput) -> List[RequestOutput]:
+        for item in scheduled.scheduled:  # before update: a finished prefill's output carries them
+            item.seq.prompt_logprobs += sampled.prompt_logprobs.get(item.seq.request_id, ())
         self.scheduler.update(scheduled)
         seqs = [item.seq for item in scheduled.scheduled if item.will_sample]
         outputs = []
@@ -219,10 +238,12 @@ class LLMEngine:
     def _output(self, seq: Sequence, delta: str, new_ids: List[int], new_lps) -> RequestOutput:
         detok = self.detokenizers[seq.request_id]
         want_lps = seq.sampling_params.logprobs is not None
+        want_prompt = seq.sampling_params.prompt_logprobs is not None
         return RequestOutput(request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids,
                              new_text=delta, new_token_ids=new_ids, new_logprobs=new_lps, text=detok.text,
                              token_ids=seq.output_token_ids,
-                             logprobs=list(seq.output_logprobs) if want_lps else None)
+                             logprobs=list(seq.output_logprobs) if want_lps else None,
+                             prompt_logprobs=list(seq.prompt_logprobs) if want_prompt else None)
 
     # ---- convenience ----------------------------------------------------------------------------
     def generate(self, prompts: Seq[Union[str, List[int]]],

@@ -1,36 +1,17 @@
-"""Load HF safetensors checkpoints (single file or sharded index) into our fused, sharded params."""
-import json
-import os
-from typing import Callable, Iterable, Iterator, List, Optional, Tuple
+"""Load HF safetensors checkpoints (single file or sharded index) into our fused, sharded params.
+
+Tensors come from `iter_weights` (safetensors_files.py): views of the memory-mapped file, each copied
+by its parameter's weight loader (a tensor-parallel rank copies only its shard's rows or columns) and
+its pages released right after, so loading writes the weights once and the process never holds more
+than the parameters plus one tensor's file pages.
+"""
+from typing import Callable, Iterable, Optional, Tuple
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from appliance.engine.linear import default_weight_loader
-
-
-def checkpoint_files(path: str) -> List[str]:
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            names = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(path, n) for n in names]
-    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}; save the model with "
-                                f"save_pretrained(..., safe_serialization=True)")
-    return [os.path.join(path, f) for f in files]
-
-
-def iter_weights(path: str, keep: Callable[[str], bool] = lambda name: True
-                 ) -> Iterator[Tuple[str, torch.Tensor]]:
-    """(name, tensor) of every checkpoint tensor whose name `keep` accepts; the others are not read."""
-    for file in checkpoint_files(path):
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                if keep(name):
-                    yield name, f.get_tensor(name)
+from appliance.engine.safetensors_files import checkpoint_files, iter_weights, read_header  # noqa: F401 (re-exported)
 
 
 def load_weights(model: nn.Module, path: str) -> None:

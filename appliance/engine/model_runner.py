@@ -12,8 +12,9 @@ the `EncoderCache`, keyed by content hash, within `engine.encoder_cache_bytes`; 
 `execute` embeds the tokens and overwrites those rows.
 """
 import contextlib
+import logging
 import weakref
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -23,13 +24,18 @@ from appliance.engine.attention_probe import AttentionGeometry
 from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
-from appliance.engine.linear import pack_for_cpu
+from appliance.engine.int8 import kernel_problem
+from appliance.engine.linear import pack_for_cpu, quantize_int8
 from appliance.engine.loader import iter_weights
+from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models import MODEL_REGISTRY, get_model_class
 from appliance.engine.models.base import CausalLM, MultimodalCausalLM
 from appliance.engine.parallel import ParallelState
 from appliance.engine.sampler import Sampler, SamplerOutput
 from appliance.engine.scheduler import SchedulerOutput
+
+log = logging.getLogger(__name__)
+
 
 def architecture(hf_config, model_path: str) -> str:
     """The checkpoint's architecture name (config.json `architectures`), which picks the model class."""
@@ -56,10 +62,16 @@ class ModelRunner:
         with self.on_device():  # the xformers probe runs kernels on this device
             self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype, geometry,
                                                use_cpu_kernels=bool(cfg.cpu_kernels))
-        with torch.device(self.device):
-            model = model_cls(hf_config, self.tp, self.attn_backend, max_model_len)
-        self.model: CausalLM = model.to(self.dtype).eval()
+        # Built without memory, given storage in the final dtype, filled once from the checkpoint.
+        model = build_on_meta(lambda: model_cls(hf_config, self.tp, self.attn_backend, max_model_len))
+        self.model: CausalLM = materialize(model, self.device, self.dtype).eval()
         self.model.load_weights(iter_weights(model_path))
+        if getattr(cfg.quantization, "value", cfg.quantization) == "int8":
+            problem = kernel_problem(self.device)
+            if problem:
+                raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
+            saved = quantize_int8(self.model)
+            log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
         if self.use_cpu_kernels:
             pack_for_cpu(self.model)  # our GEMM
             cpu_kernels.use_in(self.model)  # the fused small ops and the KV write
@@ -108,6 +120,8 @@ class ModelRunner:
             step.query_lens.append(item.num_new_tokens)
             step.context_lens.append(end)
             step.block_tables.append(table[: -(-end // bs)])
+            first, count = seq.prompt_scoring(start, end)
+            step.prompt_rows += range(row + first - start, row + first - start + count)
             row += item.num_new_tokens
             if item.will_sample:
                 step.sample_rows.append(row - 1)
@@ -188,6 +202,22 @@ class ModelRunner:
         while the forward ran, or None."""
         sampled = [item.seq for item in out.scheduled if item.will_sample]
         with self.on_device():
-            return self.sampler(logits, [s.sampling_params for s in sampled], [s.generator for s in sampled],
-                                [s.suppressed_ids() for s in sampled],
-                                masks.result() if masks is not None else None)
+            result = self.sampler(logits[:len(sampled)], [s.sampling_params for s in sampled],
+                                  [s.generator for s in sampled], [s.suppressed_ids() for s in sampled],
+                                  masks.result() if masks is not None else None)
+            if logits.shape[0] > len(sampled):
+                result.prompt_logprobs = self._prompt_logprobs(logits[len(sampled):], out)
+        return result
+
+    def _prompt_logprobs(self, logits: torch.Tensor, out: SchedulerOutput) -> Dict[str, List[Dict[int, float]]]:
+        """{request id: this step's prompt entries} from the prompt rows' logits, in `prepare`'s order."""
+        scored, row = {}, 0
+        for item in out.scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            first, count = seq.prompt_scoring(start, start + item.num_new_tokens)
+            if count:
+                targets = seq.token_ids[first + 1:first + 1 + count]
+                scored[seq.request_id] = self.sampler.score(logits[row:row + count], targets,
+                                                            seq.sampling_params.prompt_logprobs)
+                row += count
+        return scored

@@ -17,6 +17,8 @@ class RequestOutput:
     text: str = ""
     token_ids: List[int] = field(default_factory=list)
     logprobs: Optional[List[Dict[int, float]]] = None  # per token: {sampled: lp, top-N...}
+    # prompt_logprobs: per prompt token {token: lp, top-N...}, the first None (nothing predicts it)
+    prompt_logprobs: Optional[List[Optional[Dict[int, float]]]] = None
     finished: bool = False
     finish_reason: Optional[str] = None  # stop | length | abort
 

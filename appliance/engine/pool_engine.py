@@ -4,15 +4,22 @@ A request carries N items (a tensor [N, ...] or a list of same-shaped tensors, e
 [C, H, W]). Each step stacks up to `max_batch_size` items, FCFS across requests, runs one forward
 and scatters the rows back; a request finishes when all its items have run.
 """
+import dataclasses
 import itertools
+import logging
 from collections import deque
 from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from appliance.engine.config import EngineConfig, EngineKind, engine_config_from, resolve_dtype
+from appliance.engine.checkpoint_facts import model_checkpoint_facts
+from appliance.engine.config import DType, EngineConfig, EngineKind, engine_config_from, resolve_dtype
+from appliance.engine.host import Host
+from appliance.engine.memory_plan import plan_memory
 from appliance.engine.outputs import PoolOutput
+
+log = logging.getLogger(__name__)
 
 
 class PoolRequest:
@@ -54,7 +61,10 @@ class PoolEngine:
                              f"on one device (no tensor parallelism); set it to 1")
         self.cfg = cfg
         self.device = torch.device(cfg.device)
-        self.dtype = resolve_dtype(cfg.dtype)
+        if getattr(cfg.dtype, "value", cfg.dtype) == DType.auto.value:  # a model given built: its own dtype
+            self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        else:
+            self.dtype = resolve_dtype(cfg.dtype)
         self.model = model.to(self.device, self.dtype).eval()
         self.queue: Deque[PoolRequest] = deque()
         self.requests: Dict[str, PoolRequest] = {}
@@ -62,14 +72,24 @@ class PoolEngine:
         self.num_forwards = 0
 
     @classmethod
-    def from_config(cls, app_cfg) -> "PoolEngine":
-        """Build the registered model for `model.architecture` with its `from_config(model, engine)`."""
+    def from_config(cls, app_cfg, host: Optional[Host] = None) -> "PoolEngine":
+        """Build the registered model for `model.architecture` with its `from_config(model, engine)`, in
+        the dtype `plan_memory` settles (or refused before loading when it cannot fit); `host`: the
+        machine to size for (default: this one)."""
         from appliance.engine.models import get_model_class
         cfg = engine_config_from(app_cfg.engine)
         if getattr(cfg.kind, "value", cfg.kind) != EngineKind.pool.value:
             raise ValueError("PoolEngine serves engine.kind=pool; use LLMEngine for kind=generate")
         model_cls = get_model_class(app_cfg.model.architecture, EngineKind.pool)
-        return cls(model_cls.from_config(app_cfg.model, cfg), cfg)
+        model = app_cfg.model
+        if getattr(model, "checkpoint", None) or getattr(model, "path", None):
+            plan = plan_memory(cfg, model_checkpoint_facts(model), host or Host.read(cfg.device),
+                               f"model {model.checkpoint or model.path}")
+            cfg = dataclasses.replace(cfg, dtype=DType(plan.dtype_name))
+            log.info("engine.dtype: %s (%s)", plan.dtype_name, plan.dtype_reason)
+        elif getattr(cfg.dtype, "value", cfg.dtype) == DType.auto.value:
+            cfg = dataclasses.replace(cfg, dtype=DType.float32)  # no checkpoint to read: the model's own rule
+        return cls(model_cls.from_config(model, cfg), cfg)
 
     def add_request(self, items: Union[torch.Tensor, List[torch.Tensor]], request_id: Optional[str] = None) -> str:
         items = list(items.unbind(0)) if isinstance(items, torch.Tensor) else list(items)

@@ -1,6 +1,6 @@
 """Batched next-token selection: greedy, temperature, top-k, top-p, per-request seeds, top-N logprobs;
 logit biases, stop tokens held back until min_tokens, and grammar masks (structured output) first."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -14,6 +14,8 @@ from appliance.engine.structured_output import StepMasks
 class SamplerOutput:
     token_ids: List[int]
     logprobs: List[Optional[Dict[int, float]]]  # per row: sampled token first, then the top N
+    # {request id: [{prompt token: lp, top N...}, ...]} for the prompt tokens this step scored
+    prompt_logprobs: Dict[str, List[Dict[int, float]]] = field(default_factory=dict)
 
 
 class Sampler:
@@ -89,6 +91,23 @@ class Sampler:
             noise[i].exponential_(generator=g)
         choice = (probs / noise).argmax(dim=-1)
         return order.gather(1, choice[:, None]).squeeze(1)
+
+    @staticmethod
+    def score(logits: torch.Tensor, targets: List[int], top_n: int) -> List[Dict[int, float]]:
+        """Per row: {target: its logprob, then the top N}, from the raw logits (prompt_logprobs)."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device)[:, None]).squeeze(1).tolist()
+        if top_n:
+            top_vals, top_ids = (t.tolist() for t in logprobs.topk(top_n, dim=-1))
+        else:
+            top_vals = top_ids = [[] for _ in targets]
+        out = []
+        for target, lp, ids, vals in zip(targets, chosen, top_ids, top_vals):
+            entry = {target: lp}
+            for tid, value in zip(ids, vals):
+                entry.setdefault(tid, value)
+            out.append(entry)
+        return out
 
     @staticmethod
     def _logprobs(logits, tokens, params) -> List[Optional[Dict[int, float]]]:

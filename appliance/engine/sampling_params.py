@@ -36,6 +36,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop_token_ids are suppressed, and stop strings unchecked, until this many
     logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None  # each prompt token's logprob (after the first) plus the top N
     logit_bias: Dict[int, float] = field(default_factory=dict)
     structured: Optional[StructuredOutput] = None
 
@@ -54,6 +55,8 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0 or None, got {self.logprobs}")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise ValueError(f"prompt_logprobs must be >= 0 or None, got {self.prompt_logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         for token, bias in self.logit_bias.items():

@@ -103,7 +103,8 @@ class Scheduler:
             seq = self.waiting[0]
             if self._sibling_computing(seq):
                 break  # admitted once the sibling's prompt is in the prefix cache: computed once, not n times
-            cached = bm.find_cached_prefix(seq)
+            # A request scoring its prompt computes every prompt position: it takes no cached blocks.
+            cached = [] if seq.sampling_params.prompt_logprobs is not None else bm.find_cached_prefix(seq)
             n = min(seq.num_tokens - len(cached) * bm.block_size, budget)
             if not bm.allocate(seq, len(cached) * bm.block_size + n, cached):
                 break

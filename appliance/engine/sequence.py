@@ -44,6 +44,8 @@ class Sequence:
         self.sibling: Optional["Sequence"] = None  # the request whose prompt this one shares (n > 1)
         # One entry per output token: {token_id: logprob}, sampled token first.
         self.output_logprobs: List[Dict[int, float]] = []
+        # prompt_logprobs: one entry per prompt token scored so far, the first (which nothing predicts) None.
+        self.prompt_logprobs: List[Optional[Dict[int, float]]] = [None]
 
     @property
     def num_tokens(self) -> int:
@@ -60,6 +62,15 @@ class Sequence:
     @property
     def output_token_ids(self) -> List[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    def prompt_scoring(self, start: int, end: int) -> Tuple[int, int]:
+        """(first position, count) among the step's positions [start, end) whose logits score the next
+        prompt token: none unless the request asks for prompt_logprobs; positions scored before a
+        preemption are not scored again."""
+        if self.sampling_params.prompt_logprobs is None:
+            return start, 0
+        first = max(start, len(self.prompt_logprobs) - 1)
+        return first, max(0, min(end, self.num_prompt_tokens - 1) - first)
 
     def suppressed_ids(self) -> Tuple[int, ...]:
         """Token ids the sampler must not pick at this step (stop tokens before `min_tokens`)."""

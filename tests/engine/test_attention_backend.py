@@ -93,8 +93,10 @@ def test_auto_on_cpu_never_probes(dtype):
 
 
 @needs_cpu_kernels
-def test_auto_picks_our_cpu_kernel_for_fp32_on_cpu():
-    assert isinstance(select_backend("auto", CPU, torch.float32), CpuAttentionBackend)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_picks_our_cpu_kernel_for_fp32_and_bf16_on_cpu(dtype):
+    assert isinstance(select_backend("auto", CPU, dtype), CpuAttentionBackend)
+    assert type(select_backend("auto", CPU, torch.float16)) is TorchAttentionBackend
 
 
 def test_auto_is_torch_on_cpu_with_cpu_kernels_off():
@@ -103,8 +105,8 @@ def test_auto_is_torch_on_cpu_with_cpu_kernels_off():
 
 
 @pytest.mark.parametrize("device, dtype, message", [
-    (CPU, torch.bfloat16, "needs engine.device=cpu and engine.dtype=float32"),
-    (CUDA, torch.float32, "needs engine.device=cpu and engine.dtype=float32"),
+    (CPU, torch.float16, "needs engine.device=cpu and engine.dtype float32 or bfloat16"),
+    (CUDA, torch.float32, "needs engine.device=cpu and engine.dtype float32 or bfloat16"),
 ])
 def test_cpu_backend_where_it_cannot_run_is_a_clear_error(device, dtype, message):
     with pytest.raises(ValueError, match=message):
@@ -119,3 +121,26 @@ def test_cpu_backend_with_kernels_off_says_so():
 def test_unknown_backend_names_the_choices():
     with pytest.raises(ValueError, match="auto, torch, cpu or xformers"):
         select_backend("flash", CPU)
+
+
+@needs_cpu_kernels
+def test_bf16_decode_on_our_kernel_matches_the_torch_backend(llama_dir):
+    """bf16 engines on CPU decode with our kernel reading the bf16 cache in place (no gathered copy);
+    the torch backend's gathered attention is the reference."""
+    from appliance.engine.config import EngineConfig
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+    from tests.engine.helpers import random_prompts
+
+    prompts = random_prompts(400, [3, 20, 47, 70], seed=41)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    outs = {}
+    for backend in ("cpu", "torch"):
+        engine = LLMEngine(llama_dir, EngineConfig(dtype="bfloat16", attention_backend=backend, num_kv_blocks=64))
+        assert engine.executor.runner.attn_backend.name == backend
+        outs[backend] = engine.generate(prompts, greedy)
+    for ours, torch_ in zip(outs["cpu"], outs["torch"]):
+        same = next((i for i, (a, b) in enumerate(zip(ours.token_ids, torch_.token_ids)) if a != b), 12)
+        assert same >= 4, "bf16 rounding may flip a late near-tie, never the first tokens"
+        for i in range(same):
+            assert abs(ours.logprobs[i][ours.token_ids[i]] - torch_.logprobs[i][torch_.token_ids[i]]) < 0.05

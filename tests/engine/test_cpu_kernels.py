@@ -57,21 +57,29 @@ def reference_decode(q, k_cache, v_cache, tables, lens, scale):
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch", [1, 3, 16])  # few sequences: a task per head; many: a task per sequence
 @pytest.mark.parametrize("heads, kv_heads, head_dim, block_size", [(4, 4, 8, 4), (8, 2, 64, 16), (6, 3, 128, 16)])
-def test_paged_decode_attention_matches_sdpa(batch, heads, kv_heads, head_dim, block_size):
+def test_paged_decode_attention_matches_sdpa(batch, heads, kv_heads, head_dim, block_size, dtype):
+    """bf16 caches are read in place and computed in fp32: the reference is fp32 attention over the
+    same bf16 values, and the answer comes back in q's dtype."""
     torch.manual_seed(batch)
     num_blocks, width = 128, 6
-    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
-    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
     lens = torch.randint(1, width * block_size + 1, (batch,))
     lens[0] = 1
     if batch > 1:
         lens[1] = width * block_size  # every slot of every block
     tables = torch.randperm(num_blocks)[: batch * width].view(batch, width)  # scattered blocks
-    q = torch.randn(batch, heads, head_dim)
+    q = torch.randn(batch, heads, head_dim).to(dtype)
     got = cpu_kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim ** -0.5)
-    close(got, reference_decode(q, k_cache, v_cache, tables, lens, head_dim ** -0.5))
+    expected = reference_decode(q.float(), k_cache.float(), v_cache.float(), tables, lens, head_dim ** -0.5)
+    assert got.dtype == dtype
+    if dtype == torch.float32:
+        close(got, expected)
+    else:  # only the output's rounding to bf16 differs
+        assert torch.allclose(got.float(), expected, rtol=1e-2, atol=1e-2)
 
 
 def test_rms_norm_matches_torch_path():
@@ -168,8 +176,9 @@ def _decode_args(**change):
     (dict(block_tables=torch.tensor([[0, 1], [-1, 3]])), IndexError, r"block_tables\[1, 0\] = -1"),
     (dict(context_lens=torch.tensor([5, 9])), IndexError, r"context_lens\[1\] = 9 is outside 1..8"),
     (dict(context_lens=torch.tensor([0, 8])), IndexError, r"context_lens\[0\] = 0"),
-    (dict(q=torch.randn(2, 4, 8, dtype=torch.bfloat16)), ValueError, "q must be float32, got BFloat16"),
-    (dict(k_cache=torch.randn(4, 4, 2, 8, dtype=torch.float64)), ValueError, "k_cache must be float32"),
+    (dict(q=torch.randn(2, 4, 8, dtype=torch.float16)), ValueError, "q must be float32 or bfloat16, got Half"),
+    (dict(k_cache=torch.randn(4, 4, 2, 8, dtype=torch.float64)), ValueError, "k_cache must be float32 or bfloat16"),
+    (dict(v_cache=torch.randn(4, 4, 2, 8, dtype=torch.bfloat16)), ValueError, "the same for both caches"),
     (dict(block_tables=torch.tensor([[0.0, 1.0], [2.0, 3.0]])), ValueError, "block_tables must hold integers"),
     (dict(q=torch.randn(3, 4, 8)), ValueError, "one row per query"),
     (dict(q=torch.randn(2, 3, 8)), ValueError, "multiple of the caches' 2 kv heads"),

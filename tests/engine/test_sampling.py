@@ -222,3 +222,31 @@ def test_siblings_share_a_prompt_computed_once(llama_dir):
             assert hits == 0, "admitted together, every copy computed the prompt"
             alone = [outs[i] for i in ids]
         assert_no_block_leaks(engine)
+
+
+@pytest.mark.parametrize("engine_config", [
+    dict(num_kv_blocks=64),
+    dict(num_kv_blocks=64, max_num_batched_tokens=16),  # the prompts arrive in chunks
+    dict(num_kv_blocks=6, max_num_batched_tokens=32, enable_prefix_caching=False),  # preempted
+], ids=["whole", "chunked", "preempted"])
+def test_prompt_logprobs_match_transformers(llama_dir, engine_config):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    prompts = random_prompts(400, [1, 9, 40, 23], seed=13)
+    model = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    engine = LLMEngine(llama_dir, EngineConfig(**engine_config))
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, prompt_logprobs=2)
+    outs = engine.generate(prompts + prompts[2:3], params)  # the repeat would hit the prefix cache
+    for prompt, out in zip(prompts + prompts[2:3], outs):
+        with torch.no_grad():
+            reference = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+        for position, entry in enumerate(out.prompt_logprobs[1:], start=1):
+            token = prompt[position]
+            assert abs(entry[token] - reference[position - 1, token].item()) < 1e-3
+            top = reference[position - 1].topk(2).indices.tolist()
+            assert set(top) <= set(entry) and len(entry) <= 3
+    if engine_config.get("num_kv_blocks") == 6:
+        assert engine.stats()["num_preemptions"] > 0
+    assert_no_block_leaks(engine)

@@ -1,7 +1,8 @@
 // AVX2/FMA kernels for fp32 LLM inference on CPU, where torch's CPU build is slow:
 // - linear on prepacked weights: MKL streams the weights of few-row (decode) GEMMs at a fraction of the
 //   memory bandwidth; this kernel is 1.4-3x faster there and on par or better at prefill sizes;
-// - paged decode attention reading K/V in place (torch must first gather a padded copy);
+// - paged decode attention reading K/V in place (torch must first gather a padded copy), from fp32 or
+//   bf16 caches;
 // - small per-token ops fused (RMSNorm, rotary, KV-cache write, SwiGLU, argmax), because a decode
 //   step would otherwise pay torch's per-op overhead some 400 times.
 // Plain C with no argument checks: cpu_ops.cpp registers each as a torch operator and checks shapes,
@@ -152,55 +153,70 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+// K/V cache elements: fp32, or bf16 (the upper half of an fp32: widened by a 16-bit shift). The attention
+// kernel below is written once over a loader and its element size; always_inline with a constant loader
+// lets the compiler make one specialised copy per cache type.
+typedef __m256 (*load8_t)(const char* p);
+
+static inline __m256 load8_f32(const char* p) { return _mm256_loadu_ps((const float*)p); }
+
+static inline __m256 load8_bf16(const char* p) {
+    __m128i half = _mm_loadu_si128((const __m128i*)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
 // Dot products of 4 (query, key) pairs of length D, two accumulators per pair so that eight FMA
-// chains run side by side.
-static inline __m128 dot4(const float* q0, const float* k0, const float* q1, const float* k1,
-                          const float* q2, const float* k2, const float* q3, const float* k3, int64_t D) {
+// chains run side by side. Keys are cache rows of `es`-byte elements read through `load`.
+static inline __attribute__((always_inline)) __m128 dot4(const float* q0, const char* k0, const float* q1,
+        const char* k1, const float* q2, const char* k2, const float* q3, const char* k3, int64_t D,
+        int64_t es, load8_t load) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     int64_t d = 0;
     for (; d + 16 <= D; d += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), _mm256_loadu_ps(k0 + d), a0);
-        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d + 8), _mm256_loadu_ps(k0 + d + 8), b0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), _mm256_loadu_ps(k1 + d), a1);
-        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d + 8), _mm256_loadu_ps(k1 + d + 8), b1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), _mm256_loadu_ps(k2 + d), a2);
-        b2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d + 8), _mm256_loadu_ps(k2 + d + 8), b2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), _mm256_loadu_ps(k3 + d), a3);
-        b3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d + 8), _mm256_loadu_ps(k3 + d + 8), b3);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), load(k0 + d * es), a0);
+        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d + 8), load(k0 + (d + 8) * es), b0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), load(k1 + d * es), a1);
+        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d + 8), load(k1 + (d + 8) * es), b1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), load(k2 + d * es), a2);
+        b2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d + 8), load(k2 + (d + 8) * es), b2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), load(k3 + d * es), a3);
+        b3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d + 8), load(k3 + (d + 8) * es), b3);
     }
     if (d < D) {  // D % 16 == 8
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), _mm256_loadu_ps(k0 + d), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), _mm256_loadu_ps(k1 + d), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), _mm256_loadu_ps(k2 + d), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), _mm256_loadu_ps(k3 + d), a3);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), load(k0 + d * es), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), load(k1 + d * es), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), load(k2 + d * es), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), load(k3 + d * es), a3);
     }
     return hsum4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2), _mm256_add_ps(a3, b3));
 }
 
-static inline float dot(const float* q, const float* k, int64_t D) {
+static inline __attribute__((always_inline)) float dot(const float* q, const char* k, int64_t D, int64_t es,
+                                                      load8_t load) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+    for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load(k + d * es), acc);
     return hsum(acc);
 }
 
 // Prefetch a token's row (`bytes` of it) ahead of its use: blocks lie anywhere in the pool, so the
 // hardware prefetcher cannot guess where the next one starts.
-static inline void prefetch_row(const float* row, int64_t bytes) {
-    for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch((const char*)row + c, _MM_HINT_T0);
+static inline void prefetch_row(const char* row, int64_t bytes) {
+    for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(row + c, _MM_HINT_T0);
 }
 
 // One query token per sequence against that sequence's paged K/V, read in place through its block
-// table (no gathered copy). q, out: [B, Hq, D] contiguous; caches: [num_blocks, block_size, Hk, D];
-// block_tables: [B, width]; D % 8 == 0. Query heads h*g .. h*g+g-1 share KV head h (GQA).
+// table (no gathered copy). q, out: [B, Hq, D] contiguous fp32; caches: [num_blocks, block_size, Hk, D]
+// of `es`-byte elements read through `load`; block_tables: [B, width]; D % 8 == 0. Query heads
+// h*g .. h*g+g-1 share KV head h (GQA).
 // A task is one sequence and a range of KV heads: all heads when there are sequences enough to keep
 // the threads busy. Both passes walk a block token by token, all of the task's heads at once, so each
 // block (contiguous in memory) is read front to back. Returns 0, or -1 if scratch memory ran out (the
 // output is then incomplete).
-int paged_decode_attention_f32(const float* q, const float* k_cache, const float* v_cache,
-                                const int64_t* block_tables, int64_t width, const int64_t* context_lens,
-                                float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D,
-                                int64_t block_size, float scale) {
-    int64_t g = Hq / Hk, stride = Hk * D;  // stride: floats between consecutive tokens
+static inline __attribute__((always_inline)) int paged_decode_attention(const float* q, const char* k_cache,
+        const char* v_cache, int64_t es, load8_t load, const int64_t* block_tables, int64_t width,
+        const int64_t* context_lens, float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D,
+        int64_t block_size, float scale) {
+    int64_t g = Hq / Hk, stride = Hk * D;  // stride: elements between consecutive tokens
     int64_t heads = B >= 2 * omp_get_max_threads() ? Hk : 1, chunks = Hk / heads;
     int failed = 0;
     #pragma omp parallel for schedule(dynamic, 1)
@@ -211,7 +227,7 @@ int paged_decode_attention_f32(const float* q, const float* k_cache, const float
         const float* qb = q + (b * Hq + h0 * g) * D;
         float* ob = out + (b * Hq + h0 * g) * D;
         float* scores = malloc(sizeof(float) * rows * L);  // [rows][L]
-        int64_t* row = malloc(sizeof(int64_t) * L);  // where token p's K/V (at head h0) sit in a cache
+        int64_t* row = malloc(sizeof(int64_t) * L);  // byte offset of token p's K/V (at head h0) in a cache
         if (scores == NULL || row == NULL) {  // no exit from an OpenMP loop: flag it, skip the task
             free(scores);
             free(row);
@@ -220,23 +236,25 @@ int paged_decode_attention_f32(const float* q, const float* k_cache, const float
             continue;
         }
         for (int64_t p = 0; p < L; p++)
-            row[p] = (table[p / block_size] * block_size + p % block_size) * stride + h0 * D;
-        int64_t head_bytes = heads * D * (int64_t)sizeof(float);  // what the task reads of a token
+            row[p] = ((table[p / block_size] * block_size + p % block_size) * stride + h0 * D) * es;
+        int64_t head_bytes = heads * D * es;  // what the task reads of a token
+        int64_t kv_head = D * es;  // bytes between a token's KV heads
         // Pass 1: scaled scores. Rows are read in order: each block front to back, the same token of
         // the next block prefetched meanwhile.
         for (int64_t p = 0; p < L; p++) {
-            const float* kt = k_cache + row[p];
+            const char* kt = k_cache + row[p];
             if (p + block_size < L) prefetch_row(k_cache + row[p + block_size], head_bytes);
             float* s = scores + p;
             int64_t r = 0;
             for (; r + 4 <= rows; r += 4) {
                 float v[4];
-                __m128 d4 = dot4(qb + r * D, kt + r / g * D, qb + (r + 1) * D, kt + (r + 1) / g * D,
-                                 qb + (r + 2) * D, kt + (r + 2) / g * D, qb + (r + 3) * D, kt + (r + 3) / g * D, D);
+                __m128 d4 = dot4(qb + r * D, kt + r / g * kv_head, qb + (r + 1) * D, kt + (r + 1) / g * kv_head,
+                                 qb + (r + 2) * D, kt + (r + 2) / g * kv_head, qb + (r + 3) * D,
+                                 kt + (r + 3) / g * kv_head, D, es, load);
                 _mm_storeu_ps(v, _mm_mul_ps(d4, _mm_set1_ps(scale)));
                 for (int j = 0; j < 4; j++) s[(r + j) * L] = v[j];
             }
-            for (; r < rows; r++) s[r * L] = dot(qb + r * D, kt + r / g * D, D) * scale;
+            for (; r < rows; r++) s[r * L] = dot(qb + r * D, kt + r / g * kv_head, D, es, load) * scale;
         }
         // Softmax per row (max subtracted); the normalisation is applied to the output at the end.
         for (int64_t r = 0; r < rows; r++) {
@@ -251,14 +269,14 @@ int paged_decode_attention_f32(const float* q, const float* k_cache, const float
         }
         // Pass 2: weighted sum of V rows, in the same order (the output rows stay in L1).
         for (int64_t p = 0; p < L; p++) {
-            const float* vt = v_cache + row[p];
+            const char* vt = v_cache + row[p];
             if (p + block_size < L) prefetch_row(v_cache + row[p + block_size], head_bytes);
             for (int64_t r = 0; r < rows; r++) {
                 __m256 pv = _mm256_set1_ps(scores[r * L + p]);
-                const float* vr = vt + r / g * D;
+                const char* vr = vt + r / g * kv_head;
                 float* o = ob + r * D;
                 for (int64_t d = 0; d < D; d += 8)
-                    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + d), _mm256_loadu_ps(o + d)));
+                    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, load(vr + d * es), _mm256_loadu_ps(o + d)));
             }
         }
         for (int64_t r = 0; r < rows; r++) {
@@ -270,6 +288,22 @@ int paged_decode_attention_f32(const float* q, const float* k_cache, const float
         free(scores);
     }
     return failed ? -1 : 0;
+}
+
+int paged_decode_attention_f32(const float* q, const float* k_cache, const float* v_cache,
+                               const int64_t* block_tables, int64_t width, const int64_t* context_lens,
+                               float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D,
+                               int64_t block_size, float scale) {
+    return paged_decode_attention(q, (const char*)k_cache, (const char*)v_cache, sizeof(float), load8_f32,
+                                  block_tables, width, context_lens, out, B, Hq, Hk, D, block_size, scale);
+}
+
+int paged_decode_attention_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                                const int64_t* block_tables, int64_t width, const int64_t* context_lens,
+                                float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D,
+                                int64_t block_size, float scale) {
+    return paged_decode_attention(q, (const char*)k_cache, (const char*)v_cache, sizeof(uint16_t), load8_bf16,
+                                  block_tables, width, context_lens, out, B, Hq, Hk, D, block_size, scale);
 }
 
 // ---- Small per-token ops, fused so that a decode step does not pay torch's per-op overhead ~400 times.

@@ -14,6 +14,10 @@ int paged_decode_attention_f32(const float* q, const float* k_cache, const float
                                const int64_t* block_tables, int64_t width, const int64_t* context_lens,
                                float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
                                float scale);
+int paged_decode_attention_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                                const int64_t* block_tables, int64_t width, const int64_t* context_lens,
+                                float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
+                                float scale);
 void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float* out, int64_t M, int64_t D);
 void rotary_f32(float* q, int64_t ldq, float* k, int64_t ldk, const int64_t* positions, const float* cos_t,
                 const float* sin_t, int64_t T, int64_t Hq, int64_t Hk, int64_t D);

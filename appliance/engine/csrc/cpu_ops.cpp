@@ -79,13 +79,24 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t 
 
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
-  check_f32(q_in, "q", 3);
-  check_f32(k_cache, "k_cache", 4);
-  check_f32(v_cache, "v_cache", 4);
+  // fp32 or bf16 caches, one dtype for both; q (of either dtype) is computed in fp32, the output returns in
+  // q's dtype.
+  TORCH_CHECK_VALUE(q_in.device().is_cpu() && q_in.dim() == 3, "q must be a 3-D CPU tensor, got ", q_in.sizes(),
+                    " on ", q_in.device());
+  TORCH_CHECK_VALUE(q_in.scalar_type() == at::kFloat || q_in.scalar_type() == at::kBFloat16,
+                    "q must be float32 or bfloat16, got ", q_in.scalar_type());
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  for (const at::Tensor* cache : {&k_cache, &v_cache}) {
+    const char* name = cache == &k_cache ? "k_cache" : "v_cache";
+    TORCH_CHECK_VALUE(cache->device().is_cpu() && cache->dim() == 4, name, " must be a 4-D CPU tensor, got ",
+                      cache->sizes(), " on ", cache->device());
+    TORCH_CHECK_VALUE(cache->scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat), name, " must be float32 or "
+                      "bfloat16, the same for both caches, got ", cache->scalar_type());
+  }
   TORCH_CHECK_VALUE(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
                     "k_cache and v_cache must be contiguous [num_blocks, block_size, kv_heads, head_dim] of "
                     "one shape, got ", k_cache.sizes(), " and ", v_cache.sizes());
-  const at::Tensor q = q_in.contiguous();
+  const at::Tensor q = q_in.to(at::kFloat).contiguous();
   const int64_t b = q.size(0), hq = q.size(1), d = q.size(2);
   const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1), hk = k_cache.size(2);
   TORCH_CHECK_VALUE(k_cache.size(3) == d && d % 8 == 0, "head_dim must be a multiple of 8 and the same in q ",
@@ -109,13 +120,19 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
     }
   }
   at::Tensor out = at::empty_like(q);
-  if (b == 0) return out;
-  const int rc = paged_decode_attention_f32(q.const_data_ptr<float>(), k_cache.const_data_ptr<float>(),
-                                            v_cache.const_data_ptr<float>(), table, width, len,
-                                            out.mutable_data_ptr<float>(), b, hq, hk, d, block_size,
-                                            static_cast<float>(scale));
+  if (b == 0) return out.to(q_in.scalar_type());
+  const int rc = bf16
+      ? paged_decode_attention_bf16(q.const_data_ptr<float>(),
+                                    reinterpret_cast<const uint16_t*>(k_cache.const_data_ptr<at::BFloat16>()),
+                                    reinterpret_cast<const uint16_t*>(v_cache.const_data_ptr<at::BFloat16>()),
+                                    table, width, len, out.mutable_data_ptr<float>(), b, hq, hk, d, block_size,
+                                    static_cast<float>(scale))
+      : paged_decode_attention_f32(q.const_data_ptr<float>(), k_cache.const_data_ptr<float>(),
+                                   v_cache.const_data_ptr<float>(), table, width, len,
+                                   out.mutable_data_ptr<float>(), b, hq, hk, d, block_size,
+                                   static_cast<float>(scale));
   TORCH_CHECK(rc == 0, "paged_decode_attention: out of memory for the attention scores");
-  return out;
+  return out.to(q_in.scalar_type());
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {

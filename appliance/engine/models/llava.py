@@ -27,9 +27,11 @@ from typing import Callable, Iterable, List, Optional, Tuple
 import torch
 from torch import nn
 
+from appliance.engine.config import resolve_dtype
 from appliance.engine.context import StepContext
 from appliance.engine import loader
 from appliance.engine.loader import load_named_weights
+from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models.base import MultimodalCausalLM
 from appliance.engine.models.llama import LlamaForCausalLM
 from appliance.engine.multimodal import ImageItem, image_token_id
@@ -100,6 +102,15 @@ class LlavaVisionTower(nn.Module):
         cut._attn_implementation = "sdpa"
         self.vision_tower = CLIPVisionModel(cut)
 
+    def init_buffers(self) -> None:
+        """CLIP's position ids, the tower's one computed buffer, for a tower built on the meta device
+        (engine/materialize.py)."""
+        for module in self.vision_tower.modules():
+            ids = dict(module.named_buffers(recurse=False)).get("position_ids")
+            if ids is not None:
+                with torch.no_grad():
+                    ids.copy_(torch.arange(ids.shape[-1], device=ids.device).expand_as(ids))
+
     def vision_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Tower output after feature selection: [views, 3, S, S] -> [views, tokens, vision hidden * k]."""
         p = next(self.vision_tower.parameters())
@@ -134,8 +145,9 @@ class LlavaVisionEncoder(LlavaVisionTower):
         if not model_cfg.path:
             raise ValueError("model.path is not set; point it at a HF LLaVA model directory")
         device = torch.device(getattr(engine_cfg, "device", None) or "cpu")
-        with torch.device(device):
-            tower = cls(AutoConfig.from_pretrained(model_cfg.path))
+        hf_config = AutoConfig.from_pretrained(model_cfg.path)
+        dtype = resolve_dtype(getattr(engine_cfg, "dtype", "float32"))
+        tower = materialize(build_on_meta(lambda: cls(hf_config)), device, dtype)
         tower.load_weights(loader.iter_weights(model_cfg.path, keep=tower.needs))
         return tower
 

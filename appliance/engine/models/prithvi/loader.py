@@ -93,12 +93,14 @@ def check_keys(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source
     )
 
 
-def load_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
-    """Strictly load a (normalised) state dict into `model`, assigning tensors (works from the meta device)."""
+def load_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str = "state dict",
+               dtype: torch.dtype = torch.float32) -> None:
+    """Strictly load a (normalised) state dict into `model`, assigning tensors (works from the meta
+    device); floating point tensors become `dtype` on the way (no copy where they already are)."""
     state = dict(state)
     encoder = model.encoder
     state["encoder.pos_embed"] = sincos_3d_table(encoder.embed_dim, encoder.base_grid)
-    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     check_keys(model, state, source)
     model.load_state_dict(state, strict=True, assign=True)
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from appliance.engine.config import resolve_dtype
 from appliance.errors import ConfigError
 
 from .decoder import LearnedPyramid, SegmentationHead, SelectIndices, TokensToImage, UperNetDecoder
@@ -44,11 +45,10 @@ class PrithviSegmentation(nn.Module):
     @classmethod
     def from_config(cls, model_cfg, engine_cfg=None) -> "PrithviSegmentation":
         """Registry entry point for pool models: load `model_cfg.checkpoint`, move to the engine's device/dtype."""
-        model = load_prithvi(model_cfg)
-        if engine_cfg is not None:
-            dtype = getattr(engine_cfg.dtype, "value", engine_cfg.dtype)  # an enum or its name
-            model = model.to(device=engine_cfg.device, dtype=getattr(torch, dtype))
-        return model
+        if engine_cfg is None:
+            return load_prithvi(model_cfg)
+        model = load_prithvi(model_cfg, resolve_dtype(engine_cfg.dtype))  # read once, in the engine's dtype
+        return model.to(device=engine_cfg.device)
 
     @property
     def pad_multiple(self) -> int:
@@ -118,10 +118,11 @@ def build_prithvi_segmentation(prithvi_cfg, in_chans: int, head_dropout: float =
     )
 
 
-def load_prithvi(model_cfg) -> PrithviSegmentation:
+def load_prithvi(model_cfg, dtype: torch.dtype = torch.float32) -> PrithviSegmentation:
     """Build the model described by `model_cfg` (a ModelConfig) and load `model_cfg.checkpoint`.
 
-    Returns an fp32 model on the CPU in eval mode; the caller moves it to its device and dtype.
+    Returns the model in `dtype` on the CPU in eval mode (built on the meta device: no random
+    initialisation, one copy of the weights); the caller moves it to its device.
     """
     if model_cfg.prithvi is None or model_cfg.geo is None:
         raise ConfigError(f"model {model_cfg.name!r}: a Prithvi model needs both `prithvi` and `geo` sections")
@@ -131,5 +132,5 @@ def load_prithvi(model_cfg) -> PrithviSegmentation:
     state = normalize_state_dict(read_checkpoint(path))
     with torch.device("meta"):
         model = build_prithvi_segmentation(model_cfg.prithvi, in_chans=len(model_cfg.geo.bands))
-    load_state(model, state, path)
+    load_state(model, state, path, dtype)
     return model.eval()

@@ -1,0 +1,103 @@
+"""What a checkpoint holds, read without loading it: its own dtype and how many weights it has.
+
+An HF directory: the dtype config.json declares (`dtype`, transformers 4's `torch_dtype`, or its
+`text_config`'s), else the dtype most of its tensors have; sizes from the safetensors headers.
+A single file (terratorch `.pt`/`.ckpt`, our `.safetensors`): the dtype of most of its floating point
+weights (a `.pt` is memory-mapped, its tensors are not read).
+"""
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+
+from appliance.engine.safetensors_files import SAFETENSORS_DTYPES, checkpoint_files, read_header
+
+
+# The language model's projections, the weights engine.quantization=int8 stores as int8 (linear.py's
+# column- and row-parallel layers); a vision tower's layers of the same names stay in the dtype.
+DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def is_decoder_projection(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in DECODER_PROJECTIONS \
+        and "vision_tower" not in parts
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    dtype: torch.dtype  # the checkpoint's own floating point dtype
+    float_elements: int  # elements of its floating point tensors: the weights a dtype applies to
+    other_bytes: int = 0  # integer tensors (kept as they are)
+    projection_elements: int = 0  # of float_elements, those of the decoder's projections (int8 candidates)
+
+    def weight_bytes(self, dtype: torch.dtype, int8: bool = False) -> int:
+        """The weights' memory in `dtype`, the decoder's projections as int8 bytes when `int8` (an upper
+        bound: tensors the engine skips are counted; int8's per-row scales are left out, ~0.1 %)."""
+        projections = self.projection_elements if int8 else 0
+        return (self.float_elements - projections) * dtype.itemsize + projections + self.other_bytes
+
+
+def hf_checkpoint_facts(path: str) -> CheckpointFacts:
+    """Facts of an HF model directory (config.json and its safetensors)."""
+    tensors, projections = [], 0
+    for file in checkpoint_files(path):
+        _, header = read_header(file)
+        tensors += [(SAFETENSORS_DTYPES.get(t["dtype"]), t["shape"]) for t in header.values()]
+        projections += sum(math.prod(t["shape"]) for name, t in header.items() if is_decoder_projection(name))
+    facts = _facts(tensors, path)
+    return CheckpointFacts(declared_dtype(path) or facts.dtype, facts.float_elements, facts.other_bytes,
+                           projections)
+
+
+def file_checkpoint_facts(file: str) -> CheckpointFacts:
+    """Facts of a single checkpoint file (.safetensors, or a torch .pt/.pth/.ckpt state dict)."""
+    if file.endswith(".safetensors"):
+        _, header = read_header(file)
+        return _facts([(SAFETENSORS_DTYPES.get(t["dtype"]), t["shape"]) for t in header.values()], file)
+    state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    tensors = state.values() if isinstance(state, dict) else []
+    return _facts([(t.dtype, t.shape) for t in tensors if isinstance(t, torch.Tensor)], file)
+
+
+def model_checkpoint_facts(model_cfg) -> CheckpointFacts:
+    """Facts of a config's model: `model.checkpoint` (a file) or else `model.path` (an HF directory)."""
+    checkpoint = getattr(model_cfg, "checkpoint", None)
+    return file_checkpoint_facts(str(checkpoint)) if checkpoint else hf_checkpoint_facts(str(model_cfg.path))
+
+
+def declared_dtype(path: str) -> Optional[torch.dtype]:
+    """The dtype config.json declares for the weights, if any."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    for node in (config, config.get("text_config") or {}):
+        name = node.get("dtype") or node.get("torch_dtype")
+        dtype = getattr(torch, name, None) if isinstance(name, str) else None
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+            return dtype
+    return None
+
+
+def _facts(tensors: Iterable[Tuple[Optional[torch.dtype], Iterable[int]]], source: str) -> CheckpointFacts:
+    elements: Dict[torch.dtype, int] = Counter()
+    other = 0
+    for dtype, shape in tensors:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        if dtype is not None and dtype.is_floating_point:
+            elements[dtype] += n
+        elif dtype is not None:
+            other += n * dtype.itemsize
+    if not elements:
+        raise ValueError(f"{source} holds no floating point weights")
+    return CheckpointFacts(max(elements, key=elements.get), sum(elements.values()), other)

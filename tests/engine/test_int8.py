@@ -1,0 +1,78 @@
+"""int8 weight-only quantization: the per-channel rule, both multiply paths, and the kernel probe."""
+import pytest
+import torch
+
+from appliance.engine import int8
+from appliance.engine.int8 import Int8Weight, kernel_problem
+
+
+def test_rows_are_scaled_symmetrically_per_output_channel():
+    weight = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [-0.25, 0.25, 0.125]])
+    w8 = Int8Weight(weight)
+    assert w8.q.dtype == torch.int8 and w8.q.abs().amax(dim=1).tolist() == [127, 0, 127]
+    assert torch.allclose(w8.scale, torch.tensor([2.0 / 127, w8.scale[1].item(), 0.25 / 127]))
+    assert torch.allclose(w8.dequantized(), weight, atol=2.0 / 254 + 1e-6)
+    assert w8.nbytes == 9 + 3 * 4
+
+
+def test_quantising_in_chunks_matches_at_once(monkeypatch):
+    weight = torch.randn(50, 16)
+    whole = Int8Weight(weight)
+    monkeypatch.setattr(int8, "QUANT_CHUNK_ROWS", 7)
+    chunked = Int8Weight(weight)
+    assert torch.equal(whole.q, chunked.q) and torch.equal(whole.scale, chunked.scale)
+
+
+@pytest.mark.parametrize("rows", [1, int8.ONE_STREAM_ROWS, int8.ONE_STREAM_ROWS + 1, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_matches_the_dequantised_weight(rows, dtype, monkeypatch):
+    monkeypatch.setattr(int8, "TILE_ROWS", 24)  # several tiles, the last one partial
+    torch.manual_seed(0)
+    weight, bias = torch.randn(70, 64) * 0.05, torch.randn(70)
+    w8 = Int8Weight(weight)
+    x = torch.randn(2, rows, 64).to(dtype)
+    y = w8.linear(x, bias.to(dtype))
+    expected = x.float() @ w8.dequantized().t() + bias
+    assert y.dtype == dtype and y.shape == (2, rows, 70)
+    assert torch.allclose(y.float(), expected, rtol=0.02, atol=0.02)  # bf16 activations
+    assert torch.allclose(y.float(), x.float() @ weight.t() + bias, rtol=0.05, atol=0.05)
+
+
+def test_the_cpu_has_a_kernel_and_a_missing_one_is_named():
+    assert kernel_problem(torch.device("cpu")) is None
+
+    def missing(*args):
+        raise NotImplementedError("Could not run 'aten::_weight_int8pack_mm' with arguments from the 'CUDA' backend")
+
+    problem = kernel_problem(torch.device("cpu"), kernel=missing)
+    assert problem.startswith("torch has no int8 weight kernel on cpu") and "_weight_int8pack_mm" in problem
+
+
+def test_an_int8_engine_quantises_the_decoder_and_keeps_greedy_answers(llama_dir):
+    from appliance.engine.config import EngineConfig
+    from appliance.engine.linear import ColumnParallelLinear, RowParallelLinear
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+    from tests.engine.helpers import random_prompts
+
+    prompts = random_prompts(400, [5, 17, 30, 9], seed=31)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    full = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64)).generate(prompts, greedy)
+    engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, quantization="int8"))
+    layers = [m for m in engine.executor.runner.model.modules()
+              if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    assert layers and all(m.quantized is not None and m.weight.numel() == 0 for m in layers)
+    quantized = engine.generate(prompts, greedy)
+    first_tokens = [a.token_ids[0] == b.token_ids[0] for a, b in zip(full, quantized)]
+    assert sum(first_tokens) >= 3
+    drift = max(abs(a.logprobs[0][a.token_ids[0]] - b.logprobs[0][b.token_ids[0]])
+                for a, b in zip(full, quantized) if a.token_ids[0] == b.token_ids[0])
+    assert drift < 0.1
+
+
+def test_int8_is_refused_for_a_pool_engine():
+    from appliance.config.compose import compose
+    from appliance.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="engine.quantization=int8 applies to a language model"):
+        compose(["pipeline=prithvi_flood", "engine.quantization=int8"])
