@@ -125,7 +125,7 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
         return 0
 
     from appliance.model_files import check_model_files
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
 
     check_model_files(cfg.model)
     pipeline = build_pipeline(cfg)

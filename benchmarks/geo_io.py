@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from appliance.pipeline import build_pipeline  # noqa: E402
+from appliance.stages.build import build_pipeline  # noqa: E402
 from appliance.stages.geo.cog import translate_to_cog  # noqa: E402
 from tests.geo.conftest import make_cfg, synthetic  # noqa: E402  (registers the fake engine)
 from tests.geo.hls import file_sizes, split_bands, stac_item  # noqa: E402

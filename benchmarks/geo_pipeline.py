@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from appliance.config.compose import compose  # noqa: E402
 from appliance.engine.models.prithvi import build_prithvi_segmentation, load_prithvi, save_safetensors  # noqa: E402
-from appliance.pipeline import build_pipeline  # noqa: E402
+from appliance.stages.build import build_pipeline  # noqa: E402
 
 
 def load_synthetic():

@@ -341,7 +341,7 @@ def child_transformers(root: Path, args) -> dict:
 
 def child_flood(root: Path, args) -> dict:
     from appliance.config.compose import compose
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
 
     shape = SHAPES[args.shape]
     side = shape["quick_scene" if args.quick else "scene"]

@@ -384,9 +384,9 @@ def llava_part(args, tmp):
 
     # Each round: a fresh server serves every level, then is stopped, and `appliance run` gets the host
     # as a user's batch job does. (An idle server left beside it made its page faults, and so its CPU,
-    # cost up to 30 % more on our VM host: docs/benchmarks.md, run P.) Each starts with cold caches.
+    # cost up to 30 % more on a VM host.) Each starts with cold caches.
     # Every served round sits between two offline runs and is measured against their mean, so a host
-    # whose speed drifts steadily moves a round's baseline with it (docs/benchmarks.md, run R).
+    # whose speed drifts steadily moves a round's baseline with it.
     rounds = {c: [] for c in levels}
     before_round = offline()
     for _ in range(args.rounds):
@@ -428,7 +428,7 @@ def offline_pipeline(overrides):
 
     from appliance.config.compose import compose
     from appliance.heap import settle_heap
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
 
     cfg = compose(overrides)
     pipeline = build_pipeline(cfg)

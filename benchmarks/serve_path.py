@@ -4,13 +4,14 @@
     .venv/bin/python benchmarks/serve_path.py                 # one build: the checkout it runs from
     (cd /tmp/base && /work/main/.venv/bin/python /work/main/benchmarks/serve_path.py)   # another build
 
-Drives `middleware.Gate` (the server's ASGI entry for our routes) straight from an event loop, with ASGI
-`receive`/`send` stand-ins, against a stand-in engine: a forked process on another CPU that answers
-every job on the real pipes with `Admitted` and one final `Tokens` event. So what is timed is the
-route's whole path in the HTTP process (the gate, the body, parsing, the channel, the job's pickle and
-pipe write, the events' routing, the SSE answer, the metrics), and nothing of uvicorn, the sockets or
-the engine. The event loop's thread CPU per request is printed per round; rounds differ by this
-host's noise, so compare builds by alternating them (docs/benchmarks.md, run Q).
+Drives a FastAPI app built as the server builds its own (the chat route, the error handlers and
+`middleware.Gate`) straight from an event loop, with ASGI `receive`/`send` stand-ins, against a
+stand-in engine: a forked process on another CPU that answers every job on the real pipes with
+`Admitted` and one final `Tokens` event. So what is timed is the route's whole path in the HTTP process
+(the middleware, the body, parsing, the channel, the job's pickle and pipe write, the events' routing,
+the SSE answer, the metrics), and nothing of uvicorn, the sockets or the engine. The event loop's
+thread CPU per request is printed per round; rounds differ by the host's noise, so compare builds by
+alternating them.
 """
 import argparse
 import asyncio
@@ -27,16 +28,17 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import uvloop  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
-from starlette.routing import Route  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
 
 import serve  # noqa: E402
 from appliance.config.compose import compose  # noqa: E402
 from appliance.serving import pipes  # noqa: E402
-from appliance.serving.frontend import Frontend  # noqa: E402
+from appliance.serving.http.frontend import Frontend  # noqa: E402
 from appliance.serving.messages import Admitted, Tokens  # noqa: E402
-from appliance.serving.middleware import Gate  # noqa: E402
-from appliance.serving.routes_generate import GenerateRoutes  # noqa: E402
-from appliance.serving.spec import Endpoint  # noqa: E402
+from appliance.serving.http.middleware import Gate  # noqa: E402
+from appliance.serving.http.routes_generate import GenerateRoutes  # noqa: E402
+from appliance.stages.engine import sampling_defaults  # noqa: E402
+from appliance.serving.http.errors import APIError, api_error_handler  # noqa: E402
 from appliance.serving.state import READY, SharedState  # noqa: E402
 
 PATH = "/v1/chat/completions"
@@ -57,13 +59,11 @@ def build_gate():
     requests_rx, requests_tx = mp.Pipe(duplex=False)
     events_rx, events_tx = mp.Pipe(duplex=False)
     frontend = Frontend(OmegaConf.to_container(cfg, resolve=True), shared, requests_tx, events_rx)
-    route = Route(PATH, Endpoint(GenerateRoutes(frontend, cfg).chat), methods=["POST"])
-
-    async def elsewhere(scope, receive, send):
-        raise RuntimeError(f"only {PATH} is served here")
-
-    gate = Gate(elsewhere, routes={PATH: route}, metrics=frontend.http_metrics, max_bytes=1 << 26, api_key=None)
-    return gate, requests_rx, events_tx  # the engine's ends: kept open while the benchmark runs
+    app = FastAPI()
+    app.add_api_route(PATH, GenerateRoutes(frontend, cfg, sampling_defaults(cfg)).chat, methods=["POST"])
+    app.add_exception_handler(APIError, api_error_handler)
+    app.add_middleware(Gate, routes=[PATH], metrics=frontend.http_metrics, max_bytes=1 << 26, api_key=None)
+    return app, requests_rx, events_tx  # the engine's ends: kept open while the benchmark runs
 
 
 async def one_request(gate, body: bytes) -> None:

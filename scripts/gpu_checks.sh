@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
-# The CUDA checks for a session that is lent a GPU (docs/engine.md, "GPU checks"). The device machine
-# has torch, triton, transformers, safetensors and tokenizers but no package index, so the rest
-# travels as wheels:
-#   here:        bash scripts/gpu_checks.sh prepare    # downloads wheels into .whl/ (git-ignored, ~30 MB)
-#   on the GPU:  bash scripts/gpu_checks.sh run        # through the device tool, with carry [".whl"]
+# The CUDA checks (docs/engine.md, "GPU checks"), for any machine with a CUDA GPU and a CUDA torch.
+# A GPU machine without a package index gets the other packages as wheels:
+#   bash scripts/gpu_checks.sh prepare   # where pip can download: wheels into .whl/ (git-ignored, ~30 MB)
+#   bash scripts/gpu_checks.sh run       # on the GPU machine, with .whl/ beside the repository's files
 # `run` prints the versions and whether xformers' C++ extension loaded, runs the CUDA tests and the
 # xformers dispatch/backend tests (against the installed xformers), then one throughput row of the
 # engine benchmark on the GPU beside transformers' generate on the same GPU. The log is also written
-# to $OUT/gpu_checks.log when $OUT is set (the device tool brings it back). Extra arguments to `run`
-# go to pytest (e.g. -k xformers).
+# to $OUT/gpu_checks.log when $OUT is set. Extra arguments to `run` go to pytest (e.g. -k xformers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Same versions as the CPU install; antlr4 4.9.3 exists only as an sdist, so it is built here.

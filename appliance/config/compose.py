@@ -157,7 +157,7 @@ def _in_schema(key: str) -> bool:
 
 def _stage_options(group_choices: Sequence[str]) -> Dict[str, List[str]]:
     """{stage id: its option names} of the pipeline these group choices compose (an error path only)."""
-    from appliance.pipeline import load_stages, stage_nodes
+    from appliance.stages.build import load_stages, stage_nodes
 
     GlobalHydra.instance().clear()
     try:
@@ -175,7 +175,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     the engine settings, then build every stage from its node: each stage's options are checked
     against its `Options` dataclass and by the stage itself before anything runs (the stage graph is
     `build_pipeline`'s to check). The stage nodes come back with every option spelled out."""
-    from appliance.pipeline import build_stages, load_stages, stage_nodes
+    from appliance.stages.build import build_stages, load_stages, stage_nodes
 
     try:
         container = OmegaConf.to_container(cfg, resolve=True)

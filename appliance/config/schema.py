@@ -107,7 +107,7 @@ class PipelineConfig:
     name: str = MISSING
     inputs: List[str] = MISSING  # record fields the verb supplies (e.g. input, output, overwrite)
     # Ordered mapping: stage id -> {stage: <registered name, default: the id>, <option>: <value>, ...};
-    # each node is checked against its stage's Options dataclass (appliance.pipeline.stage_nodes).
+    # each node is checked against its stage's Options dataclass (appliance.stages.build.stage_nodes).
     stages: Dict[str, Any] = MISSING
 
 

@@ -5,7 +5,7 @@ chat.completion bodies) and the server (answers and SSE chunks). Logprobs travel
 the engine reports `{token_id: logprob}` per output token (sampled token first, then the top N);
 `token_logprobs` turns them into text once, wherever the tokenizer lives.
 """
-import os
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -17,10 +17,10 @@ class TokenLogprob:
     top: Tuple[Tuple[str, float], ...]  # the N most likely tokens, most likely first (may hold `token`)
 
 
-def new_id(prefix: str) -> str:
-    """`prefix-` and 32 random hex digits, as vLLM's ids (uuid4's hex, less its fixed version bits and
-    its ~1.5 µs of Python)."""
-    return f"{prefix}-{os.urandom(16).hex()}"
+def new_id(prefix: str, separator: str = "-") -> str:
+    """A request's id: `prefix`, `separator` and 32 random hex digits (`chatcmpl-…` as vLLM's answers,
+    `batch_req_…` as OpenAI's batch files). Every id the appliance hands out comes from here."""
+    return f"{prefix}{separator}{uuid.uuid4().hex}"
 
 
 def token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Dict[int, float]], top_n: int,

@@ -6,17 +6,48 @@
                         "indices"?: [0-based band indexes]},
      "priority"?: 0, "task"?: "plugin"}
     -> {"request_id", "created_at", "data": {"data_format", "data", "request_id"}}
+
+`PoolingBody` is the one definition of the request: it validates bodies (strict: no type coercion,
+no unknown field) and the server's OpenAPI document is generated from it (`serving/http/openapi.py`).
 """
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import Annotated
 
 from appliance.errors import InputError
+from appliance.protocol.validation import input_error
 
-DATA_FORMATS = ("b64_json", "url", "path")
-OUT_FORMATS = ("b64_json", "path")
-TOP_FIELDS = ("model", "data", "priority", "task", "user", "request_id")
-DATA_FIELDS = ("data", "data_format", "out_data_format", "image_format", "indices")
+
+class PoolingData(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    data: str = Field(min_length=1, description="the GeoTIFF: base64, an http(s) URL or a file name")
+    data_format: Literal["b64_json", "url", "path"]
+    out_data_format: Literal["b64_json", "path"] = "b64_json"
+    image_format: Optional[Literal["tiff", "tif", "geotiff"]] = "tiff"
+    indices: Optional[List[Annotated[int, Field(ge=0)]]] = Field(
+        default=None, min_length=1, description="0-based file bands, in the model's band order")
+
+
+class PoolingBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    data: PoolingData
+    model: Optional[str] = None
+    priority: Optional[Literal[0]] = Field(default=0, description="0 only: requests are served first come, "
+                                                                    "first served")
+    task: Optional[Literal["plugin"]] = "plugin"
+    user: Optional[str] = None
+    request_id: Optional[str] = None
+
+
+# What an error says a field should be, where pydantic's own words would not help a client.
+EXPECTED = {"data": "an object {data, data_format, out_data_format}",
+            "data.data": "a non-empty string (base64 GeoTIFF, http(s) URL or file name)",
+            "data.indices": "a non-empty list of 0-based band indexes"}
 
 
 @dataclass
@@ -28,51 +59,18 @@ class PoolingRequest:
     bands: Optional[List[int]] = None  # 1-based, for the raster_read stage
 
 
-def _fail(field: str, message: str) -> InputError:
-    return InputError(f"{field}: {message}", param=field)
-
-
 def parse_pooling(body: Any) -> PoolingRequest:
     if not isinstance(body, dict):
         raise InputError(f"body: expected a JSON object, got {type(body).__name__}")
-    for key in body:
-        if key not in TOP_FIELDS:
-            raise _fail(key, f"unknown field; allowed: {', '.join(TOP_FIELDS)}")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _fail("model", f"expected a string, got {model!r}")
-    if body.get("priority", 0) not in (0, None):
-        raise _fail("priority", f"{body['priority']!r}; allowed: 0 (requests are served first come, first served)")
-    if body.get("task", "plugin") not in ("plugin", None):
-        raise _fail("task", f"{body['task']!r}; allowed: plugin")
-    data = body.get("data")
-    if not isinstance(data, dict):
-        raise _fail("data", "required, an object {data, data_format, out_data_format}")
-    for key in data:
-        if key not in DATA_FIELDS:
-            raise _fail(f"data.{key}", f"unknown field; allowed: {', '.join(DATA_FIELDS)}")
-    fmt, out = data.get("data_format"), data.get("out_data_format", "b64_json")
-    if fmt not in DATA_FORMATS:
-        raise _fail("data.data_format", f"{fmt!r}; allowed: {', '.join(DATA_FORMATS)}")
-    if out not in OUT_FORMATS:
-        raise _fail("data.out_data_format", f"{out!r}; allowed: {', '.join(OUT_FORMATS)}")
-    if data.get("image_format", "tiff") not in ("tiff", "tif", "geotiff", None):
-        raise _fail("data.image_format", f"{data['image_format']!r}; allowed: tiff")
-    value = data.get("data")
-    if not isinstance(value, str) or not value:
-        raise _fail("data.data", f"required, a non-empty string ({'base64 GeoTIFF' if fmt == 'b64_json' else fmt})")
-    if fmt == "url" and not value.lower().startswith(("http://", "https://")):
-        raise _fail("data.data", "expected an http(s) URL with data_format url")
-    return PoolingRequest(value, fmt, out, model, _bands(data.get("indices")))
-
-
-def _bands(indices: Any) -> Optional[List[int]]:
-    if indices is None:
-        return None
-    if not isinstance(indices, list) or not indices or \
-            not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
-        raise _fail("data.indices", f"expected a non-empty list of 0-based band indexes, got {indices!r:.80}")
-    return [i + 1 for i in indices]
+    try:
+        parsed = PoolingBody.model_validate(body)
+    except ValidationError as e:
+        raise input_error(e, PoolingBody, EXPECTED) from None
+    data = parsed.data
+    if data.data_format == "url" and not data.data.lower().startswith(("http://", "https://")):
+        raise InputError("data.data: expected an http(s) URL with data_format url", param="data.data")
+    bands = [i + 1 for i in data.indices] if data.indices is not None else None
+    return PoolingRequest(data.data, data.data_format, data.out_data_format, parsed.model, bands)
 
 
 def pooling_response(request_id: str, out_data_format: str, data: str) -> Dict[str, Any]:

@@ -6,7 +6,7 @@ HTTP -> engine loop, one tuple per message on the requests pipe: `(uid, arrival,
 all requests; an event whose `final` is true is the request's last.
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, Optional
 
 from appliance.protocol.openai_requests import GenerateRequest
 from appliance.protocol.openai_responses import TokenLogprob
@@ -49,9 +49,9 @@ class Admitted:
     final = False
 
 
-class Tokens(NamedTuple):
-    """New output of a generation request; the last one carries `finish_reason`. A named tuple: a stream
-    sends one per token, and a tuple unpickles in 0.5 µs where a dataclass takes 1.3 (run R)."""
+@dataclass
+class Tokens:
+    """New output of a generation request; the last one carries `finish_reason`."""
     text: str
     num_tokens: int                  # tokens behind `text`
     prompt_tokens: int

@@ -21,7 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from appliance.errors import ConfigError
 from appliance.heap import settle_heap
 from appliance.pipeline import Pipeline
-from appliance.serving.split import split_online
+from appliance.serving import litserve_adapter
+from appliance.serving.split import OnlinePipeline, split_online
 from appliance.serving.startup import check_media_dir, check_port_free, url
 from appliance.serving.state import DEAD, READY, SharedState
 
@@ -42,55 +43,47 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
     from appliance.serving.metrics import multiprocess_dir
 
     with multiprocess_dir(), spool_directory(cfg.server.spool_dir) as spool:
-        return _serve(cfg, online.kind, spool)
+        return _serve(cfg, online, spool)
 
 
-def _serve(cfg: DictConfig, kind: str, spool: str) -> int:
+def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     import litserve as ls
     from fastapi.exceptions import HTTPException as FastAPIHTTPException
     from starlette.exceptions import HTTPException
-    from starlette.middleware.gzip import GZipMiddleware
 
-    from appliance.serving import openapi
-    from appliance.serving.api import EngineAPI
-    from appliance.serving.errors import APIError, api_error_handler, http_exception_handler
-    from appliance.serving.middleware import Gate
-    from appliance.serving.spec import ApplianceSpec, serve_plain
+    from appliance.serving.http import openapi
+    from appliance.serving.engine_process.api import EngineAPI
+    from appliance.serving.http.errors import APIError, api_error_handler, http_exception_handler
+    from appliance.serving.http.middleware import Gate
+    from appliance.serving.http.spec import ApplianceSpec
 
     shared = SharedState()
     # The HTTP process and the engine loop talk over two pipes of ours, not LitServe's queues: those are
     # multiprocessing.Manager queues, an IPC round trip through LitServe's manager process per message
-    # each way (at 64 streams, 5% of the engine loop's time went to sending; docs/serving.md).
+    # each way (docs/serving.md).
     requests_rx, requests_tx = mp.Pipe(duplex=False)
     events_rx, events_tx = mp.Pipe(duplex=False)
     container = OmegaConf.to_container(cfg, resolve=True)
-    spec = ApplianceSpec(cfg, container, shared, spool, kind, requests_tx, events_rx)
+    spec = ApplianceSpec(cfg, container, shared, spool, online, requests_tx, events_rx)
+    gate = {"routes": spec.route_paths(), "metrics": spec.frontend.http_metrics,
+            "max_bytes": int(cfg.server.limits.max_request_bytes),
+            "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")}
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
-    server = ls.LitServer(EngineAPI(container, shared, spec, requests_rx, events_tx), accelerator="cpu", timeout=False,
+    # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere.
+    server = ls.LitServer(EngineAPI(cfg, online, shared, spec, requests_rx, events_tx), accelerator="cpu",
+                          timeout=False, middlewares=[(Gate, gate)],
                           healthcheck_path="/litserve/health", info_path="/litserve/info")
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):
         server.app.add_exception_handler(error, handler)
-    routes, documented = serve_plain(server.app, spec.route_paths())  # FastAPI's routes describe ours
-    openapi.install(server.app, documented)
-    # LitServe compresses answers over 1 kB unless its API streams: on the event loop, so a base64 GeoTIFF
-    # answer would stall every other request while it is compressed. SSE skips gzip anyway, and
-    # OpenAI-compatible servers (vLLM) answer uncompressed; a proxy may compress.
-    server.app.user_middleware = [m for m in server.app.user_middleware if m.cls is not GZipMiddleware]
-    # The Gate wraps the app's whole middleware stack, which Starlette otherwise builds on the first
-    # request: our routes skip the three layers FastAPI puts outside every middleware, each of which
-    # wraps every `send` (docs/serving.md). Built here, before LitServe copies the app for its HTTP process.
-    server.app.middleware_stack = Gate(server.app.build_middleware_stack(), routes=routes,
-                                       metrics=spec.frontend.http_metrics,
-                                       max_bytes=int(cfg.server.limits.max_request_bytes),
-                                       api_key=cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"))
-    server._monitor_workers = False  # the Supervisor watches the engine (exit code, drain)
+    openapi.install(server.app)
+    litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
     address = url(cfg.server.host, cfg.server.port)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s),
                             ready_line=f"ready: pipeline {cfg.pipeline.name} on {address} (model loaded, warm-up done)")
     signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())
     threading.Thread(target=supervisor.watch, name="supervisor", daemon=True).start()
-    log.info("starting pipeline %s (%s), model %s, on %s: loading the model", cfg.pipeline.name, kind,
+    log.info("starting pipeline %s (%s), model %s, on %s: loading the model", cfg.pipeline.name, online.kind,
              cfg.model.name, address)
     settle_heap()  # before LitServe forks the HTTP process, which inherits the frozen heap
     # uvicorn logs at warning, so its access log never prints; access_log=False also stops it formatting
@@ -106,6 +99,8 @@ class Supervisor:
     def __init__(self, server, shared: SharedState, drain_timeout_s: float, ready_line: str = "ready"):
         self.server, self.shared, self.drain_timeout_s = server, shared, drain_timeout_s
         self.ready_line = ready_line
+        self.announced = False
+        self.announcing = threading.Lock()  # the watcher and the drain may both see the engine ready
         self.exit_code = 0
         self.stopping = threading.Event()
 
@@ -121,14 +116,18 @@ class Supervisor:
         if self.shared.inflight:
             log.warning("drain: %d requests still running after server.drain_timeout_s=%g s; stopping anyway",
                         self.shared.inflight, self.drain_timeout_s)
+        self.announce_ready()  # a server stopped just after it became ready still said so
         self.stop()
 
-    def watch(self) -> None:
-        announced = False
-        while not self.stopping.is_set():
-            if not announced and self.shared.phase == READY:
+    def announce_ready(self) -> None:
+        with self.announcing:
+            if not self.announced and self.shared.phase == READY:
                 log.info(self.ready_line)
-                announced = True
+                self.announced = True
+
+    def watch(self) -> None:
+        while not self.stopping.is_set():
+            self.announce_ready()
             workers = getattr(self.server, "inference_workers", None) or []
             if self.shared.phase == DEAD or any(not w.is_alive() for w in workers):
                 log.error("the engine stopped; shutting the server down")
@@ -140,9 +139,7 @@ class Supervisor:
 
     def stop(self) -> None:
         self.stopping.set()
-        while getattr(self.server, "_shutdown_event", None) is None:  # still starting up
-            time.sleep(0.05)
-        self.server._shutdown_event.set()
+        litserve_adapter.request_stop(self.server)
 
 
 @contextmanager

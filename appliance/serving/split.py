@@ -6,15 +6,13 @@ stages marked `online` (not the offline sources and sinks such as `chat_requests
 pool) and a tail (after the engine: stitching and writing for pooling models).
 """
 from dataclasses import dataclass
-from typing import Iterable, List, Optional
+from typing import List, Optional
 
 from appliance.config.schema import EngineKind
 from appliance.errors import ConfigError
-from appliance.pipeline import Pipeline, Stage
+from appliance.pipeline import Pipeline, Stage, check_graph
+from appliance.serving.engine_process.records import record_fields
 
-# Record fields each protocol hands the online stages.
-GENERATE_FIELDS = ("messages", "sampling", "where", "media_dir", "custom_id", "model_name")
-POOL_FIELDS = ("input_path", "output_path", "scene_index", "overwrite", "quicklook", "bands")
 
 
 @dataclass
@@ -43,18 +41,7 @@ def split_online(pipeline: Pipeline, cfg) -> OnlinePipeline:
     if kind == "generate" and tail:
         raise ConfigError(f"pipeline.stages.{tail[0].id} ({tail[0].name}) follows a generating engine; the server "
                           "streams the engine's tokens itself, so only offline stages may follow it")
-    fields = POOL_FIELDS if kind == "pool" else GENERATE_FIELDS
-    _check_graph(fields, [*head, engines[0], *tail], kind)
+    # A generating engine is fed by the chat head or, for /v1/completions, by the body's prompt.
+    check_graph([*head, engines[0], *tail], record_fields(kind), f"the {kind} API",
+                fed=lambda stage: stage.name == "engine" and kind == "generate")
     return OnlinePipeline(kind, head, engines[0], tail)
-
-
-def _check_graph(fields: Iterable[str], stages: List[Stage], kind: str) -> None:
-    available = set(fields)
-    for stage in stages:
-        # A generating engine is fed by the chat head or, for /v1/completions, by the body's prompt.
-        missing = [] if stage.name == "engine" and kind == "generate" else \
-            sorted(set(stage.consumes) - available)
-        if missing:
-            raise ConfigError(f"pipeline.stages.{stage.id} ({stage.name}) needs {', '.join(missing)}, which neither "
-                              f"the {kind} API nor an earlier online stage provides")
-        available |= set(stage.produces)

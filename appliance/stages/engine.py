@@ -15,7 +15,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterator, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple, Union
 
 from omegaconf import OmegaConf
 
@@ -185,16 +185,8 @@ class EngineStage(Stage):
         pending: Deque[Tuple[str, Record]] = deque()
         results: Dict[str, Any] = {}
         for record in records:
-            try:
-                params = SamplingParams(**{**self.options.sampling, **(record.get("sampling") or {})})
-            except (TypeError, ValueError) as e:
-                raise InputError(f"sampling: {e}") from None
-            try:
-                request_id = self.engine.add_request(record["prompt"], params, mm_ranges=record.get("mm_ranges"),
-                                                     mm_data=record.get("mm_data"))
-            except ValueError as e:  # e.g. a prompt longer than the model's context
-                field = getattr(e, "field", None)  # a FieldError names the request field at fault
-                raise InputError(str(e) if field else f"prompt: {e}", param=field or "prompt") from None
+            request_id = self.add_request(record["prompt"], record.get("sampling"), "prompt",
+                                          mm_ranges=record.get("mm_ranges"), mm_data=record.get("mm_data"))
             pending.append((request_id, record))
         progress = GenerateProgress(len(pending))
         try:
@@ -207,6 +199,39 @@ class EngineStage(Stage):
             progress.close()
         for request_id, record in pending:
             yield {**record, "completion": results.pop(request_id)}
+
+    # ---- one request: the batch above and `appliance serve`'s engine loop both add them here --------
+    def add_request(self, prompt: List[int], sampling: Optional[Dict[str, Any]], field: str,
+                    request_id: Optional[str] = None, mm_ranges=None, mm_data=None) -> str:
+        """Queue one prompt with the request's `sampling` over this stage's; returns its id. InputError
+        naming the field at fault (`field` when the engine does not say: the prompt's)."""
+        try:
+            params = SamplingParams(**{**self.options.sampling, **(sampling or {})})
+        except (TypeError, ValueError) as e:
+            raise InputError(f"sampling: {e}") from None
+        try:
+            return self.engine.add_request(prompt, params, request_id=request_id, mm_ranges=mm_ranges,
+                                           mm_data=mm_data)
+        except ValueError as e:  # e.g. a prompt longer than the model's context
+            named = getattr(e, "field", None)  # a FieldError names the request field at fault
+            raise InputError(str(e) if named else f"{field}: {e}", param=named or field) from None
+
+    def prompt_ids(self, prompt: Union[str, List[int]], field: str = "prompt") -> List[int]:
+        """A text or token-id prompt as token ids: a text too long to fit is refused before it is
+        tokenized (`check_text_fits`), ids outside the vocabulary are refused."""
+        if isinstance(prompt, str):
+            check_text_fits(prompt, model_longest_token(self), self.engine.max_model_len, field, param=field)
+            return list(self.engine.tokenizer.encode(prompt))
+        vocab_size = self.engine.hf_config.get_text_config().vocab_size
+        bad = [t for t in prompt if t >= vocab_size]
+        if bad:
+            raise InputError(f"{field}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
+                             param=field)
+        return prompt
+
+    def check_fits(self, prompt_tokens: int, max_tokens: Optional[int], field: str) -> None:
+        """`check_fits` against this engine's context, naming `field`."""
+        check_fits(prompt_tokens, self.engine.max_model_len, field, "shorten it", max_tokens=max_tokens, param=field)
 
     def close(self) -> None:
         if self.engine is not None:

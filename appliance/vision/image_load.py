@@ -28,6 +28,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from appliance.errors import InputError
 from appliance.fetch import FetchPolicy, Fetcher, fetch_bytes
+from appliance.fetch.local_files import allowed_path
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000  # e.g. 8000 x 5000; a 336px model gains nothing from more
@@ -176,17 +177,8 @@ def sniff_format(data: bytes) -> Optional[str]:
 
 def read_local(path: str, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BYTES,
                allowed_dir=None) -> bytes:
-    """Read a file that resolves (symlinks and `..` followed) to a place inside `allowed_dir`."""
-    if allowed_dir is None:
-        raise InputError(f"{field}: local paths are disabled on this server; send an http(s) URL or a "
-                         "data:image/...;base64 URL, or start the server with server.allowed_local_media_dir=DIR")
-    if "\0" in path:
-        raise InputError(f"{field}: path contains a NUL character; give a plain file name")
-    root = os.path.realpath(allowed_dir)
-    candidate = os.path.realpath(os.path.join(root, path))  # a relative path is relative to the root
-    if os.path.commonpath([root, candidate]) != root:
-        raise InputError(f"{field}: path {path!r} is outside the allowed image directory; "
-                         "allowed: files inside the configured image directory")
+    """Read a file that resolves to a place inside `allowed_dir` (`fetch.local_files.allowed_path`)."""
+    candidate = allowed_path(path, allowed_dir, field)
     try:
         with open(candidate, "rb") as f:
             size = os.fstat(f.fileno()).st_size

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from appliance.config.compose import compose
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from tests.conftest import one_torch_thread
 
 LLAVA_TEMPLATE = (

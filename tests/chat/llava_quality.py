@@ -5,7 +5,7 @@ import json
 from typing import Dict, List, Sequence
 
 from appliance.config.compose import compose
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from tests.chat.conftest import batch_request, synthetic_shapes, write_jsonl
 from tests.servers import png_data_url
 

@@ -3,7 +3,7 @@ import torch
 from safetensors.torch import load_file
 
 from appliance.config.compose import compose
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from tests.chat.conftest import synthetic_shapes
 from tests.conftest import assert_user_error, run_cli
 

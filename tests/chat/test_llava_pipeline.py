@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from appliance.config.compose import compose
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from tests.chat.conftest import LLAVA_TEMPLATE, batch_request, data_url, tokenizer_with_image, write_jsonl
 
 PINPOINTS = [[56, 112], [112, 56], [112, 112]]

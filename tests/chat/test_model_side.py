@@ -3,7 +3,7 @@ import pytest
 
 from appliance.config.compose import compose
 from appliance.errors import ConfigError, InputError
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from appliance.stages.engine import check_fits
 from tests.chat.conftest import text_overrides
 

@@ -259,7 +259,7 @@ def test_a_group_prepared_together_fails_only_its_bad_requests(llava15_dir, tmp_
     # What a server's preparer does with the requests waiting: each good one comes out as when it is
     # prepared alone, each bad one as its own error.
     from appliance.config.compose import compose
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
 
     pipeline = build_pipeline(compose(llava_overrides(llava15_dir)))
     stage = next(s for s in pipeline.stages if s.name == "chat_prompt")

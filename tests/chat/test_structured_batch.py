@@ -2,7 +2,7 @@
 import json
 
 from appliance.config.compose import compose
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from tests.chat.conftest import batch_request, write_jsonl
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["shape"],

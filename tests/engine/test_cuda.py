@@ -1,6 +1,6 @@
 """The CUDA paths: the engine on a GPU, the xformers backend, NCCL tensor parallelism and both
-pipelines on CUDA. Skipped without a GPU; `scripts/gpu_checks.sh run` runs them on a lent device
-(docs/engine.md, "GPU checks")."""
+pipelines on CUDA. Skipped without a GPU; on a CUDA machine, `scripts/gpu_checks.sh run` runs them
+with the other GPU checks (docs/engine.md, "GPU checks")."""
 import importlib.util
 import logging
 

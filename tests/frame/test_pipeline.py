@@ -6,7 +6,8 @@ from omegaconf import OmegaConf
 
 from appliance.config.compose import compose
 from appliance.errors import ConfigError, InputError
-from appliance.pipeline import STAGES, Stage, build_pipeline, register_stage
+from appliance.pipeline import STAGES, Stage, register_stage
+from appliance.stages.build import build_pipeline
 from tests.frame import stages as frame_stages  # noqa: F401  (registers the test stages)
 
 

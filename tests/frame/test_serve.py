@@ -48,8 +48,8 @@ def message(response) -> str:
 
 def test_paths_are_refused_unless_the_server_allows_a_directory(frame_conf, tmp_path):
     from appliance.config.compose import compose
-    from appliance.serving.errors import APIError
-    from appliance.serving.routes_ops import PredictRoute
+    from appliance.serving.http.errors import APIError
+    from appliance.serving.http.routes_ops import PredictRoute
 
     closed = PredictRoute(None, compose([]))
     with pytest.raises(APIError) as info:
@@ -61,6 +61,9 @@ def test_paths_are_refused_unless_the_server_allows_a_directory(frame_conf, tmp_
     assert opened._resolve("input", ["n.txt", None]) == [str(tmp_path.resolve() / "n.txt"), None]
     with pytest.raises(APIError):
         opened._resolve("input", [str(tmp_path / "a.txt"), "/etc/passwd"])
+    with pytest.raises(APIError) as info:  # the same rule as every route's: no NUL
+        opened._resolve("input", "n.txt\0.png")
+    assert "NUL" in info.value.message and info.value.param == "input"
 
 
 def test_a_dead_engine_takes_the_server_down_with_exit_code_1(tmp_path):

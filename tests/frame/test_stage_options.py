@@ -9,7 +9,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from appliance.config.compose import compose, conf_dir, group_options
-from appliance.pipeline import STAGES, NoOptions, load_stages
+from appliance.pipeline import STAGES, NoOptions
+from appliance.stages.build import load_stages
 from appliance.stages.engine import sampling_defaults
 from tests.conftest import assert_config_error
 
@@ -128,7 +129,7 @@ def test_prithvi_models_share_one_geo_contract():
 
 def test_geo_stage_options_default_to_the_models_contract():
     """`normalize` and `raster_read` options left unset take model.geo; set, they win."""
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
 
     pipeline = build_pipeline(compose(FLOOD + ["pipeline.stages.normalize.means=[0,0,0,0,0,0]"]))
     normalize = next(s for s in pipeline.stages if s.id == "normalize")
@@ -137,7 +138,7 @@ def test_geo_stage_options_default_to_the_models_contract():
 
 
 def test_stage_ids_reach_the_built_stages():
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
 
     pipeline = build_pipeline(compose(FLOOD + ["+pipeline.stages.again={stage: raster_write}"]))
     assert [s.id for s in pipeline.stages][-2:] == ["raster_write", "again"]

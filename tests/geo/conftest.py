@@ -10,7 +10,7 @@ from rasterio.errors import NotGeoreferencedWarning
 
 import appliance.stages.geo  # noqa: F401  (registers the geo stages)
 from appliance.config.schema import AppConfig
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from tests.geo import fake_engine  # noqa: F401  (registers fake_water_logits)
 
 REPO = Path(__file__).resolve().parents[2]

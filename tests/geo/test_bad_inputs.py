@@ -173,7 +173,7 @@ def test_failure_mid_run_leaves_no_file(dirs):
 
 def test_abandoned_run_leaves_no_file(dirs):
     """A consumer that stops early (client gone) closes the generators: the temp file goes too."""
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
     from tests.geo.conftest import make_cfg
 
     src, out = dirs

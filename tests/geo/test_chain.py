@@ -6,7 +6,7 @@ import pytest
 import rasterio
 from affine import Affine
 
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from appliance.stages.geo.stitch import progress_bar
 from tests.geo.conftest import make_cfg, run_geo, stages, synthetic
 

@@ -52,7 +52,7 @@ def test_failed_run_leaves_no_draft_and_no_cog(scene, tmp_path):
 
 
 def test_unknown_overview_resampling_is_a_config_error(tmp_path):
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
 
     with pytest.raises(ConfigError, match="overview_resampling: 'median'"):
         build_pipeline(make_cfg(stages(write={"overview_resampling": "median"})))

@@ -56,7 +56,7 @@ def test_quarter_of_a_large_scene_fetches_a_fraction_of_it(tmp_path):
         west, south, east, north = rasterio.warp.transform_bounds(ds.crs, "EPSG:4326", *ds.bounds)
     quarter = [west, south, west + (east - west) / 2, south + (north - south) / 2]  # the south-west quarter
     pipeline_cfg = make_cfg(tile_size=256, overlap=32)
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
 
     pipeline = build_pipeline(pipeline_cfg)
     with RangeServer(tmp_path / "hls") as server:

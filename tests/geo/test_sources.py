@@ -101,7 +101,7 @@ def test_aoi_mask_is_the_window_of_the_whole_mask(bands, tmp_path):
 
 
 def run_geo_aoi(path, output, aoi, aoi_crs=None):
-    from appliance.pipeline import build_pipeline
+    from appliance.stages.build import build_pipeline
     from tests.geo.conftest import make_cfg
 
     pipeline = build_pipeline(make_cfg())

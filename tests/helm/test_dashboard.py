@@ -76,7 +76,7 @@ def test_every_queried_metric_and_label_is_exported():
         labels |= set(re.findall(r"label_values\(\w+,\s*(\w+)\)", expr))
         allowed = set().union(*(series[m] for m in metrics))
         assert labels <= allowed, f"{expr}: labels {labels - allowed} not on {metrics}"
-    # TTFT, ITL, throughput, queue, KV usage, cache hit rates, tiles/s: the list.
+    # TTFT, ITL, throughput, queue, KV usage, cache hit rates, tiles/s: what an operator watches.
     for name in ("appliance_time_to_first_token_seconds_bucket", "appliance_inter_token_latency_seconds_bucket",
                  "appliance_generation_tokens_total", "appliance_num_requests_waiting", "appliance_kv_cache_usage_perc",
                  "appliance_prefix_cache_hits_total", "appliance_encoder_cache_hits_total", "appliance_tiles_total"):

@@ -1,7 +1,7 @@
 """frontend.Channel: one request's events, in order, to its one reader."""
 import asyncio
 
-from appliance.serving.frontend import Channel
+from appliance.serving.http.frontend import Channel
 
 
 class Client:

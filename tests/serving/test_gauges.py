@@ -6,7 +6,7 @@ test_metrics.py and tests/reliability."""
 import time
 from types import SimpleNamespace
 
-from appliance.serving.generate_worker import GAUGES_INTERVAL_S, GenerateWorker
+from appliance.serving.engine_process.generate_worker import GAUGES_INTERVAL_S, GenerateWorker
 
 
 class Recorded:

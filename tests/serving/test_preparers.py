@@ -7,7 +7,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from appliance.serving.generate_worker import GenerateWorker
+from appliance.serving.engine_process.generate_worker import GenerateWorker
 from tests.conftest import assert_user_error, run_cli
 
 

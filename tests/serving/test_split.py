@@ -3,7 +3,7 @@ import pytest
 
 from appliance.config.compose import compose
 from appliance.errors import ConfigError
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from appliance.serving.split import split_online
 
 

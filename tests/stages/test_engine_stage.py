@@ -3,7 +3,7 @@ import torch
 
 from appliance.config.compose import compose
 from appliance.engine.models.prithvi import load_prithvi
-from appliance.pipeline import build_pipeline
+from appliance.stages.build import build_pipeline
 from tests.conftest import TINY_PRITHVI
 
 def test_pool_stage_batches_across_records_in_order(tiny_prithvi_checkpoint):

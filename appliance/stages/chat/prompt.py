@@ -145,7 +145,7 @@ class ImageJobs:
     """One run's image preparations, as futures. The first is held back until a second arrives: a run
     with one image (a server's preparer that found one request waiting) prepares it in the calling
     thread by `run_held`, because there is nothing to overlap it with and the hand-off to a pool thread
-    and back cost a served request about 1 ms of CPU (docs/benchmarks.md, run L)."""
+    and back cost a served request about 1 ms of CPU."""
 
     def __init__(self, pool):
         self.pool = pool

@@ -13,7 +13,6 @@ to a temp file in the output directory, renamed over `output_path` only once eve
 import json
 import os
 import time
-import uuid
 from typing import Any, Dict, Iterable, Iterator, List
 
 from appliance.output_files import AtomicFile
@@ -23,8 +22,8 @@ from appliance.stages.engine import model_tokenizer
 
 
 def batch_line(custom_id: str, body: Dict[str, Any]) -> Dict[str, Any]:
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
-            "response": {"status_code": 200, "request_id": f"req_{uuid.uuid4().hex}", "body": body},
+    return {"id": new_id("batch_req", "_"), "custom_id": custom_id,
+            "response": {"status_code": 200, "request_id": new_id("req", "_"), "body": body},
             "error": None}
 
 

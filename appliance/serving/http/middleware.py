@@ -1,24 +1,15 @@
-"""The HTTP process's front door: one ASGI app around the app's whole middleware stack (server.py).
+"""The HTTP process's front door, a plain ASGI middleware (LitServer(middlewares=[(Gate, ...)]), server.py).
 
-For every request it checks the API key and the body limit and counts the answer by route and status;
-a request for one of our routes (spec.py) it then hands straight to the route's `Endpoint`, which
-answers the route's API errors and reports the status. Everything else (LitServe's and FastAPI's
-routes, a wrong method on ours: 405) goes on through the app's middleware and router. Each layer wraps
-every `send` of a stream: going past them took the HTTP process from 0.57 to 0.48 ms of CPU per
-streamed chat request, and past FastAPI's own outer layers too, 0.344 to 0.315 with the lighter
-channel (docs/benchmarks.md, runs O and P).
-
-A plain ASGI class (not Starlette's BaseHTTPMiddleware, which buffers streams and hides client
-disconnects from the routes).
+For every request it checks the API key and the body limit, and counts the answer by route and status.
+A plain ASGI class, not Starlette's BaseHTTPMiddleware, which buffers streams and hides client
+disconnects from the routes.
 """
 import hmac
 import json
-from typing import Callable, Dict, Iterable, Optional
-
-from starlette.routing import Route
+from typing import Callable, Iterable, Optional
 
 from appliance.protocol.openai_responses import error_body
-from appliance.serving.errors import APIError
+from appliance.serving.http.errors import APIError
 
 OPEN_PATHS = ("/health", "/ready", "/version", "/metrics", "/docs", "/openapi.json")
 
@@ -32,12 +23,13 @@ async def send_error(send, status: int, message: str, headers: Iterable = ()) ->
 
 
 class Gate:
-    def __init__(self, app, routes: Dict[str, Route], metrics: Callable, max_bytes: int,
+    def __init__(self, app, routes: Iterable[str], metrics: Callable, max_bytes: int,
                  api_key: Optional[str] = None):
-        """`routes`: ours by path; `metrics`: returns the process's HttpMetrics (made on first use, in the
-        HTTP process); `api_key`: required on every route but the open ones (probes, metrics, docs)."""
+        """`routes`: our routes' paths (counted by path; any other path counts as "other"); `metrics`:
+        returns the process's HttpMetrics (made on first use, in the HTTP process); `api_key`: required
+        on every route but the open ones (probes, metrics, docs)."""
         self.app = app
-        self.routes = routes
+        self.routes = frozenset(routes)
         self.metrics = metrics
         self.max_bytes = max_bytes
         self.key = api_key.encode() if api_key else None
@@ -45,26 +37,20 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope["path"]
-        route = self.routes.get(path)
         status = None  # the answer's, once it started
 
-        async def counted(message):  # the app's routes: the status is seen on its way out
+        async def counted(message):
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
 
         try:
-            if not await self._admit(scope, counted):
-                return
-            receive = self._limited(receive)
-            if route is not None and scope["method"] in route.methods:
-                status = await route.app(scope, receive, send)  # spec.Endpoint: it answers the status
-            else:
-                await self.app(scope, receive, counted)
+            if await self._admit(scope, counted):
+                await self.app(scope, self._limited(receive), counted)
         finally:
-            self.metrics().request(path if route is not None else "other", 500 if status is None else status)
+            route = scope["path"] if scope["path"] in self.routes else "other"
+            self.metrics().request(route, 500 if status is None else status)
 
     async def _admit(self, scope, send) -> bool:
         """The API key and the declared body size; False once a refusal was sent."""

@@ -1,16 +1,22 @@
 """The request and response schemas of the routes, in the server's OpenAPI document (`/openapi.json`).
 
 The routes parse their own bodies (appliance/protocol: errors that name the field), so FastAPI cannot
-infer these; they are declared here for clients, docs (`/docs`) and the schema-driven fuzz tests.
+infer these. `/pooling`'s request is its pydantic model's own schema (`protocol.pooling.PoolingBody`,
+which also validates the bodies); the chat and completion requests are still declared here beside
+their hand-written parser, as are the answers. For clients, docs (`/docs`) and the schema-driven fuzz
+tests.
 """
-from typing import Any, Dict, List
+from typing import Any, Dict
+
+from pydantic import BaseModel
+
+from appliance.protocol.pooling import PoolingBody
 
 STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
 NULLABLE_BOOL = {"type": ["boolean", "null"]}
-MAX_TOKENS = {"type": ["integer", "null"], "minimum": 1, "maximum": 256}
+MAX_TOKENS = {"type": ["integer", "null"], "minimum": 1}  # the context bounds it: past it, a 400 that says so
 # Fields OpenAI clients send that the parser accepts only at their neutral value (protocol.NEUTRAL_FIELDS).
-NEUTRAL = {"frequency_penalty": {"type": "number", "enum": [0]}, "presence_penalty": {"type": "number", "enum": [0]},
-           "logit_bias": {"type": ["object", "null"], "maxProperties": 0}}
+NEUTRAL = {"frequency_penalty": {"type": "number", "enum": [0]}, "presence_penalty": {"type": "number", "enum": [0]}}
 SAMPLING = {
     "model": {"type": ["string", "null"]},
     "max_tokens": MAX_TOKENS,
@@ -19,7 +25,7 @@ SAMPLING = {
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": ["integer", "null"], "minimum": 0},
     "seed": {"type": ["integer", "null"], "minimum": -(2 ** 63), "maximum": 2 ** 63 - 1},
-    "min_tokens": {"type": ["integer", "null"], "minimum": 0, "maximum": 1},
+    "min_tokens": {"type": ["integer", "null"], "minimum": 0},
     "stop": STRING_OR_LIST,
     "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
     "ignore_eos": NULLABLE_BOOL,
@@ -28,6 +34,11 @@ SAMPLING = {
                        "properties": {"include_usage": NULLABLE_BOOL, "continuous_usage_stats": NULLABLE_BOOL}},
     "n": {"type": ["integer", "null"], "enum": [1, None]},
     "user": {"type": ["string", "null"]},
+    "logit_bias": {"type": ["object", "null"], "propertyNames": {"pattern": "^[0-9]+$"},
+                   "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+    "response_format": {"type": ["object", "null"], "required": ["type"], "properties": {
+        "type": {"enum": ["text", "json_object", "json_schema"]}, "json_schema": {"type": "object"}}},
+    "structured_outputs": {"type": ["object", "null"]},  # vLLM's: one of json, regex, choice, grammar
     **NEUTRAL,
 }
 PART = {"oneOf": [
@@ -38,7 +49,7 @@ PART = {"oneOf": [
                     "image_url": {"type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}}}},
 ]}
 MESSAGE = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
-           "properties": {"role": {"enum": ["system", "user", "assistant"]}, "name": {"type": "string"},
+           "properties": {"role": {"enum": ["system", "developer", "user", "assistant"]}, "name": {"type": "string"},
                           "content": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": PART}]}}}
 CHAT_REQUEST = {"type": "object", "required": ["messages"], "additionalProperties": False, "properties": {
     **SAMPLING, "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
@@ -52,13 +63,6 @@ COMPLETION_REQUEST = {"type": "object", "required": ["prompt"], "additionalPrope
     "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
     "echo": {"enum": [False]}, "best_of": {"type": "integer", "enum": [1]},
     "suffix": {"type": ["string", "null"], "maxLength": 0}}}
-POOLING_REQUEST = {"type": "object", "required": ["data"], "additionalProperties": False, "properties": {
-    "model": {"type": "string"}, "priority": {"enum": [0]}, "task": {"enum": ["plugin"]},
-    "data": {"type": "object", "required": ["data", "data_format"], "additionalProperties": False, "properties": {
-        "data": {"type": "string", "minLength": 1}, "data_format": {"enum": ["b64_json", "url", "path"]},
-        "out_data_format": {"enum": ["b64_json", "path"]}, "image_format": {"enum": ["tiff"]},
-        "indices": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}}}}}
-
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
@@ -82,33 +86,36 @@ SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"ty
 BODIES = {
     "/v1/chat/completions": (CHAT_REQUEST, {"application/json": CHAT_COMPLETION, "text/event-stream": SSE_EVENT}),
     "/v1/completions": (COMPLETION_REQUEST, {"application/json": TEXT_COMPLETION, "text/event-stream": SSE_EVENT}),
-    "/pooling": (POOLING_REQUEST, {"application/json": POOLING_RESPONSE}),
+    "/pooling": (PoolingBody, {"application/json": POOLING_RESPONSE}),
 }
 
 
-def install(app, documented: List[Any]) -> None:
-    """Make `app.openapi()` describe our routes' bodies and answers (FastAPI caches the result).
-    `documented`: FastAPI routes that describe routes the app serves otherwise (spec.serve_plain)."""
+def install(app) -> None:
+    """Make `app.openapi()` describe our routes' bodies and answers (FastAPI caches the result)."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title="appliance", version="1", routes=[*app.routes, *documented])
+            schema = get_openapi(title="appliance", version="1", routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
             for path, item in schema.get("paths", {}).items():
                 for method, operation in item.items():
-                    _describe(path, method, operation)
+                    _describe(path, method, operation, components)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi
 
 
-def _describe(path: str, method: str, operation: Dict[str, Any]) -> None:
+def _describe(path: str, method: str, operation: Dict[str, Any], components: Dict[str, Any]) -> None:
     errors = {"description": "error", "content": {"application/json": {"schema": ERROR}}}
     operation["responses"] = {"4XX": errors, "5XX": errors, **{
         code: spec for code, spec in operation.get("responses", {}).items() if code == "200"}}
     if path in BODIES and method == "post":
         request, answers = BODIES[path]
+        if isinstance(request, type) and issubclass(request, BaseModel):  # a request model: its own schema
+            request = request.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(request.pop("$defs", {}))
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
         operation["responses"]["200"] = {"description": "the answer", "content": {
             kind: {"schema": schema} for kind, schema in answers.items()}}

@@ -23,7 +23,8 @@ import torch
 from appliance.errors import UserError
 from appliance.pipeline import Pipeline, Record, Stage
 from appliance.serving.messages import Done, Failed, PoolJob
-from appliance.serving.worker import Worker
+from appliance.serving.engine_process.records import SceneRecord, as_record
+from appliance.serving.engine_process.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,7 @@ class PoolWorker(Worker):
                     source = served_item_spec(job.input_url, self.cfg.model.geo, policy, job.field)
                 else:
                     fetch_to_file(job.input_url, job.input_path, policy, job.field)
-            record = {"input_path": source, "output_path": job.output_path, "scene_index": 0,
-                      "overwrite": True, "quicklook": job.quicklook, "bands": job.bands}
+            record = as_record(SceneRecord(source, job.output_path, job.quicklook, job.bands))
             bridge = EngineBridge(session, self.input_field, self.output_field, self.in_flight)
             last: Optional[Record] = None
             for last in self.stages.replaced(self.engine_index, bridge).run([record]):

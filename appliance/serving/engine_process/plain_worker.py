@@ -6,7 +6,7 @@ from typing import Any, Dict
 
 from appliance.pipeline import Pipeline, Record
 from appliance.serving.messages import Done, PredictJob
-from appliance.serving.worker import Worker
+from appliance.serving.engine_process.worker import Worker
 
 
 class PlainWorker(Worker):

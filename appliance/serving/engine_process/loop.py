@@ -6,8 +6,8 @@ events to the HTTP process as one message on the events pipe. A receiver thread 
 requests pipe into the worker's inbox, so the loop sleeps on one queue when idle and never waits on IPC
 while the engine runs. (LitServe's own request queue and transport go unused: see server.py.)
 
-The model loads here, not in `LitAPI.setup`, so the HTTP server answers /health while weights load and
-/ready turns 200 after the warm-up step.
+The model loads here, not in `LitAPI.setup` (which LitServe awaits before it starts the HTTP server), so
+the HTTP server answers /health while weights load and /ready turns 200 after the warm-up step.
 """
 import logging
 import signal
@@ -26,11 +26,14 @@ IDLE_WAIT_S = 0.05  # how long an idle loop sleeps on its inbox (a new request w
 
 class EngineLoop(LitLoop):
     def run(self, lit_api, device, worker_id, request_queue, transport, workers_setup_status, callback_runner):
+        """LitServe's loop entry point. Jobs arrive on our requests pipe (`lit_api.requests`) and events
+        leave on our events pipe, so LitServe's `request_queue` and `transport` go unused."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; the server stops us
         signal.signal(signal.SIGTERM, _exit)  # LitServe's shutdown: close the engine (and its TP ranks)
-        shared = lit_api.shared
+        shared, worker = lit_api.shared, lit_api.worker
         try:
-            worker = lit_api.build_worker()
+            for stage in worker.online.stages():
+                stage.setup()
             worker.start()
             settle_heap()  # the model, tokenizer and warm-up state live as long as the loop
         except SystemExit:

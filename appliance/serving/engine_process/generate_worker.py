@@ -19,8 +19,8 @@ from appliance.pipeline import Pipeline
 from appliance.protocol.openai_requests import GenerateRequest
 from appliance.protocol.openai_responses import token_decoder, token_logprobs
 from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
-from appliance.serving.worker import Worker
-from appliance.stages.engine import check_fits, check_text_fits, model_longest_token, sampling_defaults
+from appliance.serving.engine_process.records import ChatRecord, as_record
+from appliance.serving.engine_process.worker import Worker
 
 log = logging.getLogger(__name__)
 # While the engine runs, how often its gauges are written: each write goes to a memory-mapped file
@@ -52,22 +52,19 @@ class GenerateWorker(Worker):
         self.preparers = 0
 
     def start(self) -> None:
-        self.engine = self.online.engine.engine
-        self.defaults = sampling_defaults(self.cfg)
+        self.stage = self.online.engine  # the pipeline's `engine` stage: it adds requests as `appliance run` does
+        self.engine = self.stage.engine
         self.head = Pipeline(self.online.head, ready=True)
         self.sessions: Dict[str, Session] = {}
         # Requests in the engine that no step has run yet: their queue time is still to observe.
         self.unstarted: Dict[str, Session] = {}
-        # The pipeline's one tokenizer (the engine's): pool threads encode prompts with it (chat_prompt,
-        # completions) while the loop's thread detokenizes. A fast tokenizer encodes and decodes through
-        # shared borrows; only changing its truncation or padding would take it exclusively, and nothing
-        # here does, so no lock is needed.
-        self.tokenizer = self.engine.tokenizer
-        self.longest_token = model_longest_token(self.online.engine)
         self.stream_interval = int(self.cfg.server.stream_interval)
-        self.vocab_size = self.engine.hf_config.get_text_config().vocab_size
         self.counted: Dict[str, int] = {}
         self.gauges_due = 0.0  # time.monotonic() after which a busy engine's gauges are written again
+        # The pipeline's one tokenizer (the engine's): pool threads encode prompts with it (chat_prompt,
+        # the stage's prompt_ids) while the loop's thread detokenizes. A fast tokenizer encodes and
+        # decodes through shared borrows; only changing its truncation or padding would take it
+        # exclusively, and nothing here does, so no lock is needed.
         self.decode = token_decoder(self.engine.tokenizer)
         ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
         self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
@@ -115,8 +112,9 @@ class GenerateWorker(Worker):
                         raise heads[uid]
                     prompt, mm_data = heads[uid]["prompt"], heads[uid].get("mm_data")
                 else:
-                    prompt, mm_data = self._tokenize(job.request.prompt), None
-                self._check_fits(len(prompt), job.request)
+                    prompt, mm_data = self.stage.prompt_ids(job.request.prompt), None
+                field = "messages" if job.request.kind == "chat" else "prompt"
+                self.stage.check_fits(len(prompt), job.request.sampling.get("max_tokens"), field)
                 results.append(("prepared", (prompt, mm_data)))
             except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
                 results.append(("failed", self.failure(e, "preparing the request")))
@@ -125,38 +123,18 @@ class GenerateWorker(Worker):
     @staticmethod
     def _record(uid: str, job: GenerateJob) -> dict:
         request = job.request
-        return {"messages": request.messages, "sampling": request.sampling, "where": "messages",
-                "media_dir": job.media_dir, "custom_id": uid, "model_name": request.model}
-
-    def _tokenize(self, prompt) -> List[int]:
-        if isinstance(prompt, str):
-            check_text_fits(prompt, self.longest_token, self.engine.max_model_len, "prompt", param="prompt")
-            return list(self.tokenizer.encode(prompt))
-        bad = [t for t in prompt if t >= self.vocab_size]
-        if bad:
-            raise InputError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
-                             param="prompt")
-        return prompt
-
-    def _check_fits(self, prompt_tokens: int, request: GenerateRequest) -> None:
-        field = "messages" if request.kind == "chat" else "prompt"
-        check_fits(prompt_tokens, self.engine.max_model_len, field, "shorten it",
-                   max_tokens=request.sampling.get("max_tokens"), param=field)
+        return as_record(ChatRecord(request.messages, request.sampling, "messages", job.media_dir, uid, request.model))
 
     def on_prepared(self, uid: str, payload: Tuple[List[int], Optional[list]]) -> None:
         session = self.sessions.get(uid)
         if session is None:  # aborted while it was being prepared
             return
         prompt, mm_data = payload
+        field = "messages" if session.request.kind == "chat" else "prompt"
         try:
-            params = SamplingParams(**{**self.defaults, **session.request.sampling})
-            self.engine.add_request(prompt, params, request_id=uid, mm_data=mm_data)
-        except ValueError as e:  # the engine's own checks (cache too small, image tokens, token ids, ...)
-            field = getattr(e, "field", None)  # a FieldError names the request field at fault
-            if field is None:
-                field = "messages" if session.request.kind == "chat" else "prompt"
-                e = f"{field}: {e}"
-            self.fail(uid, Failed(400, str(e), field))
+            self.stage.add_request(prompt, session.request.sampling, field, request_id=uid, mm_data=mm_data)
+        except InputError as e:  # the engine's own checks (cache too small, image tokens, token ids, ...)
+            self.fail(uid, Failed(400, str(e), e.param))
             return
         session.in_engine, session.prompt_tokens = True, len(prompt)
         self.unstarted[uid] = session

@@ -19,12 +19,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance.errors import InputError
+from appliance.fetch.local_files import allowed_path
 from appliance.protocol.openai_responses import new_id
 from appliance.protocol.pooling import parse_pooling, pooling_response
-from appliance.serving.errors import APIError, error_response, read_json
-from appliance.serving.frontend import ClientGone, Frontend
+from appliance.serving.http.errors import APIError, error_response, read_json
+from appliance.serving.http.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PoolJob
-from appliance.serving.routes_generate import check_model
+from appliance.serving.http.routes_generate import check_model
 from appliance.stages.geo.quicklook import quicklook_path
 from appliance.stages.geo.stac_out import stac_path
 
@@ -135,16 +136,13 @@ class PoolRoutes:
         return os.path.join(self.spool, uid + suffix)
 
     def _allowed_path(self, name: str) -> str:
-        if not self.media_dir:
-            raise APIError(400, "data.data: server-side paths are refused; start the server with "
-                                "server.allowed_local_media_dir=DIR to allow files under DIR", param="data.data")
-        root = Path(self.media_dir).resolve()
-        full = Path(root, name).resolve()
-        if not full.is_relative_to(root):
-            raise APIError(400, f"data.data: {name!r} is outside the allowed directory {root}", param="data.data")
-        if not full.is_file():
-            raise APIError(400, f"data.data: {name!r} is not a file in {root}", param="data.data")
-        return str(full)
+        try:
+            full = allowed_path(name, self.media_dir, "data.data")
+        except InputError as e:
+            raise APIError.from_input(e) from None
+        if not os.path.isfile(full):
+            raise APIError(400, f"data.data: {name!r} is not a file in the allowed directory", param="data.data")
+        return full
 
     @staticmethod
     def _remove(paths) -> None:

@@ -7,25 +7,28 @@ the answer) or `Failed` (then it answers the error's status, before any byte of 
 after a stream started goes out as a `data: {"error": ...}` event, then the stream ends.
 """
 import time
-from typing import Any, Awaitable, Callable, Dict, List
+from typing import Any, AsyncIterator, Dict, List
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, StreamingResponse
 
 from appliance.errors import InputError
 from appliance.protocol import openai_responses as shape
 from appliance.protocol.openai_requests import GenerateRequest, parse_chat, parse_completion
-from appliance.serving.errors import APIError, error_response, read_json
-from appliance.serving.frontend import Channel, ClientGone, Frontend
+from appliance.serving.http.errors import APIError, error_response, read_json
+from appliance.serving.http.frontend import Channel, ClientGone, Frontend
 from appliance.serving.messages import Failed, GenerateJob, Tokens
-from appliance.stages.engine import sampling_defaults
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class GenerateRoutes:
-    def __init__(self, frontend: Frontend, cfg):
+    def __init__(self, frontend: Frontend, cfg, sampling: dict):
+        """`sampling`: the engine stage's, what a request's own sampling fields override."""
         self.frontend = frontend
-        self.defaults = sampling_defaults(cfg)
+        self.defaults = sampling
         self.media_dir = cfg.server.allowed_local_media_dir
 
     async def chat(self, request: Request):
@@ -52,7 +55,8 @@ class GenerateRoutes:
             answer = Answer(uid, kind, parsed, self.frontend.model_name)
             if parsed.stream:
                 streaming = True
-                return EventStream(lambda send: self._stream(answer, channel, send))
+                return StreamingResponse(self._stream(answer, channel), headers=SSE_HEADERS,
+                                         media_type="text/event-stream")
             return await self._collect(answer, channel)
         except ClientGone:
             return JSONResponse({}, status_code=499)  # nobody reads it; the request was aborted
@@ -68,10 +72,10 @@ class GenerateRoutes:
             if isinstance(event, Tokens) and event.final:
                 return JSONResponse(answer.whole(event))
 
-    async def _stream(self, answer: "Answer", channel: Channel, send) -> None:
+    async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[bytes]:
         """The SSE body, one write per wake-up: the role chunk goes out with the first tokens, and
         whatever events are already queued (the last tokens, the usage chunk, [DONE]) share the last
-        write, which also ends the body."""
+        write."""
         pending = [sse(answer.opening())]
         try:
             while True:
@@ -88,32 +92,14 @@ class GenerateRoutes:
                     if event.final:
                         break
                 if not channel.has_events():
-                    await send({"type": "http.response.body", "body": b"".join(pending), "more_body": True})
+                    yield b"".join(pending)
                     pending = []
             pending.append(b"data: [DONE]\n\n")
+            yield b"".join(pending)
         except ClientGone:
-            pending = []  # nobody reads it: end the body
+            pass  # nobody reads it: end the body
         finally:
             self.frontend.close(channel)
-        await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
-
-
-class EventStream(Response):
-    """A `text/event-stream` answer whose body `write_body(send)` writes, one ASGI message per write.
-    (Starlette's StreamingResponse pulls an iterator, runs a task per stream that waits for the client
-    to leave, which the request's channel does already, and ends the body with a write of its own.)"""
-
-    status_code = 200
-    HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-               (b"x-accel-buffering", b"no")]
-
-    def __init__(self, write_body: Callable[[Any], Awaitable[None]]):
-        self.write_body = write_body
-        self.raw_headers = list(self.HEADERS)
-
-    async def __call__(self, scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        await self.write_body(send)
 
 
 class Answer:

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, Optional
 
-from appliance.serving.errors import APIError
+from appliance.serving.http.errors import APIError
 from appliance.serving.messages import Abort
 from appliance.serving.pipes import LoopReader, LoopWriter
 from appliance.serving.state import DEAD, SharedState
@@ -93,6 +93,13 @@ class Frontend:
         self.channels: Dict[str, Channel] = {}
         self.writer: Optional[LoopWriter] = None  # made on the event loop, by the first request
         self._http_metrics = None
+
+    def __getstate__(self):
+        """LitServe hands the spec, and so this, to the engine process too, which serves no route: the HTTP
+        side's pipe ends stay here (the engine's receiver then sees the end of its pipe when this process
+        goes)."""
+        return {**self.__dict__, "requests": None, "events": None, "channels": {}, "writer": None,
+                "_http_metrics": None}
 
     def http_metrics(self):
         if self._http_metrics is None:

@@ -2,15 +2,17 @@
 an engine stage (the record of `pipeline.inputs` in, the records the pipeline yields out)."""
 import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from appliance import __version__
-from appliance.serving.errors import APIError, error_response, read_json
-from appliance.serving.frontend import ClientGone, Frontend
+from appliance.errors import InputError
+from appliance.fetch.local_files import allowed_path
+from appliance.protocol.openai_responses import new_id
+from appliance.serving.http.errors import APIError, error_response, read_json
+from appliance.serving.http.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PredictJob
 from appliance.serving.state import DEAD, READY
 from appliance.vision.image_load import is_remote_image
@@ -66,7 +68,7 @@ class PredictRoute:
         record = {field: body.get(field) for field in self.inputs}
         for field in PATH_FIELDS.intersection(body):
             record[field] = self._resolve(field, body[field])
-        uid = f"predict-{time.monotonic_ns()}"
+        uid = new_id("predict")
         channel = self.frontend.open(uid, request)
         try:
             self.frontend.submit(channel, PredictJob(record))
@@ -81,19 +83,12 @@ class PredictRoute:
             self.frontend.close(channel)
 
     def _resolve(self, field: str, value: Any) -> Any:
-        """Client-named server files only inside `server.allowed_local_media_dir`; relative names are
-        taken from that directory (not the server's working directory)."""
+        """Client-named server files only inside `server.allowed_local_media_dir` (`allowed_path`)."""
         resolved = []
         for path in value if isinstance(value, list) else [value]:
-            if path is None or is_remote_image(path):
-                resolved.append(path)
-                continue
-            if not self.media_dir:
-                raise APIError(400, f"{field}: server-side paths are refused; start the server with "
-                                    "server.allowed_local_media_dir=DIR to allow files under DIR", param=field)
-            root = Path(self.media_dir).resolve()
-            full = Path(root, path).resolve() if isinstance(path, str) else None
-            if full is None or not full.is_relative_to(root):
-                raise APIError(400, f"{field}: {path!r} is outside the allowed directory {root}", param=field)
-            resolved.append(str(full))
+            try:
+                resolved.append(path if path is None or is_remote_image(path) else
+                                allowed_path(path, self.media_dir, field))
+            except InputError as e:
+                raise APIError.from_input(e) from None
         return resolved if isinstance(value, list) else resolved[0]

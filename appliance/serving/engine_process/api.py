@@ -1,0 +1,39 @@
+"""The LitAPI of `appliance serve`: it carries the pipeline's online stages (built, not set up) into
+LitServe's inference worker, where `setup` makes the worker for the pipeline's kind and the
+`EngineLoop` loads the engine and runs it.
+
+LitServe pickles the API into its spawned worker: it holds the config, the online stages (what they
+share is made again in that process: `pipeline.Shared`), the shared counters and the engine loop's
+ends of the two pipes (both travel with the process they are handed to).
+"""
+import litserve as ls
+
+from appliance.serving.engine_process.loop import EngineLoop
+from appliance.serving.split import OnlinePipeline
+from appliance.serving.state import SharedState
+
+
+class EngineAPI(ls.LitAPI):
+    def __init__(self, cfg, online: OnlinePipeline, shared: SharedState, spec: ls.specs.base.LitSpec,
+                 requests, events):
+        super().__init__(spec=spec, loop=EngineLoop())
+        self.cfg = cfg
+        self.online = online
+        self.shared = shared
+        self.requests = requests  # the pipe's end jobs and aborts arrive on, from the HTTP process
+        self.events = events      # the pipe's end the loop sends each turn's events on
+        self.worker = None
+
+    def setup(self, device) -> None:
+        """The worker for the pipeline's kind; loads no weights (the engine loop does, so the HTTP server
+        answers /health while they load). `device`: the engine places itself (engine.device, TP ranks)."""
+        from appliance.stages.build import load_stages
+        from appliance.serving.engine_process.generate_worker import GenerateWorker
+        from appliance.serving.metrics import EngineMetrics
+        from appliance.serving.engine_process.plain_worker import PlainWorker
+        from appliance.serving.engine_process.pool_worker import PoolWorker
+
+        load_stages(self.cfg.plugins)  # a plugin may register models, not only the stages unpickled here
+        kind = {"generate": GenerateWorker, "pool": PoolWorker, "plain": PlainWorker}[self.online.kind]
+        metrics = EngineMetrics(self.cfg.server.served_model_name or self.cfg.model.name)
+        self.worker = kind(self.cfg, self.online, metrics, self.shared)

@@ -1,0 +1,46 @@
+"""`/pooling` bodies checked by their pydantic model (appliance/protocol/pooling.py), in-process: errors
+name the field first, as every other route's, and the OpenAPI schema is the model's own."""
+import pytest
+
+from appliance.errors import InputError
+from appliance.protocol.pooling import PoolingBody, parse_pooling
+
+SCENE = {"data": "SUkqAA==", "data_format": "b64_json"}
+
+
+def test_a_full_body_parses_with_bands_made_1_based():
+    parsed = parse_pooling({"model": "flood", "priority": 0, "task": "plugin",
+                            "data": {**SCENE, "out_data_format": "path", "image_format": "tif", "indices": [0, 5]}})
+    assert (parsed.data_format, parsed.out_data_format, parsed.model, parsed.bands) == ("b64_json", "path",
+                                                                                        "flood", [1, 6])
+    assert parse_pooling({"data": SCENE}).out_data_format == "b64_json"  # the default
+
+
+@pytest.mark.parametrize("body, param, fragment", [
+    ({}, "data", "data: required, an object {data, data_format, out_data_format}"),
+    ({"data": "x"}, "data", "data: expected an object"),
+    ({"data": {**SCENE, "data_format": "s3"}}, "data.data_format", "'s3'; allowed: b64_json, url, path"),
+    ({"data": {**SCENE, "out_data_format": "url"}}, "data.out_data_format", "allowed: b64_json, path"),
+    ({"data": {**SCENE, "data": ""}}, "data.data", "expected a non-empty string"),
+    ({"data": {**SCENE, "crs": "EPSG:4326"}}, "data.crs", "unknown field; allowed: data, data_format"),
+    ({"data": SCENE, "softmax": True}, "softmax", "unknown field; allowed: data, model, priority"),
+    ({"data": {**SCENE, "indices": [True]}}, "data.indices", "0-based band indexes, got True"),
+    ({"data": {**SCENE, "indices": ["1"]}}, "data.indices", "got '1'"),   # strict: no coercion
+    ({"data": {**SCENE, "indices": [-1]}}, "data.indices", "got -1"),
+    ({"data": {**SCENE, "indices": []}}, "data.indices", "got []"),
+    ({"data": SCENE, "priority": 1}, "priority", "1; allowed: 0"),
+    ({"data": SCENE, "model": 3}, "model", "valid string, got 3"),
+    ({"data": {**SCENE, "data_format": "url", "data": "ftp://x/y.tif"}}, "data.data", "http(s) URL"),
+])
+def test_bad_bodies_name_the_field(body, param, fragment):
+    with pytest.raises(InputError) as info:
+        parse_pooling(body)
+    assert info.value.param == param and str(info.value).startswith(f"{param}: ")
+    assert fragment in str(info.value)
+
+
+def test_the_openapi_schema_is_the_models():
+    schema = PoolingBody.model_json_schema()
+    assert schema["required"] == ["data"] and schema["additionalProperties"] is False
+    data = schema["$defs"]["PoolingData"]
+    assert data["properties"]["data_format"]["enum"] == ["b64_json", "url", "path"]
