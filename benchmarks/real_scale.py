@@ -6,6 +6,9 @@ built once into a directory, then measured against transformers on the same file
     .venv/bin/python benchmarks/real_scale.py DIR --quick          # 8 decode tokens, 8 streams, 1024² scene
     .venv/bin/python benchmarks/real_scale.py DIR --startup-only   # time to ready and peak RSS only
     .venv/bin/python benchmarks/real_scale.py DIR --shape tiny     # the same at toy shapes (a smoke run)
+    .venv/bin/python benchmarks/real_scale.py DIR --runs ours --decode-only --quantization none,int8
+                      # one stream's decode after a short text prompt, bf16 weights against int8, with
+                      # the int8 run's logprob drift (hosts too slow for image prefills at 7B)
 
 Built (skipped when DIR/<shape>/BUILT exists):
 - `llava/`: llava-hf's LLaVA-1.5-7B config and checkpoint key layout (transformers 4.x names:
@@ -266,8 +269,9 @@ def child_ours(root: Path, args) -> dict:
 
     path = str(root / "llava")
     start = time.perf_counter()
-    engine = LLMEngine(path, EngineConfig(dtype=args.dtype))
-    out = {"ready_s": time.perf_counter() - start, "dtype": engine.cfg.dtype.value,
+    engine = LLMEngine(path, EngineConfig(dtype=args.dtype, quantization=args.quantization))
+    out = {"ready_s": time.perf_counter() - start, "dtype": engine.cfg.dtype.value + (
+               "+int8" if args.quantization == "int8" else ""),
            "kv_tokens": engine.executor.num_kv_blocks * engine.cfg.block_size, "rss_ready_gib": peak_rss_gib()}
     start = time.perf_counter()
     engine.generate([WARMUP_IDS], SamplingParams(temperature=0, max_tokens=1))
@@ -275,6 +279,8 @@ def child_ours(root: Path, args) -> dict:
     if args.startup_only:
         out["rss_gib"] = peak_rss_gib()
         return out
+    if args.decode_only:
+        return {**out, **decode_only(engine, 8 if args.quick else 32)}
     tok, pre = engine.tokenizer, load_preprocess_config(path)
     image_id, count = engine.image_token_id, (IMAGE_SIZE // PATCH) ** 2
     ids = prompt_ids(tok)
@@ -305,6 +311,33 @@ def child_ours(root: Path, args) -> dict:
     out["rss_gib"] = peak_rss_gib()
     out["threads"] = torch.get_num_threads()
     return out
+
+
+def decode_only(engine, tokens: int) -> dict:
+    """One stream after a short text prompt: decode ms/token, and the greedy tokens' logprobs (for the
+    drift of one run against another), peak RSS."""
+    from appliance.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=0)
+    prompt = WARMUP_IDS + list(range(100, 124))
+    start, times = time.perf_counter(), []
+    rid = engine.add_request(prompt, params)
+    final = None
+    while engine.has_unfinished():
+        for o in engine.step():
+            times += [time.perf_counter() - start] * len(o.new_token_ids)
+            final = o if o.request_id == rid else final
+    return {"ttft_s": times[0], "decode_ms": 1000 * (times[-1] - times[0]) / (len(times) - 1),
+            "token_ids": final.token_ids, "logprobs": [lp[t] for t, lp in zip(final.token_ids, final.logprobs)],
+            "rss_gib": peak_rss_gib()}
+
+
+def drift(a: dict, b: dict) -> str:
+    """How far b's greedy logprobs stray from a's over the tokens both chose alike, and where they part."""
+    same = next((i for i, (x, y) in enumerate(zip(a["token_ids"], b["token_ids"])) if x != y), len(a["token_ids"]))
+    deltas = [abs(x - y) for x, y in zip(a["logprobs"][:same], b["logprobs"][:same])]
+    return (f"greedy tokens identical for {same} of {len(a['token_ids'])}; logprob drift over them: "
+            f"mean {sum(deltas) / max(len(deltas), 1):.4f}, max {max(deltas, default=0):.4f}")
 
 
 def child_transformers(root: Path, args) -> dict:
@@ -370,7 +403,8 @@ CHILDREN = {"ours": child_ours, "transformers": child_transformers, "flood": chi
 
 def run_child(kind: str, root: Path, args) -> dict:
     argv = [sys.executable, __file__, str(args.dir), "--child", kind, "--shape", args.shape, "--dtype", args.dtype,
-            *(["--quick"] if args.quick else []), *(["--startup-only"] if args.startup_only else [])]
+            "--quantization", args.quantization, *(["--quick"] if args.quick else []),
+            *(["--startup-only"] if args.startup_only else []), *(["--decode-only"] if args.decode_only else [])]
     env = {**os.environ, "PYTHONPATH": str(REPO), **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
     result = subprocess.run(argv, capture_output=True, text=True, env=env)
     if result.returncode != 0:
@@ -487,6 +521,10 @@ def main() -> None:
     ap.add_argument("--startup-only", action="store_true", help="time to ready and peak RSS only")
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--dtype", default="auto", help="engine.dtype for our runs (default: auto)")
+    ap.add_argument("--quantization", default="none",
+                    help="engine.quantization for our in-process runs: none, int8, or both as none,int8")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="ours: one stream's decode after a short text prompt, no image (and its logprobs)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
     ap.add_argument("--runs", default="ours,served,transformers,flood")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
@@ -502,11 +540,15 @@ def main() -> None:
 
     host = Host.read()
     rows = []
+    quantizations = args.quantization.split(",")
     for run in args.runs.split(","):
-        started = time.perf_counter()
-        result = served(root, args) if run == "served" else run_child(run, root, args)
-        print(f"{run}: {json.dumps(result)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
-        rows.append((run, result))
+        for quantization in quantizations if run == "ours" else ["none"]:
+            started = time.perf_counter()
+            args.quantization = quantization
+            result = served(root, args) if run == "served" else run_child(run, root, args)
+            short = {k: v for k, v in result.items() if k not in ("token_ids", "logprobs")}
+            print(f"{run}: {json.dumps(short)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+            rows.append((run, result))
     flags = " ".join(f for f in NATIVE_FLAGS if f in host.cpu_flags) or "none of " + " ".join(NATIVE_FLAGS)
     mode = (", quick" if args.quick else "") + (", start-up only" if args.startup_only else "")
     print(f"\nreal_scale ({args.shape}{mode}); "
@@ -516,6 +558,9 @@ def main() -> None:
     for name, r in rows:
         if "error" in r:
             print(f"{name} failed: {r['error']}")
+    decoded = [r for name, r in rows if "logprobs" in r]
+    if len(decoded) == 2:
+        print(f"{decoded[1]['dtype']} against {decoded[0]['dtype']}: {drift(*decoded)}")
 
 
 if __name__ == "__main__":
