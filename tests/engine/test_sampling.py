@@ -204,24 +204,25 @@ def test_no_max_tokens_runs_to_the_end_of_the_context(llama_dir):
 
 def test_siblings_share_a_prompt_computed_once(llama_dir):
     prompt = random_prompts(400, [40], seed=12)[0]  # 2 full blocks of 16 and a partial one
-    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    for share in (False, True):
+
+    def answers(share: bool):
+        """Four answers to the prompt (greedy, then three seeded), and the prefix-cache hits."""
         engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64))
-        first = engine.add_request(prompt, greedy)
+        first = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
         ids = [first] + [engine.add_request(prompt, SamplingParams(temperature=0.8, seed=i, max_tokens=6,
                                                                     ignore_eos=True), sibling=first if share else None)
                          for i in range(3)]
         outs = {}
         while engine.has_unfinished():
             outs.update({o.request_id: o for o in engine.step() if o.finished})
-        hits = engine.stats()["prefix_cache_hit_tokens"]
-        if share:
-            assert hits == 3 * 32, "each sibling found the first one's two full prompt blocks"
-            assert [outs[i].token_ids for i in ids] == [o.token_ids for o in alone]
-        else:
-            assert hits == 0, "admitted together, every copy computed the prompt"
-            alone = [outs[i] for i in ids]
         assert_no_block_leaks(engine)
+        return [outs[i].token_ids for i in ids], engine.stats()["prefix_cache_hit_tokens"]
+
+    together, together_hits = answers(share=False)
+    siblings, sibling_hits = answers(share=True)
+    assert together_hits == 0, "admitted together, every copy computed the prompt"
+    assert sibling_hits == 3 * 32, "each sibling found the first one's two full prompt blocks"
+    assert siblings == together
 
 
 @pytest.mark.parametrize("engine_config", [
