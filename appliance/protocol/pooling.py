@@ -42,6 +42,8 @@ class PoolingBody(BaseModel):
     task: Optional[Literal["plugin"]] = "plugin"
     user: Optional[str] = None
     request_id: Optional[str] = None
+    softmax: Optional[bool] = Field(default=None, description="sent by vLLM's IO-processor clients; ignored, as "
+                                                             "vLLM ignores it")
 
 
 # What an error says a field should be, where pydantic's own words would not help a client.

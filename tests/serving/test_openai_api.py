@@ -20,6 +20,13 @@ def test_models_list_names_the_served_model(client):
     assert [m.id for m in client.models.list()] == ["llava-tiny"]
 
 
+def test_models_retrieve_gives_the_served_model_and_404_for_another(client):
+    assert client.models.retrieve("llava-tiny").id == "llava-tiny"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("org/gpt-4")
+    assert info.value.body["param"] == "model" and "The model 'org/gpt-4' does not exist" in info.value.body["message"]
+
+
 def test_chat_streaming_and_not_give_the_same_greedy_answer(client):
     messages = image_question(data_url())
     whole = client.chat.completions.create(model="llava-tiny", messages=messages, max_tokens=16, temperature=0)

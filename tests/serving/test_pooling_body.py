@@ -14,6 +14,8 @@ def test_a_full_body_parses_with_bands_made_1_based():
     assert (parsed.data_format, parsed.out_data_format, parsed.model, parsed.bands) == ("b64_json", "path",
                                                                                         "flood", [1, 6])
     assert parse_pooling({"data": SCENE}).out_data_format == "b64_json"  # the default
+    # vLLM's IO-processor clients (terratorch's) send `softmax`, which vLLM ignores: so do we.
+    assert parse_pooling({"data": SCENE, "model": "flood", "softmax": False}).model == "flood"
 
 
 @pytest.mark.parametrize("body, param, fragment", [
@@ -23,7 +25,7 @@ def test_a_full_body_parses_with_bands_made_1_based():
     ({"data": {**SCENE, "out_data_format": "url"}}, "data.out_data_format", "allowed: b64_json, path"),
     ({"data": {**SCENE, "data": ""}}, "data.data", "expected a non-empty string"),
     ({"data": {**SCENE, "crs": "EPSG:4326"}}, "data.crs", "unknown field; allowed: data, data_format"),
-    ({"data": SCENE, "softmax": True}, "softmax", "unknown field; allowed: data, model, priority"),
+    ({"data": SCENE, "temperature": 1}, "temperature", "unknown field; allowed: data, model, priority"),
     ({"data": {**SCENE, "indices": [True]}}, "data.indices", "0-based band indexes, got True"),
     ({"data": {**SCENE, "indices": ["1"]}}, "data.indices", "got '1'"),   # strict: no coercion
     ({"data": {**SCENE, "indices": [-1]}}, "data.indices", "got -1"),

@@ -47,9 +47,19 @@ class OpsRoutes:
         return Response(await asyncio.to_thread(render), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def models(self, request: Request):
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.frontend.model_name, "object": "model", "created": self.created, "owned_by": "appliance",
-             "root": self.frontend.model_name, "parent": None}]})
+        return JSONResponse({"object": "list", "data": [self._card()]})
+
+    async def model(self, request: Request):
+        """`GET /v1/models/{id}` (the openai client's `models.retrieve`): the served model's card, or 404."""
+        requested = request.path_params["model_id"]
+        if requested != self.frontend.model_name:
+            return error_response(404, f"The model '{requested}' does not exist; this server serves "
+                                       f"'{self.frontend.model_name}'", "model")
+        return JSONResponse(self._card())
+
+    def _card(self) -> dict:
+        return {"id": self.frontend.model_name, "object": "model", "created": self.created, "owned_by": "appliance",
+                "root": self.frontend.model_name, "parent": None}
 
 
 class PredictRoute:

@@ -35,11 +35,13 @@ class ApplianceSpec(LitSpec):
         if kind == "generate":
             routes = GenerateRoutes(self.frontend, cfg, dict(online.engine.options.sampling))
             self.add_endpoint("/v1/models", ops.models, ["GET"])
+            self.add_endpoint("/v1/models/{model_id:path}", ops.model, ["GET"])
             self.add_endpoint("/v1/chat/completions", routes.chat, ["POST"])
             self.add_endpoint("/v1/completions", routes.completions, ["POST"])
         elif kind == "pool":
             routes = PoolRoutes(self.frontend, cfg, spool_dir)
             self.add_endpoint("/v1/models", ops.models, ["GET"])
+            self.add_endpoint("/v1/models/{model_id:path}", ops.model, ["GET"])
             self.add_endpoint("/pooling", routes.pooling, ["POST"])
             self.add_endpoint("/v1/pool", routes.raw, ["POST"])
         else:
