@@ -202,3 +202,18 @@ def test_openapi_describes_the_routes_and_wrong_methods_get_405(llava_server):
 
 def _named_routes(message: str) -> set:
     return {path.strip() for path in message.partition("this server answers ")[2].split(",")}
+
+
+def test_continuous_usage_is_on_every_chunk_from_the_first_and_only_with_include_usage(client):
+    def chunks(**options):
+        return list(client.chat.completions.create(model="llava-tiny", messages=image_question(data_url()),
+                                                   max_tokens=4, temperature=0, stream=True,
+                                                   stream_options=options))
+
+    every = chunks(include_usage=True, continuous_usage_stats=True)
+    assert every[0].choices[0].delta.role == "assistant" and every[0].usage.completion_tokens == 0
+    assert all(c.usage is not None for c in every)
+    assert [c.usage.completion_tokens for c in every[1:]] == sorted(c.usage.completion_tokens for c in every[1:])
+    assert every[-1].choices == [] and every[-1].usage.completion_tokens == every[-2].usage.completion_tokens
+    assert len({c.usage.prompt_tokens for c in every}) == 1
+    assert all(c.usage is None for c in chunks(include_usage=False, continuous_usage_stats=True))

@@ -73,17 +73,18 @@ class GenerateRoutes:
                 return JSONResponse(answer.whole(event))
 
     async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[bytes]:
-        """The SSE body, one write per wake-up: the role chunk goes out with the first tokens, and
-        whatever events are already queued (the last tokens, the usage chunk, [DONE]) share the last
-        write."""
-        pending = [sse(answer.opening())]
+        """The SSE body, one write per wake-up: the role chunk goes out with the first event (continuous
+        usage needs its prompt count), and whatever events are already queued (the last tokens, the usage
+        chunk, [DONE]) share the last write."""
+        pending: List[bytes] = []
         try:
             while True:
                 try:
                     event = await self.frontend.next_event(channel)
                 except APIError as e:  # the deadline passed mid-stream
-                    pending.append(sse(shape.error_body(e.status, e.message)))
-                    break
+                    event = Failed(e.status, e.message)
+                if not answer.opened:
+                    pending.append(sse(answer.opening(event)))
                 if isinstance(event, Failed):
                     pending.append(sse(shape.error_body(event.status, event.message, event.param)))
                     break
@@ -109,6 +110,9 @@ class Answer:
         self.uid, self.kind, self.request, self.model = uid, kind, request, model
         self.created = int(time.time())
         self.text_offset = 0  # completions' logprobs count characters from the start of the answer
+        self.opened = False  # the role chunk went out
+        # vLLM's rule: usage on every chunk only when the client asked for usage at all.
+        self.continuous_usage = request.include_usage and request.continuous_usage
 
     def whole(self, event: Tokens) -> Dict[str, Any]:
         usage = shape.usage(event.prompt_tokens, event.completion_tokens)
@@ -118,8 +122,12 @@ class Answer:
         return shape.text_completion(self.uid, self.model, self.created, event.text, event.finish_reason,
                                      usage, event.logprobs)
 
-    def opening(self) -> Dict[str, Any]:
+    def opening(self, first_event) -> Dict[str, Any]:
+        """The role chunk; with continuous usage, the prompt's count and no completion tokens yet."""
+        self.opened = True
         usage = None if self.request.include_usage else ...
+        if self.continuous_usage and isinstance(first_event, Tokens):
+            usage = shape.usage(first_event.prompt_tokens, 0)
         if self.kind == "chat":
             return shape.chat_chunk(self.uid, self.model, self.created, {"role": "assistant", "content": ""},
                                     usage_=usage)
@@ -127,7 +135,7 @@ class Answer:
 
     def chunks(self, event: Tokens) -> List[Dict[str, Any]]:
         usage = shape.usage(event.prompt_tokens, event.completion_tokens)
-        per_chunk = usage if self.request.continuous_usage else (None if self.request.include_usage else ...)
+        per_chunk = usage if self.continuous_usage else (None if self.request.include_usage else ...)
         if self.kind == "chat":
             chunk = shape.chat_chunk(self.uid, self.model, self.created, {"content": event.text},
                                      event.finish_reason, event.logprobs, usage_=per_chunk)
