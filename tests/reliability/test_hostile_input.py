@@ -161,7 +161,7 @@ POOL = [
     ("pooling malformed JSON", "/pooling", lambda h: {**raw(b'{"data": '), "headers": AUTH}, 400, "not valid JSON"),
     ("pooling data missing", "/pooling", lambda h: {"json": {}, "headers": AUTH}, 400, "data: required"),
     ("pooling data a string", "/pooling", lambda h: {"json": {"data": "x"}, "headers": AUTH}, 400, "data"),
-    ("pooling unknown top field", "/pooling", lambda h: pooling(softmax=True), 400, "softmax"),
+    ("pooling unknown top field", "/pooling", lambda h: pooling(temperature=1), 400, "temperature"),
     ("pooling unknown data field", "/pooling", lambda h: pooling({"crs": "EPSG:4326"}), 400, "data.crs"),
     ("pooling data format unknown", "/pooling", lambda h: pooling({"data_format": "s3"}), 400, "data.data_format"),
     ("pooling out format unknown", "/pooling", lambda h: pooling({"out_data_format": "png"}), 400,
