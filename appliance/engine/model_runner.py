@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 import torch
 
 from appliance.engine import cpu_kernels, hugepages
-from appliance.engine.attention import select_backend
+from appliance.engine.attention_select import select_backend
 from appliance.engine.attention_probe import AttentionGeometry
 from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput

@@ -144,7 +144,7 @@ def test_argmax_rows_matches_torch_with_ties_and_nan():
 def test_unbuildable_kernels_leave_the_engine_on_torch(tmp_path):
     """No working compiler: available() is False with the reason, and auto picks the torch backend."""
     code = ("import torch; from appliance.engine import cpu_kernels as k; "
-            "from appliance.engine.attention import select_backend; "
+            "from appliance.engine.attention_select import select_backend; "
             "print(k.available(), select_backend('auto', torch.device('cpu')).name); print(k.unavailable_reason())")
     env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

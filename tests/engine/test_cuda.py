@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from appliance.config.schema import EngineConfig
-from appliance.engine.attention import select_backend
+from appliance.engine.attention_select import select_backend
 from appliance.engine.attention_probe import AttentionGeometry
 from appliance.engine.llm_engine import LLMEngine
 from tests.conftest import REPO, run_cli
