@@ -53,7 +53,8 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
 
     from appliance.serving.http import openapi
     from appliance.serving.engine_process.api import EngineAPI
-    from appliance.serving.http.errors import APIError, api_error_handler, http_exception_handler
+    from appliance.serving.http.errors import (LITSERVE_HEALTH, LITSERVE_INFO, APIError, api_error_handler,
+                                               http_exception_handler)
     from appliance.serving.http.middleware import Gate
     from appliance.serving.http.spec import ApplianceSpec
 
@@ -69,10 +70,11 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
             "max_bytes": int(cfg.server.limits.max_request_bytes),
             "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")}
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
-    # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere.
+    # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere
+    # (where the Gate answers 404: http/errors.py).
     server = ls.LitServer(EngineAPI(cfg, online, shared, spec, requests_rx, events_tx), accelerator="cpu",
                           timeout=False, middlewares=[(Gate, gate)],
-                          healthcheck_path="/litserve/health", info_path="/litserve/info")
+                          healthcheck_path=LITSERVE_HEALTH, info_path=LITSERVE_INFO)
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):
         server.app.add_exception_handler(error, handler)

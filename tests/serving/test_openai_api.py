@@ -187,6 +187,10 @@ def test_unknown_model_is_404_and_bad_json_400(llava_server, client):
     assert route.status_code == 404 and error(route)["message"].startswith("/v1/nothing: no such route; this "
                                                                           "server answers /")
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= _named_routes(error(route)["message"])
+    for litserve_route in ("/", "/litserve/health", "/litserve/info"):  # LitServe's, answered as unknown
+        answer = httpx.get(f"{llava_server.base}{litserve_route}", timeout=10)
+        assert answer.status_code == 404 and "no such route" in error(answer)["message"], litserve_route
+        assert litserve_route not in _named_routes(error(answer)["message"])
     assert httpx.get(f"{llava_server.base}/health", timeout=10).json() == {"status": "ok"}
 
 

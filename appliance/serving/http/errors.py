@@ -29,21 +29,31 @@ async def api_error_handler(request: Request, error: APIError) -> JSONResponse:
     return error_response(error.status, error.message, error.param, error.headers)
 
 
+# LitServe always adds `GET /` and a health and an info route (server.py moves those two aside, since
+# ours answers /health); no client of ours uses them, so the Gate answers them as unknown routes.
+LITSERVE_HEALTH, LITSERVE_INFO = "/litserve/health", "/litserve/info"
+LITSERVE_ROUTES = ("/", LITSERVE_HEALTH, LITSERVE_INFO)
+
+
 async def http_exception_handler(request: Request, error) -> JSONResponse:
     """FastAPI's and Starlette's own errors (404 route, 405 method) in the same shape."""
     detail = getattr(error, "detail", None) or str(error)
     status = getattr(error, "status_code", 500)
     if status == 404:
-        detail = f"{request.url.path}: no such route; this server answers {', '.join(_route_paths(request))}"
+        detail = no_such_route(request)
     elif status == 405:
         detail = f"{request.method} {request.url.path}: method not allowed"
     return error_response(status, str(detail), headers=getattr(error, "headers", None))
 
 
+def no_such_route(request: Request) -> str:
+    return f"{request.url.path}: no such route; this server answers {', '.join(_route_paths(request))}"
+
+
 def _route_paths(request: Request) -> list:
     """The documented routes of the app serving `request` (the pipeline decides which there are)."""
     return sorted({route.path for route in request.app.routes if getattr(route, "include_in_schema", True)
-                   and not route.path.startswith("/litserve")})
+                   and route.path not in LITSERVE_ROUTES})
 
 
 async def read_json(request: Request) -> object:

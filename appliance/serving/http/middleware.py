@@ -1,6 +1,7 @@
 """The HTTP process's front door, a plain ASGI middleware (LitServer(middlewares=[(Gate, ...)]), server.py).
 
-For every request it checks the API key and the body limit, and counts the answer by route and status.
+For every request it checks the API key and the body limit, and counts the answer by route and status;
+LitServe's own routes (`GET /`, its health and info) get the 404 of an unknown route.
 A plain ASGI class, not Starlette's BaseHTTPMiddleware, which buffers streams and hides client
 disconnects from the routes.
 """
@@ -9,7 +10,9 @@ import json
 from typing import Callable, Iterable, Optional
 
 from appliance.protocol.openai_responses import error_body
-from appliance.serving.http.errors import APIError
+from starlette.requests import Request
+
+from appliance.serving.http.errors import LITSERVE_ROUTES, APIError, no_such_route
 
 OPEN_PATHS = ("/health", "/ready", "/version", "/metrics", "/docs", "/openapi.json")
 
@@ -53,7 +56,10 @@ class Gate:
             self.metrics().request(route, 500 if status is None else status)
 
     async def _admit(self, scope, send) -> bool:
-        """The API key and the declared body size; False once a refusal was sent."""
+        """LitServe's routes, the API key and the declared body size; False once a refusal was sent."""
+        if scope["path"] in LITSERVE_ROUTES:
+            await send_error(send, 404, no_such_route(Request(scope)))
+            return False
         headers = dict(scope["headers"])
         if self.key is not None and scope["path"] not in OPEN_PATHS:
             given = headers.get(b"x-api-key") or b""
