@@ -9,6 +9,7 @@ sampled; once the grammar is complete the request stops ("stop"), and `max_token
 """
 import concurrent.futures
 import json
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
@@ -73,6 +74,7 @@ class GrammarMatchers:
         self._tokenizer = None  # built on the first structured request (~1 s for a 32k vocab)
         self._compiled: "OrderedDict[StructuredOutput, object]" = OrderedDict()
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        self.fill_seconds = 0.0  # time the mask thread spent filling masks (what overlapping the forward hides)
 
     def matcher(self, structured: StructuredOutput):
         """A fresh matcher for one sequence (a copy of the compiled grammar); ValueError if it cannot compile."""
@@ -106,13 +108,16 @@ class GrammarMatchers:
         rows = [(m, i) for i, m in enumerate(matchers) if m is not None]
         if not rows:
             return None
-        return self._thread.submit(self._fill, rows, len(matchers))
+        return self._thread.submit(self._fill, rows)
 
-    def _fill(self, rows, num_rows: int) -> "StepMasks":
+    def _fill(self, rows) -> "StepMasks":
+        start = time.perf_counter()
         bitmask = torch.zeros((len(rows), self.words), dtype=torch.int32)
         for k, (matcher, _) in enumerate(rows):  # llguidance writes each mask in place, without the GIL
             matcher.unsafe_compute_mask_ptr(bitmask[k].data_ptr(), self.words * 4)
-        return StepMasks([i for _, i in rows], allowed_tokens(bitmask, self.vocab_size))
+        masks = StepMasks([i for _, i in rows], allowed_tokens(bitmask, self.vocab_size))
+        self.fill_seconds += time.perf_counter() - start
+        return masks
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
