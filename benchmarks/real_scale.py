@@ -417,47 +417,22 @@ def run_child(kind: str, root: Path, args) -> dict:
 def served(root: Path, args) -> dict:
     import asyncio
 
-    import socket
+    from serve import Server
 
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    overrides = ["pipeline=llava_chat", "model=llava_1_5_7b", f"model.path={root / 'llava'}", f"server.port={port}"]
+    overrides = ["pipeline=llava_chat", "model=llava_1_5_7b", f"model.path={root / 'llava'}"]
     if args.dtype != "auto":
         overrides.append(f"engine.dtype={args.dtype}")
-    env = {**os.environ, "PYTHONPATH": str(REPO), **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
-    proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", *overrides], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
     start, out = time.perf_counter(), {}
     try:
-        while True:
-            if proc.poll() is not None:
-                return {"error": (proc.stderr.read().strip().splitlines() or ["exited"])[-1]}
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        out["ready_s"] = time.perf_counter() - start
-        if not args.startup_only:
-            out.update(asyncio.run(drive_served(port, args)))
-        out["rss_gib"] = max(peak_rss_gib(pid) for pid in session_pids(proc.pid))
-    finally:
-        proc.terminate()
-        proc.wait(120)
+        with Server(*overrides, cwd=REPO, env=env, startup_s=1800) as server:
+            out["ready_s"] = time.perf_counter() - start
+            if not args.startup_only:
+                out.update(asyncio.run(drive_served(server.port, args)))
+            out["rss_gib"] = max(peak_rss_gib(pid) for pid in server.pids())
+    except RuntimeError as e:  # it exited or never became ready
+        return {"error": str(e)}
     return out
-
-
-def session_pids(leader: int):
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3]) == leader:
-                yield pid
-        except OSError:
-            pass
 
 
 async def drive_served(port: int, args) -> dict:

@@ -62,23 +62,27 @@ SAMPLE_IMAGE = REPO / "appliance" / "assets" / "samples" / "orange_star.png"
 # ---- the server ----------------------------------------------------------------------------------
 
 class Server:
-    def __init__(self, *overrides, cwd, max_queued: int = 4096, cpus=None):
+    def __init__(self, *overrides, cwd, max_queued: int = 4096, cpus=None, env=None, startup_s: float = 300):
         """`max_queued`: the server's queue bound; the benchmark's own levels must not meet it.
-        `cpus`: the CPUs its processes run on (None: all of this process's)."""
+        `cpus`: the CPUs its processes run on (None: all of this process's). `env`: added to ours."""
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.startup_s = startup_s
+        env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        self.log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a pipe nobody reads stalls the server
         self.proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", *overrides,
                                       f"server.port={self.port}", f"server.limits.max_queued_requests={max_queued}"],
-                                     cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=self.log,
                                      start_new_session=True,  # its session: all its processes, for RSS
                                      preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
     def __enter__(self):
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError("the server exited during start-up")
+                self.log.seek(0)
+                last = (self.log.read().strip().splitlines() or ["no message"])[-1]
+                raise RuntimeError(f"the server exited during start-up: {last}")
             try:
                 if httpx.get(f"{self.base}/ready", timeout=2).status_code == 200:
                     return self
@@ -89,21 +93,31 @@ class Server:
 
     def __exit__(self, *exc):
         self.proc.terminate()
-        self.proc.wait(60)
+        self.proc.wait(120)
+        self.log.close()
+
+    def pids(self) -> list:
+        """The server's processes: every process of its session."""
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3]) == self.proc.pid:
+                    pids.append(pid)
+            except OSError:  # gone meanwhile
+                pass
+        return pids
 
     def cpu_seconds(self) -> dict:
-        """CPU time (user + system) of the server's processes so far (all of its session's), by role:
-        `engine` (LitServe's spawned inference worker), `http` (the forked uvicorn process) and `other`
-        (this main process, LitServe's manager)."""
+        """CPU time (user + system) of the server's processes so far, by role: `engine` (LitServe's
+        spawned inference worker), `http` (the forked uvicorn process) and `other` (this main process,
+        LitServe's manager)."""
         own = Path(f"/proc/{self.proc.pid}/cmdline").read_bytes()
         seconds = {"engine": 0.0, "http": 0.0, "other": 0.0}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
+        for pid in self.pids():
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 command = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:  # gone meanwhile
-                continue
-            if int(fields[3]) != self.proc.pid:  # not in its session
                 continue
             role = ("engine" if b"spawn_main" in command else
                     "http" if command == own and int(pid) != self.proc.pid else "other")
