@@ -8,7 +8,11 @@ On a GPU (`--device cuda --dtype bfloat16`, as scripts/gpu_checks.sh runs it) ev
 Requests: prompt lengths uniform in [32, 256], forced output lengths uniform in [16, 128]
 (ignore_eos), seed 0. Prints output tokens/s for our engine (with its CPU kernels, and with torch's alone), HF generate
 one request at a time and HF generate in left-padded static batches, plus engine step time vs a
-bare forward of the same batch, KV slot utilisation, and the engine in bf16.
+bare forward of the same batch, KV slot utilisation, and the engine in bf16. Then, per engine dtype
+(fp32, bf16, int8 weights), a roofline table: batched model FLOP/s (2 x linear weights x prompt and
+output tokens / wall) against the host's measured GEMM in that dtype (int8 runs bf16 tiles), and one
+stream's decode (a 64-token prompt, 64 tokens) as weight bytes read per second against the host's
+measured memory read rate (benchmarks/roofline.py).
 """
 import argparse
 import contextlib
@@ -19,6 +23,8 @@ import tempfile
 import time
 
 import torch
+
+from roofline import BYTES_PER_WEIGHT, gemm_flops, linear_weights, memory_bandwidth
 
 
 def build_model(path: str) -> None:
@@ -81,10 +87,10 @@ class StepProbe:
         self.forward_s, self.batches, self.util = [], [], []
         engine.executor = self
 
-    def run(self, out):
+    def run(self, out, masks=None):
         step = self.executor.runner.prepare(out)
         self.last_step = step if all(n == 1 for n in step.query_lens) else None
-        return self.executor.runner.run(step, out)
+        return self.executor.runner.run(step, out, masks)
 
     def after_step(self):
         sync = torch.cuda.synchronize if self.runner.device.type == "cuda" else (lambda: None)
@@ -104,14 +110,15 @@ class StepProbe:
         return False
 
 
-def run_engine(path, requests, dtype, max_seqs, cpu_kernels=True, device="cpu"):
+def run_engine(path, requests, dtype, max_seqs, cpu_kernels=True, device="cpu", quantization="none"):
     from appliance.config.schema import EngineConfig
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
 
     extra = dict(device=device, block_size=64) if device != "cpu" else {}  # 64: xformers' paged pages
     cfg = EngineConfig(dtype=dtype, kv_cache_memory_bytes=512 * 2 ** 20, max_num_seqs=max_seqs,
-                       max_num_batched_tokens=2048, enable_prefix_caching=False, cpu_kernels=cpu_kernels, **extra)
+                       max_num_batched_tokens=2048, enable_prefix_caching=False, cpu_kernels=cpu_kernels,
+                       quantization=quantization, **extra)
     engine = LLMEngine(path, cfg)
     engine.generate([requests[0][0][:8]], SamplingParams(temperature=0, max_tokens=2))  # warm-up
     probe = StepProbe(engine)
@@ -134,6 +141,46 @@ def run_engine(path, requests, dtype, max_seqs, cpu_kernels=True, device="cpu"):
     return {"tok_s": produced / wall, "wall": wall, "step": statistics.median(decode_step_s),
             "forward": statistics.median(probe.forward_s), "batch": statistics.median(probe.batches),
             "util": live / slots, "stats": engine.stats(), "attention": engine.executor.runner.attn_backend.name}
+
+
+def one_stream_tok_s(path, dtype, quantization="none", prompt_len=64, tokens=64):
+    """One request's decode rate: its prefill step (and first token) left out."""
+    from appliance.config.schema import EngineConfig
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(path, EngineConfig(dtype=dtype, quantization=quantization, enable_prefix_caching=False,
+                                          kv_cache_memory_bytes=64 * 2 ** 20))
+    prompt = [random.Random(1).randrange(3, 32000) for _ in range(prompt_len)]
+    engine.generate([prompt[:8]], SamplingParams(temperature=0, max_tokens=2))  # warm-up
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+    engine.step()  # the prefill
+    start, produced = time.perf_counter(), 0
+    while engine.has_unfinished():
+        produced += sum(len(o.new_token_ids) for o in engine.step())
+    rate = produced / (time.perf_counter() - start)
+    engine.close()
+    return rate
+
+
+def roofline_rows(path, requests, max_seqs, measured):
+    """Per engine dtype: (name, batched tok/s, % of GEMM roofline, one-stream tok/s, % of memory roofline).
+    `measured`: batched results already run, by name."""
+    weights = linear_weights(path)
+    tokens = sum(len(p) + n for p, n in requests)
+    gemm = {"float32": gemm_flops(torch.float32), "bfloat16": gemm_flops(torch.bfloat16)}
+    memory = memory_bandwidth()
+    print(f"\nhost: GEMM fp32 {gemm['float32'] / 1e9:.0f} GFLOP/s, bf16 {gemm['bfloat16'] / 1e9:.0f} GFLOP/s; "
+          f"memory read {memory / 1e9:.1f} GB/s; model: {weights / 1e6:.1f}M linear weights")
+    rows = []
+    for name, dtype, quantization in (("fp32", "float32", "none"), ("bf16", "bfloat16", "none"),
+                                      ("int8 weights", "bfloat16", "int8")):
+        batched = measured.get(name) or run_engine(path, requests, dtype, max_seqs, quantization=quantization)
+        one = one_stream_tok_s(path, dtype, quantization)
+        flops = 2 * weights * tokens / batched["wall"]
+        read = weights * BYTES_PER_WEIGHT["int8" if quantization == "int8" else dtype] * one
+        rows.append((name, batched["tok_s"], 100 * flops / gemm[dtype], one, 100 * read / memory))
+    return rows
 
 
 def run_hf(path, requests, batch_size, device="cpu", dtype="float32"):
@@ -164,6 +211,7 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-bf16", action="store_true")
+    ap.add_argument("--skip-roofline", action="store_true", help="skip the per-dtype roofline table")
     ap.add_argument("--skip-torch-kernels", action="store_true",
                     help="skip the engine run with engine.cpu_kernels=false")
     ap.add_argument("--threads", type=int, default=None,
@@ -198,8 +246,10 @@ def run_all(args, path):
         hf = dict(device=args.device, dtype=args.dtype)
         rows.append(("HF generate, sequential", run_hf(path, requests[: args.hf_requests], 1, **hf)))
         rows.append((f"HF generate, static batch {args.hf_batch}", run_hf(path, requests, args.hf_batch, **hf)))
+    measured = {"fp32": fp32} if on_cpu_fp32 else {}
     if not args.skip_bf16:
-        rows.append(("engine bf16", run_engine(path, requests, "bfloat16", args.max_num_seqs)["tok_s"]))
+        measured["bf16"] = run_engine(path, requests, "bfloat16", args.max_num_seqs)
+        rows.append(("engine bf16", measured["bf16"]["tok_s"]))
 
     base = dict(rows).get("HF generate, sequential")
     print(f"\n{'system':32s} {'out tok/s':>10s} {'vs sequential':>14s}")
@@ -210,6 +260,12 @@ def run_all(args, path):
           f"{fp32['forward'] * 1e3:.1f} ms, overhead {overhead:.1f}%")
     print(f"KV slot utilisation (live tokens / allocated slots, all steps): {fp32['util'] * 100:.1f}%")
     print(f"engine stats: {fp32['stats']}")
+    if not args.skip_roofline and args.device == "cpu":
+        rows = roofline_rows(path, requests, args.max_num_seqs, measured)
+        print(f"{'engine dtype':14s} {'batched tok/s':>14s} {'% GEMM roof':>12s} {'1-stream tok/s':>15s} "
+              f"{'% memory roof':>14s}")
+        for name, batched, gemm_pct, one, memory_pct in rows:
+            print(f"{name:14s} {batched:14.1f} {gemm_pct:11.1f}% {one:15.1f} {memory_pct:13.1f}%")
 
 
 if __name__ == "__main__":
