@@ -41,7 +41,7 @@ class ImageURL(BaseModel):
 class TextPart(BaseModel):
     model_config = LENIENT
     type: Literal["text"]
-    text: Annotated[str, Field(strict=True)]
+    text: str
 
 
 class ImagePart(BaseModel):
@@ -103,7 +103,7 @@ class StructuredOutputs(BaseModel):
     json_: Optional[either(lambda v: "text" if isinstance(v, str) else "object" if isinstance(v, dict) else None,
                            text=str, object=Dict[str, Any])] = Field(default=None, alias="json")
     regex: Optional[Text] = None
-    choice: Optional[Annotated[List[Annotated[str, Field(strict=True)]], Field(min_length=1)]] = None
+    choice: Optional[Annotated[List[str], Field(min_length=1)]] = None
     grammar: Optional[Text] = Field(default=None, description="a Lark or EBNF grammar, as llguidance reads it")
 
     @model_validator(mode="after")
@@ -139,7 +139,7 @@ class GenerateBody(BaseModel):
     top_k: Optional[Annotated[Integer, engine_range(minimum=0)]] = Field(default=None, description="0: all tokens")
     min_tokens: Optional[Annotated[Integer, engine_range(minimum=0)]] = None
     seed: Optional[Seed] = None
-    stop: Optional[either(_kind, one=str, list=List[Annotated[str, Field(strict=True)]])] = None
+    stop: Optional[either(_kind, one=str, list=List[str])] = None
     stop_token_ids: Optional[List[TokenId]] = None
     ignore_eos: Optional[bool] = None
     logit_bias: Optional[Dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Bias]] = Field(
