@@ -1,3 +1,5 @@
-"""Wire formats the appliance speaks, as pure functions over plain values: OpenAI chat completions and
-completions (`openai_requests`, `openai_responses`) and vLLM's `/pooling` body for GeoTIFF models
-(`pooling`). The offline verb and the server share them."""
+"""Wire formats the appliance speaks, pure (no serving imports): OpenAI chat completions and completions
+(`openai_models`, the pydantic request models that validate bodies and are their OpenAPI schemas;
+`openai_requests`, a body -> `GenerateRequest`; `openai_responses`) and vLLM's `/pooling` body
+(`pooling`). The offline verb and the server share them; `validation` turns a model's error into an
+`InputError` naming the field."""

@@ -6,6 +6,7 @@ import httpx
 import openai
 import pytest
 
+from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest
 from tests.chat.conftest import batch_request, clear_samples, names_only, synthetic_shapes, write_jsonl
 from tests.conftest import run_cli
 from tests.servers import data_url, error, image_question, png_data_url
@@ -196,9 +197,18 @@ def test_unknown_model_is_404_and_bad_json_400(llava_server, client):
 
 def test_openapi_describes_the_routes_and_wrong_methods_get_405(llava_server):
     schema = httpx.get(f"{llava_server.base}/openapi.json", timeout=10).json()
-    for path, required in (("/v1/chat/completions", ["messages"]), ("/v1/completions", ["prompt"])):
+    for path, model in (("/v1/chat/completions", ChatCompletionRequest), ("/v1/completions", CompletionRequest)):
         body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-        assert body["required"] == required
+        own = model.model_json_schema(ref_template="#/components/schemas/{model}")  # the model that validates
+        nested = own.pop("$defs")
+        assert body == own and all(schema["components"]["schemas"][name] == d for name, d in nested.items())
+        assert {"response_format", "structured_outputs", "n", "logit_bias", "stream_options"} <= set(
+            body["properties"])
+    chat, completion = (schema["paths"][p]["post"]["requestBody"]["content"]["application/json"]["schema"]
+                        for p in ("/v1/chat/completions", "/v1/completions"))
+    assert chat["required"] == ["messages"] and completion["required"] == ["prompt"]
+    assert {"echo", "best_of"} <= set(completion["properties"]) and "echo" not in chat["properties"]
+    assert schema["components"]["schemas"]["Message"]["properties"]["role"]["enum"][0] == "system"
     assert {"/health", "/ready", "/version", "/metrics", "/v1/models"} <= set(schema["paths"])
     wrong = httpx.get(f"{llava_server.base}/v1/chat/completions", timeout=10)
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"

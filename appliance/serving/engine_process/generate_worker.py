@@ -112,7 +112,7 @@ class GenerateWorker(Worker):
                         raise heads[uid]
                     prompt, mm_data = heads[uid]["prompt"], heads[uid].get("mm_data")
                 else:
-                    prompt, mm_data = self.stage.prompt_ids(job.request.prompt), None
+                    prompt, mm_data = self.stage.prompt_ids(job.request.prompts[0]), None
                 field = "messages" if job.request.kind == "chat" else "prompt"
                 self.stage.check_fits(len(prompt), job.request.sampling.get("max_tokens"), field)
                 results.append(("prepared", (prompt, mm_data)))

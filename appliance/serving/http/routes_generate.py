@@ -44,6 +44,7 @@ class GenerateRoutes:
         except InputError as e:
             raise APIError.from_input(e) from None
         check_model(parsed.model, self.frontend.model_name)
+        check_served(parsed)
         uid = shape.new_id("chatcmpl" if kind == "chat" else "cmpl")
         channel = self.frontend.open(uid, request)
         streaming = False
@@ -158,3 +159,14 @@ def check_model(requested, served: str) -> None:
     if requested is not None and requested != served:
         raise APIError(404, f"model: {requested!r} does not exist; this server serves {served!r} (GET /v1/models)",
                        param="model")
+
+
+def check_served(request: GenerateRequest) -> None:
+    """What the request protocol takes but the engine process answers only singly: one choice of one
+    prompt, without the prompt echoed."""
+    if request.n != 1:
+        raise APIError(400, f"n: {request.n}; only n=1 is supported; send one request per answer", param="n")
+    if request.prompts is not None and len(request.prompts) > 1:
+        raise APIError(400, f"prompt: {len(request.prompts)} prompts; send one prompt per request", param="prompt")
+    if request.echo:
+        raise APIError(400, "echo: True; allowed: false only (the answer does not repeat the prompt)", param="echo")

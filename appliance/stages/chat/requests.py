@@ -68,6 +68,9 @@ def parse_batch_line(text: str, line: int, defaults: Optional[Dict[str, Any]] = 
     if not isinstance(body, dict):
         raise InputError(f"{at}: body: required, an object with messages (a chat completion request)")
     request = parse_chat(body, defaults, at=f"{at}: body", allow_stream=False)
+    if request.n != 1:  # an answer line holds one choice
+        raise InputError(f"{at}: body.n: {request.n}; a batch line answers n=1 only (write one line per answer)",
+                         param="body.n")
     return ChatRequest(custom_id, request.messages, request.sampling, request.model, line, request.top_logprobs)
 
 

@@ -1,0 +1,227 @@
+"""OpenAI chat completion and completion request bodies as pydantic models: the one definition that
+validates requests (protocol/openai_requests.py turns them into a `GenerateRequest`) and that the server's
+OpenAPI document shows (serving/http/openapi.py).
+
+Beyond OpenAI, as vLLM: `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `structured_outputs`,
+`stream_options.continuous_usage_stats`. Fields OpenAI clients send that the engine does not apply are
+accepted only at their neutral value. Unknown fields are refused; unknown keys inside a message are
+ignored, as vLLM does.
+"""
+import json
+from typing import Any, Dict, List, Literal, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from typing_extensions import Annotated
+
+from appliance.engine.structured_output import StructuredOutput, json_object
+from appliance.protocol.openai_fields import Integer, Number, Text, TokenId, either, engine_range, integer, neutral
+from appliance.protocol.validation import field_error
+
+ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's name for system in newer models
+PART_TYPES = ("text", "image_url")
+MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
+MAX_CHOICES = 128
+STRICT = ConfigDict(extra="forbid", strict=True)
+LENIENT = ConfigDict(extra="ignore", strict=True)  # OpenAI objects whose other keys are ignored
+
+
+def _kind(value: Any) -> Optional[str]:
+    """`either`'s pick for "a string or a list of ..." fields."""
+    return "one" if isinstance(value, str) else "list" if isinstance(value, list) else None
+
+
+# ---- messages ------------------------------------------------------------------------------------
+
+class ImageURL(BaseModel):
+    model_config = LENIENT
+    url: Text = Field(description="a data:image/...;base64 URL, an http(s) URL or a path inside the server's "
+                                  "allowed media directory")
+
+
+class TextPart(BaseModel):
+    model_config = LENIENT
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(BaseModel):
+    model_config = LENIENT
+    type: Literal["image_url"]
+    image_url: either(lambda v: "object" if isinstance(v, dict) else "url" if isinstance(v, str) else None,
+                      object=ImageURL, url=Text)  # the bare string some clients send
+
+
+def _known_part(part: Any) -> Any:
+    if isinstance(part, dict) and part.get("type") not in PART_TYPES:
+        raise field_error(f"{part.get('type')!r}; allowed: {', '.join(PART_TYPES)}", "type")
+    return part
+
+
+Part = Annotated[either(lambda v: v.get("type") if isinstance(v, dict) else "text", text=TextPart,
+                        image_url=ImagePart), BeforeValidator(_known_part)]
+
+
+class Message(BaseModel):
+    model_config = LENIENT
+    role: Literal[ROLES]
+    content: either(_kind, one=str, list=Annotated[List[Part], Field(min_length=1)])
+
+
+# ---- fields both routes take ---------------------------------------------------------------------
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+    include_usage: Optional[bool] = None
+    continuous_usage_stats: Optional[bool] = Field(default=None, description="usage on every chunk (with "
+                                                                             "include_usage)")
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = LENIENT
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Dict[str, Any] = Field(alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = LENIENT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise field_error("required, an object {name, schema, strict} whose schema is a JSON schema object",
+                              "json_schema")
+        return self
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar."""
+    model_config = LENIENT
+    json_: Optional[either(lambda v: "text" if isinstance(v, str) else "object" if isinstance(v, dict) else None,
+                           text=str, object=Dict[str, Any])] = Field(default=None, alias="json")
+    regex: Optional[Text] = None
+    choice: Optional[Annotated[List[str], Field(min_length=1)]] = None
+    grammar: Optional[Text] = Field(default=None, description="a Lark or EBNF grammar, as llguidance reads it")
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        given = [kind for kind, value in self.specs().items() if value is not None]
+        if len(given) != 1:
+            raise field_error(f"give exactly one of json, regex, choice, grammar (got {', '.join(given) or 'none'})")
+        return self
+
+    def specs(self) -> Dict[str, Any]:
+        return {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}
+
+
+Bias = Annotated[Number, engine_range(minimum=-100, maximum=100)]
+Seed = integer(ge=-2 ** 63, le=2 ** 63 - 1)
+Logprobs = integer(ge=0, le=MAX_LOGPROBS)
+
+
+class GenerateBody(BaseModel):
+    """What chat completions and completions share."""
+    model_config = STRICT
+
+    model: Optional[str] = None
+    stream: Optional[bool] = None
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+    n: Optional[integer(ge=1, le=MAX_CHOICES)] = Field(default=1, description="answers (choices) "
+                                                                                              "to the request")
+    max_tokens: Optional[Annotated[Integer, engine_range(minimum=1)]] = None
+    max_completion_tokens: Optional[Annotated[Integer, engine_range(minimum=1)]] = None
+    temperature: Optional[Annotated[Number, engine_range(minimum=0)]] = None
+    top_p: Optional[Annotated[Number, engine_range(exclusiveMinimum=0, maximum=1)]] = None
+    top_k: Optional[Annotated[Integer, engine_range(minimum=0)]] = Field(default=None, description="0: all tokens")
+    min_tokens: Optional[Annotated[Integer, engine_range(minimum=0)]] = None
+    seed: Optional[Seed] = None
+    stop: Optional[either(_kind, one=str, list=List[str])] = None
+    stop_token_ids: Optional[List[TokenId]] = None
+    ignore_eos: Optional[bool] = None
+    logit_bias: Optional[Dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Bias]] = Field(
+        default=None, description="token id (decimal) -> bias added to its logit")
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[StructuredOutputs] = None
+    frequency_penalty: neutral(Number, 0, "the engine does not apply it") = None
+    presence_penalty: neutral(Number, 0, "the engine does not apply it") = None
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.stream_options is not None and not self.stream:
+            raise field_error("only allowed with stream: true", "stream_options")
+        if self.response_format is not None and self.structured_outputs is not None:
+            raise field_error("give response_format or structured_outputs, not both", "structured_outputs")
+        structured = self.structured()
+        if structured is not None:
+            try:
+                structured.check()
+            except ValueError as e:  # a grammar that cannot compile: refused here, naming the field
+                raise field_error(str(e), "response_format" if self.response_format else "structured_outputs")
+        return self
+
+    def structured(self) -> Optional[StructuredOutput]:
+        """`response_format` or `structured_outputs` as one StructuredOutput (None: free text)."""
+        if self.response_format is not None:
+            kind = self.response_format.type
+            if kind == "json_object":
+                return json_object()
+            if kind == "json_schema":
+                return StructuredOutput("json", json.dumps(self.response_format.json_schema.schema_))
+            return None
+        if self.structured_outputs is not None:
+            kind, spec = next((k, v) for k, v in self.structured_outputs.specs().items() if v is not None)
+            return StructuredOutput(kind, spec if isinstance(spec, str) else json.dumps(spec))
+        return None
+
+
+class ChatCompletionRequest(GenerateBody):
+    messages: Annotated[List[Message], Field(min_length=1)]
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[Logprobs] = None
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise field_error("needs logprobs: true", "top_logprobs")
+        return self
+
+
+def _prompt_kind(value: Any) -> Optional[str]:
+    if isinstance(value, str):
+        return "text"
+    if not isinstance(value, list):
+        return None
+    first = value[0] if value else None
+    return "texts" if isinstance(first, str) else "token_id_lists" if isinstance(first, list) else "token_ids"
+
+
+TokenIds = Annotated[List[TokenId], Field(min_length=1)]
+
+
+class CompletionRequest(GenerateBody):
+    prompt: either(_prompt_kind, text=Text, token_ids=TokenIds,
+                   texts=Annotated[List[Text], Field(min_length=1)],
+                   token_id_lists=Annotated[List[TokenIds], Field(min_length=1)]) = Field(
+        description="a prompt (text or token ids) or a list of prompts")
+    logprobs: Optional[Logprobs] = Field(
+        default=None, description="the sampled token's logprob plus the top N")
+    echo: Optional[bool] = Field(default=False, description="the prompt before the answer")
+    best_of: Optional[integer(ge=1)] = Field(default=None, description="1 or n only")
+    suffix: neutral(str, "", "the engine does not insert text") = None
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of not in (None, 1, self.n):
+            raise field_error(f"{self.best_of}; allowed: 1 or n ({self.n}): every candidate is an answer",
+                              "best_of")
+        return self
+
+    def prompts(self) -> List[Any]:
+        """The prompts, each a string or a list of token ids (a list of one behaves as one prompt)."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
