@@ -23,9 +23,9 @@ SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tok
                    "ignore_eos": "ignore_eos", "stop": "stop", "stop_token_ids": "stop_token_ids"}
 FLOAT_FIELDS = ("temperature", "top_p")
 INT_FIELDS = ("max_tokens", "max_completion_tokens", "top_k", "seed", "min_tokens", "top_logprobs")
+MAX_N = 128  # answers per prompt (`n`), as vLLM's bound
 # Fields OpenAI clients may send that we accept only at their neutral value.
-NEUTRAL_FIELDS = {"n": (1, None), "frequency_penalty": (0,), "presence_penalty": (0,),
-                  "echo": (False,), "best_of": (1,), "suffix": (None, "")}
+NEUTRAL_FIELDS = {"frequency_penalty": (0,), "presence_penalty": (0,), "best_of": (1,), "suffix": (None, "")}
 # vLLM's structured_outputs: exactly one of these, as vLLM's StructuredOutputsParams has them.
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
 COMMON_FIELDS = ("model", "stream", "stream_options", "user", *SAMPLING_FIELDS, "n", "frequency_penalty",
@@ -40,7 +40,9 @@ class GenerateRequest:
     sampling: Dict[str, Any]                     # SamplingParams fields the request sets
     model: Optional[str] = None                  # body.model, checked by the server, echoed in answers
     messages: Optional[List[Dict[str, Any]]] = None   # chat: validated OpenAI messages
-    prompt: Union[str, List[int], None] = None   # completion: text or token ids
+    prompts: List[Union[str, List[int]]] = field(default_factory=list)  # completion: texts or token-id lists
+    n: int = 1                                   # answers per prompt
+    echo: bool = False                           # completion: each answer starts with its prompt
     stream: bool = False
     include_usage: bool = False                  # stream_options.include_usage: a last chunk with usage
     continuous_usage: bool = False               # stream_options.continuous_usage_stats: usage on every chunk
@@ -85,11 +87,15 @@ def parse_chat(body: Any, defaults: Optional[Dict[str, Any]] = None, at: str = "
 
 def parse_completion(body: Any, defaults: Optional[Dict[str, Any]] = None, at: str = "",
                      allow_stream: bool = True) -> GenerateRequest:
-    """A (legacy) completion request body: one prompt, as text or token ids."""
+    """A (legacy) completion request body: one prompt or a list of them, each text or token ids."""
     body = _object(body, at)
     _known(body, COMPLETION_FIELDS, at)
     request = _common(body, "completion", defaults or {}, at, allow_stream)
-    request.prompt = _prompt(body.get("prompt"), at)
+    request.prompts = _prompts(body.get("prompt"), at)
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise fail(at, "echo", f"expected true or false, got {echo!r}")
+    request.echo = bool(echo)
     logprobs = body.get("logprobs")
     if logprobs is not None:
         logprobs = _integer(at, "logprobs", logprobs)
@@ -160,10 +166,12 @@ def _common(body: Dict[str, Any], kind: str, defaults: Dict[str, Any], at: str,
             raise fail(at, key, f"expected a string, got {body[key]!r}")
     for key, neutral in NEUTRAL_FIELDS.items():
         if key in body and not _neutral(body[key], neutral):
-            hint = "only n=1 is supported; send one request per answer" if key == "n" \
-                else "the engine does not apply it"
-            raise fail(at, key, f"{body[key]!r}; allowed: {neutral[0]!r} only ({hint})")
+            raise fail(at, key, f"{body[key]!r}; allowed: {neutral[0]!r} only (the engine does not apply it)")
     request = GenerateRequest(kind, _sampling(body, at), body.get("model"))
+    if body.get("n") is not None:
+        request.n = _integer(at, "n", body["n"])
+        if not 1 <= request.n <= MAX_N:
+            raise fail(at, "n", f"{request.n}; allowed: 1 to {MAX_N}")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise fail(at, "stream", f"expected true or false, got {stream!r}")
@@ -299,19 +307,25 @@ def _with_logprobs(request: GenerateRequest) -> GenerateRequest:
     return request
 
 
+def _prompts(prompt: Any, at: str) -> List[Union[str, List[int]]]:
+    """`prompt`: one text, one token-id list, or a non-empty list of either -> the list of prompts."""
+    if prompt is None:
+        raise fail(at, "prompt", "required, a string, a list of token ids, or a list of those")
+    one = isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt))
+    prompts = [prompt] if one else prompt
+    if not isinstance(prompts, list) or not prompts:
+        raise fail(at, "prompt", f"expected a string, a list of token ids, or a non-empty list of those, "
+                                 f"got {prompt!r:.80}")
+    return [_prompt(p, at) for p in prompts]
+
+
 def _prompt(prompt: Any, at: str) -> Union[str, List[int]]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if not prompt:
             raise fail(at, "prompt", "empty; give some text or token ids")
         return prompt
     if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
         return list(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise fail(at, "prompt", f"{len(prompt)} prompts; send one prompt per request")
-    if prompt is None:
-        raise fail(at, "prompt", "required, a string or a list of token ids")
     raise fail(at, "prompt", f"expected a string or a non-empty list of token ids (integers >= 0), got {prompt!r:.80}")
 
 

@@ -32,7 +32,7 @@ SAMPLING = {
     "stream": NULLABLE_BOOL,
     "stream_options": {"type": ["object", "null"], "additionalProperties": False,
                        "properties": {"include_usage": NULLABLE_BOOL, "continuous_usage_stats": NULLABLE_BOOL}},
-    "n": {"type": ["integer", "null"], "enum": [1, None]},
+    "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 128},
     "user": {"type": ["string", "null"]},
     "logit_bias": {"type": ["object", "null"], "propertyNames": {"pattern": "^[0-9]+$"},
                    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
@@ -57,11 +57,10 @@ CHAT_REQUEST = {"type": "object", "required": ["messages"], "additionalPropertie
 TEXT_PROMPT = {"type": "string", "minLength": 1}
 TOKEN_PROMPT = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 COMPLETION_REQUEST = {"type": "object", "required": ["prompt"], "additionalProperties": False, "properties": {
-    **SAMPLING, "prompt": {"oneOf": [TEXT_PROMPT, TOKEN_PROMPT,  # one prompt, or a batch of exactly one
-                                     {"type": "array", "minItems": 1, "maxItems": 1, "items": TEXT_PROMPT},
-                                     {"type": "array", "minItems": 1, "maxItems": 1, "items": TOKEN_PROMPT}]},
+    **SAMPLING, "prompt": {"oneOf": [TEXT_PROMPT, TOKEN_PROMPT,  # one prompt, or a list of them
+                                     {"type": "array", "minItems": 1, "items": {"oneOf": [TEXT_PROMPT, TOKEN_PROMPT]}}]},
     "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
-    "echo": {"enum": [False]}, "best_of": {"type": "integer", "enum": [1]},
+    "echo": NULLABLE_BOOL, "best_of": {"type": "integer", "enum": [1]},
     "suffix": {"type": ["string", "null"], "maxLength": 0}}}
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "properties": {
