@@ -15,16 +15,15 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
 from appliance.pipeline import Pipeline
-from appliance.protocol.openai_requests import GenerateRequest
-from appliance.protocol.openai_responses import TokenLogprob, prompt_token_logprobs, token_decoder, token_logprobs
+from appliance.protocol.openai_responses import prompt_token_logprobs, token_decoder, token_logprobs
 from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
 from appliance.serving.engine_process.records import ChatRecord, as_record
+from appliance.serving.engine_process.sessions import Answer, Session, engine_id, request_of
 from appliance.serving.engine_process.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -32,43 +31,6 @@ log = logging.getLogger(__name__)
 # (prometheus-client's multiprocess mode), the loop turns ~50 times a second under load and Prometheus
 # scrapes every few seconds; ~40 µs of the loop's CPU a turn, cold after a step (docs/serving.md).
 GAUGES_INTERVAL_S = 0.1
-
-
-@dataclass
-class Answer:
-    """One choice of a request: one engine request."""
-    index: int                       # prompt number * n + answer number
-    prompt: int                      # its prompt's number
-    completion_tokens: int = 0
-    last_token_at: float = 0.0
-    echoed: bool = False             # its prompt (echo) went out, in front of its first text
-    # A stream's output not sent yet (server.stream_interval > 1 holds tokens back between chunks).
-    unsent_text: str = ""
-    unsent_tokens: int = 0
-    unsent_logprobs: List = field(default_factory=list)
-
-
-@dataclass
-class Session:
-    request: GenerateRequest
-    arrival: float
-    in_engine: bool = False
-    prompt_tokens: int = 0           # every prompt once
-    completion_tokens: int = 0       # every answer's
-    answers: Dict[str, Answer] = field(default_factory=dict)  # by engine id
-    unfinished: int = 0              # answers still running
-    # echo: each prompt's text, and (with logprobs) its scored tokens, which its first answer brings
-    echo_texts: List[str] = field(default_factory=list)
-    echo_logprobs: Dict[int, List[TokenLogprob]] = field(default_factory=dict)
-
-
-def engine_id(uid: str, index: int) -> str:
-    """The engine's id for choice `index` of request `uid` (ids the HTTP side makes hold no "/")."""
-    return f"{uid}/{index}"
-
-
-def request_of(engine_request_id: str) -> str:
-    return engine_request_id.rpartition("/")[0]
 
 
 class GenerateWorker(Worker):
