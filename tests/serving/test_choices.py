@@ -10,7 +10,7 @@ import pytest
 
 from tests.chat.conftest import batch_request, write_jsonl
 from tests.conftest import run_cli
-from tests.servers import data_url, image_question, metrics, wait_idle
+from tests.servers import data_url, error, image_question, metrics, wait_idle
 
 BLOCK = 16  # engine.block_size of the default engine config
 
@@ -191,3 +191,10 @@ def test_the_batch_verb_answers_n_as_the_server(client, tmp_path):
     assert [c["message"]["content"] for c in offline["choices"]] == [c.message.content for c in online.choices]
     assert len({c.message.content for c in online.choices}) > 1, "the answers sample differently"
     assert offline["usage"] == online.usage.model_dump(exclude_none=True)
+
+
+def test_more_than_1024_answers_in_one_request_are_refused(llava_server):
+    response = httpx.post(f"{llava_server.base}/v1/completions", timeout=60,
+                          json={"prompt": ["a"] * 9, "n": 128, "max_tokens": 1})
+    assert response.status_code == 400
+    assert error(response)["param"] == "prompt" and "1152 answers" in error(response)["message"]

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 # (prometheus-client's multiprocess mode), the loop turns ~50 times a second under load and Prometheus
 # scrapes every few seconds; ~40 µs of the loop's CPU a turn, cold after a step (docs/serving.md).
 GAUGES_INTERVAL_S = 0.1
+# Answers one request may ask for (prompts x n): each is a sequence in the engine, and the queue limit
+# (server.limits.max_queued_requests) counts requests, so one body must not hold thousands.
+MAX_ANSWERS = 1024
 
 
 class GenerateWorker(Worker):
@@ -97,6 +100,7 @@ class GenerateWorker(Worker):
         results = []
         for uid, job in group:
             try:
+                check_answers(job.request.n, len(job.request.prompts))
                 if job.request.kind == "chat":
                     if isinstance(heads[uid], Exception):
                         raise heads[uid]
@@ -293,3 +297,10 @@ class GenerateWorker(Worker):
     def fail_stepping(self, failure: Failed) -> None:
         for uid in [uid for uid, s in self.sessions.items() if s.in_engine]:
             self.fail(uid, failure)  # aborting frees the blocks the failed step had allocated
+
+
+def check_answers(n: int, prompts: int) -> None:
+    """InputError when a completion request asks more than MAX_ANSWERS answers in all."""
+    if n * prompts > MAX_ANSWERS:
+        raise InputError(f"prompt: {prompts} prompts x n={n} are {n * prompts} answers; a request may ask at "
+                         f"most {MAX_ANSWERS}: send the prompts in several requests", param="prompt")
