@@ -49,7 +49,7 @@ def stand_in_engine(requests_fd: int, events_fd: int, cpus) -> None:
     while True:
         uid, _, job = pipes.receive(requests_fd)
         if hasattr(job, "request"):  # a job, not an abort
-            pipes.send(events_fd, [(uid, Admitted(20)), (uid, Tokens("A red", 2, 20, 2, None, "stop"))])
+            pipes.send(events_fd, [(uid, Admitted(20)), (uid, Tokens("A red", 20, 2, None, "stop", final=True))])
 
 
 def build_gate():

@@ -58,7 +58,7 @@ class GenerateRequest:
     sampling: Dict[str, Any]                     # SamplingParams fields the request sets
     model: Optional[str] = None                  # body.model, checked by the server, echoed in answers
     messages: Optional[List[Dict[str, Any]]] = None   # chat: validated OpenAI messages, as sent
-    prompts: Optional[List[Union[str, List[int]]]] = None  # completion: each non-empty text or token ids
+    prompts: List[Union[str, List[int]]] = field(default_factory=list)  # completion: texts or token ids
     n: int = 1                                   # answers (choices) per prompt
     echo: bool = False                           # completion: the prompt before each answer
     stream: bool = False

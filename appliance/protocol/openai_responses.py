@@ -3,7 +3,8 @@
 Pure functions over plain values, shared by the offline batch verb (its output file holds
 chat.completion bodies) and the server (answers and SSE chunks). Logprobs travel as `TokenLogprob`s:
 the engine reports `{token_id: logprob}` per output token (sampled token first, then the top N);
-`token_logprobs` turns them into text once, wherever the tokenizer lives.
+`token_logprobs` turns them into text once, wherever the tokenizer lives. A request's answers are
+`Choice`s: `n` per prompt, choice `index` = prompt number * n + answer number (as vLLM numbers them).
 """
 import uuid
 from dataclasses import dataclass
@@ -13,8 +14,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 @dataclass(frozen=True)
 class TokenLogprob:
     token: str
-    logprob: float
+    logprob: Optional[float]  # None: a prompt's first token, which nothing predicts
     top: Tuple[Tuple[str, float], ...]  # the N most likely tokens, most likely first (may hold `token`)
+
+
+@dataclass
+class Choice:
+    """One answer of a request: its whole text (an answer) or its new text (a chunk)."""
+    index: int
+    text: str
+    finish_reason: Optional[str] = None
+    logprobs: Optional[Sequence[TokenLogprob]] = None
 
 
 def new_id(prefix: str, separator: str = "-") -> str:
@@ -32,6 +42,13 @@ def token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Dict[int, float]
         out.append(TokenLogprob(decode(token_id), float(entry[token_id]),
                                 tuple((decode(t), float(lp)) for t, lp in ranked)))
     return out
+
+
+def prompt_token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Optional[Dict[int, float]]], top_n: int,
+                          decode: Callable[[int], str]) -> List[TokenLogprob]:
+    """The engine's prompt logprobs (one entry per prompt token, the first None) -> `TokenLogprob`s."""
+    first = [TokenLogprob(decode(token_ids[0]), None, ())] if logprobs and logprobs[0] is None else []
+    return first + token_logprobs(token_ids[len(first):], logprobs[len(first):], top_n, decode)
 
 
 def token_decoder(tokenizer) -> Callable[[int], str]:
@@ -70,30 +87,33 @@ def chat_logprobs(entries: Sequence[TokenLogprob]) -> Dict[str, Any]:
 
 
 def completion_logprobs(entries: Sequence[TokenLogprob], text_offset: int = 0) -> Dict[str, Any]:
-    """The legacy completions format; `text_offset` is where the first token starts in the whole text."""
+    """The legacy completions format; `text_offset` is where the first token starts in the whole text.
+    Each `top_logprobs` entry holds the sampled token too (so `logprobs: 0` gives just that one, as
+    OpenAI's legacy API does); a prompt's first token has none (null)."""
     offsets = []
     for e in entries:
         offsets.append(text_offset)
         text_offset += len(e.token)
     return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [dict(e.top) for e in entries], "text_offset": offsets}
+            "top_logprobs": [None if e.logprob is None else {**dict(e.top), e.token: e.logprob} for e in entries],
+            "text_offset": offsets}
 
 
-def chat_completion(request_id: str, model: str, created: int, text: str, finish_reason: Optional[str],
-                    usage_: Dict[str, int], logprobs: Optional[Sequence[TokenLogprob]] = None) -> Dict[str, Any]:
+def chat_completion(request_id: str, model: str, created: int, choices: Sequence[Choice],
+                    usage_: Dict[str, int]) -> Dict[str, Any]:
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
-                         "finish_reason": finish_reason}],
+            "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                         "logprobs": chat_logprobs(c.logprobs) if c.logprobs is not None else None,
+                         "finish_reason": c.finish_reason} for c in choices],
             "usage": usage_}
 
 
-def chat_chunk(request_id: str, model: str, created: int, delta: Dict[str, Any],
+def chat_chunk(request_id: str, model: str, created: int, index: int, delta: Dict[str, Any],
                finish_reason: Optional[str] = None, logprobs: Optional[Sequence[TokenLogprob]] = None,
                usage_: Any = ...) -> Dict[str, Any]:
-    """One `chat.completion.chunk`; `usage_` is left out unless given (None or a usage object)."""
+    """One `chat.completion.chunk` for choice `index`; `usage_` is left out unless given (None or a usage)."""
     chunk = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta,
+             "choices": [{"index": index, "delta": delta,
                           "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
                           "finish_reason": finish_reason}]}
     if usage_ is not ...:
@@ -101,20 +121,20 @@ def chat_chunk(request_id: str, model: str, created: int, delta: Dict[str, Any],
     return chunk
 
 
-def text_completion(request_id: str, model: str, created: int, text: str, finish_reason: Optional[str],
-                    usage_: Dict[str, int], logprobs: Optional[Sequence[TokenLogprob]] = None) -> Dict[str, Any]:
+def text_completion(request_id: str, model: str, created: int, choices: Sequence[Choice],
+                    usage_: Dict[str, int]) -> Dict[str, Any]:
     return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text,
-                         "logprobs": completion_logprobs(logprobs) if logprobs is not None else None,
-                         "finish_reason": finish_reason}],
+            "choices": [{"index": c.index, "text": c.text,
+                         "logprobs": completion_logprobs(c.logprobs) if c.logprobs is not None else None,
+                         "finish_reason": c.finish_reason} for c in choices],
             "usage": usage_}
 
 
-def text_chunk(request_id: str, model: str, created: int, text: str, finish_reason: Optional[str] = None,
-               logprobs: Optional[Sequence[TokenLogprob]] = None, text_offset: int = 0,
-               usage_: Any = ...) -> Dict[str, Any]:
+def text_chunk(request_id: str, model: str, created: int, index: int, text: str,
+               finish_reason: Optional[str] = None, logprobs: Optional[Sequence[TokenLogprob]] = None,
+               text_offset: int = 0, usage_: Any = ...) -> Dict[str, Any]:
     chunk = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text,
+             "choices": [{"index": index, "text": text,
                           "logprobs": completion_logprobs(logprobs, text_offset) if logprobs is not None else None,
                           "finish_reason": finish_reason}]}
     if usage_ is not ...:

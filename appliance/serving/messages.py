@@ -51,17 +51,16 @@ class Admitted:
 
 @dataclass
 class Tokens:
-    """New output of a generation request; the last one carries `finish_reason`."""
+    """New output of one choice of a generation request (`index`: prompt number * n + answer number);
+    a choice's last carries its `finish_reason`, and the request's very last is `final`. The counts are
+    the request's: each prompt once, every choice's tokens."""
     text: str
-    num_tokens: int                  # tokens behind `text`
     prompt_tokens: int
-    completion_tokens: int           # so far
+    completion_tokens: int           # so far, all choices
     logprobs: Optional[List[TokenLogprob]] = None
     finish_reason: Optional[str] = None
-
-    @property
-    def final(self) -> bool:
-        return self.finish_reason is not None
+    index: int = 0
+    final: bool = False
 
 
 @dataclass

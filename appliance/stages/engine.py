@@ -2,8 +2,10 @@
 
 Pool mode (`engine.kind=pool`): each record's tensor is one item; items from consecutive records (tiles
 of one or many scenes) are batched up to `engine.max_batch_size` per forward. Generate mode: each
-record's prompt becomes a request; all requests in the stream are batched continuously.
-Records come out in the order they went in, with the engine's result added.
+record's prompt becomes a request (`n` of them when the record asks `n` answers: the first and its
+siblings, the prompt computed once); all requests in the stream are batched continuously.
+Records come out in the order they went in, with the engine's result added (`completion`: the first
+answer; `choices`: all `n`).
 
 The engine owns the model's tokenizer and context length. `model_tokenizer` and `model_context` give
 every stage of a pipeline (and the server) that one tokenizer, loaded once, and the engine's own rule
@@ -40,6 +42,14 @@ def sampling_defaults(cfg) -> Dict[str, Any]:
             sampling = node.get("sampling")
             return dict(OmegaConf.to_container(sampling) if OmegaConf.is_config(sampling) else sampling or {})
     return {}
+
+
+def answer_sampling(sampling: Dict[str, Any], answer: int) -> Dict[str, Any]:
+    """The sampling of answer `answer` (0-based) of a request asking `n` answers to one prompt: a seed S
+    becomes S + answer (as vLLM derives its child requests' seeds), so the answers differ from each other
+    and the same request gives the same n answers again. Without a seed each answer draws its own."""
+    seed = sampling.get("seed")
+    return sampling if seed is None or not answer else {**sampling, "seed": seed + answer}
 
 
 def check_sampling(sampling: Dict[str, Any], where: str) -> None:
@@ -143,7 +153,7 @@ class EngineStage(Stage):
         if self.pool_mode:
             self.consumes, self.produces = (options.input,), (options.output,)
         else:
-            self.consumes, self.produces = ("prompt",), ("completion",)
+            self.consumes, self.produces = ("prompt",), ("completion", "choices")
             check_sampling(options.sampling, f"{self.name}.sampling")
         self.engine = None
 
@@ -182,13 +192,16 @@ class EngineStage(Stage):
             yield out
 
     def _generate(self, records: Iterator[Record]) -> Iterator[Record]:
-        pending: Deque[Tuple[str, Record]] = deque()
+        pending: Deque[Tuple[List[str], Record]] = deque()
         results: Dict[str, Any] = {}
         for record in records:
-            request_id = self.add_request(record["prompt"], record.get("sampling"), "prompt",
-                                          mm_ranges=record.get("mm_ranges"), mm_data=record.get("mm_data"))
-            pending.append((request_id, record))
-        progress = GenerateProgress(len(pending))
+            ids: List[str] = []
+            for answer in range(record.get("n") or 1):
+                ids.append(self.add_request(record["prompt"], record.get("sampling"), "prompt",
+                                            mm_ranges=record.get("mm_ranges"), mm_data=record.get("mm_data"),
+                                            answer=answer, sibling=ids[0] if ids else None))
+            pending.append((ids, record))
+        progress = GenerateProgress(sum(len(ids) for ids, _ in pending))
         try:
             while self.engine.has_unfinished():
                 outputs = self.engine.step()
@@ -197,21 +210,25 @@ class EngineStage(Stage):
                 progress.update(sum(len(out.new_token_ids) for out in outputs), len(done))
         finally:
             progress.close()
-        for request_id, record in pending:
-            yield {**record, "completion": results.pop(request_id)}
+        for ids, record in pending:
+            choices = [results.pop(request_id) for request_id in ids]
+            yield {**record, "completion": choices[0], "choices": choices}
 
     # ---- one request: the batch above and `appliance serve`'s engine loop both add them here --------
     def add_request(self, prompt: List[int], sampling: Optional[Dict[str, Any]], field: str,
-                    request_id: Optional[str] = None, mm_ranges=None, mm_data=None) -> str:
+                    request_id: Optional[str] = None, mm_ranges=None, mm_data=None, answer: int = 0,
+                    sibling: Optional[str] = None) -> str:
         """Queue one prompt with the request's `sampling` over this stage's; returns its id. InputError
-        naming the field at fault (`field` when the engine does not say: the prompt's)."""
+        naming the field at fault (`field` when the engine does not say: the prompt's).
+        `answer`: which of a request's `n` answers to this prompt (`answer_sampling`); `sibling`: the
+        id of its first answer, added just before (the prompt is then computed once)."""
         try:
-            params = SamplingParams(**{**self.options.sampling, **(sampling or {})})
+            params = SamplingParams(**answer_sampling({**self.options.sampling, **(sampling or {})}, answer))
         except (TypeError, ValueError) as e:
             raise InputError(f"sampling: {e}") from None
         try:
             return self.engine.add_request(prompt, params, request_id=request_id, mm_ranges=mm_ranges,
-                                           mm_data=mm_data)
+                                           mm_data=mm_data, sibling=sibling)
         except ValueError as e:  # e.g. a prompt longer than the model's context
             named = getattr(e, "field", None)  # a FieldError names the request field at fault
             raise InputError(str(e) if named else f"{field}: {e}", param=named or field) from None

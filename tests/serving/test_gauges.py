@@ -41,7 +41,7 @@ def stub_worker():
     shared = SimpleNamespace(running=[], set_running=lambda n: shared.running.append(n))
     worker = GenerateWorker(cfg, online=None, metrics=metrics, shared=shared)
     worker.engine, worker.counted, worker.gauges_due = StubEngine(), {}, 0.0
-    worker.sessions = {uid: None for uid in "abcd"}  # 3 running, 1 waiting
+    worker.sessions = {uid: SimpleNamespace(in_engine=True) for uid in "abcd"}  # 3 running, 1 waiting
     return worker
 
 

@@ -147,7 +147,7 @@ def test_sixteen_concurrent_image_questions_are_answered_right(llava_server, cli
 BAD_CHAT = [
     ("wrong type", {"temperature": "hot"}, "temperature", "expected a number"),
     ("negative", {"temperature": -1}, "temperature", "temperature must be >= 0"),
-    ("n above one", {"n": 2}, "n", "only n=1"),
+    ("n above 128", {"n": 129}, "n", "allowed: <= 128"),
     ("unknown field", {"tools": []}, "tools", "unknown or unsupported field"),
     ("top_logprobs without logprobs", {"top_logprobs": 2}, "top_logprobs", "logprobs: true"),
     ("stream_options without stream", {"stream_options": {"include_usage": True}}, "stream_options", "stream: true"),

@@ -5,21 +5,25 @@ one group (chat: through the online head together, i.e. `chat_prompt`: templates
 completion: tokenize) and hands them over together, `on_prepared` adds it to the `LLMEngine` on the
 loop's thread, every `step` turns the engine's outputs into `Tokens` events (each step's delta when the
 client streams, the whole answer at the end otherwise), `abort` frees its KV blocks at once.
+
+A request asking `n` answers to each of its prompts is n engine requests per prompt (`engine_id`), the
+prompt's first answer and its siblings (`LLMEngine.add_request(sibling=...)`): the prompt is computed
+once and its KV blocks shared through the prefix cache. Events carry the answer's choice index; the
+request ends when every answer has.
 """
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
 from appliance.pipeline import Pipeline
-from appliance.protocol.openai_requests import GenerateRequest
-from appliance.protocol.openai_responses import token_decoder, token_logprobs
+from appliance.protocol.openai_responses import prompt_token_logprobs, token_decoder, token_logprobs
 from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
 from appliance.serving.engine_process.records import ChatRecord, as_record
+from appliance.serving.engine_process.sessions import Answer, Session, engine_id, request_of
 from appliance.serving.engine_process.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -27,20 +31,9 @@ log = logging.getLogger(__name__)
 # (prometheus-client's multiprocess mode), the loop turns ~50 times a second under load and Prometheus
 # scrapes every few seconds; ~40 µs of the loop's CPU a turn, cold after a step (docs/serving.md).
 GAUGES_INTERVAL_S = 0.1
-
-
-@dataclass
-class Session:
-    request: GenerateRequest
-    arrival: float
-    in_engine: bool = False
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    last_token_at: float = 0.0
-    # A stream's output not sent yet (server.stream_interval > 1 holds tokens back between chunks).
-    unsent_text: str = ""
-    unsent_tokens: int = 0
-    unsent_logprobs: List = field(default_factory=list)
+# Answers one request may ask for (prompts x n): each is a sequence in the engine, and the queue limit
+# (server.limits.max_queued_requests) counts requests, so one body must not hold thousands.
+MAX_ANSWERS = 1024
 
 
 class GenerateWorker(Worker):
@@ -98,24 +91,26 @@ class GenerateWorker(Worker):
                 self.post(kind, uid, payload)
 
     def _prepare_group(self, group: List[Tuple[str, GenerateJob]]) -> List[Tuple[str, Any]]:
-        """Per request, ("prepared", (token ids, images)) for the engine or ("failed", the Failed event).
-        The chat requests go through the online head together, as a batch file's do in `appliance run`
-        (one failing fails only itself)."""
+        """Per request, ("prepared", [(token ids, images) per prompt]) for the engine or ("failed", the
+        Failed event). The chat requests go through the online head together, as a batch file's do in
+        `appliance run` (one failing fails only itself)."""
         chats = [(uid, job) for uid, job in group if job.request.kind == "chat"]
         outputs = self.head.run_each([self._record(uid, job) for uid, job in chats])
         heads = {uid: out for (uid, _), out in zip(chats, outputs)}
         results = []
         for uid, job in group:
             try:
+                check_answers(job.request.n, len(job.request.prompts))
                 if job.request.kind == "chat":
                     if isinstance(heads[uid], Exception):
                         raise heads[uid]
-                    prompt, mm_data = heads[uid]["prompt"], heads[uid].get("mm_data")
+                    prompts = [(heads[uid]["prompt"], heads[uid].get("mm_data"))]
                 else:
-                    prompt, mm_data = self.stage.prompt_ids(job.request.prompts[0]), None
+                    prompts = [(self.stage.prompt_ids(p), None) for p in job.request.prompts]
                 field = "messages" if job.request.kind == "chat" else "prompt"
-                self.stage.check_fits(len(prompt), job.request.sampling.get("max_tokens"), field)
-                results.append(("prepared", (prompt, mm_data)))
+                for prompt, _ in prompts:
+                    self.stage.check_fits(len(prompt), job.request.sampling.get("max_tokens"), field)
+                results.append(("prepared", prompts))
             except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
                 results.append(("failed", self.failure(e, "preparing the request")))
         return results
@@ -125,21 +120,41 @@ class GenerateWorker(Worker):
         request = job.request
         return as_record(ChatRecord(request.messages, request.sampling, "messages", job.media_dir, uid, request.model))
 
-    def on_prepared(self, uid: str, payload: Tuple[List[int], Optional[list]]) -> None:
+    def on_prepared(self, uid: str, prompts: List[Tuple[List[int], Optional[list]]]) -> None:
         session = self.sessions.get(uid)
         if session is None:  # aborted while it was being prepared
             return
-        prompt, mm_data = payload
-        field = "messages" if session.request.kind == "chat" else "prompt"
         try:
-            self.stage.add_request(prompt, session.request.sampling, field, request_id=uid, mm_data=mm_data)
+            self._add_answers(uid, session, prompts)
         except InputError as e:  # the engine's own checks (cache too small, image tokens, token ids, ...)
-            self.fail(uid, Failed(400, str(e), e.param))
+            self.fail(uid, Failed(400, str(e), e.param))  # aborts the answers added already
             return
-        session.in_engine, session.prompt_tokens = True, len(prompt)
+        if session.request.echo:  # a token-id prompt echoes as its text
+            decode = self.engine.tokenizer.decode
+            session.echo_texts = [p if isinstance(p, str) else decode(ids, skip_special_tokens=True)
+                                  for p, (ids, _) in zip(session.request.prompts, prompts)]
+        prompt_tokens = sum(len(prompt) for prompt, _ in prompts)
+        session.in_engine, session.prompt_tokens, session.unfinished = True, prompt_tokens, len(session.answers)
         self.unstarted[uid] = session
-        self.metrics.prompt_tokens.inc(len(prompt))
-        self.emit(uid, Admitted(len(prompt)))
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        self.emit(uid, Admitted(prompt_tokens))
+
+    def _add_answers(self, uid: str, session: Session, prompts: List[Tuple[List[int], Optional[list]]]) -> None:
+        """n engine requests per prompt: its first answer, then the others as its siblings."""
+        request = session.request
+        field = "messages" if request.kind == "chat" else "prompt"
+        # echo with logprobs: each prompt's first answer scores the prompt for all of them
+        scored = {**request.sampling, "prompt_logprobs": request.top_logprobs} \
+            if request.echo and request.top_logprobs is not None else request.sampling
+        for number, (prompt, mm_data) in enumerate(prompts):
+            first = None
+            for answer in range(request.n):
+                index = number * request.n + answer
+                rid = self.stage.add_request(prompt, scored if first is None else request.sampling, field,
+                                             request_id=engine_id(uid, index), mm_data=mm_data, answer=answer,
+                                             sibling=first)
+                session.answers[rid] = Answer(index, number)
+                first = first or rid
 
     def abort(self, uid: str) -> None:
         if uid in self.sessions:
@@ -149,8 +164,8 @@ class GenerateWorker(Worker):
     def forget(self, uid: str) -> bool:
         session = self.sessions.pop(uid, None)
         self.unstarted.pop(uid, None)
-        if session is not None and session.in_engine:
-            self.engine.abort(uid)
+        for rid in session.answers if session is not None else ():
+            self.engine.abort(rid)  # every answer: a finished one is already gone from the engine
         return session is not None
 
     # ---- the step -------------------------------------------------------------------------------
@@ -162,54 +177,76 @@ class GenerateWorker(Worker):
             outputs = self.engine.step()
             now = time.monotonic()
             new_tokens = 0
-            for out in outputs:
-                session = self.sessions.get(out.request_id)
+            delivered = [(self.sessions.get(request_of(out.request_id)), out) for out in outputs]
+            for session, out in delivered:  # first the prompts scored for echo: their siblings' text starts with them
+                if session is not None and out.prompt_logprobs is not None:
+                    self._score_prompt(session, out)
+            for session, out in delivered:
                 if session is not None:
                     new_tokens += len(out.new_token_ids)
-                    self._deliver(out.request_id, session, out, now)
+                    self._deliver(request_of(out.request_id), session, out, now)
             if new_tokens:  # counted once a step: a multiprocess counter's increment costs ~1 µs
                 self.metrics.generation_tokens.inc(new_tokens)
             self._observe_starts(now)
         self.publish()
 
+    def _score_prompt(self, session: Session, out) -> None:
+        number = session.answers[out.request_id].prompt
+        if number not in session.echo_logprobs:
+            session.echo_logprobs[number] = prompt_token_logprobs(out.prompt_token_ids, out.prompt_logprobs,
+                                                                  session.request.top_logprobs, self.decode)
+
     def _deliver(self, uid: str, session: Session, out, now: float) -> None:
+        answer = session.answers[out.request_id]
         n = len(out.new_token_ids)
         if n:
             if session.completion_tokens == 0:
                 self.metrics.ttft.observe(now - session.arrival)
-            else:
-                self.metrics.itl.observe(now - session.last_token_at)
-            session.last_token_at = now
+            elif answer.completion_tokens:
+                self.metrics.itl.observe(now - answer.last_token_at)
+            answer.last_token_at = now
+            answer.completion_tokens += n
             session.completion_tokens += n
-        top_n = session.request.top_logprobs
-        if session.request.stream:
-            self._stream(uid, session, out, n)
-        elif out.finished:
-            logprobs = self._logprobs(out.token_ids, out.logprobs, top_n)
-            self.emit(uid, Tokens(out.text, len(out.token_ids), session.prompt_tokens, session.completion_tokens,
-                                  logprobs, out.finish_reason))
         if out.finished:
+            session.unfinished -= 1
+        final = session.unfinished == 0
+        if session.request.stream:
+            self._stream(uid, session, answer, out, n, final)
+        elif out.finished:
+            logprobs = self._logprobs(out.token_ids, out.logprobs, session.request.top_logprobs)
+            self._emit(uid, session, answer, out.text, logprobs, out.finish_reason, final)
+        if final:
             del self.sessions[uid]
             self.metrics.e2e.observe(now - session.arrival)
-            self.metrics.success(out.finish_reason).inc()
+            self.metrics.success(out.finish_reason).inc()  # once a request: its last answer's reason
 
-    def _stream(self, uid: str, session: Session, out, n: int) -> None:
-        """Send the step's new output, or hold it back: after the first chunk, a stream gets one chunk
+    def _stream(self, uid: str, session: Session, answer: Answer, out, n: int, final: bool) -> None:
+        """Send the step's new output, or hold it back: after the first chunk, an answer gets one chunk
         per `server.stream_interval` tokens (and its last one when it finishes)."""
-        session.unsent_text += out.new_text
-        session.unsent_tokens += n
+        answer.unsent_text += out.new_text
+        answer.unsent_tokens += n
         logprobs = self._logprobs(out.new_token_ids, out.new_logprobs, session.request.top_logprobs)
         if logprobs is not None:
-            session.unsent_logprobs += logprobs
-        first = session.unsent_tokens == session.completion_tokens  # no chunk sent yet
-        due = session.unsent_tokens >= self.stream_interval or (first and session.unsent_tokens)
+            answer.unsent_logprobs += logprobs
+        first = answer.unsent_tokens == answer.completion_tokens  # no chunk of this answer sent yet
+        due = answer.unsent_tokens >= self.stream_interval or (first and answer.unsent_tokens)
         if not (due or out.finished):
             return
         wants_logprobs = session.request.top_logprobs is not None
-        self.emit(uid, Tokens(session.unsent_text, session.unsent_tokens, session.prompt_tokens,
-                              session.completion_tokens, session.unsent_logprobs if wants_logprobs else None,
-                              out.finish_reason if out.finished else None))
-        session.unsent_text, session.unsent_tokens, session.unsent_logprobs = "", 0, []
+        self._emit(uid, session, answer, answer.unsent_text, answer.unsent_logprobs if wants_logprobs else None,
+                   out.finish_reason if out.finished else None, final)
+        answer.unsent_text, answer.unsent_tokens, answer.unsent_logprobs = "", 0, []
+
+    def _emit(self, uid: str, session: Session, answer: Answer, text: str, logprobs, finish_reason,
+              final: bool) -> None:
+        """One answer's Tokens event; its first starts with the prompt when the request echoes."""
+        if session.request.echo and not answer.echoed:
+            answer.echoed = True
+            text = session.echo_texts[answer.prompt] + text
+            if logprobs is not None:
+                logprobs = session.echo_logprobs[answer.prompt] + logprobs
+        self.emit(uid, Tokens(text, session.prompt_tokens, session.completion_tokens, logprobs, finish_reason,
+                              answer.index, final))
 
     def _logprobs(self, token_ids, logprobs, top_n):
         if top_n is None or logprobs is None:
@@ -219,7 +256,8 @@ class GenerateWorker(Worker):
     def _observe_starts(self, now: float) -> None:
         """Queue time (arrival to the first step that ran it) of the requests this step ran first: those
         running now, and those that finished in it (answered, so no longer in `sessions`)."""
-        started = [uid for uid in self.unstarted if uid not in self.sessions or self.engine.is_running(uid)]
+        started = [uid for uid in self.unstarted
+                   if uid not in self.sessions or self.engine.is_running(engine_id(uid, 0))]
         for uid in started:
             self.metrics.queue.observe(now - self.unstarted.pop(uid).arrival)
 
@@ -234,7 +272,8 @@ class GenerateWorker(Worker):
             return
         self.gauges_due = now + GAUGES_INTERVAL_S
         self.metrics.running.set(running)
-        self.metrics.waiting.set(len(self.sessions) - running)  # every session not running: queued or preparing
+        # queued in the engine (an answer of a request asking n of them counts alone), or still preparing
+        self.metrics.waiting.set(stats["num_waiting"] + sum(not s.in_engine for s in self.sessions.values()))
         total = stats["kv_blocks_total"]
         self.metrics.kv_usage.set((total - stats["kv_blocks_free"]) / total if total else 0.0)
         for counter, key in ((self.metrics.preemptions, "num_preemptions"),
@@ -258,3 +297,10 @@ class GenerateWorker(Worker):
     def fail_stepping(self, failure: Failed) -> None:
         for uid in [uid for uid, s in self.sessions.items() if s.in_engine]:
             self.fail(uid, failure)  # aborting frees the blocks the failed step had allocated
+
+
+def check_answers(n: int, prompts: int) -> None:
+    """InputError when a completion request asks more than MAX_ANSWERS answers in all."""
+    if n * prompts > MAX_ANSWERS:
+        raise InputError(f"prompt: {prompts} prompts x n={n} are {n * prompts} answers; a request may ask at "
+                         f"most {MAX_ANSWERS}: send the prompts in several requests", param="prompt")

@@ -5,6 +5,10 @@ The body is parsed by the same code as the offline batch verb (appliance/protoco
 the route waits for the request's first event: `Admitted` (then it answers 200 and streams, or collects
 the answer) or `Failed` (then it answers the error's status, before any byte of a stream). An error
 after a stream started goes out as a `data: {"error": ...}` event, then the stream ends.
+
+A request with several choices (`n`, or a list of prompts) gets one `Tokens` event per choice and step
+(streaming: one chunk each, carrying its choice's `index`) or one per choice at its end (collected into
+one answer); the request's last event is `final`.
 """
 import time
 from typing import Any, AsyncIterator, Dict, List
@@ -44,7 +48,6 @@ class GenerateRoutes:
         except InputError as e:
             raise APIError.from_input(e) from None
         check_model(parsed.model, self.frontend.model_name)
-        check_served(parsed)
         uid = shape.new_id("chatcmpl" if kind == "chat" else "cmpl")
         channel = self.frontend.open(uid, request)
         streaming = False
@@ -66,12 +69,15 @@ class GenerateRoutes:
                 self.frontend.close(channel)
 
     async def _collect(self, answer: "Answer", channel: Channel) -> JSONResponse:
+        choices: List[Tokens] = []
         while True:
             event = await self.frontend.next_event(channel)
             if isinstance(event, Failed):
                 return error_response(event.status, event.message, event.param)
-            if isinstance(event, Tokens) and event.final:
-                return JSONResponse(answer.whole(event))
+            if isinstance(event, Tokens):
+                choices.append(event)
+                if event.final:
+                    return JSONResponse(answer.whole(choices))
 
     async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[bytes]:
         """The SSE body, one write per wake-up: the role chunk goes out with the first event (continuous
@@ -85,7 +91,7 @@ class GenerateRoutes:
                 except APIError as e:  # the deadline passed mid-stream
                     event = Failed(e.status, e.message)
                 if not answer.opened:
-                    pending.append(sse(answer.opening(event)))
+                    pending.extend(sse(chunk) for chunk in answer.opening(event))
                 if isinstance(event, Failed):
                     pending.append(sse(shape.error_body(event.status, event.message, event.param)))
                     break
@@ -110,40 +116,44 @@ class Answer:
     def __init__(self, uid: str, kind: str, request: GenerateRequest, model: str):
         self.uid, self.kind, self.request, self.model = uid, kind, request, model
         self.created = int(time.time())
-        self.text_offset = 0  # completions' logprobs count characters from the start of the answer
-        self.opened = False  # the role chunk went out
+        self.choices = request.n * max(len(request.prompts), 1)  # a chat request has one prompt
+        self.text_offsets = [0] * self.choices  # completions' logprobs count characters from each answer's start
+        self.opened = False  # the role chunks went out
         # vLLM's rule: usage on every chunk only when the client asked for usage at all.
         self.continuous_usage = request.include_usage and request.continuous_usage
 
-    def whole(self, event: Tokens) -> Dict[str, Any]:
-        usage = shape.usage(event.prompt_tokens, event.completion_tokens)
+    def whole(self, events: List[Tokens]) -> Dict[str, Any]:
+        """The answer from each choice's one event (the last event's counts are the request's)."""
+        usage = shape.usage(events[-1].prompt_tokens, events[-1].completion_tokens)
+        choices = sorted((shape.Choice(e.index, e.text, e.finish_reason, e.logprobs) for e in events),
+                         key=lambda c: c.index)
         if self.kind == "chat":
-            return shape.chat_completion(self.uid, self.model, self.created, event.text, event.finish_reason,
-                                         usage, event.logprobs)
-        return shape.text_completion(self.uid, self.model, self.created, event.text, event.finish_reason,
-                                     usage, event.logprobs)
+            return shape.chat_completion(self.uid, self.model, self.created, choices, usage)
+        return shape.text_completion(self.uid, self.model, self.created, choices, usage)
 
-    def opening(self, first_event) -> Dict[str, Any]:
-        """The role chunk; with continuous usage, the prompt's count and no completion tokens yet."""
+    def opening(self, first_event) -> List[Dict[str, Any]]:
+        """A role chunk per choice; with continuous usage, the prompt's count and no completion tokens yet."""
         self.opened = True
         usage = None if self.request.include_usage else ...
         if self.continuous_usage and isinstance(first_event, Tokens):
             usage = shape.usage(first_event.prompt_tokens, 0)
         if self.kind == "chat":
-            return shape.chat_chunk(self.uid, self.model, self.created, {"role": "assistant", "content": ""},
-                                    usage_=usage)
-        return shape.text_chunk(self.uid, self.model, self.created, "", usage_=usage)
+            return [shape.chat_chunk(self.uid, self.model, self.created, i, {"role": "assistant", "content": ""},
+                                     usage_=usage) for i in range(self.choices)]
+        return [shape.text_chunk(self.uid, self.model, self.created, i, "", usage_=usage)
+                for i in range(self.choices)]
 
     def chunks(self, event: Tokens) -> List[Dict[str, Any]]:
         usage = shape.usage(event.prompt_tokens, event.completion_tokens)
         per_chunk = usage if self.continuous_usage else (None if self.request.include_usage else ...)
         if self.kind == "chat":
-            chunk = shape.chat_chunk(self.uid, self.model, self.created, {"content": event.text},
+            chunk = shape.chat_chunk(self.uid, self.model, self.created, event.index, {"content": event.text},
                                      event.finish_reason, event.logprobs, usage_=per_chunk)
         else:
-            chunk = shape.text_chunk(self.uid, self.model, self.created, event.text, event.finish_reason,
-                                     event.logprobs, self.text_offset, usage_=per_chunk)
-            self.text_offset += len(event.text)
+            chunk = shape.text_chunk(self.uid, self.model, self.created, event.index, event.text,
+                                     event.finish_reason, event.logprobs, self.text_offsets[event.index],
+                                     usage_=per_chunk)
+            self.text_offsets[event.index] += len(event.text)
         chunks = [chunk] if event.text or event.finish_reason or event.logprobs else []
         if event.final and self.request.include_usage:
             chunks.append(shape.usage_chunk(self.kind, self.uid, self.model, self.created, usage))
@@ -159,14 +169,3 @@ def check_model(requested, served: str) -> None:
     if requested is not None and requested != served:
         raise APIError(404, f"model: {requested!r} does not exist; this server serves {served!r} (GET /v1/models)",
                        param="model")
-
-
-def check_served(request: GenerateRequest) -> None:
-    """What the request protocol takes but the engine process answers only singly: one choice of one
-    prompt, without the prompt echoed."""
-    if request.n != 1:
-        raise APIError(400, f"n: {request.n}; only n=1 is supported; send one request per answer", param="n")
-    if request.prompts is not None and len(request.prompts) > 1:
-        raise APIError(400, f"prompt: {len(request.prompts)} prompts; send one prompt per request", param="prompt")
-    if request.echo:
-        raise APIError(400, "echo: True; allowed: false only (the answer does not repeat the prompt)", param="echo")

@@ -33,6 +33,7 @@ class ChatRequest:
     model: Optional[str] = None     # body.model, echoed in the response
     line: Optional[int] = None      # 1-based line of the batch file, None for a single prompt
     top_logprobs: Optional[int] = None  # logprobs asked for: the sampled token's plus the top N
+    n: int = 1                      # answers asked for
 
     def where(self, source: str) -> str:
         """How errors name this request: `requests.jsonl line 3 (custom_id 'a')` or `input`."""
@@ -68,10 +69,8 @@ def parse_batch_line(text: str, line: int, defaults: Optional[Dict[str, Any]] = 
     if not isinstance(body, dict):
         raise InputError(f"{at}: body: required, an object with messages (a chat completion request)")
     request = parse_chat(body, defaults, at=f"{at}: body", allow_stream=False)
-    if request.n != 1:  # an answer line holds one choice
-        raise InputError(f"{at}: body.n: {request.n}; a batch line answers n=1 only (write one line per answer)",
-                         param="body.n")
-    return ChatRequest(custom_id, request.messages, request.sampling, request.model, line, request.top_logprobs)
+    return ChatRequest(custom_id, request.messages, request.sampling, request.model, line, request.top_logprobs,
+                       request.n)
 
 
 # ---- the whole run -------------------------------------------------------------------------------
@@ -160,14 +159,15 @@ def plan_run(record: Record, media_dir: Optional[str], defaults: Optional[Dict[s
 
 @register_stage
 class ChatRequests(Stage):
-    """One record per request: messages, sampling, top_logprobs, custom_id, model_name, where (how errors
-    name it), media_dir (local paths allowed under it), output_path (batch only), request_index, request_count.
+    """One record per request: messages, sampling, top_logprobs, n, custom_id, model_name, where (how
+    errors name it), media_dir (local paths allowed under it), output_path (batch only), request_index,
+    request_count.
 
     Offline only: the server takes requests from HTTP bodies (appliance/serving) instead."""
 
     name = "chat_requests"
     consumes = ("input", "output", "prompt")
-    produces = ("messages", "sampling", "top_logprobs", "custom_id", "model_name", "where", "media_dir",
+    produces = ("messages", "sampling", "top_logprobs", "n", "custom_id", "model_name", "where", "media_dir",
                 "output_path", "request_index", "request_count")
     online = False
 
@@ -177,6 +177,6 @@ class ChatRequests(Stage):
                                                          sampling_defaults(self.cfg))
             for index, request in enumerate(requests):
                 yield {"messages": request.messages, "sampling": request.sampling,
-                       "top_logprobs": request.top_logprobs, "custom_id": request.custom_id,
+                       "top_logprobs": request.top_logprobs, "n": request.n, "custom_id": request.custom_id,
                        "model_name": request.model, "where": request.where(source), "media_dir": allowed,
                        "output_path": output, "request_index": index, "request_count": len(requests)}

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, Iterator, List
 
 from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.protocol.openai_responses import chat_completion, new_id, token_decoder, token_logprobs, usage
+from appliance.protocol.openai_responses import Choice, chat_completion, new_id, token_decoder, token_logprobs, usage
 from appliance.stages.engine import model_tokenizer
 
 
@@ -45,7 +45,7 @@ class ChatResponses(Stage):
     """Offline only: the server shapes its answers from the engine's outputs itself (appliance/serving)."""
 
     name = "chat_responses"
-    consumes = ("completion", "custom_id", "model_name", "output_path", "request_index", "request_count")
+    consumes = ("choices", "custom_id", "model_name", "output_path", "request_index", "request_count")
     produces = ("display", "response")
     online = False
 
@@ -72,14 +72,17 @@ class ChatResponses(Stage):
             raise RuntimeError(f"chat_responses: incomplete batches for {', '.join(batches)}")
 
     def _completion(self, record: Record, created: int) -> Dict[str, Any]:
-        out = record["completion"]
+        """The chat.completion of the record's answers: usage counts the prompt once, every answer's tokens."""
+        outs = record["choices"]
         top_n = record.get("top_logprobs")
-        logprobs = None
-        if top_n is not None and out.logprobs is not None:
-            logprobs = token_logprobs(out.token_ids, out.logprobs, top_n, self._decoder())
-        return chat_completion(new_id("chatcmpl"), record.get("model_name") or self.cfg.model.name, created,
-                               out.text, out.finish_reason, usage(len(out.prompt_token_ids), len(out.token_ids)),
-                               logprobs)
+        choices = []
+        for index, out in enumerate(outs):
+            logprobs = None
+            if top_n is not None and out.logprobs is not None:
+                logprobs = token_logprobs(out.token_ids, out.logprobs, top_n, self._decoder())
+            choices.append(Choice(index, out.text, out.finish_reason, logprobs))
+        return chat_completion(new_id("chatcmpl"), record.get("model_name") or self.cfg.model.name, created, choices,
+                               usage(len(outs[0].prompt_token_ids), sum(len(out.token_ids) for out in outs)))
 
     def _decoder(self):
         if self.decode is None:
