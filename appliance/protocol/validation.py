@@ -10,7 +10,7 @@ from appliance.errors import InputError
 def input_error(error: ValidationError, model: Type[BaseModel], expected: Dict[str, str]) -> InputError:
     """`expected`: what a field should be, by path, for type errors and missing fields."""
     problem = error.errors()[0]
-    loc: Tuple = problem["loc"]
+    loc: Tuple = _fields_only(model, problem["loc"])
     while len(loc) > 1 and isinstance(loc[-1], int):  # a list's item: name the list
         loc = loc[:-1]
     where = _path(loc)
@@ -27,6 +27,18 @@ def input_error(error: ValidationError, model: Type[BaseModel], expected: Dict[s
     else:
         message = f"{problem['msg'][0].lower()}{problem['msg'][1:]}, got {given!r:.80}"
     return InputError(f"{where}: {message}", param=where)
+
+
+def _fields_only(model: Type[BaseModel], loc: Tuple) -> Tuple:
+    """`loc` without the tags pydantic adds for a union's members (`data.data.list[constrained-str].0`)."""
+    kept, current = [], model
+    for key in loc:
+        if isinstance(key, int):
+            kept.append(key)
+        elif isinstance(current, type) and issubclass(current, BaseModel):  # a field, or an unknown one
+            kept.append(key)
+            current = current.model_fields[key].annotation if key in current.model_fields else None
+    return tuple(kept)
 
 
 def _path(loc: Tuple) -> str:

@@ -56,10 +56,11 @@ def stac_item(path: Path, hrefs: list, bands=HLS_BANDS, datetime="2024-04-09T16:
 
 class RangeServer:
     """Serves `root` over HTTP on 127.0.0.1 with Range support. `sent` counts body bytes per file name;
-    `redirects` maps a path to a Location to answer 302 with; `ranges=False` ignores Range headers."""
+    `redirects` maps a path to a Location to answer 302 with; `ranges=False` ignores Range headers;
+    each request waits for `before_answer()` to return (a test can hold the answers back)."""
 
-    def __init__(self, root: Path, ranges=True):
-        self.root, self.ranges = Path(root), ranges
+    def __init__(self, root: Path, ranges=True, before_answer=lambda: None):
+        self.root, self.ranges, self.before_answer = Path(root), ranges, before_answer
         self.sent, self.redirects, self.lock = {}, {}, threading.Lock()
         server = self
 
@@ -76,6 +77,7 @@ class RangeServer:
                 self.answer(body=True)
 
             def answer(self, body):
+                server.before_answer()
                 name = self.path.split("?", 1)[0].lstrip("/")
                 if "/" + name in server.redirects:
                     self.send_response(302)

@@ -51,7 +51,7 @@ class SceneReader:
             except RasterioError as e:
                 label = scene.labels[positions[0]] if scene.labels else file
                 if scene.fetch is not None:  # serve mode: the request's field leads (the error's param)
-                    label = f"{scene.fetch[1]}: {label}"
+                    label = f"{scene.fetch.field}: {label}"
                 raise InputError(
                     f"{label}: cannot read the window of rows {y}..{y + height - 1}, columns {x}..{x + width - 1} "
                     f"({_first_line(e)}); the file may be truncated, corrupt or no longer reachable"

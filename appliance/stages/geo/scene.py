@@ -21,7 +21,7 @@ from rasterio.errors import NotGeoreferencedWarning, RasterioError
 
 from appliance.errors import InputError
 from appliance.stages.geo.aoi import Aoi, aoi_window
-from appliance.stages.geo.sources import SceneSpec, gdal_path, is_remote, shown
+from appliance.stages.geo.sources import SceneSpec, gdal_path, is_remote, scheme, shown
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class SceneInfo:
     files: Tuple[str, ...] = ()  # per model band, the GDAL path holding it (one path repeated: a multi-band file)
     offset: Tuple[int, int] = (0, 0)  # (row, column) of the scene's first pixel in the files' grid
     labels: Tuple[str, ...] = ()  # per model band, how messages name its file
-    fetch: Any = None  # SceneSpec.fetch: (FetchPolicy, field) when remote files go through the fetcher
+    fetch: Any = None  # SceneSpec.fetch: a RemoteReads when remote files go through the fetcher
     links: Tuple[str, ...] = ()  # what the mask is derived from (files, URLs, a STAC item), for its STAC item
     datetime: Optional[str] = None  # acquisition time when the source says (ISO 8601 or TIFFTAG_DATETIME)
 
@@ -67,7 +67,7 @@ REMOTE_OPTIONS = dict(GDAL_DISABLE_READDIR_ON_OPEN="EMPTY_DIR", GDAL_HTTP_CONNEC
 def open_raster(path: str, label: Optional[str] = None, fetch=None) -> Iterator[rasterio.DatasetReader]:
     """rasterio.open without the not-georeferenced warning (we log our own) and with clear errors. `path`
     may be a URL (https://, s3://), read by range requests with REMOTE_OPTIONS in force while it is open;
-    with `fetch` (serve mode: a FetchPolicy and the request's field) through the SSRF-safe fetcher.
+    with `fetch` (serve mode: the request's `remote_file.RemoteReads`) through the SSRF-safe fetcher.
     `label` names it in messages (default: the path, or the URL without its query string)."""
     remote = is_remote(path)
     name = label or shown(path)
@@ -77,10 +77,12 @@ def open_raster(path: str, label: Optional[str] = None, fetch=None) -> Iterator[
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", NotGeoreferencedWarning)
-                dataset = _open_remote(path, name, fetch) if remote and fetch else rasterio.open(gdal_path(path))
+                fetched = fetch and scheme(path) in ("http", "https")  # s3: GDAL's /vsis3/, buckets checked before
+                dataset = _open_remote(path, name, fetch) if fetched else rasterio.open(gdal_path(path))
         except RasterioError as e:
             if remote:
-                raise InputError(f"{name}: cannot be opened ({_first_line(e)}); the URL must answer HTTP range "
+                where = f"{fetch.field}: {name}" if fetch else name  # serve mode: the request's field leads
+                raise InputError(f"{where}: cannot be opened ({_first_line(e)}); the URL must answer HTTP range "
                                  "requests with a GeoTIFF (for s3://, set AWS_* credentials in the environment)"
                                  ) from None
             if _looks_like_tiff(path):
@@ -95,17 +97,13 @@ def open_raster(path: str, label: Optional[str] = None, fetch=None) -> Iterator[
 def _open_remote(url: str, name: str, fetch) -> rasterio.DatasetReader:
     from appliance.stages.geo.remote_file import opener_for
 
-    policy, field = fetch
-    if not url.lower().startswith(("http://", "https://")):
-        raise InputError(f"{field}: {name}: the server reads http(s) URLs only; s3:// is for appliance run and "
-                         "the batch Job")
     errors: List[InputError] = []
     try:
-        return rasterio.open(url, opener=opener_for(url, policy, field, policy.max_bytes, errors))
+        return rasterio.open(url, opener=opener_for(url, fetch, errors))
     except RasterioError as e:
         if errors:
             raise errors[-1] from None
-        raise InputError(f"{field}: {name}: cannot be read as a GeoTIFF ({_first_line(e)})") from None
+        raise InputError(f"{fetch.field}: {name}: cannot be read as a GeoTIFF ({_first_line(e)})") from None
 
 
 def _looks_like_tiff(path: str) -> bool:
