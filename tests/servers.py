@@ -7,10 +7,7 @@ tests/conftest.py), started once per session when a test asks for one, and stopp
   key (from $APPLIANCE_API_KEY), an allowed media directory and an output directory: `/pooling`, `/v1/pool`.
 """
 import base64
-import contextlib
-import http.server
 import io
-import threading
 import time
 
 import httpx
@@ -55,30 +52,6 @@ def flood_server(flood_dirs):
                         f"server.limits.fetch_timeout_s={FETCH_TIMEOUT_S}", f"server.spool_dir={flood_dirs['spool']}",
                         cwd=flood_dirs["cwd"], env={"APPLIANCE_API_KEY": API_KEY}) as server:
         yield server
-
-
-@contextlib.contextmanager
-def bytes_source(payload: bytes, before_answer=lambda: None):
-    """An HTTP server on 127.0.0.1 that answers every GET with `payload`, after `before_answer()` returns
-    (a test can hold the answer back); yields its port."""
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            before_answer()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield httpd.server_address[1]
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def data_url(path=SAMPLE_IMAGE) -> str:

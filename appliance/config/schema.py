@@ -92,6 +92,8 @@ class ServerConfig:
     api_key: Optional[str] = None  # Bearer key on inference routes; also read from $APPLIANCE_API_KEY
     allowed_local_media_dir: Optional[str] = None  # client-named server files only under this directory
     allowed_media_domains: List[str] = field(default_factory=list)  # hosts fetched even at private addresses
+    # s3:// buckets /pooling requests may name (read by GDAL with the server's AWS_* credentials); none: refused
+    allowed_s3_buckets: List[str] = field(default_factory=list)
     output_dir: Optional[str] = None  # where /pooling writes outputs asked for as paths (out_data_format: path)
     spool_dir: Optional[str] = None  # uploads and outputs in flight; None: a private temp directory
     # threads that prepare requests (fetch, decode, tile) ahead of the engine; 0: for chat and completions

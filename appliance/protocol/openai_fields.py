@@ -32,6 +32,11 @@ def either(pick: Callable[[Any], Optional[str]], **members: Any) -> Any:
     return Annotated[Union[tagged], Discriminator(lambda value: _tag(pick(value)))]
 
 
+def one_or_list(value: Any) -> Optional[str]:
+    """`either`'s pick for "a string or a list of ..." fields: members named `one` and `list`."""
+    return "one" if isinstance(value, str) else "list" if isinstance(value, list) else None
+
+
 def _tag(name: Optional[str]) -> Optional[str]:
     return None if name is None else f"<{name}>"
 

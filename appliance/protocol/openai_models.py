@@ -14,7 +14,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from typing_extensions import Annotated
 
 from appliance.engine.structured_output import StructuredOutput, json_object
-from appliance.protocol.openai_fields import Integer, Number, Text, TokenId, either, engine_range, integer, neutral
+from appliance.protocol.openai_fields import (Integer, Number, Text, TokenId, either, engine_range, integer, neutral,
+                                              one_or_list)
 from appliance.protocol.validation import field_error
 
 ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's name for system in newer models
@@ -23,11 +24,6 @@ MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 MAX_CHOICES = 128
 STRICT = ConfigDict(extra="forbid", strict=True)
 LENIENT = ConfigDict(extra="ignore", strict=True)  # OpenAI objects whose other keys are ignored
-
-
-def _kind(value: Any) -> Optional[str]:
-    """`either`'s pick for "a string or a list of ..." fields."""
-    return "one" if isinstance(value, str) else "list" if isinstance(value, list) else None
 
 
 # ---- messages ------------------------------------------------------------------------------------
@@ -64,7 +60,7 @@ Part = Annotated[either(lambda v: v.get("type") if isinstance(v, dict) else "tex
 class Message(BaseModel):
     model_config = LENIENT
     role: Literal[ROLES]
-    content: either(_kind, one=str, list=Annotated[List[Part], Field(min_length=1)])
+    content: either(one_or_list, one=str, list=Annotated[List[Part], Field(min_length=1)])
 
 
 # ---- fields both routes take ---------------------------------------------------------------------
@@ -139,7 +135,7 @@ class GenerateBody(BaseModel):
     top_k: Optional[Annotated[Integer, engine_range(minimum=0)]] = Field(default=None, description="0: all tokens")
     min_tokens: Optional[Annotated[Integer, engine_range(minimum=0)]] = None
     seed: Optional[Seed] = None
-    stop: Optional[either(_kind, one=str, list=List[str])] = None
+    stop: Optional[either(one_or_list, one=str, list=List[str])] = None
     stop_token_ids: Optional[List[TokenId]] = None
     ignore_eos: Optional[bool] = None
     logit_bias: Optional[Dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Bias]] = Field(

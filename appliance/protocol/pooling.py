@@ -7,29 +7,46 @@
      "priority"?: 0, "task"?: "plugin"}
     -> {"request_id", "created_at", "data": {"data_format", "data", "request_id"}}
 
+Ours, inside `data` where vLLM's plugin takes its input: `data` may also be a list of per-band files
+(URLs or allowed paths, in the model's band order), and `aoi` ([xmin, ymin, xmax, ymax]) with
+`aoi_crs` limits the run to that box, as `appliance run`'s `input=[[...]]`, `aoi` and `aoi_crs` do
+(their rules are the CLI's own: `stages/geo/sources.scene_spec`, `stages/geo/aoi.parse_aoi`).
+
 `PoolingBody` is the one definition of the request: it validates bodies (strict: no type coercion,
 no unknown field) and the server's OpenAPI document is generated from it (`serving/http/openapi.py`).
 """
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import Annotated
 
 from appliance.errors import InputError
+from appliance.protocol.openai_fields import either, one_or_list
 from appliance.protocol.validation import input_error
+
+
+MAX_BAND_FILES = 64  # a per-band list: more than any model's bands
 
 
 class PoolingData(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    data: str = Field(min_length=1, description="the GeoTIFF: base64, an http(s) URL or a file name")
+    data: either(one_or_list, one=Annotated[str, Field(min_length=1)],
+                 list=Annotated[List[Annotated[str, Field(min_length=1)]],
+                                Field(min_length=1, max_length=MAX_BAND_FILES)]) = Field(
+        description="the GeoTIFF: base64, a URL (http(s), or s3:// where the server allows the bucket) or a file "
+                    "name; or a list of single-band files (URLs or file names), one per model band in the model's "
+                    "band order")
     data_format: Literal["b64_json", "url", "path"]
     out_data_format: Literal["b64_json", "path"] = "b64_json"
     image_format: Optional[Literal["tiff", "tif", "geotiff"]] = "tiff"
     indices: Optional[List[Annotated[int, Field(ge=0)]]] = Field(
         default=None, min_length=1, description="0-based file bands, in the model's band order")
+    aoi: Optional[List[float]] = Field(default=None, description="area of interest [xmin, ymin, xmax, ymax], "
+                                                                "lon/lat unless aoi_crs: the output is that window")
+    aoi_crs: Optional[str] = Field(default=None, description="the aoi's CRS, e.g. EPSG:32615 (default EPSG:4326)")
 
 
 class PoolingBody(BaseModel):
@@ -48,17 +65,22 @@ class PoolingBody(BaseModel):
 
 # What an error says a field should be, where pydantic's own words would not help a client.
 EXPECTED = {"data": "an object {data, data_format, out_data_format}",
-            "data.data": "a non-empty string (base64 GeoTIFF, http(s) URL or file name)",
-            "data.indices": "a non-empty list of 0-based band indexes"}
+            "data.data": "a non-empty string (base64 GeoTIFF, URL or file name) or a list of per-band URLs or "
+                         "file names",
+            "data.indices": "a non-empty list of 0-based band indexes",
+            "data.aoi": "[xmin, ymin, xmax, ymax] (numbers)",
+            "data.aoi_crs": "a CRS name like EPSG:32615"}
 
 
 @dataclass
 class PoolingRequest:
-    data: str
+    data: Union[str, List[str], None]  # one GeoTIFF, or per-band files
     data_format: str
     out_data_format: str
     model: Optional[str] = None
     bands: Optional[List[int]] = None  # 1-based, for the raster_read stage
+    aoi: Optional[List[float]] = None  # as sent: `stages/geo/aoi.parse_aoi` checks it (it needs GDAL's CRSs)
+    aoi_crs: Optional[str] = None
 
 
 def parse_pooling(body: Any) -> PoolingRequest:
@@ -69,10 +91,21 @@ def parse_pooling(body: Any) -> PoolingRequest:
     except ValidationError as e:
         raise input_error(e, PoolingBody, EXPECTED) from None
     data = parsed.data
-    if data.data_format == "url" and not data.data.lower().startswith(("http://", "https://")):
-        raise InputError("data.data: expected an http(s) URL with data_format url", param="data.data")
+    per_band = isinstance(data.data, list)
+    if per_band and data.data_format == "b64_json":
+        raise InputError("data.data: a list of per-band files takes data_format url or path; send one multi-band "
+                         "GeoTIFF as b64_json", param="data.data")
+    if per_band and data.indices is not None:
+        raise InputError("data.indices: picks bands of one multi-band file; a per-band list is already in the "
+                         "model's band order: drop indices", param="data.indices")
+    if data.data_format == "url":
+        for url in data.data if per_band else [data.data]:
+            if not url.lower().startswith(("http://", "https://", "s3://")):
+                raise InputError("data.data: expected an http(s) URL (or s3://bucket/key) with data_format url",
+                                 param="data.data")
     bands = [i + 1 for i in data.indices] if data.indices is not None else None
-    return PoolingRequest(data.data, data.data_format, data.out_data_format, parsed.model, bands)
+    return PoolingRequest(data.data, data.data_format, data.out_data_format, parsed.model, bands, data.aoi,
+                          data.aoi_crs)
 
 
 def pooling_response(request_id: str, out_data_format: str, data: str) -> Dict[str, Any]:

@@ -22,12 +22,13 @@ class GenerateJob:
 
 @dataclass
 class PoolJob:
-    input_path: Optional[str]   # a GeoTIFF on the server (spooled upload or an allowed file)
-    input_url: Optional[str]    # or fetched by the worker pool into `input_path`
+    input_path: Any             # a GeoTIFF on the server (spooled upload or an allowed file), or per-band files
+    input_url: Any              # or a URL / per-band URLs, read by windows (stages/geo/served.py)
     output_path: str            # where the output GeoTIFF is written (atomically)
     field: str                  # how errors name the input (`data.data`, `body`)
     quicklook: bool = False     # also write <output stem>.quicklook.png
     bands: Optional[List[int]] = None  # 1-based band indexes to feed the model, in its band order
+    aoi: Any = None             # stages.geo.aoi.Aoi: the window of the scene to run
 
 
 @dataclass

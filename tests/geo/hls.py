@@ -55,27 +55,34 @@ def stac_item(path: Path, hrefs: list, bands=HLS_BANDS, datetime="2024-04-09T16:
 
 
 class RangeServer:
-    """Serves `root` over HTTP on 127.0.0.1 with Range support. `sent` counts body bytes per file name;
-    `redirects` maps a path to a Location to answer 302 with; `ranges=False` ignores Range headers."""
+    """Serves `root` over HTTP on 127.0.0.1 with Range support. `sent` counts body bytes per file name,
+    `requests` the GETs answered and `heads` the HEADs;
+    `redirects` maps a path to a Location to answer 302 with; `ranges=False` ignores Range headers;
+    each request waits for `before_answer()` to return (a test can hold the answers back)."""
 
-    def __init__(self, root: Path, ranges=True):
-        self.root, self.ranges = Path(root), ranges
+    def __init__(self, root: Path, ranges=True, before_answer=lambda: None):
+        self.root, self.ranges, self.before_answer = Path(root), ranges, before_answer
         self.sent, self.redirects, self.lock = {}, {}, threading.Lock()
+        self.requests = self.heads = 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as object stores and web servers do
+            disable_nagle_algorithm = True  # TCP_NODELAY, as nginx and object stores: no 40 ms delayed-ACK stalls
 
             def log_message(self, *args):
                 pass
 
             def do_HEAD(self):
+                with server.lock:
+                    server.heads += 1
                 self.answer(body=False)
 
             def do_GET(self):
                 self.answer(body=True)
 
             def answer(self, body):
+                server.before_answer()
                 name = self.path.split("?", 1)[0].lstrip("/")
                 if "/" + name in server.redirects:
                     self.send_response(302)
@@ -106,6 +113,7 @@ class RangeServer:
                         self.wfile.write(f.read(end - start + 1))
                     with server.lock:
                         server.sent[name] = server.sent.get(name, 0) + end - start + 1
+                        server.requests += 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"

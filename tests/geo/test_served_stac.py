@@ -10,7 +10,7 @@ import rasterio
 
 from appliance.errors import InputError
 from appliance.fetch import FetchPolicy
-from appliance.stages.geo.remote_file import RangeFile
+from appliance.stages.geo.remote_file import CHUNK_BYTES, RangeFile, RemoteReads
 from tests.conftest import run_cli
 from tests.geo.hls import RangeServer, split_bands, stac_item
 from tests.servers import API_KEY, SAMPLE_SCENE, error
@@ -68,17 +68,26 @@ def test_item_naming_a_server_file_is_refused(flood_server, hls_sample, tmp_path
     assert response.status_code == 400 and "is not an http(s) URL" in error(response)["message"], response.text
 
 
-def test_range_file_reads_what_it_is_asked_and_honours_the_policy(hls_sample):
-    root, files, _ = hls_sample
-    data = files[0].read_bytes()
-    with RangeServer(root) as source:
-        url = f"{source.url}/{files[0].name}"
-        f = RangeFile(url, FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 20), "data.data", 1 << 30)
+def test_range_file_reads_what_it_is_asked_and_honours_the_policy(tmp_path):
+    data = np.random.default_rng(0).integers(0, 256, 3 * CHUNK_BYTES + 100, dtype=np.uint8).tobytes()
+    (tmp_path / "big.bin").write_bytes(data)
+    local = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30)
+    with RangeServer(tmp_path) as source:
+        url = f"{source.url}/big.bin"
+        reads = RemoteReads(local, "data.data")
+        f = RangeFile(url, reads)
         f.seek(len(data) - 10)
         assert f.read(100) == data[-10:] and f.read(5) == b""
         f.seek(5)
-        assert f.read(7) == data[5:12]
+        assert f.read(CHUNK_BYTES) == data[5:CHUNK_BYTES + 5]  # across two chunks
+        sent = source.total_sent()
+        again = RangeFile(url, reads)  # GDAL opens a file again to read it: its chunks are kept
+        assert again.read(CHUNK_BYTES + 5) == data[:CHUNK_BYTES + 5] and source.total_sent() == sent
         with pytest.raises(InputError, match="resolves to 127.0.0.1, a loopback address"):
-            RangeFile(url, FetchPolicy(max_bytes=1 << 20), "data.data", 1 << 30)
-        with pytest.raises(InputError, match="more than 1000 bytes"):
-            RangeFile(url, FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 20), "data.data", 1000)
+            RangeFile(url, RemoteReads(FetchPolicy(max_bytes=1 << 20), "data.data"))
+        # max_media_bytes bounds all the request's reads of a file, not each range
+        capped = RangeFile(url, RemoteReads(FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=CHUNK_BYTES + 1),
+                                            "data.data"))
+        capped.seek(2 * CHUNK_BYTES)
+        with pytest.raises(InputError, match=f"more than {CHUNK_BYTES + 1} bytes"):
+            capped.read(10)

@@ -16,7 +16,8 @@ from tests.reliability.conftest import PLUGIN
 from tests.reliability.load import answer, counter, session_rss_bytes, stream_text
 from tests.reliability.models import overrides
 from tests.server_process import server_process
-from tests.servers import SAMPLE_SCENE, bytes_source, error, metrics, wait_idle
+from tests.geo.hls import RangeServer
+from tests.servers import SAMPLE_SCENE, error, metrics, wait_idle
 
 PROMPTS = [f"Tell me about item {i} and the {w}" for i, w in enumerate(
     "river stone cloud lamp field door wheel bread glass road".split() * 2)]
@@ -121,12 +122,13 @@ def test_pooling_overload_is_refused_not_queued_without_end(tmp_path):
         fetching.set()
         release.wait(60)
 
-    with bytes_source(SAMPLE_SCENE.read_bytes(), before_answer=hold) as port, \
+    (tmp_path / "scene.tif").write_bytes(SAMPLE_SCENE.read_bytes())
+    with RangeServer(tmp_path, before_answer=hold) as source, \
             server_process("pipeline=prithvi_flood", "server.preprocess_workers=1",
                            "server.allowed_media_domains=[127.0.0.1]",
                            f"server.limits.max_queued_requests={bound}", cwd=tmp_path) as server, \
             concurrent.futures.ThreadPoolExecutor(1 + bound) as pool:
-        body = {"data": {"data": f"http://127.0.0.1:{port}/scene.tif", "data_format": "url"}}
+        body = {"data": {"data": f"{source.url}/scene.tif", "data_format": "url"}}
         try:
             post = lambda: httpx.post(f"{server.base}/pooling", json=body, timeout=120)  # noqa: E731
             accepted = [pool.submit(post)]

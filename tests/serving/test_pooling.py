@@ -12,7 +12,8 @@ import pytest
 import rasterio
 
 from tests.conftest import run_cli
-from tests.servers import API_KEY, SAMPLE_SCENE, bytes_source, error, metrics
+from tests.geo.hls import RangeServer
+from tests.servers import API_KEY, SAMPLE_SCENE, error, metrics
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -67,11 +68,14 @@ def test_pooling_path_in_path_out(flood_server, flood_dirs, offline_mask):
 
 
 def test_pooling_url_input_from_an_allowed_host(flood_server, offline_mask, tmp_path):
-    with bytes_source(SAMPLE_SCENE.read_bytes()) as port:
-        response = pooling(flood_server, f"http://127.0.0.1:{port}/scene.tif", data_format="url")
+    """Read by range requests (tests/geo/test_served_remote.py: a window of a large scene)."""
+    (tmp_path / "scene.tif").write_bytes(SAMPLE_SCENE.read_bytes())
+    with RangeServer(tmp_path) as source:
+        response = pooling(flood_server, f"{source.url}/scene.tif", data_format="url")
         assert response.status_code == 200, response.text
         (tmp_path / "out.tif").write_bytes(base64.b64decode(response.json()["data"]["data"]))
         assert_same_mask(tmp_path / "out.tif", offline_mask)
+        port = source.url.rsplit(":", 1)[1]
         refused = pooling(flood_server, f"http://localhost:{port}/scene.tif", data_format="url")
         assert refused.status_code == 400 and error(refused)["param"] == "data.data", refused.text
         assert "allowed_media_domains" in error(refused)["message"]

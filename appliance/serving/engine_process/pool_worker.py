@@ -20,7 +20,7 @@ from typing import Any, Deque, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from appliance.errors import UserError
+from appliance.errors import InputError, UserError
 from appliance.pipeline import Pipeline, Record, Stage
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.engine_process.records import SceneRecord, as_record
@@ -113,23 +113,24 @@ class PoolWorker(Worker):
         self.pool.submit(self._run, session)
 
     def _run(self, session: PoolSession) -> None:
-        """In a pool thread: fetch (URL inputs), then the online stages with the bridge; post the result."""
+        """In a pool thread: the scene's description (URLs: read by windows, never downloaded whole), then
+        the online stages with the bridge; post the result."""
         job = session.job
         session.started = True
         self.metrics.queue.observe(time.monotonic() - session.arrival)
         try:
             source = job.input_path
-            if job.input_url is not None:
-                from appliance.fetch import FetchPolicy, fetch_to_file
-                from appliance.stages.geo.sources import is_stac_item
-                from appliance.stages.geo.stac_in import served_item_spec
+            if job.input_url is not None or isinstance(source, list):
+                from appliance.fetch import FetchPolicy
+                from appliance.stages.geo.served import local_scene_spec, served_scene_spec
 
-                policy = FetchPolicy.from_server_config(self.cfg.server)
-                if is_stac_item(job.input_url):  # per-band assets, read by windows through the fetcher
-                    source = served_item_spec(job.input_url, self.cfg.model.geo, policy, job.field)
+                if job.input_url is not None:
+                    policy = FetchPolicy.from_server_config(self.cfg.server)
+                    buckets = list(self.cfg.server.get("allowed_s3_buckets") or [])
+                    source = served_scene_spec(job.input_url, self.cfg.model.geo, policy, job.field, buckets)
                 else:
-                    fetch_to_file(job.input_url, job.input_path, policy, job.field)
-            record = as_record(SceneRecord(source, job.output_path, job.quicklook, job.bands))
+                    source = local_scene_spec(source, self.cfg.model.geo, job.field)
+            record = as_record(SceneRecord(source, job.output_path, job.quicklook, job.bands, job.aoi))
             bridge = EngineBridge(session, self.input_field, self.output_field, self.in_flight)
             last: Optional[Record] = None
             for last in self.stages.replaced(self.engine_index, bridge).run([record]):
@@ -138,8 +139,14 @@ class PoolWorker(Worker):
         except RequestCancelled:
             pass
         except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
-            if isinstance(e, UserError):  # name the request's field, never a spool path
-                e = type(e)(str(e).replace(job.input_path, job.field))
+            if isinstance(e, UserError):  # name the request's field, never a server path
+                per_band = isinstance(job.input_path, list)  # a file is named by its place in the list
+                paths = job.input_path if per_band else [job.input_path]
+                message = str(e)
+                for i, path in enumerate(paths):
+                    if path:
+                        message = message.replace(path, f"{job.field}[{i}]" if per_band else job.field)
+                e = InputError(message, e.param, e.status) if isinstance(e, InputError) else type(e)(message)
             self.post("failed", session.uid, self.failure(e, "running the scene"))
 
     def on_tile(self, uid: str, payload: Tuple[int, torch.Tensor]) -> None:

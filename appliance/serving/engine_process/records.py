@@ -22,6 +22,7 @@ class SceneRecord:
     output_path: str
     quicklook: bool
     bands: Optional[List[int]]
+    aoi: Any = None             # stages.geo.aoi.Aoi, or None: the whole scene
     scene_index: int = 0
     overwrite: bool = True      # the output is the request's own spool or output file
 

@@ -3,9 +3,10 @@
 `?quicklook=true`).
 
 Inputs spool to files in the server's spool directory (a base64 body is decoded there, a raw body
-streams there under the body limit, a URL is fetched there by the engine process's worker pool; a path
-is used in place, inside `server.allowed_local_media_dir` only). The engine process reads them by
-windows and writes the output atomically; the spooled input and output are deleted once answered.
+streams there under the body limit); a path is used in place, inside `server.allowed_local_media_dir`
+only; a URL (a GeoTIFF, a STAC item, or per-band files) is never downloaded whole: the engine process
+reads it by windows through the SSRF-safe fetcher (stages/geo/served.py). The engine process writes
+the output atomically; the spooled input and output are deleted once answered.
 Outputs asked for as paths go to `server.output_dir`, named after the request id.
 """
 import asyncio
@@ -26,7 +27,9 @@ from appliance.serving.http.errors import APIError, error_response, read_json
 from appliance.serving.http.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.http.routes_generate import check_model
+from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.quicklook import quicklook_path
+from appliance.stages.geo.served import check_served_href
 from appliance.stages.geo.stac_out import stac_path
 
 RAW_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")
@@ -38,6 +41,7 @@ class PoolRoutes:
         self.spool = spool_dir
         self.media_dir = cfg.server.allowed_local_media_dir
         self.output_dir = cfg.server.output_dir
+        self.s3_buckets = list(cfg.server.get("allowed_s3_buckets") or [])
 
     async def pooling(self, request: Request):
         body = await read_json(request)
@@ -46,17 +50,25 @@ class PoolRoutes:
         except InputError as e:
             raise APIError.from_input(e) from None
         check_model(parsed.model, self.frontend.model_name)
+        try:
+            aoi = parse_aoi(parsed.aoi, parsed.aoi_crs, where="data.")  # appliance run's rule
+            if parsed.data_format == "url":  # server policy (s3 buckets) before the request queues
+                for href in parsed.data if isinstance(parsed.data, list) else [parsed.data]:
+                    check_served_href(href, "data.data", self.s3_buckets)
+        except InputError as e:
+            raise APIError.from_input(e) from None
         uid = new_id("pool")
         input_path, url, spooled = None, None, []
         if parsed.data_format == "path":
-            input_path = self._allowed_path(parsed.data)
+            names = parsed.data if isinstance(parsed.data, list) else [parsed.data]
+            paths = [self._allowed_path(name) for name in names]
+            input_path = paths if isinstance(parsed.data, list) else paths[0]
+        elif parsed.data_format == "url":
+            url = parsed.data
         else:
             input_path = self._spool(uid, ".in.tif")
             spooled.append(input_path)
-            if parsed.data_format == "url":
-                url = parsed.data
-            else:
-                await asyncio.to_thread(write_base64, parsed.data, input_path)
+            await asyncio.to_thread(write_base64, parsed.data, input_path)
         if parsed.out_data_format == "path":
             if not self.output_dir:
                 self._remove(spooled)
@@ -66,7 +78,7 @@ class PoolRoutes:
         else:
             output = self._spool(uid, ".out.tif")
             spooled += [output, output + ".aux.xml", stac_path(output)]
-        job = PoolJob(input_path, url, output, "data.data", bands=parsed.bands)
+        job = PoolJob(input_path, url, output, "data.data", bands=parsed.bands, aoi=aoi)
         del body
         parsed.data = None  # the scene is on disk now: a request waiting in the queue holds no copy of it
         result = await self._run(request, uid, job, spooled)

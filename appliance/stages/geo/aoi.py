@@ -7,7 +7,7 @@ pixels and clipped to the scene. The run then reads, tiles and writes that windo
 the window, georeferenced by the window's transform.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Optional, Tuple
 
 from rasterio.crs import CRS
@@ -24,9 +24,12 @@ EPS = 1e-6  # of a pixel
 class Aoi:
     bounds: Tuple[float, float, float, float]  # xmin, ymin, xmax, ymax in `crs`
     crs: str = "EPSG:4326"
+    name: str = dataclass_field(default="aoi", compare=False)  # how messages name it (`data.aoi` in a request)
 
 
-def parse_aoi(value: Any, crs: Optional[str] = None) -> Optional[Aoi]:
+def parse_aoi(value: Any, crs: Optional[str] = None, where: str = "") -> Optional[Aoi]:
+    """`where` prefixes the fields' names in messages and `param` (a server request: `data.`)."""
+    field, crs_field = f"{where}aoi", f"{where}aoi_crs"
     if value is None or value == "" or value == []:
         return None
     if isinstance(value, str):
@@ -36,22 +39,26 @@ def parse_aoi(value: Any, crs: Optional[str] = None) -> Optional[Aoi]:
     except (TypeError, ValueError):
         bounds = ()
     if len(bounds) != 4 or not all(math.isfinite(b) for b in bounds):
-        raise InputError(f"aoi: expected [xmin, ymin, xmax, ymax] (lon/lat unless aoi_crs is given), got {value!r}")
+        raise InputError(f"{field}: expected [xmin, ymin, xmax, ymax] (lon/lat unless {crs_field} is given), "
+                         f"got {value!r}", param=field)
     if not (bounds[0] < bounds[2] and bounds[1] < bounds[3]):
-        raise InputError(f"aoi: {list(bounds)} is empty; give [xmin, ymin, xmax, ymax] with xmin < xmax, ymin < ymax")
+        raise InputError(f"{field}: {list(bounds)} is empty; give [xmin, ymin, xmax, ymax] with xmin < xmax, "
+                         "ymin < ymax", param=field)
     name = str(crs) if crs else "EPSG:4326"
     try:
         CRS.from_user_input(name)
     except (CRSError, ValueError):  # ValueError: rasterio's parse of "EPSG:nope"
-        raise InputError(f"aoi_crs: {name!r} is not a coordinate reference system; give one like EPSG:32615") from None
-    return Aoi(bounds, name)
+        raise InputError(f"{crs_field}: {name!r} is not a coordinate reference system; give one like EPSG:32615",
+                         param=crs_field) from None
+    return Aoi(bounds, name, field)
 
 
 def aoi_window(aoi: Aoi, scene_crs, transform, width: int, height: int, name: str) -> Tuple[int, int, int, int]:
     """(row, column, height, width) of the scene's pixels the box touches. InputError when the scene has no
     CRS or the box misses it."""
     if scene_crs is None:
-        raise InputError(f"{name}: has no CRS, so an aoi cannot be placed on it; run it whole")
+        raise InputError(f"{aoi.name}: {name} has no CRS, so an aoi cannot be placed on it; run it whole",
+                         param=aoi.name)
     box = transform_bounds(CRS.from_user_input(aoi.crs), scene_crs, *aoi.bounds, densify_pts=21)
     inverse = ~transform
     corners = [inverse @ (x, y) for x in (box[0], box[2]) for y in (box[1], box[3])]
@@ -62,6 +69,6 @@ def aoi_window(aoi: Aoi, scene_crs, transform, width: int, height: int, name: st
     if col0 >= col1 or row0 >= row1:
         west, south, east, north = transform_bounds(scene_crs, CRS.from_user_input(aoi.crs),
                                                     *array_bounds(height, width, transform))
-        raise InputError(f"aoi: {list(aoi.bounds)} ({aoi.crs}) does not overlap {name}, which covers "
-                         f"[{west:.6g}, {south:.6g}, {east:.6g}, {north:.6g}] in {aoi.crs}")
+        raise InputError(f"{aoi.name}: {list(aoi.bounds)} ({aoi.crs}) does not overlap {name}, which covers "
+                         f"[{west:.6g}, {south:.6g}, {east:.6g}, {north:.6g}] in {aoi.crs}", param=aoi.name)
     return row0, col0, row1 - row0, col1 - col0

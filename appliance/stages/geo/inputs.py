@@ -23,8 +23,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.aoi import parse_aoi
+from appliance.stages.geo.geotiff import probe_geotiff
 from appliance.stages.geo.read import geo_contract
-from appliance.stages.geo.scene import probe_geotiff
 from appliance.stages.geo.sources import is_remote, scene_spec, shown, stem
 from appliance.stages.geo.stac_in import load_item
 

@@ -6,8 +6,9 @@ from PIL import Image
 from rasterio.enums import Resampling
 
 from appliance.output_files import AtomicFile
+from appliance.stages.geo.geotiff import open_raster
 from appliance.stages.geo.reader import open_scene
-from appliance.stages.geo.scene import _norm, open_raster
+from appliance.stages.geo.scene import _norm
 
 # Class colours (RGB), shared by the mask's GeoTIFF colour table and the quicklook's overlay; class i
 # takes CLASS_COLOURS[i % len]. Class 0 (background, "land") is left uncoloured in the quicklook.

@@ -13,7 +13,8 @@ from rasterio.errors import RasterioError
 from rasterio.windows import Window
 
 from appliance.errors import InputError
-from appliance.stages.geo.scene import SceneInfo, _first_line, open_raster
+from appliance.stages.geo.geotiff import first_line, open_raster
+from appliance.stages.geo.scene import SceneInfo
 
 
 class SceneReader:
@@ -51,10 +52,10 @@ class SceneReader:
             except RasterioError as e:
                 label = scene.labels[positions[0]] if scene.labels else file
                 if scene.fetch is not None:  # serve mode: the request's field leads (the error's param)
-                    label = f"{scene.fetch[1]}: {label}"
+                    label = f"{scene.fetch.field}: {label}"
                 raise InputError(
                     f"{label}: cannot read the window of rows {y}..{y + height - 1}, columns {x}..{x + width - 1} "
-                    f"({_first_line(e)}); the file may be truncated, corrupt or no longer reachable"
+                    f"({first_line(e)}); the file may be truncated, corrupt or no longer reachable"
                 ) from None
         invalid |= np.isnan(data).any(axis=0)
         for band, value in enumerate(scene.nodata):

@@ -4,34 +4,62 @@ cannot use it for user URLs. Here every range GET is `fetch.fetch_range`: the ho
 must be public (or in `server.allowed_media_domains`), the connection goes to the vetted address,
 redirects are followed by hand and re-checked, each request is time-bounded.
 
-`RangeFile` is the file object rasterio's `opener` hands to GDAL: reads come in aligned chunks kept in
-a small LRU cache (GDAL reads a TIFF's header and tile index in many small pieces). `opener_for`
-serves exactly one URL and answers GDAL's sidecar probes (.aux.xml, .msk, ...) as missing files.
+`RangeFile` is the file object rasterio's `opener` hands to GDAL: each read is one range request for
+the aligned 64 KiB chunks it lacks (GDAL reads a block in one call, so a block costs one request and
+about its own size), kept in a small LRU cache (GDAL reads a TIFF's header and tile index in many small
+pieces). `RemoteReads` is
+one request's state: GDAL opens a file three times in a run (probe, describe, read), and the chunks,
+the file's size and the bytes fetched live here, per URL, so its header crosses the network once and
+`server.limits.max_media_bytes` bounds what one file may cost the request in all.
+`opener_for` serves exactly one URL and answers GDAL's sidecar probes (.aux.xml, .msk, ...) as missing
+files.
 """
 import io
 from collections import OrderedDict
-from typing import Callable, List
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List
 
 from appliance.errors import InputError
 from appliance.fetch.client import fetch_range
 from appliance.fetch.policy import FetchPolicy
 
-CHUNK_BYTES = 256 << 10
-CACHED_CHUNKS = 32  # 8 MiB a file
+CHUNK_BYTES = 64 << 10  # small beside a COG block: a window's reads fetch little beyond its blocks
+CACHED_CHUNKS = 128  # 8 MiB a file
+
+
+@dataclass
+class _Remote:
+    """What one request has read of one URL."""
+    size: int
+    fetched: int = 0
+    chunks: "OrderedDict[int, bytes]" = field(default_factory=OrderedDict)
+
+
+@dataclass
+class RemoteReads:
+    """How one request reads its remote files: the fetch policy, the request field errors name, and
+    what was read so far (per URL, shared by every open of the file in the request)."""
+    policy: FetchPolicy
+    field: str
+    files: Dict[str, _Remote] = field(default_factory=dict)
 
 
 class RangeFile(io.RawIOBase):
-    def __init__(self, url: str, policy: FetchPolicy, field: str, max_total_bytes: int):
+    def __init__(self, url: str, reads: RemoteReads):
         super().__init__()
-        self.url, self.policy, self.field = url, policy, field
-        self.max_total_bytes, self.fetched = max_total_bytes, 0
-        self.chunks: "OrderedDict[int, bytes]" = OrderedDict()
+        self.url, self.reads = url, reads
         self.pos = 0
-        first, self.size = self._get(0)
-        if self.size < 0:
-            raise InputError(f"{field}: the server did not say the file's size (Content-Range); it must answer "
-                             "HTTP range requests")
-        self._keep(0, first)
+        self.remote = reads.files.get(url)
+        if self.remote is None:
+            self.remote = _Remote(size=-1)
+            first, size = self._get(0, 0)
+            if size < 0:
+                raise InputError(f"{reads.field}: the server did not say the file's size (Content-Range); it must "
+                                 "answer HTTP range requests")
+            self.remote.size = size
+            self._keep(0, first)
+            reads.files[url] = self.remote
+        self.size = self.remote.size
 
     def readable(self) -> bool:
         return True
@@ -48,45 +76,50 @@ class RangeFile(io.RawIOBase):
         return self.pos
 
     def readinto(self, buffer) -> int:
+        """Cached chunks from the cache, each run of missing ones by one range request."""
         view = memoryview(buffer).cast("B")
-        want = min(len(view), max(0, self.size - self.pos))
-        done = 0
-        while done < want:
-            index, start = divmod(self.pos, CHUNK_BYTES)
-            chunk = self._chunk(index)
-            piece = chunk[start:start + want - done]
+        end = min(self.pos + len(view), self.size)
+        chunks, done = self.remote.chunks, 0
+        index, last = self.pos // CHUNK_BYTES, (end - 1) // CHUNK_BYTES
+        while self.pos < end and index <= last:
+            if index in chunks:
+                chunks.move_to_end(index)
+                data, stop = chunks[index], index
+            else:
+                stop = index
+                while stop < last and stop + 1 not in chunks:
+                    stop += 1
+                data, _ = self._get(index, stop)
+                for i in range(index, stop + 1):
+                    self._keep(i, data[(i - index) * CHUNK_BYTES:(i - index + 1) * CHUNK_BYTES])
+            piece = data[self.pos - index * CHUNK_BYTES:end - index * CHUNK_BYTES]
             if not piece:
                 break
             view[done:done + len(piece)] = piece
             done += len(piece)
             self.pos += len(piece)
+            index = stop + 1
         return done
 
-    def _chunk(self, index: int) -> bytes:
-        if index in self.chunks:
-            self.chunks.move_to_end(index)
-            return self.chunks[index]
-        data, _ = self._get(index)
-        self._keep(index, data)
-        return data
-
-    def _get(self, index: int):
-        start = index * CHUNK_BYTES  # a range past the end is clipped by the server (RFC 9110)
-        data, size = fetch_range(self.url, start, start + CHUNK_BYTES - 1, self.policy, self.field)
-        self.fetched += len(data)
-        if self.fetched > self.max_total_bytes:
-            raise InputError(f"{self.field}: reading the scene took more than {self.max_total_bytes} bytes from "
-                             "its host; the limit is server.limits.max_media_bytes")
+    def _get(self, first: int, last: int):
+        """Chunks first..last in one request (a range past the end is clipped by the server, RFC 9110)."""
+        reads = self.reads
+        data, size = fetch_range(self.url, first * CHUNK_BYTES, (last + 1) * CHUNK_BYTES - 1, reads.policy,
+                                 reads.field)
+        self.remote.fetched += len(data)
+        if self.remote.fetched > reads.policy.max_bytes:
+            raise InputError(f"{reads.field}: reading the scene took more than {reads.policy.max_bytes} bytes "
+                             "from its host; the limit is server.limits.max_media_bytes")
         return data, size
 
     def _keep(self, index: int, data: bytes) -> None:
-        self.chunks[index] = data
-        while len(self.chunks) > CACHED_CHUNKS:
-            self.chunks.popitem(last=False)
+        chunks = self.remote.chunks
+        chunks[index] = data
+        while len(chunks) > CACHED_CHUNKS:
+            chunks.popitem(last=False)
 
 
-def opener_for(url: str, policy: FetchPolicy, field: str, max_total_bytes: int,
-               errors: List[InputError]) -> Callable:
+def opener_for(url: str, reads: RemoteReads, errors: List[InputError]) -> Callable:
     """rasterio's `opener`: the scene's URL opens as a RangeFile; any other name GDAL asks for is missing.
     GDAL turns an exception in the opener into its own terse error: the fetcher's InputError (which says
     what was refused and why) is kept in `errors` for the caller to raise instead."""
@@ -94,7 +127,7 @@ def opener_for(url: str, policy: FetchPolicy, field: str, max_total_bytes: int,
         if path != url or "w" in mode or "+" in mode:
             raise FileNotFoundError(path)
         try:
-            return RangeFile(url, policy, field, max_total_bytes)
+            return RangeFile(url, reads)
         except InputError as e:
             errors.append(e)
             raise

@@ -1,31 +1,25 @@
-"""GeoTIFF scenes: validate headers, select bands, check grids. Never reads a pixel.
+"""A scene as a run carries it: select bands, check grids, describe. Never reads a pixel.
 
-`probe_geotiff` checks a file is a complete GeoTIFF (header and block table only; a remote file's
-header); `select_bands` is the pure band-selection rule; `inspect_scene` builds the `SceneInfo` a run
-carries from a `SceneSpec` (one multi-band file or one file per band, local or remote, cut to an
-area of interest). `reader.py` reads its windows.
+`select_bands` is the pure band-selection rule; `inspect_scene` builds the `SceneInfo` a run carries
+from a `SceneSpec` (one multi-band file or one file per band, local or remote, cut to an area of
+interest), from headers opened and probed by `geotiff.py`. `reader.py` reads its windows.
 """
-import contextlib
 import logging
 import os
 import re
 import uuid
-import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
-import rasterio
 from affine import Affine
-from rasterio.enums import Interleaving, MaskFlags
-from rasterio.errors import NotGeoreferencedWarning, RasterioError
+from rasterio.enums import MaskFlags
 
 from appliance.errors import InputError
 from appliance.stages.geo.aoi import Aoi, aoi_window
-from appliance.stages.geo.sources import SceneSpec, gdal_path, is_remote, shown
+from appliance.stages.geo.geotiff import open_raster, probe_geotiff
+from appliance.stages.geo.sources import SceneSpec, shown
 
 log = logging.getLogger(__name__)
-
-MAX_BLOCKS_CHECKED = 200_000  # block-table check cost is ~1 µs a block
 
 
 @dataclass(frozen=True)
@@ -47,123 +41,13 @@ class SceneInfo:
     files: Tuple[str, ...] = ()  # per model band, the GDAL path holding it (one path repeated: a multi-band file)
     offset: Tuple[int, int] = (0, 0)  # (row, column) of the scene's first pixel in the files' grid
     labels: Tuple[str, ...] = ()  # per model band, how messages name its file
-    fetch: Any = None  # SceneSpec.fetch: (FetchPolicy, field) when remote files go through the fetcher
+    fetch: Any = None  # SceneSpec.fetch: a RemoteReads when remote files go through the fetcher
     links: Tuple[str, ...] = ()  # what the mask is derived from (files, URLs, a STAC item), for its STAC item
     datetime: Optional[str] = None  # acquisition time when the source says (ISO 8601 or TIFFTAG_DATETIME)
 
     @property
     def name(self) -> str:
         return os.path.basename(self.path)
-
-
-# GDAL's options while a remote file is open (scoped to the reader, never os.environ): no directory
-# listing probes next to the file, bounded waits with retries, adjacent block ranges merged.
-REMOTE_OPTIONS = dict(GDAL_DISABLE_READDIR_ON_OPEN="EMPTY_DIR", GDAL_HTTP_CONNECTTIMEOUT=10, GDAL_HTTP_TIMEOUT=60,
-                      GDAL_HTTP_MAX_RETRY=2, GDAL_HTTP_RETRY_DELAY=0.5, GDAL_HTTP_MERGE_CONSECUTIVE_RANGES="YES",
-                      CPL_VSIL_CURL_ALLOWED_EXTENSIONS=".tif,.tiff,.TIF,.TIFF")
-
-
-@contextlib.contextmanager
-def open_raster(path: str, label: Optional[str] = None, fetch=None) -> Iterator[rasterio.DatasetReader]:
-    """rasterio.open without the not-georeferenced warning (we log our own) and with clear errors. `path`
-    may be a URL (https://, s3://), read by range requests with REMOTE_OPTIONS in force while it is open;
-    with `fetch` (serve mode: a FetchPolicy and the request's field) through the SSRF-safe fetcher.
-    `label` names it in messages (default: the path, or the URL without its query string)."""
-    remote = is_remote(path)
-    name = label or shown(path)
-    with contextlib.ExitStack() as stack:
-        if remote:
-            stack.enter_context(rasterio.Env(**REMOTE_OPTIONS))
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", NotGeoreferencedWarning)
-                dataset = _open_remote(path, name, fetch) if remote and fetch else rasterio.open(gdal_path(path))
-        except RasterioError as e:
-            if remote:
-                raise InputError(f"{name}: cannot be opened ({_first_line(e)}); the URL must answer HTTP range "
-                                 "requests with a GeoTIFF (for s3://, set AWS_* credentials in the environment)"
-                                 ) from None
-            if _looks_like_tiff(path):
-                raise InputError(
-                    f"{name}: is truncated or corrupt ({_first_line(e)}); re-download or re-export it"
-                ) from None
-            raise InputError(f"{name}: cannot be read as a GeoTIFF ({_first_line(e)}); expected a .tif scene") from None
-        with dataset:
-            yield dataset
-
-
-def _open_remote(url: str, name: str, fetch) -> rasterio.DatasetReader:
-    from appliance.stages.geo.remote_file import opener_for
-
-    policy, field = fetch
-    if not url.lower().startswith(("http://", "https://")):
-        raise InputError(f"{field}: {name}: the server reads http(s) URLs only; s3:// is for appliance run and "
-                         "the batch Job")
-    errors: List[InputError] = []
-    try:
-        return rasterio.open(url, opener=opener_for(url, policy, field, policy.max_bytes, errors))
-    except RasterioError as e:
-        if errors:
-            raise errors[-1] from None
-        raise InputError(f"{field}: {name}: cannot be read as a GeoTIFF ({_first_line(e)})") from None
-
-
-def _looks_like_tiff(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError:
-        return False
-    return magic in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # TIFF and BigTIFF
-
-
-def probe_geotiff(path: str, label: Optional[str] = None, fetch=None) -> None:
-    """InputError unless `path` is a non-empty GeoTIFF whose blocks all lie inside the file (for a URL:
-    whose header reads; a truncated remote file fails at its first missing block, before any output)."""
-    if is_remote(path):
-        with open_raster(path, label, fetch) as ds:
-            _check_header(ds, label or shown(path))
-        return
-    if not os.path.exists(path):
-        raise InputError(f"{path}: no such file")
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: is not a file; expected a GeoTIFF scene")
-    if not os.access(path, os.R_OK):
-        raise InputError(f"{path}: is not readable (permission denied)")
-    with open_raster(path, label) as ds:
-        _check_header(ds, label or path)
-        _check_blocks_inside(ds, path)
-
-
-def _check_header(ds, name: str) -> None:
-    if ds.driver != "GTiff":
-        raise InputError(f"{name}: is a {ds.driver} file, not a GeoTIFF; convert it (gdal_translate -of GTiff)")
-    if ds.width < 1 or ds.height < 1 or ds.count < 1:
-        raise InputError(f"{name}: is empty ({ds.width}x{ds.height} pixels, {ds.count} bands)")
-
-
-def _check_blocks_inside(ds, path: str) -> None:
-    """A truncated TIFF opens fine but has blocks past the end of the file: catch it up front."""
-    size = os.path.getsize(path)
-    block_h, block_w = ds.block_shapes[0]
-    rows, cols = -(-ds.height // block_h), -(-ds.width // block_w)
-    per_band = ds.interleaving is Interleaving.band
-    bands = range(1, ds.count + 1) if per_band else [1]
-    if rows * cols * len(bands) > MAX_BLOCKS_CHECKED:  # huge scene: check the last row of blocks only
-        cells = [(r, c) for r in [rows - 1] for c in range(cols)]
-    else:
-        cells = [(r, c) for r in range(rows) for c in range(cols)]
-    for band in bands:
-        for r, c in cells:
-            offset = ds.get_tag_item(f"BLOCK_OFFSET_{c}_{r}", "TIFF", bidx=band)
-            length = ds.get_tag_item(f"BLOCK_SIZE_{c}_{r}", "TIFF", bidx=band)
-            if offset is None or length is None:
-                return  # driver does not expose the block table (not expected for GTiff)
-            if int(offset) + int(length) > size:
-                raise InputError(
-                    f"{path}: is truncated or corrupt (block {r},{c} of band {band} ends at byte "
-                    f"{int(offset) + int(length)}, the file has {size}); re-download or re-export it"
-                )
 
 
 def _norm(name: str) -> str:
@@ -321,8 +205,3 @@ def _grid(band: _Band) -> str:
     t = band.transform
     crs = band.crs.to_string() if band.crs is not None else "no CRS"
     return f"{band.width}x{band.height} px of {abs(t.a):g}x{abs(t.e):g} from ({t.c:g}, {t.f:g}), {crs}"
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__

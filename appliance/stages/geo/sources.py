@@ -24,8 +24,8 @@ class SceneSpec:
     labels: Tuple[str, ...] = ()  # per file, how messages name it (a STAC asset key; default the file)
     links: Tuple[str, ...] = ()  # what the mask derives from (the STAC item, else the files)
     datetime: Optional[str] = None
-    # (FetchPolicy, request field) in `appliance serve`: remote files are read through the SSRF-safe
-    # fetcher (remote_file.py) instead of GDAL's /vsicurl/. None: the CLI's and batch Job's own network.
+    # `appliance serve`: the request's remote_file.RemoteReads; http(s) files are read through the SSRF-safe
+    # fetcher instead of GDAL's /vsicurl/. None: the CLI's and batch Job's own network.
     fetch: Any = None
 
     def label(self, index: int) -> str:
@@ -87,15 +87,15 @@ def resolve_href(href: str, base: str) -> str:
 
 
 def scene_spec(value: Any, stac_bands: Optional[Sequence[str]], model_bands: Sequence[str],
-               load_item: Callable[[str], dict]) -> SceneSpec:
+               load_item: Callable[[str], dict], field: str = "input") -> SceneSpec:
     """One `input` entry: a path or URL of a GeoTIFF or a STAC item (`.json`), or a list of per-band
-    GeoTIFFs in the model's band order."""
+    GeoTIFFs in the model's band order. `field` names the entry in messages (a server: `data.data`)."""
     from appliance.stages.geo.stac_in import item_spec  # STAC parsing lives apart
 
     if isinstance(value, (list, tuple)):
         files = tuple(str(v) for v in value)
         if len(files) != len(model_bands):
-            raise InputError(f"input: {len(files)} per-band files given but the model takes {len(model_bands)} "
+            raise InputError(f"{field}: {len(files)} per-band files given but the model takes {len(model_bands)} "
                              f"bands ({', '.join(model_bands)}), one file each in that order")
         return SceneSpec(name=files[0], files=files, per_band=True, links=tuple(shown(f) for f in files))
     href = str(value)

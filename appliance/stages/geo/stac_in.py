@@ -77,22 +77,6 @@ def item_spec(href: str, item: dict, stac_bands: Optional[Sequence[str]], model_
     return SceneSpec(name=href, files=files, per_band=True, labels=labels, links=(name,), datetime=when)
 
 
-def served_item_spec(url: str, geo, policy, field: str) -> SceneSpec:
-    """`appliance serve`: a STAC item URL from a request, its JSON and its assets read through the SSRF-safe
-    fetcher under `policy` (remote_file.py), never by GDAL's own HTTP client."""
-    from dataclasses import replace
-
-    from appliance.fetch import fetch_bytes
-
-    stac_bands = list(geo.stac_bands) if geo.get("stac_bands") else None
-    spec = item_spec(url, parse_item(fetch_bytes(url, policy, field), shown(url)), stac_bands, list(geo.bands))
-    for file in spec.files:
-        if not file.lower().startswith(("http://", "https://")):
-            raise InputError(f"{field}: the item's asset {shown(file)} is not an http(s) URL; the server reads "
-                             "assets by http(s) only")
-    return replace(spec, fetch=(policy, field))
-
-
 def load_item(href: str) -> dict:
     """The item's JSON from a local file or an http(s) URL (`appliance run`: the user's own network)."""
     name = shown(href)
