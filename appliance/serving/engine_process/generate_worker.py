@@ -18,8 +18,9 @@ from appliance.errors import InputError
 from appliance.pipeline import Pipeline
 from appliance.protocol.openai_requests import GenerateRequest
 from appliance.protocol.openai_responses import token_decoder, token_logprobs
-from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
+from appliance.serving.messages import Admitted, DetokenizeJob, Done, Failed, GenerateJob, TokenizeJob, Tokens
 from appliance.serving.engine_process.records import ChatRecord, as_record
+from appliance.serving.engine_process.tokenizing import Tokenizing
 from appliance.serving.engine_process.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class GenerateWorker(Worker):
         self.unprepared: List[Tuple[str, GenerateJob]] = []
         self.unprepared_lock = threading.Lock()
         self.preparers = 0
+        self.tokenizing = Tokenizing(self)  # /tokenize and /detokenize: beside the engine, not in it
 
     def start(self) -> None:
         self.stage = self.online.engine  # the pipeline's `engine` stage: it adds requests as `appliance run` does
@@ -75,6 +77,9 @@ class GenerateWorker(Worker):
 
     # ---- requests -------------------------------------------------------------------------------
     def admit(self, uid: str, arrival: float, job: GenerateJob) -> None:
+        if isinstance(job, (TokenizeJob, DetokenizeJob)):
+            self.tokenizing.admit(uid, job)
+            return
         self.sessions[uid] = Session(job.request, arrival)
         with self.unprepared_lock:
             self.unprepared.append((uid, job))
@@ -141,12 +146,20 @@ class GenerateWorker(Worker):
         self.metrics.prompt_tokens.inc(len(prompt))
         self.emit(uid, Admitted(len(prompt)))
 
+    def on_tokenized(self, uid: str, result: Dict[str, Any]) -> None:
+        if self.tokenizing.forget(uid):
+            self.emit(uid, Done(result))
+
     def abort(self, uid: str) -> None:
+        if self.tokenizing.forget(uid):
+            return
         if uid in self.sessions:
             self.forget(uid)
             self.metrics.success("abort").inc()
 
     def forget(self, uid: str) -> bool:
+        if self.tokenizing.forget(uid):
+            return True
         session = self.sessions.pop(uid, None)
         self.unstarted.pop(uid, None)
         if session is not None and session.in_engine:
@@ -252,7 +265,7 @@ class GenerateWorker(Worker):
         self.counted[key] = value
 
     def fail_all(self, failure: Failed) -> None:
-        for uid in list(self.sessions):
+        for uid in [*self.sessions, *self.tokenizing.pending]:
             self.fail(uid, failure)
 
     def fail_stepping(self, failure: Failed) -> None:

@@ -1,8 +1,8 @@
 """The request and response schemas of the routes, in the server's OpenAPI document (`/openapi.json`).
 
 The routes parse their own bodies (appliance/protocol: errors that name the field), so FastAPI cannot
-infer these. `/pooling`'s request is its pydantic model's own schema (`protocol.pooling.PoolingBody`,
-which also validates the bodies); the chat and completion requests are still declared here beside
+infer these. `/pooling`'s, `/tokenize`'s and `/detokenize`'s requests are their pydantic models' own
+schemas (`protocol.pooling`, `protocol.tokenize`: the models that also validate the bodies); the chat and completion requests are still declared here beside
 their hand-written parser, as are the answers. For clients, docs (`/docs`) and the schema-driven fuzz
 tests.
 """
@@ -11,6 +11,7 @@ from typing import Any, Dict
 from pydantic import BaseModel
 
 from appliance.protocol.pooling import PoolingBody
+from appliance.protocol.tokenize import DetokenizeBody, TokenizeChatBody, TokenizeCompletionBody
 
 STRING_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
 NULLABLE_BOOL = {"type": ["boolean", "null"]}
@@ -81,12 +82,19 @@ TEXT_COMPLETION = {"type": "object", "required": ["id", "object", "created", "mo
                                                                  "properties": {"finish_reason": FINISH}}}}}
 POOLING_RESPONSE = {"type": "object", "required": ["request_id", "created_at", "data"], "properties": {
     "data": {"type": "object", "required": ["data_format", "data"]}}}
+TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+TOKENIZE_RESPONSE = {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
+    "count": {"type": "integer", "minimum": 0}, "max_model_len": {"type": "integer", "minimum": 1},
+    "tokens": TOKEN_IDS, "token_strs": {"type": ["array", "null"], "items": {"type": "string"}}}}
+DETOKENIZE_RESPONSE = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
 
 SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}  # a chunk or [DONE]
 BODIES = {
     "/v1/chat/completions": (CHAT_REQUEST, {"application/json": CHAT_COMPLETION, "text/event-stream": SSE_EVENT}),
     "/v1/completions": (COMPLETION_REQUEST, {"application/json": TEXT_COMPLETION, "text/event-stream": SSE_EVENT}),
     "/pooling": (PoolingBody, {"application/json": POOLING_RESPONSE}),
+    "/tokenize": ((TokenizeCompletionBody, TokenizeChatBody), {"application/json": TOKENIZE_RESPONSE}),
+    "/detokenize": (DetokenizeBody, {"application/json": DETOKENIZE_RESPONSE}),
 }
 
 
@@ -113,9 +121,10 @@ def _describe(path: str, method: str, operation: Dict[str, Any], components: Dic
         code: spec for code, spec in operation.get("responses", {}).items() if code == "200"}}
     if path in BODIES and method == "post":
         request, answers = BODIES[path]
-        if isinstance(request, type) and issubclass(request, BaseModel):  # a request model: its own schema
-            request = request.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(request.pop("$defs", {}))
+        if isinstance(request, tuple):  # one of several request models (a text or a chat)
+            request = {"oneOf": [_model_schema(model, components) for model in request]}
+        elif isinstance(request, type) and issubclass(request, BaseModel):  # a request model: its own schema
+            request = _model_schema(request, components)
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
         operation["responses"]["200"] = {"description": "the answer", "content": {
             kind: {"schema": schema} for kind, schema in answers.items()}}
@@ -127,3 +136,10 @@ def _describe(path: str, method: str, operation: Dict[str, Any], components: Dic
         operation["responses"]["200"] = {"description": "the output GeoTIFF (or PNG quicklook)", "content": {
             "image/tiff": {"schema": {"type": "string", "format": "binary"}},
             "image/png": {"schema": {"type": "string", "format": "binary"}}}}
+
+
+def _model_schema(model, components: Dict[str, Any]) -> Dict[str, Any]:
+    """A pydantic model's JSON schema; the models it nests go to the document's components."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(schema.pop("$defs", {}))
+    return schema
