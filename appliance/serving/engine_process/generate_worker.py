@@ -37,6 +37,8 @@ class Session:
     in_engine: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    started_at: float = 0.0      # the start of the first engine step that ran it
+    first_token_at: float = 0.0
     last_token_at: float = 0.0
     # A stream's output not sent yet (server.stream_interval > 1 holds tokens back between chunks).
     unsent_text: str = ""
@@ -172,8 +174,11 @@ class GenerateWorker(Worker):
 
     def step(self) -> None:
         if self.engine.has_unfinished():
+            began = time.monotonic()
             outputs = self.engine.step()
             now = time.monotonic()
+            if self.unstarted:
+                self._observe_starts(began, {out.request_id for out in outputs})
             new_tokens = 0
             for out in outputs:
                 session = self.sessions.get(out.request_id)
@@ -182,7 +187,6 @@ class GenerateWorker(Worker):
                     self._deliver(out.request_id, session, out, now)
             if new_tokens:  # counted once a step: a multiprocess counter's increment costs ~1 µs
                 self.metrics.generation_tokens.inc(new_tokens)
-            self._observe_starts(now)
         self.publish()
 
     def _deliver(self, uid: str, session: Session, out, now: float) -> None:
@@ -190,6 +194,7 @@ class GenerateWorker(Worker):
         if n:
             if session.completion_tokens == 0:
                 self.metrics.ttft.observe(now - session.arrival)
+                session.first_token_at = now
             else:
                 self.metrics.itl.observe(now - session.last_token_at)
             session.last_token_at = now
@@ -203,8 +208,21 @@ class GenerateWorker(Worker):
                                   logprobs, out.finish_reason))
         if out.finished:
             del self.sessions[uid]
-            self.metrics.e2e.observe(now - session.arrival)
-            self.metrics.success(out.finish_reason).inc()
+            self._observe_finish(session, out.finish_reason, now)
+
+    def _observe_finish(self, session: Session, reason: str, now: float) -> None:
+        """vLLM's request-level series: latency split into queue, prefill and decode, and token counts."""
+        metrics = self.metrics
+        metrics.e2e.observe(now - session.arrival)
+        metrics.success(reason).inc()
+        metrics.request_prompt_tokens.observe(session.prompt_tokens)
+        metrics.request_generation_tokens.observe(session.completion_tokens)
+        metrics.inference.observe(now - session.started_at)
+        if session.completion_tokens:
+            metrics.prefill.observe(session.first_token_at - session.started_at)
+            metrics.decode.observe(now - session.first_token_at)
+            if session.completion_tokens > 1:
+                metrics.tpot.observe((now - session.first_token_at) / (session.completion_tokens - 1))
 
     def _stream(self, uid: str, session: Session, out, n: int) -> None:
         """Send the step's new output, or hold it back: after the first chunk, a stream gets one chunk
@@ -229,12 +247,16 @@ class GenerateWorker(Worker):
             return None
         return token_logprobs(token_ids, logprobs, top_n, self.decode)
 
-    def _observe_starts(self, now: float) -> None:
-        """Queue time (arrival to the first step that ran it) of the requests this step ran first: those
-        running now, and those that finished in it (answered, so no longer in `sessions`)."""
-        started = [uid for uid in self.unstarted if uid not in self.sessions or self.engine.is_running(uid)]
+    def _observe_starts(self, began: float, stepped) -> None:
+        """Queue time (arrival to the start of the first step that ran it) of the requests this step ran
+        first: those with output in it (`stepped`: finished ones among them) and those running now (a
+        prefill in chunks has no output yet). Run before the outputs are delivered, so a request that
+        finishes in its first step has its start."""
+        started = [uid for uid in self.unstarted if uid in stepped or self.engine.is_running(uid)]
         for uid in started:
-            self.metrics.queue.observe(now - self.unstarted.pop(uid).arrival)
+            session = self.unstarted.pop(uid)
+            session.started_at = began
+            self.metrics.queue.observe(began - session.arrival)
 
     def publish(self) -> None:
         """The running count the HTTP side reads (every turn), then gauges and counters that mirror the

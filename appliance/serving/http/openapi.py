@@ -2,9 +2,9 @@
 
 The routes parse their own bodies (appliance/protocol: errors that name the field), so FastAPI cannot
 infer these. `/pooling`'s, `/tokenize`'s and `/detokenize`'s requests are their pydantic models' own
-schemas (`protocol.pooling`, `protocol.tokenize`: the models that also validate the bodies); the chat and completion requests are still declared here beside
-their hand-written parser, as are the answers. For clients, docs (`/docs`) and the schema-driven fuzz
-tests.
+schemas (`protocol.pooling`, `protocol.tokenize`: the models that also validate the bodies); the chat
+and completion requests are still declared here beside their hand-written parser, as are the
+answers. For clients, docs (`/docs`) and the schema-driven fuzz tests.
 """
 from typing import Any, Dict
 
