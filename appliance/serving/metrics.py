@@ -15,13 +15,15 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                    40.0, 80.0, 160.0, 640.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 # Tokens per request: 1, 2, 5, 10, ... 500,000 (vLLM's 1-2-5 steps; past the largest context, +Inf).
 TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(6) for m in (1, 2, 5))
+# Tokens one engine step computes: powers of two up to 16,384 (vLLM's, minus its CUDA-graph sizes).
+STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 # The series vLLM exports too, named as ours without the prefix (vLLM's v1 engine, `vllm:` names).
 VLLM_SERIES = frozenset({
@@ -30,8 +32,9 @@ VLLM_SERIES = frozenset({
     "request_inference_time_seconds", "request_time_per_output_token_seconds", "request_prompt_tokens",
     "request_generation_tokens", "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
     "prompt_tokens", "generation_tokens", "request_success", "num_preemptions", "prefix_cache_queries",
-    "prefix_cache_hits"})
+    "prefix_cache_hits", "request_params_max_tokens", "iteration_tokens_total", "cache_config_info"})
 SCHEMES = ("appliance", "vllm")
+CACHE_INFO_LABELS = ("block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching")  # vLLM's names
 
 
 class MetricNames:
@@ -108,6 +111,12 @@ class EngineMetrics:
                                                "image tokens included", TOKEN_BUCKETS)
         self.request_generation_tokens = histogram("request_generation_tokens", "Output tokens of a finished "
                                                    "request", TOKEN_BUCKETS)
+        self.max_tokens = histogram("request_params_max_tokens", "max_tokens of an admitted request (left out: "
+                                    "what the context leaves)", TOKEN_BUCKETS)
+        self.step_tokens = histogram("iteration_tokens_total", "Tokens one engine step computed (prompt and "
+                                     "output)", STEP_BUCKETS)
+        self._cache_info = Gauge(names("cache_config_info"), "The KV cache's configuration (value 1)",
+                                 ["model_name", *CACHE_INFO_LABELS], registry=None, multiprocess_mode="mostrecent")
         self.running = gauge("num_requests_running", "Requests the engine is running")
         self.waiting = gauge("num_requests_waiting", "Requests accepted, not yet running")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1)")
@@ -124,6 +133,10 @@ class EngineMetrics:
         self._pool = Counter("appliance_pool_requests", "Pool (GeoTIFF) requests by outcome",
                              ["model_name", "outcome"], registry=None)
         self.model_name = model_name
+
+    def cache_config(self, info: Dict[str, Any]) -> None:
+        """vLLM's cache_config_info: the cache's settings as labels (`CACHE_INFO_LABELS`), value 1."""
+        self._cache_info.labels(self.model_name, *(str(info[label]) for label in CACHE_INFO_LABELS)).set(1)
 
     def success(self, reason: str):
         return self._success.labels(self.model_name, reason)

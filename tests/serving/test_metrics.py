@@ -46,6 +46,7 @@ def test_counters_equal_what_was_served(llava_server):
     inference = delta(before, after, "appliance_request_inference_time_seconds_sum")
     e2e = delta(before, after, "appliance_e2e_request_latency_seconds_sum")
     assert 0 < decode < inference < e2e  # decode within inference, inference within arrival-to-end
+    assert delta(before, after, "appliance_request_params_max_tokens_sum") == 1 + 3 + 40 + 4
     assert delta(before, after, "appliance_http_requests_total", route="/v1/chat/completions", status="200") == 3
     assert delta(before, after, "appliance_http_requests_total", route="/v1/completions", status="200") == 1
     assert delta(before, after, "appliance_http_requests_total", route="/v1/chat/completions", status="400") == 1
@@ -99,7 +100,8 @@ def test_vllm_names_export_vllms_series_with_its_model_name_label(vllm_named_ser
                  "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_prompt_tokens",
                  "vllm:request_generation_tokens", "vllm:request_prefill_time_seconds",
                  "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
-                 "vllm:request_time_per_output_token_seconds",
+                 "vllm:request_time_per_output_token_seconds", "vllm:request_params_max_tokens",
+                 "vllm:iteration_tokens_total", "vllm:cache_config_info",
                  "appliance_encoder_cache_hits", "appliance_http_requests"):  # vLLM has no such series
         assert name in families, name
     assert not any(name.startswith("appliance_") and name[len("appliance_"):] in {
@@ -115,3 +117,10 @@ def test_vllm_names_export_vllms_series_with_its_model_name_label(vllm_named_ser
     assert after[("vllm:request_generation_tokens_count", ())] == 1
     assert after[("vllm:request_decode_time_seconds_count", ())] == 1
     assert after[("vllm:inter_token_latency_seconds_count", ())] == 2
+    assert after[("vllm:request_params_max_tokens_sum", ())] == 3
+    # every token the steps computed: the prompt's not found in the prefix cache, and each output token
+    # fed back but the last
+    computed = answer.usage.prompt_tokens - after[("vllm:prefix_cache_hits_total", ())] + 3 - 1
+    assert after[("vllm:iteration_tokens_total_sum", ())] == computed
+    (info,) = [labels for name, labels in after if name == "vllm:cache_config_info"]
+    assert dict(info)["block_size"] == "16" and dict(info)["enable_prefix_caching"] == "True"

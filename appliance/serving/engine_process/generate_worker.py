@@ -72,6 +72,9 @@ class GenerateWorker(Worker):
         self.decode = token_decoder(self.engine.tokenizer)
         ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
         self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
+        cfg, blocks = self.engine.cfg, self.engine.stats()["kv_blocks_total"]
+        self.metrics.cache_config({"block_size": cfg.block_size, "num_gpu_blocks": blocks,
+                                   "cache_dtype": cfg.dtype.value, "enable_prefix_caching": cfg.enable_prefix_caching})
 
     def default_workers(self) -> int:
         """One preparer per CPU this process may run on, at most 4: preparing is CPU work."""
@@ -146,6 +149,8 @@ class GenerateWorker(Worker):
         session.in_engine, session.prompt_tokens = True, len(prompt)
         self.unstarted[uid] = session
         self.metrics.prompt_tokens.inc(len(prompt))
+        max_tokens = {**self.stage.options.sampling, **session.request.sampling}.get("max_tokens")
+        self.metrics.max_tokens.observe(max_tokens or self.engine.max_model_len - len(prompt))
         self.emit(uid, Admitted(len(prompt)))
 
     def on_tokenized(self, uid: str, result: Dict[str, Any]) -> None:
@@ -177,6 +182,7 @@ class GenerateWorker(Worker):
             began = time.monotonic()
             outputs = self.engine.step()
             now = time.monotonic()
+            self.metrics.step_tokens.observe(self.engine.step_tokens)
             if self.unstarted:
                 self._observe_starts(began, {out.request_id for out in outputs})
             new_tokens = 0
