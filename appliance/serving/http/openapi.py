@@ -22,7 +22,7 @@ SAMPLING = {
     "model": {"type": ["string", "null"]},
     "max_tokens": MAX_TOKENS,
     "max_completion_tokens": MAX_TOKENS,
-    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+    "temperature": {"type": ["number", "null"], "minimum": 0},  # as vLLM: no upper bound (OpenAI: 2)
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": ["integer", "null"], "minimum": 0},
     "seed": {"type": ["integer", "null"], "minimum": -(2 ** 63), "maximum": 2 ** 63 - 1},
