@@ -5,6 +5,7 @@ one group (chat: through the online head together, i.e. `chat_prompt`: templates
 completion: tokenize) and hands them over together, `on_prepared` adds it to the `LLMEngine` on the
 loop's thread, every `step` turns the engine's outputs into `Tokens` events (each step's delta when the
 client streams, the whole answer at the end otherwise), `abort` frees its KV blocks at once.
+`/tokenize` and `/detokenize` jobs go to `Tokenizing` (tokenizing.py) and never enter the engine.
 """
 import logging
 import os
