@@ -55,6 +55,16 @@ def test_a_chat_with_an_image_counts_its_placeholder_tokens(llava_server, tokeni
     assert config["image_token_index"] not in text_only.json()["tokens"]
 
 
+def test_continue_final_message_leaves_the_answer_open(llava_server, tokenizer):
+    messages = [{"role": "user", "content": "What color is the shape?"},
+                {"role": "assistant", "content": "The shape is"}]
+    body = post(llava_server, "/tokenize", messages=messages, continue_final_message=True)
+    assert body.status_code == 200, body.text
+    assert tokenizer.decode(body.json()["tokens"]).endswith("ASSISTANT: The shape is")
+    both = post(llava_server, "/tokenize", messages=messages, continue_final_message=True, add_generation_prompt=True)
+    assert both.status_code == 400 and error(both)["param"] == "continue_final_message"
+
+
 def test_a_chat_past_the_context_is_counted_not_refused(llava_server):
     long = " ".join(["circle"] * 300)
     body = post(llava_server, "/tokenize", messages=[{"role": "user", "content": long}]).json()
