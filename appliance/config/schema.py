@@ -74,6 +74,11 @@ class ModelConfig:
     geo: Optional[GeoModelConfig] = None
 
 
+class MetricsNames(str, Enum):
+    appliance = "appliance"  # appliance_<name> for every series
+    vllm = "vllm"            # vLLM's `vllm:<name>` for the series vLLM has (its dashboards, KEDA triggers)
+
+
 @dataclass
 class ServerLimits:
     max_request_bytes: int = 20 * 1024 * 1024  # an HTTP request body (413 above)
@@ -101,6 +106,7 @@ class ServerConfig:
     preprocess_workers: int = 0
     drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
     stream_interval: int = 1  # tokens per streamed chunk after the first (vLLM's --stream-interval): >1 saves CPU
+    metrics_names: MetricsNames = MetricsNames.appliance  # how /metrics names its series (docs/serving.md)
     limits: ServerLimits = field(default_factory=ServerLimits)
 
 

@@ -86,6 +86,7 @@ class LLMEngine:
         self.device = torch.device(cfg.device)
         self.detokenizers: Dict[str, IncrementalDetokenizer] = {}
         self.arrivals = itertools.count()
+        self.step_tokens = 0  # tokens the last step computed, prompt and output (the server's metrics)
 
     @classmethod
     def from_config(cls, app_cfg, tokenizer=None) -> "LLMEngine":
@@ -191,6 +192,7 @@ class LLMEngine:
             return []
         # The grammar masks of constrained requests are filled while the forward runs.
         masks = self.grammars.start_masks([item.seq.matcher for item in scheduled.scheduled if item.will_sample])
+        self.step_tokens = scheduled.num_tokens
         sampled = self.executor.run(scheduled, masks)
         return self._postprocess(scheduled, sampled)
 

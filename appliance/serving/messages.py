@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from appliance.protocol.openai_requests import GenerateRequest
 from appliance.protocol.openai_responses import TokenLogprob
+from appliance.protocol.tokenize import TokenizeRequest
 
 
 # ---- jobs ------------------------------------------------------------------------------------------
@@ -18,6 +19,17 @@ from appliance.protocol.openai_responses import TokenLogprob
 class GenerateJob:
     request: GenerateRequest
     media_dir: Optional[str]  # client-named image files resolve inside it (None: refused)
+
+
+@dataclass
+class TokenizeJob:
+    request: TokenizeRequest
+    media_dir: Optional[str]  # as GenerateJob's: a chat's images are prepared as a chat completion's
+
+
+@dataclass
+class DetokenizeJob:
+    tokens: List[int]
 
 
 @dataclass

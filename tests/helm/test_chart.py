@@ -120,6 +120,19 @@ def test_serve_mode(chart):
     assert json.loads(dashboard["data"]["appliance.json"]) == json.loads((CHART / "dashboards/appliance.json").read_text())
 
 
+def test_vllm_metric_names_reach_the_server_the_autoscaler_and_the_dashboard(chart):
+    values = {**profile_values("llava-chat"), "metrics": {"names": "vllm", "grafanaDashboard": {"enabled": True}}}
+    kinds = by_kind(manifests(chart, values))
+    assert "server.metrics_names=vllm" in container(list(kinds.values()))["args"]
+    hpa = kinds["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
+    dashboard = kinds["ConfigMap"]["data"]["appliance.json"]
+    assert "vllm:time_to_first_token_seconds_bucket" in dashboard and "vllm:kv_cache_usage_perc" in dashboard
+    assert "appliance_tiles_total" in dashboard  # a series vLLM does not have keeps its name
+    assert "appliance_time_to_first_token" not in dashboard and "appliance_num_requests" not in dashboard
+    json.loads(dashboard)
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_locked_down_and_writable_where_the_appliance_writes(chart, profile):
     docs = manifests(chart, profile_values(profile))
@@ -274,6 +287,7 @@ def test_an_extra_config_pipeline_gets_its_engine_kind_from_its_defaults(chart):
      "ingress.enabled: only for mode=serve (a batch Job has no Service to route to)"),
     ({"autoscaling": {"enabled": True, "metric": "cpu"}}, "autoscaling.metric=cpu: set resources.requests.cpu"),
     ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas 5 is above maxReplicas 2"),
+    ({"overrides": ["server.metrics_names=vllm"]}, "overrides: server.metrics_names=vllm; set metrics.names instead"),
 ])
 def test_values_that_cannot_work_together_fail_the_render(chart, values, message):
     with pytest.raises(helm_python.HelmError, match=re.escape(message)):

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from typing import Dict, Set
 
-from tests.helm.conftest import CHART, REPO
+from appliance.serving.metrics import VLLM_SERIES
+from tests.helm.conftest import CHART, REPO, render_files
 
 # Every metric of EngineMetrics and HttpMetrics touched once, then /metrics' text parsed back.
 EXPORT = """
@@ -83,9 +84,17 @@ def test_every_queried_metric_and_label_is_exported():
         assert name in used, name
 
 
-def test_the_autoscaler_metric_is_exported():
+def test_the_autoscaler_metric_is_exported(chart):
     assert "appliance_num_requests_waiting" in exported()
-    assert "appliance_num_requests_waiting" in (CHART / "templates" / "hpa.yaml").read_text()
+    hpa = render_files(chart, {"autoscaling": {"enabled": True}})["appliance/templates/hpa.yaml"]
+    assert "name: appliance_num_requests_waiting" in hpa
+
+
+def test_the_charts_vllm_series_are_the_servers():
+    """metrics.names=vllm renames in the chart exactly the series the server renames."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    block = helpers.split('define "appliance.vllmSeries"')[1].split("{{- end -}}")[0]
+    assert set(re.findall(r'"(\w+)"', block)) == VLLM_SERIES
 
 
 def test_dashboard_is_well_formed():

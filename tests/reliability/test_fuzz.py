@@ -44,7 +44,7 @@ def fuzz(base: str, path: str, mode: GenerationMode, headers=None) -> int:
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"])
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"])
 def test_openai_routes_hold_their_contract(llava_server, path, mode):
     assert fuzz(llava_server.base, path, mode) >= 5
 

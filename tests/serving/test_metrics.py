@@ -2,8 +2,11 @@
 engine and the HTTP routes live in two processes."""
 import httpx
 import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import data_url, image_question, metrics
+from tests.servers import LLAVA_TINY, data_url, image_question, metrics
+from tests.server_process import server_process
 
 
 def delta(before, after, name, **labels):
@@ -31,6 +34,19 @@ def test_counters_equal_what_was_served(llava_server):
     for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
         assert delta(before, after, f"appliance_{histogram}_count") == 4, histogram
     assert delta(before, after, "appliance_inter_token_latency_seconds_count") == generated - 4
+    # vLLM's request-level histograms, one observation per finished request
+    assert delta(before, after, "appliance_request_prompt_tokens_count") == 4
+    assert delta(before, after, "appliance_request_prompt_tokens_sum") == prompt
+    assert delta(before, after, "appliance_request_generation_tokens_sum") == generated
+    for histogram in ("prefill", "decode", "inference"):
+        assert delta(before, after, f"appliance_request_{histogram}_time_seconds_count") == 4, histogram
+    several = sum(a.usage.completion_tokens > 1 for a in answers)
+    assert delta(before, after, "appliance_request_time_per_output_token_seconds_count") == several
+    decode = delta(before, after, "appliance_request_decode_time_seconds_sum")
+    inference = delta(before, after, "appliance_request_inference_time_seconds_sum")
+    e2e = delta(before, after, "appliance_e2e_request_latency_seconds_sum")
+    assert 0 < decode < inference < e2e  # decode within inference, inference within arrival-to-end
+    assert delta(before, after, "appliance_request_params_max_tokens_sum") == 1 + 3 + 40 + 4
     assert delta(before, after, "appliance_http_requests_total", route="/v1/chat/completions", status="200") == 3
     assert delta(before, after, "appliance_http_requests_total", route="/v1/completions", status="200") == 1
     assert delta(before, after, "appliance_http_requests_total", route="/v1/chat/completions", status="400") == 1
@@ -42,8 +58,6 @@ def test_counters_equal_what_was_served(llava_server):
 
 
 def test_every_series_is_labelled_with_the_model_name(llava_server):
-    from prometheus_client.parser import text_string_to_metric_families
-
     httpx.post(f"{llava_server.base}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60)
     text = httpx.get(f"{llava_server.base}/metrics", timeout=10).text
     families = [f for f in text_string_to_metric_families(text) if f.name.startswith("appliance_")]
@@ -59,3 +73,54 @@ def test_every_series_is_labelled_with_the_model_name(llava_server):
     for family in families:
         for sample in family.samples:
             assert sample.labels.get("model_name") == "llava-tiny", sample
+
+
+@pytest.fixture(scope="module")
+def vllm_named_server(tmp_path_factory):
+    if not (LLAVA_TINY / "config.json").is_file():
+        pytest.skip("appliance/assets/models/llava_tiny is missing")
+    with server_process("pipeline=llava_chat", "server.metrics_names=vllm",
+                        cwd=tmp_path_factory.mktemp("vllm_names")) as server:
+        yield server
+
+
+def test_vllm_names_export_vllms_series_with_its_model_name_label(vllm_named_server):
+    """`server.metrics_names=vllm`: the series vLLM has under its names (what its Grafana dashboards and
+    KEDA triggers query), the others under ours, every one labelled model_name."""
+    base = vllm_named_server.base
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+    answer = client.chat.completions.create(model="llava-tiny", messages=image_question(data_url()), max_tokens=3,
+                                            temperature=0, extra_body={"ignore_eos": True})
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:time_to_first_token_seconds",
+                 "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
+                 "vllm:request_queue_time_seconds", "vllm:request_success", "vllm:num_preemptions",
+                 "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_prompt_tokens",
+                 "vllm:request_generation_tokens", "vllm:request_prefill_time_seconds",
+                 "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
+                 "vllm:request_time_per_output_token_seconds", "vllm:request_params_max_tokens",
+                 "vllm:iteration_tokens_total", "vllm:cache_config_info",
+                 "appliance_encoder_cache_hits", "appliance_http_requests"):  # vLLM has no such series
+        assert name in families, name
+    assert not any(name.startswith("appliance_") and name[len("appliance_"):] in {
+        "time_to_first_token_seconds", "num_requests_waiting", "prompt_tokens"} for name in families)
+    for family in families.values():
+        for sample in family.samples:
+            assert sample.labels.get("model_name") == "llava-tiny", sample
+    after = metrics(base)
+    assert after[("vllm:prompt_tokens_total", ())] == answer.usage.prompt_tokens
+    assert after[("vllm:generation_tokens_total", ())] == 3
+    assert after[("vllm:request_success_total", (("finished_reason", "length"),))] == 1
+    assert after[("vllm:request_prompt_tokens_sum", ())] == answer.usage.prompt_tokens
+    assert after[("vllm:request_generation_tokens_count", ())] == 1
+    assert after[("vllm:request_decode_time_seconds_count", ())] == 1
+    assert after[("vllm:inter_token_latency_seconds_count", ())] == 2
+    assert after[("vllm:request_params_max_tokens_sum", ())] == 3
+    # every token the steps computed: the prompt's not found in the prefix cache, and each output token
+    # fed back but the last
+    computed = answer.usage.prompt_tokens - after[("vllm:prefix_cache_hits_total", ())] + 3 - 1
+    assert after[("vllm:iteration_tokens_total_sum", ())] == computed
+    (info,) = [labels for name, labels in after if name == "vllm:cache_config_info"]
+    assert dict(info)["block_size"] == "16" and dict(info)["enable_prefix_caching"] == "True"

@@ -29,11 +29,12 @@ class EngineAPI(ls.LitAPI):
         answers /health while they load). `device`: the engine places itself (engine.device, TP ranks)."""
         from appliance.stages.build import load_stages
         from appliance.serving.engine_process.generate_worker import GenerateWorker
-        from appliance.serving.metrics import EngineMetrics
+        from appliance.serving.metrics import EngineMetrics, MetricNames
         from appliance.serving.engine_process.plain_worker import PlainWorker
         from appliance.serving.engine_process.pool_worker import PoolWorker
 
         load_stages(self.cfg.plugins)  # a plugin may register models, not only the stages unpickled here
         kind = {"generate": GenerateWorker, "pool": PoolWorker, "plain": PlainWorker}[self.online.kind]
-        metrics = EngineMetrics(self.cfg.server.served_model_name or self.cfg.model.name)
+        metrics = EngineMetrics(self.cfg.server.served_model_name or self.cfg.model.name,
+                                MetricNames(self.cfg.server.metrics_names))
         self.worker = kind(self.cfg, self.online, metrics, self.shared)

@@ -10,6 +10,8 @@ A request asking `n` answers to each of its prompts is n engine requests per pro
 prompt's first answer and its siblings (`LLMEngine.add_request(sibling=...)`): the prompt is computed
 once and its KV blocks shared through the prefix cache. Events carry the answer's choice index; the
 request ends when every answer has.
+
+`/tokenize` and `/detokenize` jobs go to `Tokenizing` (tokenizing.py) and never enter the engine.
 """
 import logging
 import os
@@ -21,9 +23,10 @@ from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
 from appliance.pipeline import Pipeline
 from appliance.protocol.openai_responses import prompt_token_logprobs, token_decoder, token_logprobs
-from appliance.serving.messages import Admitted, Failed, GenerateJob, Tokens
+from appliance.serving.messages import Admitted, DetokenizeJob, Done, Failed, GenerateJob, TokenizeJob, Tokens
 from appliance.serving.engine_process.records import ChatRecord, as_record
 from appliance.serving.engine_process.sessions import Answer, Session, engine_id, request_of
+from appliance.serving.engine_process.tokenizing import Tokenizing
 from appliance.serving.engine_process.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,7 @@ class GenerateWorker(Worker):
         self.unprepared: List[Tuple[str, GenerateJob]] = []
         self.unprepared_lock = threading.Lock()
         self.preparers = 0
+        self.tokenizing = Tokenizing(self)  # /tokenize and /detokenize: beside the engine, not in it
 
     def start(self) -> None:
         self.stage = self.online.engine  # the pipeline's `engine` stage: it adds requests as `appliance run` does
@@ -61,6 +65,9 @@ class GenerateWorker(Worker):
         self.decode = token_decoder(self.engine.tokenizer)
         ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
         self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
+        cfg, blocks = self.engine.cfg, self.engine.stats()["kv_blocks_total"]
+        self.metrics.cache_config({"block_size": cfg.block_size, "num_gpu_blocks": blocks,
+                                   "cache_dtype": cfg.dtype.value, "enable_prefix_caching": cfg.enable_prefix_caching})
 
     def default_workers(self) -> int:
         """One preparer per CPU this process may run on, at most 4: preparing is CPU work."""
@@ -68,6 +75,9 @@ class GenerateWorker(Worker):
 
     # ---- requests -------------------------------------------------------------------------------
     def admit(self, uid: str, arrival: float, job: GenerateJob) -> None:
+        if isinstance(job, (TokenizeJob, DetokenizeJob)):
+            self.tokenizing.admit(uid, job)
+            return
         self.sessions[uid] = Session(job.request, arrival)
         with self.unprepared_lock:
             self.unprepared.append((uid, job))
@@ -137,7 +147,14 @@ class GenerateWorker(Worker):
         session.in_engine, session.prompt_tokens, session.unfinished = True, prompt_tokens, len(session.answers)
         self.unstarted[uid] = session
         self.metrics.prompt_tokens.inc(prompt_tokens)
+        max_tokens = {**self.stage.options.sampling, **session.request.sampling}.get("max_tokens")
+        longest = max(len(prompt) for prompt, _ in prompts)
+        self.metrics.max_tokens.observe(max_tokens or self.engine.max_model_len - longest)
         self.emit(uid, Admitted(prompt_tokens))
+
+    def on_tokenized(self, uid: str, result: Dict[str, Any]) -> None:
+        if self.tokenizing.forget(uid):
+            self.emit(uid, Done(result))
 
     def _add_answers(self, uid: str, session: Session, prompts: List[Tuple[List[int], Optional[list]]]) -> None:
         """n engine requests per prompt: its first answer, then the others as its siblings."""
@@ -157,11 +174,15 @@ class GenerateWorker(Worker):
                 first = first or rid
 
     def abort(self, uid: str) -> None:
+        if self.tokenizing.forget(uid):
+            return
         if uid in self.sessions:
             self.forget(uid)
             self.metrics.success("abort").inc()
 
     def forget(self, uid: str) -> bool:
+        if self.tokenizing.forget(uid):
+            return True
         session = self.sessions.pop(uid, None)
         self.unstarted.pop(uid, None)
         for rid in session.answers if session is not None else ():
@@ -174,8 +195,12 @@ class GenerateWorker(Worker):
 
     def step(self) -> None:
         if self.engine.has_unfinished():
+            began = time.monotonic()
             outputs = self.engine.step()
             now = time.monotonic()
+            self.metrics.step_tokens.observe(self.engine.step_tokens)
+            if self.unstarted:
+                self._observe_starts(began, {request_of(out.request_id) for out in outputs})
             new_tokens = 0
             delivered = [(self.sessions.get(request_of(out.request_id)), out) for out in outputs]
             for session, out in delivered:  # first the prompts scored for echo: their siblings' text starts with them
@@ -187,7 +212,6 @@ class GenerateWorker(Worker):
                     self._deliver(request_of(out.request_id), session, out, now)
             if new_tokens:  # counted once a step: a multiprocess counter's increment costs ~1 µs
                 self.metrics.generation_tokens.inc(new_tokens)
-            self._observe_starts(now)
         self.publish()
 
     def _score_prompt(self, session: Session, out) -> None:
@@ -202,6 +226,7 @@ class GenerateWorker(Worker):
         if n:
             if session.completion_tokens == 0:
                 self.metrics.ttft.observe(now - session.arrival)
+                session.first_token_at = now
             elif answer.completion_tokens:
                 self.metrics.itl.observe(now - answer.last_token_at)
             answer.last_token_at = now
@@ -217,8 +242,22 @@ class GenerateWorker(Worker):
             self._emit(uid, session, answer, out.text, logprobs, out.finish_reason, final)
         if final:
             del self.sessions[uid]
-            self.metrics.e2e.observe(now - session.arrival)
-            self.metrics.success(out.finish_reason).inc()  # once a request: its last answer's reason
+            self._observe_finish(session, answer, out.finish_reason, now)
+
+    def _observe_finish(self, session: Session, last: Answer, reason: str, now: float) -> None:
+        """vLLM's request-level series: latency split into queue, prefill and decode, and token counts
+        (success once a request, under its last answer's reason; time per token of that answer)."""
+        metrics = self.metrics
+        metrics.e2e.observe(now - session.arrival)
+        metrics.success(reason).inc()
+        metrics.request_prompt_tokens.observe(session.prompt_tokens)
+        metrics.request_generation_tokens.observe(session.completion_tokens)
+        metrics.inference.observe(now - session.started_at)
+        if session.completion_tokens:
+            metrics.prefill.observe(session.first_token_at - session.started_at)
+            metrics.decode.observe(now - session.first_token_at)
+            if last.completion_tokens > 1:
+                metrics.tpot.observe((now - session.first_token_at) / (last.completion_tokens - 1))
 
     def _stream(self, uid: str, session: Session, answer: Answer, out, n: int, final: bool) -> None:
         """Send the step's new output, or hold it back: after the first chunk, an answer gets one chunk
@@ -253,13 +292,16 @@ class GenerateWorker(Worker):
             return None
         return token_logprobs(token_ids, logprobs, top_n, self.decode)
 
-    def _observe_starts(self, now: float) -> None:
-        """Queue time (arrival to the first step that ran it) of the requests this step ran first: those
-        running now, and those that finished in it (answered, so no longer in `sessions`)."""
-        started = [uid for uid in self.unstarted
-                   if uid not in self.sessions or self.engine.is_running(engine_id(uid, 0))]
+    def _observe_starts(self, began: float, stepped) -> None:
+        """Queue time (arrival to the start of the first step that ran it) of the requests this step ran
+        first: those with output in it (`stepped`: finished ones among them) and those running now (a
+        prefill in chunks has no output yet). Run before the outputs are delivered, so a request that
+        finishes in its first step has its start."""
+        started = [uid for uid in self.unstarted if uid in stepped or self.engine.is_running(engine_id(uid, 0))]
         for uid in started:
-            self.metrics.queue.observe(now - self.unstarted.pop(uid).arrival)
+            session = self.unstarted.pop(uid)
+            session.started_at = began
+            self.metrics.queue.observe(began - session.arrival)
 
     def publish(self) -> None:
         """The running count the HTTP side reads (every turn), then gauges and counters that mirror the
@@ -291,7 +333,7 @@ class GenerateWorker(Worker):
         self.counted[key] = value
 
     def fail_all(self, failure: Failed) -> None:
-        for uid in list(self.sessions):
+        for uid in [*self.sessions, *self.tokenizing.pending]:
             self.fail(uid, failure)
 
     def fail_stepping(self, failure: Failed) -> None:

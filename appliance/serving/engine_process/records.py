@@ -3,6 +3,8 @@ build from a request, and what `split_online` checks the stages against."""
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Optional, Tuple
 
+from appliance.stages.chat.template import ChatRendering
+
 
 @dataclass
 class ChatRecord:
@@ -13,6 +15,7 @@ class ChatRecord:
     media_dir: Optional[str]    # client-named image files resolve inside it (None: refused)
     custom_id: str
     model_name: Optional[str]
+    rendering: Optional[ChatRendering] = None  # None: a chat completion's (ChatRendering's defaults)
 
 
 @dataclass

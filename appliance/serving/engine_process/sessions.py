@@ -29,6 +29,8 @@ class Session:
     in_engine: bool = False
     prompt_tokens: int = 0           # every prompt once
     completion_tokens: int = 0       # every answer's
+    started_at: float = 0.0          # the start of the first engine step that ran it
+    first_token_at: float = 0.0      # of any answer
     answers: Dict[str, Answer] = field(default_factory=dict)  # by engine id
     unfinished: int = 0              # answers still running
     # echo: each prompt's text, and (with logprobs) its scored tokens, which its first answer brings

@@ -1,11 +1,12 @@
 """The routes of `appliance serve`, as a LitSpec: LitServe adds them to its FastAPI app.
 
 The pipeline's kind decides the API: a generating engine gets OpenAI's `/v1/chat/completions`,
-`/v1/completions` and `/v1/models`; a pooling engine gets vLLM's `/pooling` and the raw `/v1/pool`;
-a pipeline without an engine gets `POST /predict`. Every server has `/health`, `/ready`, `/version` and
-`/metrics`. The handlers read their own bodies and answer Starlette responses; what they need of the
-engine goes through the `Frontend` (frontend.py), never through LitServe's request queue, so LitServe's
-`decode_request` / `encode_response` hooks are not used.
+`/v1/completions` and `/v1/models`, and vLLM's `/tokenize` and `/detokenize`; a pooling engine gets
+vLLM's `/pooling` and the raw `/v1/pool`; a pipeline without an engine gets `POST /predict`. Every
+server has `/health`, `/ready`, `/version` and `/metrics`. The handlers read their own bodies and
+answer Starlette responses; what they need of the engine goes through the `Frontend` (frontend.py),
+never through LitServe's request queue, so LitServe's `decode_request` / `encode_response` hooks are
+not used.
 """
 from litserve.specs.base import LitSpec
 
@@ -13,6 +14,7 @@ from appliance.serving.http.frontend import Frontend
 from appliance.serving.http.routes_generate import GenerateRoutes
 from appliance.serving.http.routes_ops import OpsRoutes, PredictRoute
 from appliance.serving.http.routes_pool import PoolRoutes
+from appliance.serving.http.routes_tokenize import TokenizeRoutes
 
 
 MAIN_ROUTE = {"generate": "/v1/chat/completions", "pool": "/pooling", "plain": "/predict"}
@@ -38,6 +40,9 @@ class ApplianceSpec(LitSpec):
             self.add_endpoint("/v1/models/{model_id:path}", ops.model, ["GET"])
             self.add_endpoint("/v1/chat/completions", routes.chat, ["POST"])
             self.add_endpoint("/v1/completions", routes.completions, ["POST"])
+            tokenizing = TokenizeRoutes(self.frontend, cfg)
+            self.add_endpoint("/tokenize", tokenizing.tokenize, ["POST"])
+            self.add_endpoint("/detokenize", tokenizing.detokenize, ["POST"])
         elif kind == "pool":
             routes = PoolRoutes(self.frontend, cfg, spool_dir)
             self.add_endpoint("/v1/models", ops.models, ["GET"])

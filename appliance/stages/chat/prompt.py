@@ -10,6 +10,9 @@ checked before the first record goes on, so a bad request fails the run before t
 weights (the engine stage holds all requests of a run anyway: it batches them).
 
 A text-only checkpoint (no `model.vision_language`) works too; images are then refused.
+
+A record may carry `rendering` (a `ChatRendering`): the server's `/tokenize` sets the template's
+options there and turns the context check off (it counts a prompt, it does not run it).
 """
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -19,10 +22,13 @@ from appliance.engine.multimodal import ImageItem, mm_ranges
 from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, attempt, register_stage
 from appliance.stages.chat.images import ImageSide
-from appliance.stages.chat.template import (check_image_tokens, encode_rendered, expand_placeholders,
-                                            render_text, template_messages)
+from appliance.stages.chat.template import (ChatRendering, check_image_tokens, encode_rendered,
+                                            expand_placeholders, render_text, template_messages)
 from appliance.stages.engine import (check_fits, check_text_fits, model_context, model_longest_token,
                                      model_tokenizer)
+
+
+CHAT_COMPLETION = ChatRendering()  # how a chat completion's prompt is made (frozen)
 
 
 @dataclass
@@ -116,9 +122,11 @@ class ChatPrompt(Stage):
         if self.images is not None and len(urls) > self.images.vl.limit_per_prompt:
             raise InputError(f"{where}: {len(urls)} images in one request; this model allows "
                              f"{self.images.vl.limit_per_prompt} (model.vision_language.limit_per_prompt)")
-        text = render_text(self.tokenizer, messages)
-        check_text_fits(text, self.longest_token, self.max_len, where)
-        ids = encode_rendered(self.tokenizer, text)
+        rendering = record.get("rendering") or CHAT_COMPLETION
+        text = render_text(self.tokenizer, messages, rendering)
+        if rendering.fit_context:
+            check_text_fits(text, self.longest_token, self.max_len, where)
+        ids = encode_rendered(self.tokenizer, text, rendering.add_special_tokens)
         if self.images is not None:
             check_image_tokens(ids, self.images.vl.image_token_id, len(urls), where)
         futures = [images.add(self.images.prepare, url, at(where, field), record["media_dir"])
@@ -132,7 +140,8 @@ class ChatPrompt(Stage):
             ids, offsets = expand_placeholders(ids, self.images.vl.image_token_id, [i.num_tokens for i in items])
             for item, offset in zip(items, offsets):
                 item.offset = offset
-        check_length(len(ids), items, self.max_len, record["where"])
+        if (record.get("rendering") or CHAT_COMPLETION).fit_context:
+            check_length(len(ids), items, self.max_len, record["where"])
         return {**record, "prompt": ids, "mm_data": items or None, "mm_ranges": mm_ranges(items) or None}
 
     def close(self) -> None:

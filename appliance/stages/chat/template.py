@@ -9,10 +9,21 @@ templates usually expect strings, so text-only models get the text parts joined.
 `expand_placeholders` (pure) replaces the i-th single image token with `counts[i]` copies and returns
 where each run starts: that is the `offset` of the i-th `ImageItem`.
 """
-from typing import Any, Dict, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from appliance.errors import ConfigError, InputError
 from appliance.protocol.openai_requests import image_url
+
+
+@dataclass(frozen=True)
+class ChatRendering:
+    """How a chat becomes a prompt. A chat completion takes the defaults; `/tokenize` may set vLLM's
+    options, and only counts (a prompt past the context is not refused there: the client compares)."""
+    add_generation_prompt: bool = True     # end with the assistant's turn opening
+    continue_final_message: bool = False   # leave the last message open instead
+    add_special_tokens: Optional[bool] = None  # None: BOS unless the template wrote it (encode_rendered)
+    fit_context: bool = True               # refuse a prompt that does not fit the context
 
 
 def template_messages(messages: List[Dict[str, Any]], parts: bool) -> Tuple[List[Dict[str, Any]], List[Tuple[str, str]]]:
@@ -37,19 +48,22 @@ def template_messages(messages: List[Dict[str, Any]], parts: bool) -> Tuple[List
     return rendered, images
 
 
-def render_text(tokenizer, messages: List[Dict[str, Any]]) -> str:
-    """The chat template applied to `messages`, ending with the generation prompt (`encode_rendered`
-    turns it into token ids; in between, a text too long for the context is refused untokenized)."""
+def render_text(tokenizer, messages: List[Dict[str, Any]], rendering: ChatRendering = ChatRendering()) -> str:
+    """The chat template applied to `messages`, by default ending with the generation prompt
+    (`encode_rendered` turns it into token ids; in between, a text too long for the context is refused
+    untokenized)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("model.path: the tokenizer has no chat_template; use a chat/instruct checkpoint "
                           "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=rendering.add_generation_prompt,
+                                         continue_final_message=rendering.continue_final_message, tokenize=False)
 
 
-def encode_rendered(tokenizer, text: str) -> List[int]:
-    """Token ids of a rendered chat; BOS is added by the tokenizer unless the template already wrote it."""
+def encode_rendered(tokenizer, text: str, add_special_tokens: Optional[bool] = None) -> List[int]:
+    """Token ids of a rendered chat; by default BOS is added by the tokenizer unless the template already
+    wrote it."""
     bos = getattr(tokenizer, "bos_token", None)
-    add_special = not (bos and text.startswith(bos))
+    add_special = not (bos and text.startswith(bos)) if add_special_tokens is None else add_special_tokens
     return list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
 

@@ -105,6 +105,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- fail "ingress.enabled: only for mode=serve (a batch Job has no Service to route to)" -}}
 {{- end -}}
 {{- end -}}
+{{- range $v.overrides -}}
+{{- if hasPrefix "server.metrics_names=" . -}}
+{{- fail (printf "overrides: %s; set metrics.names instead (the autoscaler's metric and the dashboard follow it)" .) -}}
+{{- end -}}
+{{- end -}}
 {{- if $v.autoscaling.enabled -}}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}
 {{- fail (printf "autoscaling: minReplicas %d is above maxReplicas %d" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}
@@ -120,6 +125,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $args := list "server.host=0.0.0.0"
       (printf "server.port=%d" (int .Values.server.port))
       (printf "server.drain_timeout_s=%d" (int .Values.server.drainTimeoutSeconds)) -}}
+{{- if ne .Values.metrics.names "appliance" -}}
+{{- $args = append $args (printf "server.metrics_names=%s" .Values.metrics.names) -}}
+{{- end -}}
 {{- $args = concat $args (include "appliance.gpuOverrides" . | fromJsonArray) .Values.overrides -}}
 {{- toJson $args -}}
 {{- end -}}
@@ -161,4 +169,25 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* A word for /bin/sh: single-quoted, its single quotes escaped. */}}
 {{- define "appliance.shellQuote" -}}
 {{- printf "'%s'" (replace "'" "'\\''" .) -}}
+{{- end -}}
+
+{{/* The series the server names `vllm:*` with metrics.names=vllm (appliance/serving/metrics.py VLLM_SERIES),
+     as a JSON list. */}}
+{{- define "appliance.vllmSeries" -}}
+{{- list "time_to_first_token_seconds" "inter_token_latency_seconds" "e2e_request_latency_seconds"
+      "request_queue_time_seconds" "request_prefill_time_seconds" "request_decode_time_seconds"
+      "request_inference_time_seconds" "request_time_per_output_token_seconds" "request_prompt_tokens"
+      "request_generation_tokens" "num_requests_running" "num_requests_waiting" "kv_cache_usage_perc"
+      "prompt_tokens" "generation_tokens" "request_success" "num_preemptions" "prefix_cache_queries"
+      "prefix_cache_hits" "request_params_max_tokens" "iteration_tokens_total" "cache_config_info" | toJson -}}
+{{- end -}}
+
+{{/* A series' name as the server exports it under metrics.names. Takes (list $ "series"). */}}
+{{- define "appliance.metricName" -}}
+{{- $root := index . 0 -}}{{- $series := index . 1 -}}
+{{- if and (eq $root.Values.metrics.names "vllm") (has $series (include "appliance.vllmSeries" $root | fromJsonArray)) -}}
+vllm:{{ $series }}
+{{- else -}}
+appliance_{{ $series }}
+{{- end -}}
 {{- end -}}

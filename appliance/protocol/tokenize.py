@@ -1,0 +1,121 @@
+"""vLLM's `/tokenize` and `/detokenize` bodies, so clients that budget tokens against a vLLM server
+work against ours unchanged:
+
+    POST /tokenize   {"model"?, "prompt", "add_special_tokens"?: true, "return_token_strs"?: false}
+                  or {"model"?, "messages", "add_generation_prompt"?: true, "continue_final_message"?: false,
+                      "add_special_tokens"?, "return_token_strs"?: false}
+      -> {"count", "max_model_len", "tokens", "token_strs"}
+    POST /detokenize {"model"?, "tokens"} -> {"prompt"}
+
+A body with `messages` is a chat (vLLM tells the two apart the same way). The chat's tokens are those a
+chat completion with the same messages would run: images count as the placeholder tokens they expand
+to. `add_special_tokens` left out of a chat means "as a chat completion does" (BOS unless the template
+writes it); given, it is applied as asked. Like vLLM, tokenizing refuses no prompt for its length: the
+answer carries `max_model_len` to compare against.
+
+The pydantic models are the one definition of the bodies: they validate (strict: no type coercion, no
+unknown field) and the server's OpenAPI document is generated from them (`serving/http/openapi.py`).
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import Annotated
+
+from appliance.errors import InputError
+from appliance.protocol.openai_models import Message
+from appliance.protocol.openai_requests import EXPECTED as REQUEST_EXPECTED
+from appliance.protocol.validation import input_error
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class TokenizeCompletionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Optional[str] = None
+    prompt: str = Field(description="the text to tokenize")
+    add_special_tokens: bool = Field(default=True, description="add the tokenizer's special tokens (BOS), as a "
+                                                               "completion request does")
+    return_token_strs: Optional[bool] = Field(default=False, description="also answer each token's string")
+
+
+class TokenizeChatBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Optional[str] = None
+    messages: List[Message] = Field(min_length=1, description="OpenAI chat messages, as /v1/chat/completions "
+                                                              "takes them")
+    add_generation_prompt: bool = Field(default=True, description="end with the assistant's turn opening")
+    continue_final_message: bool = Field(default=False, description="leave the last message open, to be "
+                                                                    "continued; not with add_generation_prompt")
+    add_special_tokens: Optional[bool] = Field(default=None, description="left out: as a chat completion "
+                                                                         "(BOS unless the template writes it)")
+    return_token_strs: Optional[bool] = Field(default=False, description="also answer each token's string")
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Optional[str] = None
+    tokens: List[TokenId] = Field(description="token ids inside the model's vocabulary")
+
+
+# What an error says a field should be, where pydantic's own words would not help a client.
+EXPECTED = {"prompt": "a string (or send messages for a chat)",
+            "tokens": "a list of token ids (integers >= 0)",
+            **{path: what for path, what in REQUEST_EXPECTED.items() if path.startswith("messages")}}
+
+
+@dataclass
+class TokenizeRequest:
+    model: Optional[str]
+    prompt: Optional[str] = None                       # a text, or
+    messages: Optional[List[Dict[str, Any]]] = None    # a chat (validated OpenAI messages)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: Optional[bool] = None          # None: a chat's own rule
+    return_token_strs: bool = False
+
+
+def parse_tokenize(body: Any) -> TokenizeRequest:
+    """A `/tokenize` body: a chat when it has `messages`, else a text `prompt`."""
+    body = _object(body)
+    if "messages" not in body:
+        text = _validate(TokenizeCompletionBody, body)
+        return TokenizeRequest(text.model, prompt=text.prompt, add_special_tokens=text.add_special_tokens,
+                               return_token_strs=bool(text.return_token_strs))
+    chat = _validate(TokenizeChatBody, body)
+    messages = body["messages"]  # as sent, as a chat completion's: keys beyond role and content stay
+    generation_prompt = chat.add_generation_prompt
+    if chat.continue_final_message:
+        if generation_prompt and "add_generation_prompt" in chat.model_fields_set:
+            raise InputError("continue_final_message: true together with add_generation_prompt: true; the "
+                             "last message is either continued or answered: set one of them false",
+                             param="continue_final_message")
+        generation_prompt = False  # its default gives way to an explicit continue_final_message
+    return TokenizeRequest(chat.model, messages=messages, add_generation_prompt=generation_prompt,
+                           continue_final_message=chat.continue_final_message,
+                           add_special_tokens=chat.add_special_tokens,
+                           return_token_strs=bool(chat.return_token_strs))
+
+
+def parse_detokenize(body: Any) -> DetokenizeBody:
+    return _validate(DetokenizeBody, _object(body))
+
+
+def tokenize_response(tokens: List[int], max_model_len: int, token_strs: Optional[List[str]]) -> Dict[str, Any]:
+    return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": token_strs}
+
+
+def _object(body: Any) -> Dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InputError(f"body: expected a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _validate(model, body: Dict[str, Any]):
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise input_error(e, model, EXPECTED) from None
