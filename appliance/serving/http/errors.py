@@ -56,6 +56,15 @@ def _route_paths(request: Request) -> list:
                    and route.path not in LITSERVE_ROUTES})
 
 
+async def parse_body(request: Request, parse):
+    """The body read as JSON and given to `parse` (appliance/protocol); its InputError as a 400 naming the field."""
+    body = await read_json(request)
+    try:
+        return parse(body)
+    except InputError as e:
+        raise APIError.from_input(e) from None
+
+
 async def read_json(request: Request) -> object:
     """The body as JSON, read from the stream (Starlette's `request.body()` keeps the bytes on the request
     for its whole life; a request waiting in the queue should not hold its upload twice)."""

@@ -19,8 +19,10 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, Optional
 
-from appliance.serving.http.errors import APIError
-from appliance.serving.messages import Abort
+from starlette.responses import JSONResponse
+
+from appliance.serving.http.errors import APIError, error_response
+from appliance.serving.messages import Abort, Failed
 from appliance.serving.pipes import LoopReader, LoopWriter
 from appliance.serving.state import DEAD, SharedState
 
@@ -138,6 +140,20 @@ class Frontend:
         self.shared.set_inflight(len(self.channels))
         if not channel.finished:
             self.writer.send((channel.uid, time.monotonic(), Abort()))
+
+    async def answer_once(self, request, uid: str, job: Any):
+        """Submit a job whose one event is the answer (`Done`) or its failure, and answer the client."""
+        channel = self.open(uid, request)
+        try:
+            self.submit(channel, job)
+            event = await self.next_event(channel)
+            if isinstance(event, Failed):
+                return error_response(event.status, event.message, event.param)
+            return JSONResponse(event.result)
+        except ClientGone:
+            return JSONResponse({}, status_code=499)  # nobody reads it; the job was dropped
+        finally:
+            self.close(channel)
 
     # ---- events ---------------------------------------------------------------------------------
     async def next_event(self, channel: Channel) -> Any:

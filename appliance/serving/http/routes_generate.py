@@ -17,10 +17,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from appliance.errors import InputError
 from appliance.protocol import openai_responses as shape
 from appliance.protocol.openai_requests import GenerateRequest, parse_chat, parse_completion
-from appliance.serving.http.errors import APIError, error_response, read_json
+from appliance.serving.http.errors import APIError, error_response, parse_body
 from appliance.serving.http.frontend import Channel, ClientGone, Frontend
 from appliance.serving.messages import Failed, GenerateJob, Tokens
 
@@ -42,11 +41,8 @@ class GenerateRoutes:
         return await self._handle(request, "completion")
 
     async def _handle(self, request: Request, kind: str):
-        body = await read_json(request)
-        try:
-            parsed = (parse_chat if kind == "chat" else parse_completion)(body, self.defaults)
-        except InputError as e:
-            raise APIError.from_input(e) from None
+        parse = parse_chat if kind == "chat" else parse_completion
+        parsed = await parse_body(request, lambda body: parse(body, self.defaults))
         check_model(parsed.model, self.frontend.model_name)
         uid = shape.new_id("chatcmpl" if kind == "chat" else "cmpl")
         channel = self.frontend.open(uid, request)

@@ -12,8 +12,8 @@ from appliance.errors import InputError
 from appliance.fetch.local_files import allowed_path
 from appliance.protocol.openai_responses import new_id
 from appliance.serving.http.errors import APIError, error_response, read_json
-from appliance.serving.http.frontend import ClientGone, Frontend
-from appliance.serving.messages import Done, Failed, PredictJob
+from appliance.serving.http.frontend import Frontend
+from appliance.serving.messages import PredictJob
 from appliance.serving.state import DEAD, READY
 from appliance.vision.image_load import is_remote_image
 
@@ -78,19 +78,7 @@ class PredictRoute:
         record = {field: body.get(field) for field in self.inputs}
         for field in PATH_FIELDS.intersection(body):
             record[field] = self._resolve(field, body[field])
-        uid = new_id("predict")
-        channel = self.frontend.open(uid, request)
-        try:
-            self.frontend.submit(channel, PredictJob(record))
-            event = await self.frontend.next_event(channel)
-            if isinstance(event, Failed):
-                return error_response(event.status, event.message, event.param)
-            assert isinstance(event, Done)
-            return JSONResponse(event.result)
-        except ClientGone:
-            return JSONResponse({}, status_code=499)
-        finally:
-            self.frontend.close(channel)
+        return await self.frontend.answer_once(request, new_id("predict"), PredictJob(record))
 
     def _resolve(self, field: str, value: Any) -> Any:
         """Client-named server files only inside `server.allowed_local_media_dir` (`allowed_path`)."""

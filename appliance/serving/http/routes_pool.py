@@ -23,7 +23,7 @@ from appliance.errors import InputError
 from appliance.fetch.local_files import allowed_path
 from appliance.protocol.openai_responses import new_id
 from appliance.protocol.pooling import parse_pooling, pooling_response
-from appliance.serving.http.errors import APIError, error_response, read_json
+from appliance.serving.http.errors import APIError, error_response, parse_body
 from appliance.serving.http.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.http.routes_generate import check_model
@@ -44,11 +44,7 @@ class PoolRoutes:
         self.s3_buckets = list(cfg.server.get("allowed_s3_buckets") or [])
 
     async def pooling(self, request: Request):
-        body = await read_json(request)
-        try:
-            parsed = parse_pooling(body)
-        except InputError as e:
-            raise APIError.from_input(e) from None
+        parsed = await parse_body(request, parse_pooling)
         check_model(parsed.model, self.frontend.model_name)
         try:
             aoi = parse_aoi(parsed.aoi, parsed.aoi_crs, where="data.")  # appliance run's rule
@@ -79,7 +75,6 @@ class PoolRoutes:
             output = self._spool(uid, ".out.tif")
             spooled += [output, output + ".aux.xml", stac_path(output)]
         job = PoolJob(input_path, url, output, "data.data", bands=parsed.bands, aoi=aoi)
-        del body
         parsed.data = None  # the scene is on disk now: a request waiting in the queue holds no copy of it
         result = await self._run(request, uid, job, spooled)
         if isinstance(result, Response):
