@@ -1,25 +1,44 @@
 """int8 weight-only quantization of linear layers (`engine.quantization: int8`).
 
 Each weight row (output channel) is scaled symmetrically into int8 at load: w ≈ q · scale, with
-q in [-127, 127] and scale = max|w_row| / 127. Activations stay in half precision. Decoding reads the
-weights once per token, so halving their bytes (against bf16) is what makes a memory-bound decode
-faster; the multiply is torch's `_weight_int8pack_mm` (int8 weights, bf16 activations, per-row
-scales). Past `ONE_STREAM_ROWS` rows a step is compute-bound, and on hosts whose bf16 GEMM has matrix
-units (AMX) a dense GEMM on weights dequantised tile by tile beats it.
+q in [-127, 127] and scale = max|w_row| / 127. Decoding reads the weights once per token, so halving
+their bytes (against bf16) is what makes a memory-bound decode faster; the multiply is torch's
+`_weight_int8pack_mm` (int8 weights, bf16 activations on the CPU, per-row scales). Past a number of
+rows a step is compute-bound and a dense GEMM on weights converted tile by tile beats that kernel; how
+many rows, and the tiles' dtype, depend on the host (`Int8Plan.for_host`).
 """
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-ONE_STREAM_ROWS = 16  # rows (tokens) a step up to which the int8 kernel runs; past it, dequantised tiles
-TILE_ROWS = 1024  # weight rows dequantised at a time (a few MB of bf16: stays in cache)
+TILE_ROWS = 1024  # weight rows converted at a time (a few MB: stays in cache)
 QUANT_CHUNK_ROWS = 256  # weight rows quantised at a time: their fp32 copy (~11 MB at 11008 wide) stays in cache
+
+
+@dataclass(frozen=True)
+class Int8Plan:
+    """How an int8 weight multiplies on one host: torch's int8 kernel up to `kernel_rows` rows (tokens
+    a step), dense GEMMs on tiles converted to `tile_dtype` past them (CPU; on CUDA tiles take the
+    activations' dtype)."""
+
+    kernel_rows: int
+    tile_dtype: torch.dtype
+
+    @classmethod
+    def for_host(cls, native_bf16: bool) -> "Int8Plan":
+        """With bf16 matrix units (AMX), the kernel loses past a few rows (at 4096x11008: 1.3 ms for one
+        row, 2.6x faster than bf16, but 18.6 ms for 32, 4.4x slower), and bf16 tiles ride the units.
+        Without them bf16 is emulated: the kernel beats fp32 tiles up to ~200 rows (32 rows: 79 against
+        289 ms; 256: 771 against 687 ms, on an AVX2 EPYC), and fp32 tiles beat bf16 ones."""
+        return cls(16, torch.bfloat16) if native_bf16 else cls(192, torch.float32)
 
 
 class Int8Weight:
     """A [N, K] weight as int8 rows and their N scales."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, plan: Int8Plan):
+        self.plan = plan
         rows = weight.shape[0]
         self.q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
         self.scale = torch.empty(rows, dtype=torch.float32, device=weight.device)
@@ -37,18 +56,20 @@ class Int8Weight:
         return (self.q.to(torch.float32) * self.scale[:, None]).to(dtype)
 
     def linear(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x Wᵀ (+ bias) for x [..., K], in x's dtype; computed with bf16 activations on the CPU."""
+        """x Wᵀ (+ bias) for x [..., K], in x's dtype."""
         shape, dtype = x.shape, x.dtype
         x2 = x.reshape(-1, shape[-1])
-        compute = torch.bfloat16 if x.device.type == "cpu" else dtype
-        x2 = x2.to(compute)
-        if x2.shape[0] <= ONE_STREAM_ROWS:
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.q, self.scale.to(compute))
+        on_cpu = x.device.type == "cpu"
+        if x2.shape[0] <= self.plan.kernel_rows:
+            compute = torch.bfloat16 if on_cpu else dtype
+            y = torch.ops.aten._weight_int8pack_mm(x2.to(compute), self.q, self.scale.to(compute))
         else:
+            compute = self.plan.tile_dtype if on_cpu else dtype
+            x2 = x2.to(compute)
             y = torch.empty(x2.shape[0], self.q.shape[0], dtype=compute, device=x.device)
             for start in range(0, self.q.shape[0], TILE_ROWS):
-                tile = self.q[start:start + TILE_ROWS].to(compute) * self.scale[start:start + TILE_ROWS, None].to(compute)
-                torch.mm(x2, tile.t(), out=y[:, start:start + TILE_ROWS])
+                torch.mm(x2, self.q[start:start + TILE_ROWS].to(compute).t(), out=y[:, start:start + TILE_ROWS])
+            y *= self.scale.to(compute)  # the scales on the output: a pass over [rows, N], not over each tile
         y = y.to(dtype).reshape(*shape[:-1], self.q.shape[0])
         return y if bias is None else y + bias
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from appliance.engine import cpu_kernels, hugepages
-from appliance.engine.int8 import Int8Weight
+from appliance.engine.int8 import Int8Plan, Int8Weight
 from appliance.engine.parallel import ParallelState
 
 
@@ -34,8 +34,8 @@ class PackableLinear(nn.Module):
         if not keep_weight:
             self.weight.data = torch.empty(0)  # the Parameter (and its name) stays; its memory goes
 
-    def quantize(self) -> None:
-        self.quantized = Int8Weight(self.weight.data)
+    def quantize(self, plan: Int8Plan) -> None:
+        self.quantized = Int8Weight(self.weight.data, plan)
         self.weight.data = torch.empty(0, device=self.weight.device)  # the Parameter stays; its memory goes
 
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -59,14 +59,15 @@ def pack_for_cpu(model: nn.Module) -> None:
         start += size
 
 
-def quantize_int8(model: nn.Module) -> int:
+def quantize_int8(model: nn.Module, plan: Int8Plan) -> int:
     """int8 weights for every column- and row-parallel projection (the decoder's; the LM head and the
-    embeddings stay in the model's dtype, as vLLM's int8 schemes leave them). Returns the bytes saved."""
+    embeddings stay in the model's dtype, as vLLM's int8 schemes leave them), multiplied as `plan`
+    says. Returns the bytes saved."""
     saved = 0
     for m in model.modules():
         if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
             before = m.weight.numel() * m.weight.element_size()
-            m.quantize()
+            m.quantize(plan)
             saved += before - m.quantized.nbytes
     return saved
 

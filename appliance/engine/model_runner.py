@@ -24,7 +24,8 @@ from appliance.engine.attention_probe import AttentionGeometry
 from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
-from appliance.engine.int8 import kernel_problem
+from appliance.engine.host import Host
+from appliance.engine.int8 import Int8Plan, kernel_problem
 from appliance.engine.linear import pack_for_cpu, quantize_int8
 from appliance.engine.loader import iter_weights
 from appliance.engine.materialize import build_on_meta, materialize
@@ -70,7 +71,8 @@ class ModelRunner:
             problem = kernel_problem(self.device)
             if problem:
                 raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
-            saved = quantize_int8(self.model)
+            plan = Int8Plan.for_host(Host.read().native_bf16)  # the kernel's reach follows the CPU's units
+            saved = quantize_int8(self.model, plan)
             log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
         if self.use_cpu_kernels:
             pack_for_cpu(self.model)  # our GEMM

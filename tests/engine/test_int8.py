@@ -3,12 +3,14 @@ import pytest
 import torch
 
 from appliance.engine import int8
-from appliance.engine.int8 import Int8Weight, kernel_problem
+from appliance.engine.int8 import Int8Plan, Int8Weight, kernel_problem
+
+AMX, AVX2 = Int8Plan.for_host(native_bf16=True), Int8Plan.for_host(native_bf16=False)
 
 
 def test_rows_are_scaled_symmetrically_per_output_channel():
     weight = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [-0.25, 0.25, 0.125]])
-    w8 = Int8Weight(weight)
+    w8 = Int8Weight(weight, AMX)
     assert w8.q.dtype == torch.int8 and w8.q.abs().amax(dim=1).tolist() == [127, 0, 127]
     assert torch.allclose(w8.scale, torch.tensor([2.0 / 127, w8.scale[1].item(), 0.25 / 127]))
     assert torch.allclose(w8.dequantized(), weight, atol=2.0 / 254 + 1e-6)
@@ -17,25 +19,42 @@ def test_rows_are_scaled_symmetrically_per_output_channel():
 
 def test_quantising_in_chunks_matches_at_once(monkeypatch):
     weight = torch.randn(50, 16)
-    whole = Int8Weight(weight)
+    whole = Int8Weight(weight, AMX)
     monkeypatch.setattr(int8, "QUANT_CHUNK_ROWS", 7)
-    chunked = Int8Weight(weight)
+    chunked = Int8Weight(weight, AMX)
     assert torch.equal(whole.q, chunked.q) and torch.equal(whole.scale, chunked.scale)
 
 
-@pytest.mark.parametrize("rows", [1, int8.ONE_STREAM_ROWS, int8.ONE_STREAM_ROWS + 1, 40])
+PATHS = [(plan, rows) for plan in (AMX, AVX2) for rows in (1, plan.kernel_rows, plan.kernel_rows + 1, 200)]
+
+
+@pytest.mark.parametrize("plan,rows", PATHS, ids=[f"{p.tile_dtype}-{r}" for p, r in PATHS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_matches_the_dequantised_weight(rows, dtype, monkeypatch):
+def test_linear_matches_the_dequantised_weight(plan, rows, dtype, monkeypatch):
     monkeypatch.setattr(int8, "TILE_ROWS", 24)  # several tiles, the last one partial
     torch.manual_seed(0)
     weight, bias = torch.randn(70, 64) * 0.05, torch.randn(70)
-    w8 = Int8Weight(weight)
+    w8 = Int8Weight(weight, plan)
     x = torch.randn(2, rows, 64).to(dtype)
     y = w8.linear(x, bias.to(dtype))
     expected = x.float() @ w8.dequantized().t() + bias
     assert y.dtype == dtype and y.shape == (2, rows, 70)
-    assert torch.allclose(y.float(), expected, rtol=0.02, atol=0.02)  # bf16 activations
+    assert torch.allclose(y.float(), expected, rtol=0.02, atol=0.02)  # bf16 activations or tiles
     assert torch.allclose(y.float(), x.float() @ weight.t() + bias, rtol=0.05, atol=0.05)
+
+
+def test_the_plan_follows_the_cpu_units():
+    assert AMX.tile_dtype == torch.bfloat16 and AVX2.tile_dtype == torch.float32  # bf16 emulated without units
+    assert AVX2.kernel_rows > AMX.kernel_rows
+
+
+def test_fp32_tiles_past_the_kernel_are_exact_to_fp32(monkeypatch):
+    """Without bf16 units the tiles are fp32: a batch matches the dequantised weight to fp32 rounding."""
+    torch.manual_seed(1)
+    weight = torch.randn(40, 32)
+    w8 = Int8Weight(weight, AVX2)
+    x = torch.randn(AVX2.kernel_rows + 5, 32)
+    assert torch.allclose(w8.linear(x), x @ w8.dequantized().t(), rtol=1e-5, atol=1e-5)
 
 
 def test_the_cpu_has_a_kernel_and_a_missing_one_is_named():
