@@ -6,7 +6,8 @@ test_metrics.py and tests/reliability."""
 import time
 from types import SimpleNamespace
 
-from appliance.serving.engine_process.generate_worker import GAUGES_INTERVAL_S, GenerateWorker
+from appliance.serving.engine_process.generate_worker import GenerateWorker
+from appliance.serving.engine_process.request_metrics import GAUGES_INTERVAL_S, RequestMetrics
 
 
 class Recorded:
@@ -40,7 +41,8 @@ def stub_worker():
         "encoder_queries")})
     shared = SimpleNamespace(running=[], set_running=lambda n: shared.running.append(n))
     worker = GenerateWorker(cfg, online=None, metrics=metrics, shared=shared)
-    worker.engine, worker.counted, worker.gauges_due = StubEngine(), {}, 0.0
+    worker.engine = StubEngine()
+    worker.observe = RequestMetrics(metrics, worker.engine)
     worker.sessions = {uid: SimpleNamespace(in_engine=True) for uid in "abcd"}  # 3 running, 1 waiting
     return worker
 
