@@ -50,14 +50,16 @@ class RequestMetrics:
         answer.last_token_at = now
 
     def finished(self, session: Session, last: Answer, reason: str, now: float) -> None:
-        """vLLM's request-level series: latency split into queue, prefill and decode, and token counts
-        (success once a request, under its last answer's
+        """vLLM's request-level series: latency split into queue, prefill and decode, token counts,
+        `n` and the longest answer's tokens (success once a request, under its last answer's
         reason; time per token of that answer)."""
         metrics = self.metrics
         metrics.e2e.observe(now - session.arrival)
         metrics.success(reason).inc()
         metrics.request_prompt_tokens.observe(session.prompt_tokens)
         metrics.request_generation_tokens.observe(session.completion_tokens)
+        metrics.params_n.observe(session.request.n)
+        metrics.max_generation_tokens.observe(max(a.completion_tokens for a in session.answers.values()))
         metrics.inference.observe(now - session.started_at)
         if session.completion_tokens:
             metrics.prefill.observe(session.first_token_at - session.started_at)
