@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
@@ -54,6 +54,9 @@ class GenerateWorker(Worker):
         self.sessions: Dict[str, Session] = {}
         # Requests in the engine that no step has run yet: their queue time is still to observe.
         self.unstarted: Dict[str, Session] = {}
+        # Requests in the engine with several answers: while there are any, running sequences are not
+        # running requests (publish).
+        self.several: Set[str] = set()
         # The pipeline's one tokenizer (the engine's): pool threads encode prompts with it (chat_prompt,
         # the stage's prompt_ids) while the loop's thread detokenizes. A fast tokenizer encodes and
         # decodes through shared borrows; only changing its truncation or padding would take it
@@ -144,6 +147,8 @@ class GenerateWorker(Worker):
         prompt_tokens = sum(len(prompt) for prompt, _ in prompts)
         session.in_engine, session.prompt_tokens, session.unfinished = True, prompt_tokens, len(session.answers)
         self.unstarted[uid] = session
+        if len(session.answers) > 1:
+            self.several.add(uid)
         max_tokens = {**self.stage.options.sampling, **session.request.sampling}.get("max_tokens")
         self.observe.admitted(session, max_tokens, max(len(prompt) for prompt, _ in prompts))
         self.emit(uid, Admitted(prompt_tokens))
@@ -181,6 +186,7 @@ class GenerateWorker(Worker):
             return True
         session = self.sessions.pop(uid, None)
         self.unstarted.pop(uid, None)
+        self.several.discard(uid)
         for rid in session.answers if session is not None else ():
             self.engine.abort(rid)  # every answer: a finished one is already gone from the engine
         return session is not None
@@ -223,13 +229,23 @@ class GenerateWorker(Worker):
         self.answer_events.output(uid, session, answer, out, final)
         if final:
             del self.sessions[uid]
+            self.several.discard(uid)
             self.observe.finished(session, answer, out.finish_reason, now)
 
     def publish(self) -> None:
         """The running count the HTTP side reads (every turn), then the Prometheus gauges."""
         stats = self.engine.stats()
-        self.shared.set_running(stats["num_running"])
+        self.shared.set_running(self.running_requests(stats["num_running"]))
         self.observe.publish(stats, self.sessions)
+
+    def running_requests(self, sequences: int) -> int:
+        """Requests with an answer running: the HTTP side's admission subtracts them from its open
+        requests to count the queued ones (server.limits.max_queued_requests). The running sequences
+        while every request in the engine has one answer; else the distinct requests among them, a
+        pass over the running sequences only (never over every session)."""
+        if not self.several:
+            return sequences
+        return len({request_of(rid) for rid in self.engine.running_ids()})
 
     def fail_all(self, failure: Failed) -> None:
         for uid in [*self.sessions, *self.tokenizing.pending]:
