@@ -14,7 +14,7 @@ import pytest
 
 from tests.chat.conftest import TEXT_TEMPLATE
 from tests.server_process import server_process
-from tests.servers import error, metrics, wait_idle
+from tests.servers import error, wait_idle
 from tests.serving.test_lifecycle import HELLO, chat, wait_for
 
 

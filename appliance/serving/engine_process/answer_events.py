@@ -5,7 +5,7 @@ as the protocol answers them.
 """
 from typing import Any, Callable, List, Optional
 
-from appliance.protocol.openai_responses import TokenLogprob, prompt_token_logprobs, token_logprobs
+from appliance.protocol.openai_responses import TokenLogprob, answer_logprobs, prompt_token_logprobs
 from appliance.serving.engine_process.sessions import Answer, Session
 from appliance.serving.messages import Tokens
 
@@ -28,7 +28,7 @@ class AnswerEvents:
         if session.request.stream:
             self._stream(uid, session, answer, out, final)
         elif out.finished:
-            logprobs = self._logprobs(out.token_ids, out.logprobs, session.request.top_logprobs)
+            logprobs = answer_logprobs(out.token_ids, out.logprobs, session.request.top_logprobs, self.decode)
             self._emit(uid, session, answer, out.text, logprobs, out.finish_reason, final)
 
     def _stream(self, uid: str, session: Session, answer: Answer, out, final: bool) -> None:
@@ -36,7 +36,7 @@ class AnswerEvents:
         per `server.stream_interval` tokens (and its last one when it finishes)."""
         answer.unsent_text += out.new_text
         answer.unsent_tokens += len(out.new_token_ids)
-        logprobs = self._logprobs(out.new_token_ids, out.new_logprobs, session.request.top_logprobs)
+        logprobs = answer_logprobs(out.new_token_ids, out.new_logprobs, session.request.top_logprobs, self.decode)
         if logprobs is not None:
             answer.unsent_logprobs += logprobs
         first = answer.unsent_tokens == answer.completion_tokens  # no chunk of this answer sent yet
@@ -58,8 +58,3 @@ class AnswerEvents:
                 logprobs = session.echo_logprobs[answer.prompt] + logprobs
         self.emit(uid, Tokens(text, session.prompt_tokens, session.completion_tokens, logprobs, finish_reason,
                               answer.index, final))
-
-    def _logprobs(self, token_ids, logprobs, top_n) -> Optional[List[TokenLogprob]]:
-        if top_n is None or logprobs is None:
-            return None
-        return token_logprobs(token_ids, logprobs, top_n, self.decode)
