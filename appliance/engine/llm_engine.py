@@ -182,6 +182,10 @@ class LLMEngine:
         seq = self.scheduler.requests.get(request_id)
         return seq is not None and seq.status == SequenceStatus.RUNNING
 
+    def running_ids(self) -> List[str]:
+        """The ids of the requests scheduled now (preempted ones are waiting again)."""
+        return [seq.request_id for seq in self.scheduler.running]
+
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> List[RequestOutput]:
         scheduled = self.scheduler.schedule()

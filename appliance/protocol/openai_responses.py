@@ -44,6 +44,15 @@ def token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Dict[int, float]
     return out
 
 
+def answer_logprobs(token_ids: Sequence[int], logprobs: Optional[Sequence[Dict[int, float]]], top_n: Optional[int],
+                    decode: Callable[[int], str]) -> Optional[List[TokenLogprob]]:
+    """An answer's (or a chunk's) logprobs as the request asked: None when it asked none (`top_n` None)
+    or the engine reported none, else `token_logprobs`. The server and the batch verb both call this."""
+    if top_n is None or logprobs is None:
+        return None
+    return token_logprobs(token_ids, logprobs, top_n, decode)
+
+
 def prompt_token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Optional[Dict[int, float]]], top_n: int,
                           decode: Callable[[int], str]) -> List[TokenLogprob]:
     """The engine's prompt logprobs (one entry per prompt token, the first None) -> `TokenLogprob`s."""
@@ -101,6 +110,8 @@ def completion_logprobs(entries: Sequence[TokenLogprob], text_offset: int = 0) -
 
 def chat_completion(request_id: str, model: str, created: int, choices: Sequence[Choice],
                     usage_: Dict[str, int]) -> Dict[str, Any]:
+    """The whole answer; its choices in index order, however they came."""
+    choices = sorted(choices, key=lambda c: c.index)
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                          "logprobs": chat_logprobs(c.logprobs) if c.logprobs is not None else None,
@@ -123,6 +134,8 @@ def chat_chunk(request_id: str, model: str, created: int, index: int, delta: Dic
 
 def text_completion(request_id: str, model: str, created: int, choices: Sequence[Choice],
                     usage_: Dict[str, int]) -> Dict[str, Any]:
+    """The whole answer; its choices in index order, however they came."""
+    choices = sorted(choices, key=lambda c: c.index)
     return {"id": request_id, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": c.index, "text": c.text,
                          "logprobs": completion_logprobs(c.logprobs) if c.logprobs is not None else None,

@@ -23,6 +23,8 @@ ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 
 # Tokens per request: 1, 2, 5, 10, ... 500,000 (vLLM's 1-2-5 steps; past the largest context, +Inf).
 TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(6) for m in (1, 2, 5))
 # Tokens one engine step computes: powers of two up to 16,384 (vLLM's, minus its CUDA-graph sizes).
+# Answers per prompt (`n`, at most 128): vLLM's 1-2-5 steps.
+N_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
 STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 # The series vLLM exports too, named as ours without the prefix (vLLM's v1 engine, `vllm:` names).
@@ -32,7 +34,8 @@ VLLM_SERIES = frozenset({
     "request_inference_time_seconds", "request_time_per_output_token_seconds", "request_prompt_tokens",
     "request_generation_tokens", "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
     "prompt_tokens", "generation_tokens", "request_success", "num_preemptions", "prefix_cache_queries",
-    "prefix_cache_hits", "request_params_max_tokens", "iteration_tokens_total", "cache_config_info"})
+    "prefix_cache_hits", "request_params_max_tokens", "iteration_tokens_total", "cache_config_info",
+    "request_params_n", "request_max_num_generation_tokens"})
 SCHEMES = ("appliance", "vllm")
 CACHE_INFO_LABELS = ("block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching")  # vLLM's names
 
@@ -113,6 +116,9 @@ class EngineMetrics:
                                                    "request", TOKEN_BUCKETS)
         self.max_tokens = histogram("request_params_max_tokens", "max_tokens of an admitted request (left out: "
                                     "what the context leaves)", TOKEN_BUCKETS)
+        self.params_n = histogram("request_params_n", "n (answers per prompt) of a finished request", N_BUCKETS)
+        self.max_generation_tokens = histogram("request_max_num_generation_tokens", "Output tokens of a finished "
+                                               "request's longest answer", TOKEN_BUCKETS)
         self.step_tokens = histogram("iteration_tokens_total", "Tokens one engine step computed (prompt and "
                                      "output)", STEP_BUCKETS)
         self._cache_info = Gauge(names("cache_config_info"), "The KV cache's configuration (value 1)",

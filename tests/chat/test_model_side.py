@@ -19,7 +19,7 @@ def test_prompt_stage_engine_and_responses_share_one_tokenizer(text_llama_dir):
         stages = _stages(pipeline)
         engine = stages["engine"].engine
         assert stages["chat_prompt"].tokenizer is engine.tokenizer
-        assert stages["chat_responses"]._decoder() is not None
+        assert stages["chat_responses"]._decode(engine.tokenizer.encode("a")[-1]).strip() == "a"
         assert stages["chat_responses"].shared.get("tokenizer", lambda: None) is engine.tokenizer
         assert stages["chat_prompt"].max_len == engine.max_model_len == 300
     finally:

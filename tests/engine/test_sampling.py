@@ -202,6 +202,17 @@ def test_no_max_tokens_runs_to_the_end_of_the_context(llama_dir):
         assert out.finish_reason == "length" and len(prompt[0]) + len(out.token_ids) == 40
 
 
+def test_running_ids_are_the_requests_scheduled_now(llama_dir):
+    with LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, max_num_seqs=2)) as engine:
+        ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+               for p in random_prompts(400, [5, 6, 7], seed=3)]
+        assert engine.running_ids() == []
+        engine.step()
+        assert engine.running_ids() == ids[:2], "max_num_seqs=2: the third waits"
+        engine.abort(ids[0])
+        assert engine.running_ids() == [ids[1]]
+
+
 def test_siblings_share_a_prompt_computed_once(llama_dir):
     prompt = random_prompts(400, [40], seed=12)[0]  # 2 full blocks of 16 and a partial one
 

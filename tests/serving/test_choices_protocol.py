@@ -4,8 +4,8 @@ import pytest
 
 from appliance.errors import InputError
 from appliance.protocol.openai_requests import parse_chat, parse_completion
-from appliance.protocol.openai_responses import Choice, TokenLogprob, completion_logprobs, prompt_token_logprobs, \
-    text_completion
+from appliance.protocol.openai_responses import Choice, TokenLogprob, answer_logprobs, chat_completion, \
+    completion_logprobs, prompt_token_logprobs, text_completion
 from appliance.stages.engine import answer_sampling
 
 PROMPTS = [
@@ -75,3 +75,19 @@ def test_choices_keep_their_index():
                            {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})
     assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [(0, "a", "stop"),
                                                                                       (1, "b", "length")]
+
+
+@pytest.mark.parametrize("shape", [chat_completion, text_completion])
+def test_whole_answers_list_their_choices_in_index_order_however_they_came(shape):
+    """The server gets its answers' events as they finish; the batch verb in order: both shape here."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    body = shape("id-1", "m", 0, [Choice(2, "c", "stop"), Choice(0, "a", "stop"), Choice(1, "b", "length")], usage)
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+
+
+def test_an_answers_logprobs_only_when_asked_and_reported():
+    decode = {5: " The", 6: " shape"}.__getitem__
+    reported = [{5: -0.5, 6: -1.5}]
+    assert answer_logprobs([5], reported, None, decode) is None  # not asked
+    assert answer_logprobs([5], None, 1, decode) is None  # asked, none reported
+    assert answer_logprobs([5], reported, 1, decode) == [TokenLogprob(" The", -0.5, ((" The", -0.5),))]

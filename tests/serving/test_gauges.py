@@ -6,7 +6,8 @@ test_metrics.py and tests/reliability."""
 import time
 from types import SimpleNamespace
 
-from appliance.serving.engine_process.generate_worker import GAUGES_INTERVAL_S, GenerateWorker
+from appliance.serving.engine_process.generate_worker import GenerateWorker
+from appliance.serving.engine_process.request_metrics import GAUGES_INTERVAL_S, RequestMetrics
 
 
 class Recorded:
@@ -40,7 +41,9 @@ def stub_worker():
         "encoder_queries")})
     shared = SimpleNamespace(running=[], set_running=lambda n: shared.running.append(n))
     worker = GenerateWorker(cfg, online=None, metrics=metrics, shared=shared)
-    worker.engine, worker.counted, worker.gauges_due = StubEngine(), {}, 0.0
+    worker.engine = StubEngine()
+    worker.observe = RequestMetrics(metrics, worker.engine)
+    worker.several = set()
     worker.sessions = {uid: SimpleNamespace(in_engine=True) for uid in "abcd"}  # 3 running, 1 waiting
     return worker
 
@@ -69,4 +72,24 @@ def test_an_idle_engine_writes_its_gauges_at_once():
     worker.publish()  # the last request just finished: /metrics must show the engine idle now
     assert worker.metrics.running.values == [3, 0] and worker.metrics.waiting.values == [1, 0]
     assert worker.metrics.kv_usage.values == [0.4, 0.0]
+    worker.pool.shutdown()
+
+
+class SeveralAnswersEngine(StubEngine):
+    """Three running sequences: two answers of request a, one of b."""
+
+    def running_ids(self):
+        return ["a/0", "a/1", "b/0"]
+
+
+def test_the_running_count_is_of_requests_once_a_request_has_several_answers():
+    """The HTTP side counts queued requests as its open ones minus this count, so it must count
+    requests, not their answers (server.limits.max_queued_requests with n > 1)."""
+    worker = stub_worker()
+    worker.engine = SeveralAnswersEngine()
+    worker.publish()
+    assert worker.shared.running == [3]  # every request in the engine has one answer: the sequences
+    worker.several.add("a")
+    worker.publish()
+    assert worker.shared.running == [3, 2]
     worker.pool.shutdown()

@@ -57,6 +57,29 @@ def test_counters_equal_what_was_served(llava_server):
     assert after[("appliance_kv_cache_usage_perc", ())] == 0
 
 
+def n_answers_observed(base, prefix):
+    """An n=3 completion: `request_params_n` observes 3 once, `request_max_num_generation_tokens` its
+    longest answer's tokens (not their sum, which `request_generation_tokens` observes)."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+    before = metrics(base)
+    answer = client.completions.create(model="llava-tiny", prompt="The shape is", max_tokens=12, n=3, logprobs=0,
+                                       temperature=1.0, seed=7)
+    after = metrics(base)
+    lengths = [len(choice.logprobs.tokens) for choice in answer.choices]
+    assert len(lengths) == 3 and sum(lengths) == answer.usage.completion_tokens
+    assert delta(before, after, f"{prefix}request_params_n_count") == 1
+    assert delta(before, after, f"{prefix}request_params_n_sum") == 3
+    assert delta(before, after, f"{prefix}request_params_n_bucket", le="2.0") == 0  # 3 is above 2
+    assert delta(before, after, f"{prefix}request_params_n_bucket", le="5.0") == 1
+    assert delta(before, after, f"{prefix}request_max_num_generation_tokens_count") == 1
+    assert delta(before, after, f"{prefix}request_max_num_generation_tokens_sum") == max(lengths)
+    assert delta(before, after, f"{prefix}request_generation_tokens_sum") == sum(lengths)
+
+
+def test_n_and_the_longest_answer_are_observed_per_request(llava_server):
+    n_answers_observed(llava_server.base, "appliance_")
+
+
 def test_every_series_is_labelled_with_the_model_name(llava_server):
     httpx.post(f"{llava_server.base}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60)
     text = httpx.get(f"{llava_server.base}/metrics", timeout=10).text
@@ -101,7 +124,8 @@ def test_vllm_names_export_vllms_series_with_its_model_name_label(vllm_named_ser
                  "vllm:request_generation_tokens", "vllm:request_prefill_time_seconds",
                  "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
                  "vllm:request_time_per_output_token_seconds", "vllm:request_params_max_tokens",
-                 "vllm:iteration_tokens_total", "vllm:cache_config_info",
+                 "vllm:iteration_tokens_total", "vllm:cache_config_info", "vllm:request_params_n",
+                 "vllm:request_max_num_generation_tokens",
                  "appliance_encoder_cache_hits", "appliance_http_requests"):  # vLLM has no such series
         assert name in families, name
     assert not any(name.startswith("appliance_") and name[len("appliance_"):] in {
@@ -124,3 +148,7 @@ def test_vllm_names_export_vllms_series_with_its_model_name_label(vllm_named_ser
     assert after[("vllm:iteration_tokens_total_sum", ())] == computed
     (info,) = [labels for name, labels in after if name == "vllm:cache_config_info"]
     assert dict(info)["block_size"] == "16" and dict(info)["enable_prefix_caching"] == "True"
+
+
+def test_vllm_names_observe_n_and_the_longest_answer(vllm_named_server):
+    n_answers_observed(vllm_named_server.base, "vllm:")

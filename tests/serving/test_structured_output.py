@@ -38,6 +38,34 @@ def test_a_json_schema_answer_is_that_json(client, stream):
     assert value["shape"] in SHAPE_SCHEMA["properties"]["shape"]["enum"]
 
 
+def check_shape(text):
+    value = json.loads(text)
+    assert set(value) == {"color", "shape"}
+    assert value["color"] in SHAPE_SCHEMA["properties"]["color"]["enum"]
+    assert value["shape"] in SHAPE_SCHEMA["properties"]["shape"]["enum"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_each_of_n_sampled_answers_follows_the_schema_alone(client, stream):
+    """n=2 at temperature 1: each answer has its own grammar state (a shared one would see both
+    answers' tokens and break), and answer j is what n=1 with seed 11 + j gives."""
+    answer = client.chat.completions.create(model="llava-tiny", messages=image_question(data_url()), n=2,
+                                            temperature=1.0, seed=11, max_tokens=64, stream=stream,
+                                            response_format=RESPONSE_FORMAT)
+    texts, reasons = ["", ""], [None, None]
+    for chunk in (answer if stream else [answer]):
+        for choice in chunk.choices:
+            texts[choice.index] += (choice.delta.content or "") if stream else choice.message.content
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert reasons == ["stop", "stop"]
+    for text in texts:
+        check_shape(text)
+    alone = [client.chat.completions.create(model="llava-tiny", messages=image_question(data_url()), temperature=1.0,
+                                            seed=11 + j, max_tokens=64, response_format=RESPONSE_FORMAT)
+             for j in range(2)]
+    assert texts == [a.choices[0].message.content for a in alone]
+
+
 def test_streamed_and_whole_structured_answers_agree(client):
     assert ask(client, False, max_tokens=64, response_format=RESPONSE_FORMAT) == \
         ask(client, True, max_tokens=64, response_format=RESPONSE_FORMAT)

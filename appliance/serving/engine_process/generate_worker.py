@@ -3,8 +3,9 @@
 A request's life: `admit` queues it for a preparer, a pool thread that prepares every waiting request as
 one group (chat: through the online head together, i.e. `chat_prompt`: templates, images, placeholders;
 completion: tokenize) and hands them over together, `on_prepared` adds it to the `LLMEngine` on the
-loop's thread, every `step` turns the engine's outputs into `Tokens` events (each step's delta when the
-client streams, the whole answer at the end otherwise), `abort` frees its KV blocks at once.
+loop's thread, every `step` hands the engine's outputs to `AnswerEvents` (answer_events.py: each step's
+delta when the client streams, the whole answer at the end otherwise) and their timings to
+`RequestMetrics` (request_metrics.py), `abort` frees its KV blocks at once.
 
 A request asking `n` answers to each of its prompts is n engine requests per prompt (`engine_id`), the
 prompt's first answer and its siblings (`LLMEngine.add_request(sibling=...)`): the prompt is computed
@@ -17,23 +18,21 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
 from appliance.pipeline import Pipeline
-from appliance.protocol.openai_responses import prompt_token_logprobs, token_decoder, token_logprobs
-from appliance.serving.messages import Admitted, DetokenizeJob, Done, Failed, GenerateJob, TokenizeJob, Tokens
+from appliance.protocol.openai_responses import token_decoder
+from appliance.serving.engine_process.answer_events import AnswerEvents
 from appliance.serving.engine_process.records import ChatRecord, as_record
+from appliance.serving.engine_process.request_metrics import RequestMetrics
 from appliance.serving.engine_process.sessions import Answer, Session, engine_id, request_of
 from appliance.serving.engine_process.tokenizing import Tokenizing
 from appliance.serving.engine_process.worker import Worker
+from appliance.serving.messages import Admitted, DetokenizeJob, Done, Failed, GenerateJob, TokenizeJob
 
 log = logging.getLogger(__name__)
-# While the engine runs, how often its gauges are written: each write goes to a memory-mapped file
-# (prometheus-client's multiprocess mode), the loop turns ~50 times a second under load and Prometheus
-# scrapes every few seconds; ~40 µs of the loop's CPU a turn, cold after a step (docs/serving.md).
-GAUGES_INTERVAL_S = 0.1
 # Answers one request may ask for (prompts x n): each is a sequence in the engine, and the queue limit
 # (server.limits.max_queued_requests) counts requests, so one body must not hold thousands.
 MAX_ANSWERS = 1024
@@ -55,14 +54,16 @@ class GenerateWorker(Worker):
         self.sessions: Dict[str, Session] = {}
         # Requests in the engine that no step has run yet: their queue time is still to observe.
         self.unstarted: Dict[str, Session] = {}
-        self.stream_interval = int(self.cfg.server.stream_interval)
-        self.counted: Dict[str, int] = {}
-        self.gauges_due = 0.0  # time.monotonic() after which a busy engine's gauges are written again
+        # Requests in the engine with several answers: while there are any, running sequences are not
+        # running requests (publish).
+        self.several: Set[str] = set()
         # The pipeline's one tokenizer (the engine's): pool threads encode prompts with it (chat_prompt,
         # the stage's prompt_ids) while the loop's thread detokenizes. A fast tokenizer encodes and
         # decodes through shared borrows; only changing its truncation or padding would take it
         # exclusively, and nothing here does, so no lock is needed.
-        self.decode = token_decoder(self.engine.tokenizer)
+        self.answer_events = AnswerEvents(self.emit, token_decoder(self.engine.tokenizer),
+                                          int(self.cfg.server.stream_interval))
+        self.observe = RequestMetrics(self.metrics, self.engine)
         ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
         self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
         cfg, blocks = self.engine.cfg, self.engine.stats()["kv_blocks_total"]
@@ -146,10 +147,10 @@ class GenerateWorker(Worker):
         prompt_tokens = sum(len(prompt) for prompt, _ in prompts)
         session.in_engine, session.prompt_tokens, session.unfinished = True, prompt_tokens, len(session.answers)
         self.unstarted[uid] = session
-        self.metrics.prompt_tokens.inc(prompt_tokens)
+        if len(session.answers) > 1:
+            self.several.add(uid)
         max_tokens = {**self.stage.options.sampling, **session.request.sampling}.get("max_tokens")
-        longest = max(len(prompt) for prompt, _ in prompts)
-        self.metrics.max_tokens.observe(max_tokens or self.engine.max_model_len - longest)
+        self.observe.admitted(session, max_tokens, max(len(prompt) for prompt, _ in prompts))
         self.emit(uid, Admitted(prompt_tokens))
 
     def on_tokenized(self, uid: str, result: Dict[str, Any]) -> None:
@@ -185,6 +186,7 @@ class GenerateWorker(Worker):
             return True
         session = self.sessions.pop(uid, None)
         self.unstarted.pop(uid, None)
+        self.several.discard(uid)
         for rid in session.answers if session is not None else ():
             self.engine.abort(rid)  # every answer: a finished one is already gone from the engine
         return session is not None
@@ -200,12 +202,12 @@ class GenerateWorker(Worker):
             now = time.monotonic()
             self.metrics.step_tokens.observe(self.engine.step_tokens)
             if self.unstarted:
-                self._observe_starts(began, {request_of(out.request_id) for out in outputs})
+                self.observe.started(self.unstarted, began, (request_of(out.request_id) for out in outputs))
             new_tokens = 0
             delivered = [(self.sessions.get(request_of(out.request_id)), out) for out in outputs]
             for session, out in delivered:  # first the prompts scored for echo: their siblings' text starts with them
                 if session is not None and out.prompt_logprobs is not None:
-                    self._score_prompt(session, out)
+                    self.answer_events.score_prompt(session, out)
             for session, out in delivered:
                 if session is not None:
                     new_tokens += len(out.new_token_ids)
@@ -214,123 +216,36 @@ class GenerateWorker(Worker):
                 self.metrics.generation_tokens.inc(new_tokens)
         self.publish()
 
-    def _score_prompt(self, session: Session, out) -> None:
-        number = session.answers[out.request_id].prompt
-        if number not in session.echo_logprobs:
-            session.echo_logprobs[number] = prompt_token_logprobs(out.prompt_token_ids, out.prompt_logprobs,
-                                                                  session.request.top_logprobs, self.decode)
-
     def _deliver(self, uid: str, session: Session, out, now: float) -> None:
         answer = session.answers[out.request_id]
         n = len(out.new_token_ids)
         if n:
-            if session.completion_tokens == 0:
-                self.metrics.ttft.observe(now - session.arrival)
-                session.first_token_at = now
-            elif answer.completion_tokens:
-                self.metrics.itl.observe(now - answer.last_token_at)
-            answer.last_token_at = now
+            self.observe.tokens(session, answer, now)
             answer.completion_tokens += n
             session.completion_tokens += n
         if out.finished:
             session.unfinished -= 1
         final = session.unfinished == 0
-        if session.request.stream:
-            self._stream(uid, session, answer, out, n, final)
-        elif out.finished:
-            logprobs = self._logprobs(out.token_ids, out.logprobs, session.request.top_logprobs)
-            self._emit(uid, session, answer, out.text, logprobs, out.finish_reason, final)
+        self.answer_events.output(uid, session, answer, out, final)
         if final:
             del self.sessions[uid]
-            self._observe_finish(session, answer, out.finish_reason, now)
-
-    def _observe_finish(self, session: Session, last: Answer, reason: str, now: float) -> None:
-        """vLLM's request-level series: latency split into queue, prefill and decode, and token counts
-        (success once a request, under its last answer's reason; time per token of that answer)."""
-        metrics = self.metrics
-        metrics.e2e.observe(now - session.arrival)
-        metrics.success(reason).inc()
-        metrics.request_prompt_tokens.observe(session.prompt_tokens)
-        metrics.request_generation_tokens.observe(session.completion_tokens)
-        metrics.inference.observe(now - session.started_at)
-        if session.completion_tokens:
-            metrics.prefill.observe(session.first_token_at - session.started_at)
-            metrics.decode.observe(now - session.first_token_at)
-            if last.completion_tokens > 1:
-                metrics.tpot.observe((now - session.first_token_at) / (last.completion_tokens - 1))
-
-    def _stream(self, uid: str, session: Session, answer: Answer, out, n: int, final: bool) -> None:
-        """Send the step's new output, or hold it back: after the first chunk, an answer gets one chunk
-        per `server.stream_interval` tokens (and its last one when it finishes)."""
-        answer.unsent_text += out.new_text
-        answer.unsent_tokens += n
-        logprobs = self._logprobs(out.new_token_ids, out.new_logprobs, session.request.top_logprobs)
-        if logprobs is not None:
-            answer.unsent_logprobs += logprobs
-        first = answer.unsent_tokens == answer.completion_tokens  # no chunk of this answer sent yet
-        due = answer.unsent_tokens >= self.stream_interval or (first and answer.unsent_tokens)
-        if not (due or out.finished):
-            return
-        wants_logprobs = session.request.top_logprobs is not None
-        self._emit(uid, session, answer, answer.unsent_text, answer.unsent_logprobs if wants_logprobs else None,
-                   out.finish_reason if out.finished else None, final)
-        answer.unsent_text, answer.unsent_tokens, answer.unsent_logprobs = "", 0, []
-
-    def _emit(self, uid: str, session: Session, answer: Answer, text: str, logprobs, finish_reason,
-              final: bool) -> None:
-        """One answer's Tokens event; its first starts with the prompt when the request echoes."""
-        if session.request.echo and not answer.echoed:
-            answer.echoed = True
-            text = session.echo_texts[answer.prompt] + text
-            if logprobs is not None:
-                logprobs = session.echo_logprobs[answer.prompt] + logprobs
-        self.emit(uid, Tokens(text, session.prompt_tokens, session.completion_tokens, logprobs, finish_reason,
-                              answer.index, final))
-
-    def _logprobs(self, token_ids, logprobs, top_n):
-        if top_n is None or logprobs is None:
-            return None
-        return token_logprobs(token_ids, logprobs, top_n, self.decode)
-
-    def _observe_starts(self, began: float, stepped) -> None:
-        """Queue time (arrival to the start of the first step that ran it) of the requests this step ran
-        first: those with output in it (`stepped`: finished ones among them) and those running now (a
-        prefill in chunks has no output yet). Run before the outputs are delivered, so a request that
-        finishes in its first step has its start."""
-        started = [uid for uid in self.unstarted if uid in stepped or self.engine.is_running(engine_id(uid, 0))]
-        for uid in started:
-            session = self.unstarted.pop(uid)
-            session.started_at = began
-            self.metrics.queue.observe(began - session.arrival)
+            self.several.discard(uid)
+            self.observe.finished(session, answer, out.finish_reason, now)
 
     def publish(self) -> None:
-        """The running count the HTTP side reads (every turn), then gauges and counters that mirror the
-        engine's own: at once when the engine is idle, else at most every GAUGES_INTERVAL_S."""
+        """The running count the HTTP side reads (every turn), then the Prometheus gauges."""
         stats = self.engine.stats()
-        running = stats["num_running"]
-        self.shared.set_running(running)
-        now = time.monotonic()
-        if now < self.gauges_due and self.engine.has_unfinished():
-            return
-        self.gauges_due = now + GAUGES_INTERVAL_S
-        self.metrics.running.set(running)
-        # queued in the engine (an answer of a request asking n of them counts alone), or still preparing
-        self.metrics.waiting.set(stats["num_waiting"] + sum(not s.in_engine for s in self.sessions.values()))
-        total = stats["kv_blocks_total"]
-        self.metrics.kv_usage.set((total - stats["kv_blocks_free"]) / total if total else 0.0)
-        for counter, key in ((self.metrics.preemptions, "num_preemptions"),
-                             (self.metrics.prefix_queries, "prefix_cache_query_tokens"),
-                             (self.metrics.prefix_hits, "prefix_cache_hit_tokens"),
-                             (self.metrics.encoder_hits, "encoder_cache_hits")):
-            self._mirror(counter, key, stats.get(key, 0))
-        lookups = stats.get("encoder_cache_hits", 0) + stats.get("encoder_cache_misses", 0)
-        self._mirror(self.metrics.encoder_queries, "encoder_cache_lookups", lookups)
+        self.shared.set_running(self.running_requests(stats["num_running"]))
+        self.observe.publish(stats, self.sessions)
 
-    def _mirror(self, counter, key: str, value: int) -> None:
-        delta = value - self.counted.get(key, 0)
-        if delta > 0:
-            counter.inc(delta)
-        self.counted[key] = value
+    def running_requests(self, sequences: int) -> int:
+        """Requests with an answer running: the HTTP side's admission subtracts them from its open
+        requests to count the queued ones (server.limits.max_queued_requests). The running sequences
+        while every request in the engine has one answer; else the distinct requests among them, a
+        pass over the running sequences only (never over every session)."""
+        if not self.several:
+            return sequences
+        return len({request_of(rid) for rid in self.engine.running_ids()})
 
     def fail_all(self, failure: Failed) -> None:
         for uid in [*self.sessions, *self.tokenizing.pending]:

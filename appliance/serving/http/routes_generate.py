@@ -121,8 +121,7 @@ class Answer:
     def whole(self, events: List[Tokens]) -> Dict[str, Any]:
         """The answer from each choice's one event (the last event's counts are the request's)."""
         usage = shape.usage(events[-1].prompt_tokens, events[-1].completion_tokens)
-        choices = sorted((shape.Choice(e.index, e.text, e.finish_reason, e.logprobs) for e in events),
-                         key=lambda c: c.index)
+        choices = [shape.Choice(e.index, e.text, e.finish_reason, e.logprobs) for e in events]
         if self.kind == "chat":
             return shape.chat_completion(self.uid, self.model, self.created, choices, usage)
         return shape.text_completion(self.uid, self.model, self.created, choices, usage)

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, Iterator, List
 
 from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.protocol.openai_responses import Choice, chat_completion, new_id, token_decoder, token_logprobs, usage
+from appliance.protocol.openai_responses import Choice, answer_logprobs, chat_completion, new_id, token_decoder, usage
 from appliance.stages.engine import model_tokenizer
 
 
@@ -42,7 +42,8 @@ def write_atomic(path: str, lines: Iterable[Dict[str, Any]]) -> int:
 
 @register_stage
 class ChatResponses(Stage):
-    """Offline only: the server shapes its answers from the engine's outputs itself (appliance/serving)."""
+    """Offline only: the server shapes its answers from its events (appliance/serving), with the same
+    protocol functions (appliance/protocol/openai_responses.py)."""
 
     name = "chat_responses"
     consumes = ("choices", "custom_id", "model_name", "output_path", "request_index", "request_count")
@@ -75,16 +76,13 @@ class ChatResponses(Stage):
         """The chat.completion of the record's answers: usage counts the prompt once, every answer's tokens."""
         outs = record["choices"]
         top_n = record.get("top_logprobs")
-        choices = []
-        for index, out in enumerate(outs):
-            logprobs = None
-            if top_n is not None and out.logprobs is not None:
-                logprobs = token_logprobs(out.token_ids, out.logprobs, top_n, self._decoder())
-            choices.append(Choice(index, out.text, out.finish_reason, logprobs))
+        choices = [Choice(index, out.text, out.finish_reason,
+                          answer_logprobs(out.token_ids, out.logprobs, top_n, self._decode))
+                   for index, out in enumerate(outs)]
         return chat_completion(new_id("chatcmpl"), record.get("model_name") or self.cfg.model.name, created, choices,
                                usage(len(outs[0].prompt_token_ids), sum(len(out.token_ids) for out in outs)))
 
-    def _decoder(self):
-        if self.decode is None:
+    def _decode(self, token_id: int) -> str:
+        if self.decode is None:  # made on the first token asked for: a run without logprobs needs none
             self.decode = token_decoder(model_tokenizer(self))  # the engine's tokenizer
-        return self.decode
+        return self.decode(token_id)
