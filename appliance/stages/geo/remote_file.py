@@ -10,7 +10,9 @@ about its own size), kept in a small LRU cache (GDAL reads a TIFF's header and t
 pieces). `RemoteReads` is
 one request's state: GDAL opens a file three times in a run (probe, describe, read), and the chunks,
 the file's size and the bytes fetched live here, per URL, so its header crosses the network once and
-`server.limits.max_media_bytes` bounds what one file may cost the request in all.
+`server.limits.max_media_bytes` bounds what one file may cost the request in all. Its `connections`
+(fetch/pool.py) keep one request's connections alive between range GETs, so a scene costs a handful of
+TCP connections, not one per GET; `close()` at the end of the request closes them.
 `opener_for` serves exactly one URL and answers GDAL's sidecar probes (.aux.xml, .msk, ...) as missing
 files.
 """
@@ -22,6 +24,7 @@ from typing import Callable, Dict, List
 from appliance.errors import InputError
 from appliance.fetch.client import fetch_range
 from appliance.fetch.policy import FetchPolicy
+from appliance.fetch.pool import ConnectionPool
 
 CHUNK_BYTES = 64 << 10  # small beside a COG block: a window's reads fetch little beyond its blocks
 CACHED_CHUNKS = 128  # 8 MiB a file
@@ -38,10 +41,15 @@ class _Remote:
 @dataclass
 class RemoteReads:
     """How one request reads its remote files: the fetch policy, the request field errors name, and
-    what was read so far (per URL, shared by every open of the file in the request)."""
+    what was read so far (per URL, shared by every open of the file in the request), and the request's
+    kept-alive connections (never shared with another request)."""
     policy: FetchPolicy
     field: str
     files: Dict[str, _Remote] = field(default_factory=dict)
+    connections: ConnectionPool = field(default_factory=ConnectionPool)
+
+    def close(self) -> None:
+        self.connections.close()
 
 
 class RangeFile(io.RawIOBase):
@@ -105,7 +113,7 @@ class RangeFile(io.RawIOBase):
         """Chunks first..last in one request (a range past the end is clipped by the server, RFC 9110)."""
         reads = self.reads
         data, size = fetch_range(self.url, first * CHUNK_BYTES, (last + 1) * CHUNK_BYTES - 1, reads.policy,
-                                 reads.field)
+                                 reads.field, connections=reads.connections)
         self.remote.fetched += len(data)
         if self.remote.fetched > reads.policy.max_bytes:
             raise InputError(f"{reads.field}: reading the scene took more than {reads.policy.max_bytes} bytes "
