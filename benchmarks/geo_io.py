@@ -93,8 +93,9 @@ def run_served(item_url: str, output: Path) -> float:
     policy = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30)
     start = time.perf_counter()
     spec = served_scene_spec(item_url, OmegaConf.create(GEO), policy, "data.data", [])
+    online = Pipeline(pipeline.stages[1:], ready=True)  # what follows raster_inputs
     try:
-        for _ in Pipeline(pipeline.stages[1:], ready=True).run([as_record(SceneRecord(spec, str(output), False, None))]):
+        for _ in online.run([as_record(SceneRecord(spec, str(output), False, None))]):
             pass
     finally:
         spec.fetch.close()
