@@ -46,7 +46,7 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(server):
     assert len(server.requests) == 3 and server.connections == 3
 
 
-def test_a_kept_connection_serves_only_its_own_scheme_host_and_port(server, dns):
+def test_a_kept_connection_serves_only_its_own_host_name_and_port(server, dns):
     other = type(server)()  # a second server: another port
     dns.names["files.test"] = ["127.0.0.1"]
     policy = FetchPolicy(allowed_domains=("127.0.0.1", "files.test"), max_bytes=1 << 20)
