@@ -13,6 +13,9 @@ change. Cases, interleaved per round (best and median reported):
 - http item:    `input=http://127.0.0.1:PORT/item.json`, the same COGs from a loopback server that
                 answers range requests (tests/geo/hls.py, in a child process; a fresh port each
                 round, so GDAL's /vsicurl/ cache starts cold); goal: <= 1.2x local bands;
+- served item:  the same item read the way `appliance serve`'s /pooling reads it: the SSRF-safe
+                fetcher's range GETs over the request's kept-alive connections
+                (stages/geo/served.py), the online stages fed the record the pool worker builds;
 - local multi:  the same bands as one 6-band file (today's input);
 - gtiff write:  local bands, raster_write.format=gtiff (no COG pass);
 and the COG pass alone: GDAL's COG driver copying the finished draft (`cog.translate_to_cog`).
@@ -30,12 +33,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from appliance.fetch import FetchPolicy  # noqa: E402
+from appliance.pipeline import Pipeline  # noqa: E402
+from appliance.serving.engine_process.records import SceneRecord, as_record  # noqa: E402
 from appliance.stages.build import build_pipeline  # noqa: E402
 from appliance.stages.geo.cog import translate_to_cog  # noqa: E402
-from tests.geo.conftest import make_cfg, synthetic  # noqa: E402  (registers the fake engine)
+from appliance.stages.geo.served import served_scene_spec  # noqa: E402
+from tests.geo.conftest import GEO, make_cfg, synthetic  # noqa: E402  (registers the fake engine)
 from tests.geo.hls import file_sizes, split_bands, stac_item  # noqa: E402
 
 
@@ -46,14 +55,14 @@ from tests.geo.hls import RangeServer
 with RangeServer(sys.argv[2]) as server:
     print(server.url, flush=True)
     sys.stdin.read()  # until the benchmark closes our stdin
-    print(server.total_sent(), server.requests, server.heads, flush=True)
+    print(server.total_sent(), server.requests, server.heads, server.connections, flush=True)
 """
 
 
 @contextlib.contextmanager
 def http_server(root: Path):
     """The loopback range server in its own process (in ours it would share the GIL with the pipeline):
-    yields (url, a list that receives (bytes sent, GETs, HEADs) once it stops)."""
+    yields (url, a list that receives (bytes sent, GETs, HEADs, connections) once it stops)."""
     proc = subprocess.Popen([sys.executable, "-c", SERVER, str(REPO), str(root)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     sent = []
@@ -61,7 +70,7 @@ def http_server(root: Path):
         yield proc.stdout.readline().strip(), sent
     finally:
         proc.stdin.close()
-        sent.append(tuple(int(v) for v in (proc.stdout.readline().split() or [0, 0, 0])))
+        sent.append(tuple(int(v) for v in (proc.stdout.readline().split() or [0, 0, 0, 0])))
         proc.wait(timeout=30)
 
 
@@ -73,6 +82,23 @@ def run(input_value, output: Path, write=None) -> float:
         for _ in pipeline.run([{"input": input_value, "output": str(output), "overwrite": True}]):
             pass
     finally:
+        pipeline.close()
+    return time.perf_counter() - start
+
+
+def run_served(item_url: str, output: Path) -> float:
+    """The item as /pooling reads it (pool_worker: served_scene_spec, then the stages after raster_inputs)."""
+    pipeline = build_pipeline(make_cfg(tile_size=512, overlap=64))
+    pipeline.setup()
+    policy = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30)
+    start = time.perf_counter()
+    spec = served_scene_spec(item_url, OmegaConf.create(GEO), policy, "data.data", [])
+    online = Pipeline(pipeline.stages[1:], ready=True)  # what follows raster_inputs
+    try:
+        for _ in online.run([as_record(SceneRecord(spec, str(output), False, None))]):
+            pass
+    finally:
+        spec.fetch.close()
         pipeline.close()
     return time.perf_counter() - start
 
@@ -92,23 +118,29 @@ def main() -> None:
     files = split_bands(scene, tmp / "hls", block=args.block)
     stac_item(tmp / "hls" / "item.json", [f.name for f in files])
     bands = [[str(f) for f in files]]
-    times = {name: [] for name in ("local bands", "http item", "local multi", "gtiff write", "COG pass alone")}
-    fetched = []
+    times = {name: [] for name in ("local bands", "http item", "served item", "local multi", "gtiff write",
+                                   "COG pass alone")}
+    fetched = {"http item": [], "served item": []}
     for _ in range(args.rounds):
         times["local bands"].append(run(bands, tmp / "out" / "local.tif"))
         with http_server(tmp / "hls") as (url, sent):
             times["http item"].append(run(f"{url}/item.json", tmp / "out" / "http.tif"))
-        fetched += sent
+        fetched["http item"] += sent
+        with http_server(tmp / "hls") as (url, sent):
+            times["served item"].append(run_served(f"{url}/item.json", tmp / "out" / "served.tif"))
+        fetched["served item"] += sent
         times["local multi"].append(run(str(scene), tmp / "out" / "multi.tif"))
         times["gtiff write"].append(run(bands, tmp / "out" / "plain.tif", write={"format": "gtiff", "stac": False}))
         start = time.perf_counter()
         translate_to_cog(str(tmp / "out" / "plain.tif"), str(tmp / "out" / "again.tif"), 256, "MODE")
         times["COG pass alone"].append(time.perf_counter() - start)
     base = statistics.median(times["local bands"])
-    print(f"scene {args.side}x{args.side}, 6 int16 bands, input blocks {args.block}, tile 512 overlap 64, "
-          f"{args.rounds} round(s); over HTTP {statistics.median(f[0] for f in fetched) / 1e6:.1f} MB of "
-          f"{file_sizes(files) / 1e6:.1f} MB of band files in {statistics.median(f[1] for f in fetched):.0f} GETs "
-          f"and {statistics.median(f[2] for f in fetched):.0f} HEADs a round")
+    print(f"scene {args.side}x{args.side}, 6 int16 bands ({file_sizes(files) / 1e6:.1f} MB of band files), "
+          f"input blocks {args.block}, tile 512 overlap 64, {args.rounds} round(s); a round over HTTP:")
+    for name, counts in fetched.items():
+        median = [statistics.median(f[i] for f in counts) for i in range(4)]
+        print(f"  {name}: {median[0] / 1e6:.1f} MB in {median[1]:.0f} GETs and {median[2]:.0f} HEADs "
+              f"on {median[3]:.0f} connections")
     print(f"{'case':<16} {'best s':>8} {'median s':>9} {'x local bands':>14}")
     for name, values in times.items():
         print(f"{name:<16} {min(values):>8.3f} {statistics.median(values):>9.3f} "

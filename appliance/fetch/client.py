@@ -6,6 +6,11 @@ goes to those vetted addresses. Timeouts: connect and each read on the socket, e
 by the total deadline, which is checked between reads too. The byte cap is checked from
 Content-Length before reading and while streaming (reading stops at max_bytes + 1).
 
+With a `ConnectionPool` (pool.py: one request's), a hop whose (scheme, host, port) already has a kept
+connection reuses it after its vetted addresses are judged again under this policy (no second lookup:
+the socket is already connected to one of them); a kept connection the server closed while idle is
+replaced by a fresh, fully checked one. Without a pool every hop opens its own connection and closes it.
+
 Every failure is an InputError "<field>: <host> ...: what was wrong; what is allowed". Messages
 name the host (and port), never the URL's path, query string or userinfo.
 """
@@ -22,33 +27,40 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable, NoReturn, Optional, Union
 
 from appliance.errors import InputError
-from appliance.fetch.addresses import first_refused, resolve
+from appliance.fetch.addresses import Address, first_refused, resolve
 from appliance.fetch.connection import PinnedHTTPConnection, PinnedHTTPSConnection
 from appliance.fetch.policy import FetchPolicy
+from appliance.fetch.pool import ConnectionPool
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 CHUNK_BYTES = 1 << 16
 HEADERS = {"User-Agent": "appliance-fetch", "Accept-Encoding": "identity", "Connection": "close"}
+KEEP_ALIVE_HEADERS = {k: v for k, v in HEADERS.items() if k != "Connection"}  # HTTP/1.1's default: kept
+# A kept connection the server closed while it sat idle fails like this before any answer: retried once,
+# on a fresh connection (a GET is safe to repeat).
+STALE_ERRORS = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, http.client.RemoteDisconnected)
 
 # fetch_bytes's shape; image loading takes one of these so tests can stand in for the network.
 Fetcher = Callable[[str, FetchPolicy, str], bytes]
 
 
-def fetch_bytes(url: str, policy: FetchPolicy, field: str, *,
-                ssl_context: Optional[ssl.SSLContext] = None) -> bytes:
+def fetch_bytes(url: str, policy: FetchPolicy, field: str, *, ssl_context: Optional[ssl.SSLContext] = None,
+                connections: Optional[ConnectionPool] = None) -> bytes:
     """The body of `url` (at most policy.max_bytes of it), or an InputError naming `field`."""
     chunks: list[bytes] = []
-    _Transfer(url, policy, field, ssl_context).run(chunks.append)
+    _Transfer(url, policy, field, ssl_context, connections=connections).run(chunks.append)
     return b"".join(chunks)
 
 
 def fetch_range(url: str, start: int, end: int, policy: FetchPolicy, field: str, *,
-                ssl_context: Optional[ssl.SSLContext] = None) -> tuple[bytes, int]:
+                ssl_context: Optional[ssl.SSLContext] = None,
+                connections: Optional[ConnectionPool] = None) -> tuple[bytes, int]:
     """Bytes `start..end` (inclusive) of `url` and the file's total size (from Content-Range), by one
     ranged GET under the same rules; a host that does not answer 206 is an InputError. For readers that
-    take a file a window at a time (GeoTIFFs, appliance/stages/geo/remote_file.py)."""
+    take a file a window at a time (GeoTIFFs, appliance/stages/geo/remote_file.py), which pass the
+    request's `connections` so their GETs share kept-alive connections."""
     chunks: list[bytes] = []
-    transfer = _Transfer(url, policy, field, ssl_context, byte_range=(start, end))
+    transfer = _Transfer(url, policy, field, ssl_context, byte_range=(start, end), connections=connections)
     transfer.run(chunks.append)
     return b"".join(chunks), transfer.total_size
 
@@ -96,13 +108,18 @@ class _Hop:
     path: str   # path and query, sent on the request line only
     where: str  # "media.example.com" or "10.1.2.3:8080 (redirected from media.example.com)"
 
+    def pool_key(self, ssl_context: Optional[ssl.SSLContext]) -> tuple:
+        """What a kept connection must match exactly to serve this hop."""
+        return self.scheme, self.host, self.port, ssl_context
+
 
 class _Transfer:
     """One fetch: the policy, the field for messages, and the deadline shared by every hop."""
 
     def __init__(self, url: str, policy: FetchPolicy, field: str, ssl_context: Optional[ssl.SSLContext],
-                 byte_range: Optional[tuple[int, int]] = None):
+                 byte_range: Optional[tuple[int, int]] = None, connections: Optional[ConnectionPool] = None):
         self.url, self.policy, self.field, self.ssl_context = url, policy, field, ssl_context
+        self.connections = connections
         self.deadline = time.monotonic() + policy.total_timeout_s
         self.byte_range = byte_range  # (start, end) inclusive: a ranged GET that must answer 206
         self.total_size = -1  # the whole file's size, from a 206's Content-Range
@@ -111,18 +128,28 @@ class _Transfer:
         url, origin = self.url, None
         for _ in range(self.policy.max_redirects + 1):
             hop = self._hop(url, origin)
-            connection = self._connect(hop)
-            sock, response = connection.sock, None  # http.client drops .sock once a closing response starts
+            connection, response = self._reused(hop), None
+            if connection is None:
+                connection = self._connect(hop)
+            sock, kept = connection.sock, False  # http.client drops .sock once a closing response starts
             try:
-                response = self._get(connection, sock, hop)
+                response = self._get(connection, sock, hop, reused=connection.reused)
+                if response is None:  # the kept connection had been closed by the server
+                    connection.close()
+                    connection = self._connect(hop)
+                    sock = connection.sock
+                    response = self._get(connection, sock, hop, reused=False)
                 if response.status not in REDIRECT_STATUSES:
-                    return self._stream(sock, response, hop, write)
+                    written = self._stream(sock, response, hop, write)
+                    kept = self._keep(connection, response, hop)
+                    return written
                 url, origin = self._redirect_target(response, url, hop), origin or hop.where
             finally:  # all three, so the socket really closes now and the server sees us stop reading
-                if response is not None:
-                    response.close()
-                connection.close()
-                sock.close()
+                if not kept:
+                    if response is not None:
+                        response.close()
+                    connection.close()
+                    sock.close()
         self._fail(f"{origin} redirected more than {self.policy.max_redirects} times; "
                    f"at most {self.policy.max_redirects} redirects are followed")
 
@@ -156,6 +183,40 @@ class _Transfer:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         return _Hop(scheme, host, port, path, label + redirected)
 
+    def _reused(self, hop: _Hop) -> Optional[http.client.HTTPConnection]:
+        """A kept connection for exactly this hop's scheme, host, port and TLS context, its addresses
+        judged again under this transfer's policy; None when the pool has none."""
+        if self.connections is None:
+            return None
+        connection = self.connections.take(hop.pool_key(self.ssl_context))
+        if connection is not None:
+            try:
+                self._check_deadline(hop)
+                self._vet(hop, connection.addresses)
+            except BaseException:
+                connection.close()
+                raise
+        return connection
+
+    def _keep(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse,
+              hop: _Hop) -> bool:
+        """File the connection in the pool when its response was read to the end and the server keeps it."""
+        read_to_the_end = response.isclosed() or response.length == 0  # read1 leaves a spent response open
+        if self.connections is None or response.will_close or not read_to_the_end:
+            return False
+        response.close()  # http.client sends the next request only once the last response is closed
+        connection.reused = True
+        self.connections.put(hop.pool_key(self.ssl_context), connection)
+        return True
+
+    def _vet(self, hop: _Hop, addresses: list[Address]) -> None:
+        if not self.policy.allows(hop.host):
+            refused = first_refused(addresses)
+            if refused is not None:
+                ip, reason = refused
+                self._fail(f"host {hop.where} resolves to {ip}, {reason}; only public addresses are fetched "
+                           "(an operator can allow this host with server.allowed_media_domains)")
+
     def _connect(self, hop: _Hop) -> http.client.HTTPConnection:
         self._check_deadline(hop)
         try:
@@ -164,12 +225,7 @@ class _Transfer:
             reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
             self._fail(f"could not resolve host {hop.where} ({reason}); the host needs a DNS name the server "
                        "can resolve")
-        if not self.policy.allows(hop.host):
-            refused = first_refused(addresses)
-            if refused is not None:
-                ip, reason = refused
-                self._fail(f"host {hop.where} resolves to {ip}, {reason}; only public addresses are fetched "
-                           "(an operator can allow this host with server.allowed_media_domains)")
+        self._vet(hop, addresses)
         timeout = self.policy.connect_timeout_s
         if hop.scheme == "https":
             connection = PinnedHTTPSConnection(hop.host, hop.port, addresses, timeout, self.deadline,
@@ -191,21 +247,28 @@ class _Transfer:
                        "accept http(s) connections from the server")
         return connection
 
-    def _get(self, connection: http.client.HTTPConnection, sock: socket.socket,
-             hop: _Hop) -> http.client.HTTPResponse:
+    def _get(self, connection: http.client.HTTPConnection, sock: socket.socket, hop: _Hop,
+             reused: bool) -> Optional[http.client.HTTPResponse]:
+        """The response's status and headers; None when a reused connection turns out closed by the
+        server (the caller retries once on a fresh one)."""
         try:
             self._set_read_timeout(sock, hop)
-            headers = HEADERS if self.byte_range is None else {**HEADERS, "Range": "bytes=%d-%d" % self.byte_range}
+            headers = HEADERS if self.connections is None else KEEP_ALIVE_HEADERS
+            if self.byte_range is not None:
+                headers = {**headers, "Range": "bytes=%d-%d" % self.byte_range}
             connection.request("GET", hop.path, headers=headers)
             return connection.getresponse()
+        except STALE_ERRORS as e:
+            if reused:
+                return None
+            self._no_valid_response(hop, e)
         except (http.client.InvalidURL, UnicodeError):
             self._fail(f"the URL for {hop.where} holds characters that cannot be sent (spaces, control or "
                        "non-ASCII characters); percent-encode them")
         except TimeoutError:
             self._timed_out(hop, "waiting for the response from", self.policy.read_timeout_s)
         except (http.client.HTTPException, OSError) as e:
-            self._fail(f"{hop.where} did not send a valid HTTP response ({type(e).__name__}); the URL must "
-                       "answer an HTTP GET")
+            self._no_valid_response(hop, e)
 
     def _redirect_target(self, response: http.client.HTTPResponse, url: str, hop: _Hop) -> str:
         location = response.getheader("Location")
@@ -272,6 +335,10 @@ class _Transfer:
             self._too_slow(hop)
         self._fail(f"{doing} {hop.where} timed out after {limit_s:g} s; the host must answer within "
                    f"{limit_s:g} s (or send the data inline)")
+
+    def _no_valid_response(self, hop: _Hop, error: Exception) -> NoReturn:
+        self._fail(f"{hop.where} did not send a valid HTTP response ({type(error).__name__}); the URL must "
+                   "answer an HTTP GET")
 
     def _too_slow(self, hop: _Hop) -> NoReturn:
         total = self.policy.total_timeout_s

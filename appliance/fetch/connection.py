@@ -40,6 +40,8 @@ class PinnedHTTPConnection(http.client.HTTPConnection):
                  deadline: float):
         super().__init__(host, port, timeout=connect_timeout_s)
         self.addresses, self.deadline = tuple(addresses), deadline
+        self.auto_open = 0  # never reconnect behind the caller's back: connect() is called once, by it
+        self.reused = False  # True once it has served a response and been kept (pool.py)
 
     def connect(self) -> None:
         self.sock = open_socket(self.addresses, self.timeout, self.deadline)
@@ -51,6 +53,8 @@ class PinnedHTTPSConnection(http.client.HTTPSConnection):
         context = context or ssl.create_default_context()  # verifies the chain and the host name
         super().__init__(host, port, timeout=connect_timeout_s, context=context)
         self.addresses, self.deadline, self.tls = tuple(addresses), deadline, context
+        self.auto_open = 0
+        self.reused = False
 
     def connect(self) -> None:
         sock = open_socket(self.addresses, self.timeout, self.deadline)

@@ -18,6 +18,7 @@ class LocalServer:
 
     def __init__(self, ssl_context=None, host="127.0.0.1"):
         self.requests = []                   # (path, Host header)
+        self.connections = self.closed = 0   # TCP connections accepted, and ended
         self.stop = threading.Event()        # set at teardown: stalling handlers give up
         self.chunked_sent = 0
         self.chunked_finished = False
@@ -51,6 +52,14 @@ class LocalServer:
 
             def log_message(self, *args):
                 pass
+
+            def setup(self):  # once per connection (HTTP/1.1 keeps one open for many requests)
+                super().setup()
+                server.connections += 1
+
+            def finish(self):
+                super().finish()
+                server.closed += 1
 
         return Handler
 
@@ -111,6 +120,11 @@ class LocalServer:
                     return
         except OSError:
             pass
+
+    def route_hangup(self, h):
+        """Answers in full, then closes the connection without saying so (as an idle timeout does)."""
+        self._send(h, 200, BODY)
+        h.close_connection = True
 
     def route_big(self, h):
         self._send(h, 200, b"b" * 10_000)

@@ -56,14 +56,14 @@ def stac_item(path: Path, hrefs: list, bands=HLS_BANDS, datetime="2024-04-09T16:
 
 class RangeServer:
     """Serves `root` over HTTP on 127.0.0.1 with Range support. `sent` counts body bytes per file name,
-    `requests` the GETs answered and `heads` the HEADs;
+    `requests` the GETs answered, `heads` the HEADs and `connections` the TCP connections accepted;
     `redirects` maps a path to a Location to answer 302 with; `ranges=False` ignores Range headers;
     each request waits for `before_answer()` to return (a test can hold the answers back)."""
 
     def __init__(self, root: Path, ranges=True, before_answer=lambda: None):
         self.root, self.ranges, self.before_answer = Path(root), ranges, before_answer
         self.sent, self.redirects, self.lock = {}, {}, threading.Lock()
-        self.requests = self.heads = 0
+        self.requests = self.heads = self.connections = 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -72,6 +72,11 @@ class RangeServer:
 
             def log_message(self, *args):
                 pass
+
+            def setup(self):  # once per connection: a kept-alive connection serves many requests
+                super().setup()
+                with server.lock:
+                    server.connections += 1
 
             def do_HEAD(self):
                 with server.lock:

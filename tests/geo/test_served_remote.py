@@ -74,9 +74,11 @@ def test_per_band_urls_with_an_aoi_equal_the_multi_band_file(flood_server, large
     root, _, bands, aoi, offline = large
     with RangeServer(root) as source:
         response = pooling(flood_server, [f"{source.url}/bands/{f.name}" for f in bands], aoi=aoi)
-        sent = source.total_sent()
+        sent, gets, connections = source.total_sent(), source.requests, source.connections
     assert masks_equal(save_mask(response, tmp_path / "m.tif"), offline)
     assert sent < 0.2 * sum(f.stat().st_size for f in bands)  # 12 % here: six headers beside small files
+    # the request's range GETs share kept-alive connections (one connection per GET before)
+    assert gets >= 12 and connections <= 2, (gets, connections)
 
 
 def test_per_band_paths_in_the_media_dir(flood_server, flood_dirs, large, tmp_path):

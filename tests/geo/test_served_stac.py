@@ -12,6 +12,7 @@ from appliance.errors import InputError
 from appliance.fetch import FetchPolicy
 from appliance.stages.geo.remote_file import CHUNK_BYTES, RangeFile, RemoteReads
 from tests.conftest import run_cli
+from tests.fetch.conftest import wait_for
 from tests.geo.hls import RangeServer, split_bands, stac_item
 from tests.servers import API_KEY, SAMPLE_SCENE, error
 
@@ -91,3 +92,27 @@ def test_range_file_reads_what_it_is_asked_and_honours_the_policy(tmp_path):
         capped.seek(2 * CHUNK_BYTES)
         with pytest.raises(InputError, match=f"more than {CHUNK_BYTES + 1} bytes"):
             capped.read(10)
+
+
+def test_range_file_reads_ahead_only_when_reading_in_file_order(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, 40 * CHUNK_BYTES, dtype=np.uint8).tobytes()
+    (tmp_path / "blocks.bin").write_bytes(data)
+    local = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30)
+    block = CHUNK_BYTES + 1000  # a COG block: a little over a chunk, read by one call each
+    with RangeServer(tmp_path) as source:
+        url = f"{source.url}/blocks.bin"
+        f = RangeFile(url, RemoteReads(local, "data.data"))
+        gets = source.requests  # the size probe
+        for offset in range(0, 20 * block, block):  # a row of blocks, in file order
+            f.seek(offset)
+            assert f.read(block) == data[offset:offset + block]
+        sequential = source.requests - gets
+        assert sequential <= 8, sequential  # 1, 2, 4, 8, 8 ... chunks ahead: not one GET a block
+
+    with RangeServer(tmp_path) as source:  # a fresh server: its counters are this file's alone
+        g = RangeFile(f"{source.url}/blocks.bin", RemoteReads(local, "data.data"))
+        for offset in (30 * CHUNK_BYTES, 22 * CHUNK_BYTES, 36 * CHUNK_BYTES):  # out of order: nothing extra
+            g.seek(offset)
+            assert g.read(100) == data[offset:offset + 100]
+        assert wait_for(lambda: source.requests == 4)  # counted after each body is sent
+        assert source.total_sent() == 4 * CHUNK_BYTES  # the size probe's chunk, then one chunk each

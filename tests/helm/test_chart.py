@@ -222,6 +222,28 @@ def test_batch_mode(chart):
     assert "APPLIANCE_API_KEY" not in env and "ports" not in main
 
 
+def test_the_server_gets_object_storage_credentials_only_with_its_buckets(chart):
+    values = {"pipeline": "prithvi_flood",
+              "server": {"s3": {"allowedBuckets": ["hls", "flood.masks-2024"], "credentialsSecret": "s3-creds"}}}
+    docs = manifests(chart, values)
+    main = container(docs)
+    kubernetes_validate.validate(by_kind(docs)["Deployment"], KUBERNETES, strict=True)
+    assert main["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]  # the Job's way: AWS_*, GDAL_* from the Secret
+    assert main["args"] == ["serve", "pipeline=prithvi_flood", "server.host=0.0.0.0", "server.port=8000",
+                            "server.drain_timeout_s=30", "server.allowed_s3_buckets=['hls','flood.masks-2024']"]
+    check = helm_test_pod(docs)["spec"]["containers"][0]
+    assert "server.allowed_s3_buckets=['hls','flood.masks-2024']" in check["args"], "helm test checks the same"
+
+    # buckets without a Secret: the pod's own identity (IRSA) or anonymous reads; no buckets: no s3 at all
+    only_buckets = container(manifests(chart, {"server": {"s3": {"allowedBuckets": ["hls"]}}}))
+    assert "envFrom" not in only_buckets and "server.allowed_s3_buckets=['hls']" in only_buckets["args"]
+    default = container(manifests(chart, {}))
+    assert "envFrom" not in default and not any("allowed_s3_buckets" in a for a in default["args"])
+    # the batch Job keeps its own Secret (batch.credentialsSecret); server.s3 is the Deployment's
+    batch = container(manifests(chart, profile_values("prithvi-flood-object-storage")))
+    assert batch["envFrom"] == [{"secretRef": {"name": "object-storage-credentials"}}]
+
+
 def test_model_weights_mount_read_only(chart):
     main = container(manifests(chart, {"model": {"existingClaim": "weights", "subPath": "llava"}}))
     pod = pod_spec(manifests(chart, {"model": {"existingClaim": "weights", "subPath": "llava"}}))
@@ -288,6 +310,10 @@ def test_an_extra_config_pipeline_gets_its_engine_kind_from_its_defaults(chart):
     ({"autoscaling": {"enabled": True, "metric": "cpu"}}, "autoscaling.metric=cpu: set resources.requests.cpu"),
     ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas 5 is above maxReplicas 2"),
     ({"overrides": ["server.metrics_names=vllm"]}, "overrides: server.metrics_names=vllm; set metrics.names instead"),
+    ({"overrides": ["server.allowed_s3_buckets=[hls]"]},
+     "overrides: server.allowed_s3_buckets=[hls]; set server.s3.allowedBuckets instead"),
+    ({"server": {"s3": {"credentialsSecret": "s3-creds"}}},
+     "server.s3.credentialsSecret: set server.s3.allowedBuckets too"),
 ])
 def test_values_that_cannot_work_together_fail_the_render(chart, values, message):
     with pytest.raises(helm_python.HelmError, match=re.escape(message)):

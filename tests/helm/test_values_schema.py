@@ -33,6 +33,9 @@ SCHEMA = json.loads((CHART / "values.schema.json").read_text())
     ({"ingress": {"hosts": [{"host": "https://a.example.com", "paths": [{"path": "/"}]}]}},
      "at '/ingress/hosts/0/host'", "does not match pattern"),
     ({"ingress": {"hosts": [{"host": "a.example.com"}]}}, "at '/ingress/hosts/0'", "missing property 'paths'"),
+    ({"server": {"s3": {"allowedBuckets": ["s3://hls"]}}}, "at '/server/s3/allowedBuckets/0'",
+     "does not match pattern"),
+    ({"server": {"s3": {"allowedBuckets": "hls"}}}, "at '/server/s3/allowedBuckets'", "got string, want array"),
 ])
 def test_mistakes_are_refused_naming_the_key(chart, values, where, message):
     with pytest.raises(helm_python.HelmValuesError) as refused:

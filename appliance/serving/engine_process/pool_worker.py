@@ -118,8 +118,8 @@ class PoolWorker(Worker):
         job = session.job
         session.started = True
         self.metrics.queue.observe(time.monotonic() - session.arrival)
+        source = job.input_path
         try:
-            source = job.input_path
             if job.input_url is not None or isinstance(source, list):
                 from appliance.fetch import FetchPolicy
                 from appliance.stages.geo.served import local_scene_spec, served_scene_spec
@@ -148,6 +148,10 @@ class PoolWorker(Worker):
                         message = message.replace(path, f"{job.field}[{i}]" if per_band else job.field)
                 e = InputError(message, e.param, e.status) if isinstance(e, InputError) else type(e)(message)
             self.post("failed", session.uid, self.failure(e, "running the scene"))
+        finally:
+            reads = getattr(source, "fetch", None)  # a URL's RemoteReads: its kept connections end here
+            if reads is not None:
+                reads.close()
 
     def on_tile(self, uid: str, payload: Tuple[int, torch.Tensor]) -> None:
         if uid not in self.sessions:

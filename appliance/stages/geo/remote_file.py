@@ -5,12 +5,14 @@ must be public (or in `server.allowed_media_domains`), the connection goes to th
 redirects are followed by hand and re-checked, each request is time-bounded.
 
 `RangeFile` is the file object rasterio's `opener` hands to GDAL: each read is one range request for
-the aligned 64 KiB chunks it lacks (GDAL reads a block in one call, so a block costs one request and
-about its own size), kept in a small LRU cache (GDAL reads a TIFF's header and tile index in many small
-pieces). `RemoteReads` is
+the aligned 64 KiB chunks it lacks (GDAL reads a block in one call, so a block costs about its own
+size), plus, when reads go on in file order (a row of a COG's blocks), a growing read-ahead of up to
+512 KiB, kept in a small LRU cache (GDAL reads a TIFF's header and tile index in many small pieces). `RemoteReads` is
 one request's state: GDAL opens a file three times in a run (probe, describe, read), and the chunks,
 the file's size and the bytes fetched live here, per URL, so its header crosses the network once and
-`server.limits.max_media_bytes` bounds what one file may cost the request in all.
+`server.limits.max_media_bytes` bounds what one file may cost the request in all. Its `connections`
+(fetch/pool.py) keep one request's connections alive between range GETs, so a scene costs a handful of
+TCP connections, not one per GET; `close()` at the end of the request closes them.
 `opener_for` serves exactly one URL and answers GDAL's sidecar probes (.aux.xml, .msk, ...) as missing
 files.
 """
@@ -22,9 +24,11 @@ from typing import Callable, Dict, List
 from appliance.errors import InputError
 from appliance.fetch.client import fetch_range
 from appliance.fetch.policy import FetchPolicy
+from appliance.fetch.pool import ConnectionPool
 
 CHUNK_BYTES = 64 << 10  # small beside a COG block: a window's reads fetch little beyond its blocks
 CACHED_CHUNKS = 128  # 8 MiB a file
+READ_AHEAD_CHUNKS = 8  # at most 512 KiB fetched past what a sequential read asked for
 
 
 @dataclass
@@ -33,15 +37,22 @@ class _Remote:
     size: int
     fetched: int = 0
     chunks: "OrderedDict[int, bytes]" = field(default_factory=OrderedDict)
+    next_chunk: int = -1  # the chunk after the last fetch: a miss there is a sequential read
+    read_ahead: int = 0   # chunks the next sequential miss fetches beyond what it asks for
 
 
 @dataclass
 class RemoteReads:
     """How one request reads its remote files: the fetch policy, the request field errors name, and
-    what was read so far (per URL, shared by every open of the file in the request)."""
+    what was read so far (per URL, shared by every open of the file in the request), and the request's
+    kept-alive connections (never shared with another request)."""
     policy: FetchPolicy
     field: str
     files: Dict[str, _Remote] = field(default_factory=dict)
+    connections: ConnectionPool = field(default_factory=ConnectionPool)
+
+    def close(self) -> None:
+        self.connections.close()
 
 
 class RangeFile(io.RawIOBase):
@@ -89,6 +100,7 @@ class RangeFile(io.RawIOBase):
                 stop = index
                 while stop < last and stop + 1 not in chunks:
                     stop += 1
+                stop = self._read_ahead(index, stop)
                 data, _ = self._get(index, stop)
                 for i in range(index, stop + 1):
                     self._keep(i, data[(i - index) * CHUNK_BYTES:(i - index + 1) * CHUNK_BYTES])
@@ -101,11 +113,27 @@ class RangeFile(io.RawIOBase):
             index = stop + 1
         return done
 
+    def _read_ahead(self, first: int, stop: int) -> int:
+        """The last chunk to fetch for a miss of first..stop. GDAL reads a COG's blocks one call each, in
+        file order along a row of blocks: a miss right after the last fetch fetches 1, 2, 4, ... up to
+        READ_AHEAD_CHUNKS more chunks (as GDAL's /vsicurl/ grows its reads), so a row costs a few GETs
+        instead of one a block; any other miss fetches only what it asked for and starts over."""
+        remote = self.remote
+        sequential = first == remote.next_chunk
+        remote.read_ahead = min(max(1, 2 * remote.read_ahead), READ_AHEAD_CHUNKS) if sequential else 0
+        final = (remote.size - 1) // CHUNK_BYTES
+        for _ in range(remote.read_ahead):
+            if stop >= final or stop + 1 in remote.chunks:
+                break
+            stop += 1
+        remote.next_chunk = stop + 1
+        return stop
+
     def _get(self, first: int, last: int):
         """Chunks first..last in one request (a range past the end is clipped by the server, RFC 9110)."""
         reads = self.reads
         data, size = fetch_range(self.url, first * CHUNK_BYTES, (last + 1) * CHUNK_BYTES - 1, reads.policy,
-                                 reads.field)
+                                 reads.field, connections=reads.connections)
         self.remote.fetched += len(data)
         if self.remote.fetched > reads.policy.max_bytes:
             raise InputError(f"{reads.field}: reading the scene took more than {reads.policy.max_bytes} bytes "

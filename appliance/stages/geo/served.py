@@ -37,11 +37,14 @@ def check_served_href(href: str, field: str, s3_buckets: Sequence[str]) -> None:
 
 def served_scene_spec(value: Any, geo, policy, field: str, s3_buckets: Sequence[str]) -> SceneSpec:
     """The scene of a request's `value` (a URL, or a list of per-band URLs in the model's band order);
-    a STAC item's JSON is fetched under `policy`, and its assets, like every file, are checked above."""
+    a STAC item's JSON is fetched under `policy`, and its assets, like every file, are checked above.
+    The spec's `fetch` (a RemoteReads) holds the request's kept connections: the caller closes it."""
     from appliance.fetch import fetch_bytes
 
-    def load_item(url: str) -> dict:
-        return parse_item(fetch_bytes(url, policy, field), shown(url))
+    reads = RemoteReads(policy, field)
+
+    def load_item(url: str) -> dict:  # its connection is kept for the band files on the same host
+        return parse_item(fetch_bytes(url, policy, field, connections=reads.connections), shown(url))
 
     hrefs = value if isinstance(value, (list, tuple)) else [value]
     for href in hrefs:  # before fetching anything
@@ -49,13 +52,17 @@ def served_scene_spec(value: Any, geo, policy, field: str, s3_buckets: Sequence[
     stac_bands = list(geo.stac_bands) if geo.get("stac_bands") else None
     try:
         spec = scene_spec(value, stac_bands, list(geo.bands), load_item, field)
+        for file in spec.files:
+            check_served_href(file, field, s3_buckets)
     except InputError as e:  # the item's own problems name the item: the client's field leads
+        reads.close()
         if str(e).startswith(f"{field}: "):
             raise
         raise InputError(f"{field}: {e}", param=field, status=e.status) from None
-    for file in spec.files:
-        check_served_href(file, field, s3_buckets)
-    return replace(spec, fetch=RemoteReads(policy, field))
+    except BaseException:
+        reads.close()
+        raise
+    return replace(spec, fetch=reads)
 
 
 def local_scene_spec(paths: Sequence[str], geo, field: str) -> SceneSpec:

@@ -109,6 +109,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if hasPrefix "server.metrics_names=" . -}}
 {{- fail (printf "overrides: %s; set metrics.names instead (the autoscaler's metric and the dashboard follow it)" .) -}}
 {{- end -}}
+{{- if hasPrefix "server.allowed_s3_buckets=" . -}}
+{{- fail (printf "overrides: %s; set server.s3.allowedBuckets instead (server.s3.credentialsSecret reaches the server with it)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.server.s3.credentialsSecret (not $v.server.s3.allowedBuckets) -}}
+{{- fail "server.s3.credentialsSecret: set server.s3.allowedBuckets too (without buckets the server reads no s3:// input, so it gets no credentials)" -}}
 {{- end -}}
 {{- if $v.autoscaling.enabled -}}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}
@@ -127,6 +133,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
       (printf "server.drain_timeout_s=%d" (int .Values.server.drainTimeoutSeconds)) -}}
 {{- if ne .Values.metrics.names "appliance" -}}
 {{- $args = append $args (printf "server.metrics_names=%s" .Values.metrics.names) -}}
+{{- end -}}
+{{- with .Values.server.s3.allowedBuckets -}}
+{{- $quoted := list -}}
+{{- range . -}}{{- $quoted = append $quoted (printf "'%s'" .) -}}{{- end -}}
+{{- $args = append $args (printf "server.allowed_s3_buckets=[%s]" (join "," $quoted)) -}}
 {{- end -}}
 {{- $args = concat $args (include "appliance.gpuOverrides" . | fromJsonArray) .Values.overrides -}}
 {{- toJson $args -}}
