@@ -15,17 +15,17 @@ import torch.nn.functional as F
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0}
 
 
-def gemm_flops(dtype: torch.dtype, size: int = 1024, seconds: float = 1.0) -> float:
+def gemm_flops(dtype: torch.dtype, rows: int = 512, size: int = 2048, seconds: float = 1.0) -> float:
     """FLOP/s of `F.linear` (x @ W^T, the engine's layout: torch's bf16 `a @ b` takes a far slower path
-    on some CPUs) on square operands in `dtype`, best of repeated runs for about `seconds`."""
-    x, w = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    on some CPUs) of `rows` rows against a square weight in `dtype`, best of runs for about `seconds`."""
+    x, w = torch.randn(rows, size).to(dtype), torch.randn(size, size).to(dtype)
     F.linear(x, w)  # warm-up: thread pool, packing buffers
     best, end = float("inf"), time.perf_counter() + seconds
     while time.perf_counter() < end:
         start = time.perf_counter()
         F.linear(x, w)
         best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best
+    return 2 * rows * size * size / best
 
 
 def memory_bandwidth(gib: float = 1.0, seconds: float = 1.0) -> float:
@@ -62,7 +62,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print(f"torch threads {torch.get_num_threads()}")
     for dtype in (torch.float32, torch.bfloat16):
-        print(f"GEMM 1024^3 {str(dtype).replace('torch.', '')}: {gemm_flops(dtype) / 1e9:.0f} GFLOP/s")
+        print(f"GEMM 512x2048x2048 {str(dtype).replace('torch.', '')}: {gemm_flops(dtype) / 1e9:.0f} GFLOP/s")
     print(f"memory read: {memory_bandwidth() / 1e9:.1f} GB/s")
 
 
