@@ -9,14 +9,13 @@ import json
 import signal
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.chat.conftest import TEXT_TEMPLATE
-from tests.servers import error, metrics, wait_idle
 from tests.server_process import server_process
+from tests.servers import error, metrics, wait_idle
+from tests.serving.slow_llama import build_slow_checkpoint
 
 MAX_BYTES = 300_000
 TIMEOUT_S = 12
@@ -25,17 +24,7 @@ HELLO = [{"role": "user", "content": "Hello there"}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from tests.engine.helpers import build_checkpoint
-
-    model = build_checkpoint(tmp_path_factory.mktemp("long_llama"), max_position_embeddings=8192)
-    tok = AutoTokenizer.from_pretrained(model)
-    tok.chat_template = TEXT_TEMPLATE
-    tok.save_pretrained(model)
-    config = json.loads((Path(model) / "config.json").read_text())
-    config["architectures"] = ["SlowLlamaForCausalLM"]
-    (Path(model) / "config.json").write_text(json.dumps(config))
+    model = build_slow_checkpoint(tmp_path_factory.mktemp("long_llama"))
     with server_process("pipeline=llava_chat", "plugins=[tests.serving.slow_llama]", f"model.path={model}",
                         "model.name=long-llama",
                         "model.architecture=LlamaForCausalLM", "model.vision_language=null",

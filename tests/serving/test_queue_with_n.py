@@ -5,32 +5,20 @@ request), so the queue the HTTP side counts is not shortened by the answers of r
 The server runs the slow tiny Llama of test_lifecycle.py (10 ms a step), four sequences at a time and
 a queue bound of 1.
 """
-import json
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.chat.conftest import TEXT_TEMPLATE
 from tests.server_process import server_process
 from tests.servers import error, wait_idle
+from tests.serving.slow_llama import build_slow_checkpoint
 from tests.serving.test_lifecycle import HELLO, chat, wait_for
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from tests.engine.helpers import build_checkpoint
-
-    model = build_checkpoint(tmp_path_factory.mktemp("long_llama"), max_position_embeddings=8192)
-    tok = AutoTokenizer.from_pretrained(model)
-    tok.chat_template = TEXT_TEMPLATE
-    tok.save_pretrained(model)
-    config = json.loads((Path(model) / "config.json").read_text())
-    config["architectures"] = ["SlowLlamaForCausalLM"]
-    (Path(model) / "config.json").write_text(json.dumps(config))
+    model = build_slow_checkpoint(tmp_path_factory.mktemp("long_llama"))
     with server_process("pipeline=llava_chat", "plugins=[tests.serving.slow_llama]", f"model.path={model}",
                         "model.name=long-llama", "model.architecture=LlamaForCausalLM",
                         "model.vision_language=null", "engine.max_num_seqs=4",

@@ -190,7 +190,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
       "request_inference_time_seconds" "request_time_per_output_token_seconds" "request_prompt_tokens"
       "request_generation_tokens" "num_requests_running" "num_requests_waiting" "kv_cache_usage_perc"
       "prompt_tokens" "generation_tokens" "request_success" "num_preemptions" "prefix_cache_queries"
-      "prefix_cache_hits" "request_params_max_tokens" "iteration_tokens_total" "cache_config_info" | toJson -}}
+      "prefix_cache_hits" "request_params_max_tokens" "request_params_n" "request_max_num_generation_tokens" "iteration_tokens_total" "cache_config_info" | toJson -}}
 {{- end -}}
 
 {{/* A series' name as the server exports it under metrics.names. Takes (list $ "series"). */}}
