@@ -14,6 +14,8 @@ Ours, inside `data` where vLLM's plugin takes its input: `data` may also be a li
 
 `PoolingBody` is the one definition of the request: it validates bodies (strict: no type coercion,
 no unknown field) and the server's OpenAPI document is generated from it (`serving/http/openapi.py`).
+`PoolingResponse` describes the answer (`pooling_response` builds it as a plain dict), for the same
+document and for the tests that check real answers against it.
 """
 import time
 from dataclasses import dataclass
@@ -106,6 +108,22 @@ def parse_pooling(body: Any) -> PoolingRequest:
     bands = [i + 1 for i in data.indices] if data.indices is not None else None
     return PoolingRequest(data.data, data.data_format, data.out_data_format, parsed.model, bands, data.aoi,
                           data.aoi_crs)
+
+
+class PoolingOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    data_format: Literal["b64_json", "path"] = Field(description="the request's out_data_format")
+    data: str = Field(description="the output GeoTIFF, base64; or its file name in the server's output_dir")
+    request_id: str
+
+
+class PoolingResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    request_id: str
+    created_at: int
+    data: PoolingOutput
 
 
 def pooling_response(request_id: str, out_data_format: str, data: str) -> Dict[str, Any]:

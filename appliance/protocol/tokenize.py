@@ -15,6 +15,8 @@ answer carries `max_model_len` to compare against.
 
 The pydantic models are the one definition of the bodies: they validate (strict: no type coercion, no
 unknown field) and the server's OpenAPI document is generated from them (`serving/http/openapi.py`).
+`TokenizeResponse` and `DetokenizeResponse` describe the answers (built as plain dicts in the engine
+process), for the same document and for the tests that check real answers against them.
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -59,6 +61,21 @@ class DetokenizeBody(BaseModel):
 
     model: Optional[str] = None
     tokens: List[TokenId] = Field(description="token ids inside the model's vocabulary")
+
+
+class TokenizeResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    count: int = Field(ge=0)
+    max_model_len: int = Field(ge=1, description="the context length, to compare count against")
+    tokens: List[TokenId]
+    token_strs: Optional[List[str]] = Field(description="each token's string, with return_token_strs; else null")
+
+
+class DetokenizeResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    prompt: str
 
 
 # What an error says a field should be, where pydantic's own words would not help a client.
@@ -106,6 +123,10 @@ def parse_detokenize(body: Any) -> DetokenizeBody:
 
 def tokenize_response(tokens: List[int], max_model_len: int, token_strs: Optional[List[str]]) -> Dict[str, Any]:
     return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": token_strs}
+
+
+def detokenize_response(prompt: str) -> Dict[str, Any]:
+    return {"prompt": prompt}
 
 
 def _object(body: Any) -> Dict[str, Any]:

@@ -7,7 +7,7 @@ the pipeline's one tokenizer. The answer is posted to the loop, which sends it a
 """
 from typing import Any, Dict, List, Set
 
-from appliance.protocol.tokenize import tokenize_response
+from appliance.protocol.tokenize import detokenize_response, tokenize_response
 from appliance.serving.engine_process.records import ChatRecord, as_record
 from appliance.serving.messages import DetokenizeJob, TokenizeJob
 from appliance.stages.chat.template import ChatRendering
@@ -59,4 +59,4 @@ class Tokenizing:
 
     def _detokenize(self, job: DetokenizeJob) -> Dict[str, Any]:
         tokens: List[int] = self.worker.stage.prompt_ids(job.tokens, "tokens")  # ids outside the vocabulary: 400
-        return {"prompt": self.worker.stage.engine.tokenizer.decode(tokens)}
+        return detokenize_response(self.worker.stage.engine.tokenizer.decode(tokens))

@@ -1,50 +1,45 @@
-"""The request and response schemas of the routes, in the server's OpenAPI document (`/openapi.json`).
+"""The server's OpenAPI document (`/openapi.json`), every request and answer schema a pydantic model's own.
 
-The routes parse their own bodies (appliance/protocol: errors that name the field), so FastAPI cannot
-infer these. Each request schema is its pydantic model's own (`protocol.openai_models` for chat
-completions and completions, `protocol.pooling.PoolingBody`, `protocol.tokenize` for `/tokenize` and
-`/detokenize`), the models that also validate the bodies;
-the answers are declared here. For clients, docs (`/docs`) and the schema-driven fuzz tests.
+The routes parse their own bodies (appliance/protocol: errors that name the field) and answer plain
+dicts (no model is built per request), and LitServe adds them with neither a body nor a response model,
+so FastAPI can infer neither; `install` adds both to the document, once, from
+the models that validate the requests (`protocol.openai_models`, `protocol.pooling.PoolingBody`,
+`protocol.tokenize`) and the models that describe the answers (`protocol.openai_answers`, errors
+included, `protocol.pooling.PoolingResponse`, `protocol.tokenize`'s `TokenizeResponse` and
+`DetokenizeResponse`). An answer's model is a component (`#/components/schemas/ChatCompletion`); a
+request's schema stays inline, its nested models components. A streamed answer is `text/event-stream`,
+one schema per event (as OpenAPI 3.1 reads a stream): its `data` is a chunk model's JSON
+(`contentSchema`), an error's, or `[DONE]`. `/v1/pool` takes and answers GeoTIFF bytes, which no model
+describes. For clients, docs (`/docs`) and the schema-driven fuzz tests.
 """
 from typing import Any, Dict
 
+from appliance.protocol.openai_answers import (ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk,
+                                               ErrorResponse, ModelCard, ModelList)
 from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest
-from appliance.protocol.pooling import PoolingBody
-from appliance.protocol.tokenize import DetokenizeBody, TokenizeChatBody, TokenizeCompletionBody
+from appliance.protocol.pooling import PoolingBody, PoolingResponse
+from appliance.protocol.tokenize import (DetokenizeBody, DetokenizeResponse, TokenizeChatBody,
+                                         TokenizeCompletionBody, TokenizeResponse)
 
-ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
-    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
-        "code": {"type": "integer"}}}}}
-USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-         "properties": {k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens",
-                                                                       "total_tokens")}}
-FINISH = {"enum": ["stop", "length", None]}
-CHAT_COMPLETION = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
-                   "properties": {"object": {"enum": ["chat.completion"]}, "usage": USAGE, "choices": {
-                       "type": "array", "minItems": 1, "items": {"type": "object", "required": ["message", "finish_reason"],
-                                                                 "properties": {"finish_reason": FINISH}}}}}
-TEXT_COMPLETION = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
-                   "properties": {"object": {"enum": ["text_completion"]}, "usage": USAGE, "choices": {
-                       "type": "array", "minItems": 1, "items": {"type": "object", "required": ["text", "finish_reason"],
-                                                                 "properties": {"finish_reason": FINISH}}}}}
-POOLING_RESPONSE = {"type": "object", "required": ["request_id", "created_at", "data"], "properties": {
-    "data": {"type": "object", "required": ["data_format", "data"]}}}
-TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
-TOKENIZE_RESPONSE = {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
-    "count": {"type": "integer", "minimum": 0}, "max_model_len": {"type": "integer", "minimum": 1},
-    "tokens": TOKEN_IDS, "token_strs": {"type": ["array", "null"], "items": {"type": "string"}}}}
-DETOKENIZE_RESPONSE = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
-
-SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}  # a chunk or [DONE]
-BODIES = {  # route -> (request model or models, answers by content type)
-    "/v1/chat/completions": (ChatCompletionRequest, {"application/json": CHAT_COMPLETION,
-                                                     "text/event-stream": SSE_EVENT}),
-    "/v1/completions": (CompletionRequest, {"application/json": TEXT_COMPLETION, "text/event-stream": SSE_EVENT}),
-    "/pooling": (PoolingBody, {"application/json": POOLING_RESPONSE}),
-    "/tokenize": ((TokenizeCompletionBody, TokenizeChatBody), {"application/json": TOKENIZE_RESPONSE}),
-    "/detokenize": (DetokenizeBody, {"application/json": DETOKENIZE_RESPONSE}),
+JSON, SSE = "application/json", "text/event-stream"
+REF = "#/components/schemas/{model}"
+REQUESTS = {  # path -> the POST body's model, or the models one of which it is (a text or a chat)
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/pooling": PoolingBody,
+    "/tokenize": (TokenizeCompletionBody, TokenizeChatBody),
+    "/detokenize": DetokenizeBody,
 }
+ANSWERS = {  # (method, path) -> the 200 answer's model by content type (a stream: one event's data)
+    ("post", "/v1/chat/completions"): {JSON: ChatCompletion, SSE: ChatCompletionChunk},
+    ("post", "/v1/completions"): {JSON: Completion, SSE: CompletionChunk},
+    ("post", "/pooling"): {JSON: PoolingResponse},
+    ("post", "/tokenize"): {JSON: TokenizeResponse},
+    ("post", "/detokenize"): {JSON: DetokenizeResponse},
+    ("get", "/v1/models"): {JSON: ModelList},
+    ("get", "/v1/models/{model_id}"): {JSON: ModelCard},
+}
+BYTES = {"type": "string", "format": "binary"}
 
 
 def install(app) -> None:
@@ -65,29 +60,53 @@ def install(app) -> None:
 
 
 def _describe(path: str, method: str, operation: Dict[str, Any], components: Dict[str, Any]) -> None:
-    errors = {"description": "error", "content": {"application/json": {"schema": ERROR}}}
+    errors = {"description": "an error (a stream that has started sends it as an event instead)",
+              "content": {JSON: {"schema": _component(ErrorResponse, components)}}}
     operation["responses"] = {"4XX": errors, "5XX": errors, **{
         code: spec for code, spec in operation.get("responses", {}).items() if code == "200"}}
-    if path in BODIES and method == "post":
-        request, answers = BODIES[path]
-        if isinstance(request, tuple):  # one of several request models (a text or a chat)
-            schema = {"oneOf": [_model_schema(model, components) for model in request]}
+    if method == "post" and path in REQUESTS:
+        request = REQUESTS[path]
+        if isinstance(request, tuple):
+            schema = {"oneOf": [_inline(model, components) for model in request]}
         else:
-            schema = _model_schema(request, components)
-        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+            schema = _inline(request, components)
+        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": schema}}}
+    if (method, path) in ANSWERS:
         operation["responses"]["200"] = {"description": "the answer", "content": {
-            kind: {"schema": schema} for kind, schema in answers.items()}}
+            kind: {"schema": _event(model, components) if kind == SSE else _component(model, components)}
+            for kind, model in ANSWERS[method, path].items()}}
     elif path == "/v1/pool":
-        operation["requestBody"] = {"required": True, "content": {"image/tiff": {"schema": {
-            "type": "string", "format": "binary"}}}}
+        operation["requestBody"] = {"required": True, "content": {"image/tiff": {"schema": BYTES}}}
         operation["parameters"] = [{"name": "quicklook", "in": "query", "required": False,
                                     "schema": {"type": "boolean"}}]
         operation["responses"]["200"] = {"description": "the output GeoTIFF (or PNG quicklook)", "content": {
-            "image/tiff": {"schema": {"type": "string", "format": "binary"}},
-            "image/png": {"schema": {"type": "string", "format": "binary"}}}}
+            "image/tiff": {"schema": BYTES}, "image/png": {"schema": BYTES}}}
 
 
-def _model_schema(model, components: Dict[str, Any]) -> Dict[str, Any]:
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    components.update(schema.pop("$defs", {}))  # nested models, shared by the routes
+def _event(chunk, components: Dict[str, Any]) -> Dict[str, Any]:
+    """One server-sent event of a stream of `chunk`s: unless it is the last, `[DONE]`, its data is JSON."""
+    json_data = {"contentMediaType": JSON, "contentSchema": {"anyOf": [
+        _component(chunk, components), _component(ErrorResponse, components)]}}
+    return {"type": "object", "required": ["data"], "properties": {"data": {
+        "type": "string", "if": {"const": "[DONE]"}, "else": json_data,
+        "description": f"a {chunk.__name__} as JSON; an ErrorResponse if the answer fails once streaming; "
+                       "[DONE] last"}}}
+
+
+def _inline(model, components: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's own schema, its nested models as components."""
+    schema = model.model_json_schema(ref_template=REF)
+    _add(schema.pop("$defs", {}), components)
     return schema
+
+
+def _component(model, components: Dict[str, Any]) -> Dict[str, Any]:
+    """A reference to the model, made a component with the models it nests."""
+    _add({model.__name__: _inline(model, components)}, components)
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _add(schemas: Dict[str, Any], components: Dict[str, Any]) -> None:
+    for name, schema in schemas.items():
+        if components.setdefault(name, schema) != schema:
+            raise ValueError(f"two models named {name} in the OpenAPI document: rename one")

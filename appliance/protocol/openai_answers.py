@@ -1,0 +1,177 @@
+"""OpenAI answer bodies as pydantic models: what `/v1/chat/completions` and `/v1/completions` answer
+(whole, or streamed chunk by chunk), what `/v1/models` answers, and every error. The server's OpenAPI
+document generates its answer schemas from them (serving/http/openapi.py) and the tests validate real
+answers with them (`/pooling`'s and `/tokenize`'s live beside their requests: pooling.py, tokenize.py).
+
+The answers themselves are plain dicts built by `openai_responses` and serialized as they are: no
+model is built per request (the HTTP process's time per request and per streamed token matters).
+So these models are the answers' description, held true by the tests: every field the server always
+sends is required (nullable where it sends null), a field it sends only sometimes has a default, and
+unknown fields are refused, so a drift either way fails a test. Names follow OpenAI's and vLLM's.
+"""
+from typing import Dict, List, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Annotated
+
+from appliance.protocol.openai_responses import ERROR_TYPES
+
+ANSWER = ConfigDict(extra="forbid", strict=True)
+
+Count = Annotated[int, Field(ge=0)]
+Byte = Annotated[int, Field(ge=0, le=255)]
+FinishReason = Optional[Literal["stop", "length"]]  # null until a choice's last chunk
+
+
+class Usage(BaseModel):
+    model_config = ANSWER
+    prompt_tokens: Count
+    completion_tokens: Count
+    total_tokens: Count
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+class ErrorInfo(BaseModel):
+    model_config = ANSWER
+    message: str = Field(description="what was wrong, naming the field, and how to fix it")
+    type: Literal[tuple(sorted(set(ERROR_TYPES.values())))]
+    param: Optional[str] = Field(description="the field at fault (a path such as messages.0.content), or null")
+    code: int = Field(description="the HTTP status")
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer; inside a stream that has started, the same object as one event's data."""
+    model_config = ANSWER
+    error: ErrorInfo
+
+
+# ---- chat completions --------------------------------------------------------------------------
+
+class ChatCompletionLogprob(BaseModel):
+    model_config = ANSWER
+    token: str
+    logprob: float
+    bytes: List[Byte] = Field(description="the token's text as UTF-8")
+
+
+class ChatCompletionTokenLogprob(ChatCompletionLogprob):
+    top_logprobs: List[ChatCompletionLogprob] = Field(description="the top_logprobs most likely tokens, most "
+                                                                  "likely first")
+
+
+class ChatCompletionLogprobs(BaseModel):
+    model_config = ANSWER
+    content: List[ChatCompletionTokenLogprob]
+
+
+class ChatCompletionMessage(BaseModel):
+    model_config = ANSWER
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatCompletionChoice(BaseModel):
+    model_config = ANSWER
+    index: Count
+    message: ChatCompletionMessage
+    logprobs: Optional[ChatCompletionLogprobs]
+    finish_reason: FinishReason
+
+
+class ChatCompletion(BaseModel):
+    model_config = ANSWER
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: List[ChatCompletionChoice] = Field(min_length=1, description="in index order")
+    usage: Usage
+
+
+class ChatCompletionDelta(BaseModel):
+    model_config = ANSWER
+    role: Optional[Literal["assistant"]] = Field(default=None, description="in each choice's first chunk only")
+    content: str
+
+
+class ChatCompletionChunkChoice(BaseModel):
+    model_config = ANSWER
+    index: Count
+    delta: ChatCompletionDelta
+    logprobs: Optional[ChatCompletionLogprobs]
+    finish_reason: FinishReason
+
+
+class ChatCompletionChunk(BaseModel):
+    """One event of a streamed chat completion: one choice's new text, or (the last, with
+    `stream_options.include_usage`) no choice and the usage."""
+    model_config = ANSWER
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: List[ChatCompletionChunkChoice] = Field(max_length=1)
+    usage: Optional[Usage] = Field(default=None, description="only with stream_options.include_usage: null, "
+                                                             "or the counts so far with continuous_usage_stats; "
+                                                             "always on the last chunk")
+
+
+# ---- completions -------------------------------------------------------------------------------
+
+class CompletionLogprobs(BaseModel):
+    """The legacy format, one entry per token; a prompt's first token (with `echo`) has null logprobs."""
+    model_config = ANSWER
+    tokens: List[str]
+    token_logprobs: List[Optional[float]]
+    top_logprobs: List[Optional[Dict[str, float]]] = Field(description="the top N and the sampled token")
+    text_offset: List[Count] = Field(description="where each token starts in the choice's text")
+
+
+class CompletionChoice(BaseModel):
+    model_config = ANSWER
+    index: Count
+    text: str
+    logprobs: Optional[CompletionLogprobs]
+    finish_reason: FinishReason
+
+
+class Completion(BaseModel):
+    model_config = ANSWER
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: List[CompletionChoice] = Field(min_length=1, description="in index order")
+    usage: Usage
+
+
+class CompletionChunk(BaseModel):
+    """One event of a streamed completion: one choice's new text, or (the last, with
+    `stream_options.include_usage`) no choice and the usage."""
+    model_config = ANSWER
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: List[CompletionChoice] = Field(max_length=1)
+    usage: Optional[Usage] = Field(default=None, description="only with stream_options.include_usage, as in "
+                                                             "a chat completion chunk")
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+class ModelCard(BaseModel):
+    model_config = ANSWER
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    parent: Optional[str]
+
+
+class ModelList(BaseModel):
+    model_config = ANSWER
+    object: Literal["list"]
+    data: List[ModelCard]
