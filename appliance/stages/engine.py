@@ -222,10 +222,14 @@ class EngineStage(Stage):
         results: Dict[str, Any] = {}
         for record in records:
             ids: List[str] = []
-            for answer in range(record.get("n") or 1):
-                ids.append(self.add_request(record["prompt"], record.get("sampling"), "prompt",
-                                            mm_ranges=record.get("mm_ranges"), mm_data=record.get("mm_data"),
-                                            answer=answer, sibling=ids[0] if ids else None))
+            try:
+                for answer in range(record.get("n") or 1):
+                    ids.append(self.add_request(record["prompt"], record.get("sampling"), "prompt",
+                                                mm_ranges=record.get("mm_ranges"), mm_data=record.get("mm_data"),
+                                                answer=answer, sibling=ids[0] if ids else None))
+            except InputError as e:  # the engine's own checks: name the request (a batch file's line)
+                where = record.get("where")
+                raise InputError(f"{where}: {e}" if where else str(e), param=e.param) from None
             pending.append((ids, record))
         progress = GenerateProgress(sum(len(ids) for ids, _ in pending))
         try:

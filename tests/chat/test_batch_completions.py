@@ -11,6 +11,7 @@ from appliance.config.compose import compose
 from appliance.stages.build import build_pipeline
 from tests.chat.conftest import batch_request, completion_request, write_jsonl
 from tests.chat.test_cli_e2e import LLAVA_TINY, llava_tiny
+from tests.conftest import assert_user_error, run_cli
 
 pytestmark = llava_tiny
 PROMPTS = ["The shape is", "What color is"]
@@ -106,3 +107,16 @@ def test_a_token_id_prompt_runs_as_given_and_echoes_as_its_text(bodies):
 def test_structured_output_gives_one_of_the_choices(bodies):
     (choice,) = bodies["choice"]["choices"]
     assert choice["text"] in ("yes", "no") and choice["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("body,fragments", [
+    ({"prompt": [1, 427, 427]}, ["line 2 (custom_id 'bad')", "prompt", "image tokens"]),  # the engine's check
+    ({"prompt": "x", "logit_bias": {"99999": 5}}, ["line 2 (custom_id 'bad')", "logit_bias", "vocabulary"]),
+    ({"prompt": ["x", [99999]]}, ["line 2", "body.prompt"]),
+])
+def test_a_line_the_model_refuses_fails_the_run_naming_it(tmp_path, body, fragments):
+    batch = write_jsonl(tmp_path / "requests.jsonl", [completion_request("ok", "Hi"),
+                                                      completion_request("bad", **body)])
+    result = run_cli("run", "pipeline=llava_chat", f"input={batch}", f"output={tmp_path / 'answers.jsonl'}")
+    assert_user_error(result, *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.jsonl"], "no output file"
