@@ -86,6 +86,8 @@ def parse_completion(body: Any, defaults: Optional[Dict[str, Any]] = None, at: s
     request = _common(parsed, "completion", defaults or {}, at, allow_stream)
     request.prompts, request.echo = parsed.prompts(), bool(parsed.echo)
     request.top_logprobs = parsed.logprobs
+    if request.echo and request.top_logprobs is not None:  # the prompt's tokens are answered with logprobs too
+        request.sampling["prompt_logprobs"] = request.top_logprobs
     return _with_logprobs(request)
 
 

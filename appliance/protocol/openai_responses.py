@@ -8,7 +8,7 @@ the engine reports `{token_id: logprob}` per output token (sampled token first, 
 """
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,19 @@ def prompt_token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Optional[
     """The engine's prompt logprobs (one entry per prompt token, the first None) -> `TokenLogprob`s."""
     first = [TokenLogprob(decode(token_ids[0]), None, ())] if logprobs and logprobs[0] is None else []
     return first + token_logprobs(token_ids[len(first):], logprobs[len(first):], top_n, decode)
+
+
+def echo_text(prompt: Union[str, Sequence[int]], detokenize: Callable[[Sequence[int]], str]) -> str:
+    """What each answer of an echoing completion starts with: a text prompt as sent, a token-id prompt as
+    its text (`detokenize`: the tokenizer's decode, special tokens skipped)."""
+    return prompt if isinstance(prompt, str) else detokenize(prompt)
+
+
+def with_echo(prompt_text: str, prompt_logprobs: Optional[List[TokenLogprob]], text: str,
+              logprobs: Optional[List[TokenLogprob]]) -> Tuple[str, Optional[List[TokenLogprob]]]:
+    """An echoing answer's text and logprobs (a stream: its first chunk's) with its prompt's in front; the
+    prompt's logprobs (`prompt_token_logprobs`) come when the answer asked logprobs."""
+    return prompt_text + text, None if logprobs is None else [*(prompt_logprobs or ()), *logprobs]
 
 
 def token_decoder(tokenizer) -> Callable[[int], str]:

@@ -47,9 +47,14 @@ def sampling_defaults(cfg) -> Dict[str, Any]:
 def answer_sampling(sampling: Dict[str, Any], answer: int) -> Dict[str, Any]:
     """The sampling of answer `answer` (0-based) of a request asking `n` answers to one prompt: a seed S
     becomes S + answer (as vLLM derives its child requests' seeds), so the answers differ from each other
-    and the same request gives the same n answers again. Without a seed each answer draws its own."""
+    and the same request gives the same n answers again. Without a seed each answer draws its own.
+    Only the first answer scores the prompt (`prompt_logprobs`): a scoring request takes no prefix-cache
+    hits, and its siblings share its computed prompt."""
+    if not answer:
+        return sampling
     seed = sampling.get("seed")
-    return sampling if seed is None or not answer else {**sampling, "seed": seed + answer}
+    sibling = {k: v for k, v in sampling.items() if k != "prompt_logprobs"}
+    return sibling if seed is None else {**sibling, "seed": seed + answer}
 
 
 def check_sampling(sampling: Dict[str, Any], where: str) -> None:
@@ -69,17 +74,24 @@ def model_tokenizer(stage: Stage):
     return stage.shared.get("tokenizer", load)
 
 
+def model_text_config(stage: Stage):
+    """The language model's config (transformers' text config of the checkpoint), read once per pipeline."""
+    def load():
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(stage.cfg.model.path).get_text_config()
+
+    return stage.shared.get("text_config", load)
+
+
 def model_context(stage: Stage) -> int:
     """Tokens a sequence may hold (prompt and answer): `engine.max_model_len` checked against the model by
     the engine's own rule; ConfigError when it exceeds the model's limit."""
     def compute():
-        from transformers import AutoConfig
-
         from appliance.engine.llm_engine import max_model_len
 
-        text_config = AutoConfig.from_pretrained(stage.cfg.model.path).get_text_config()
         try:
-            return max_model_len(text_config, stage.cfg.engine.get("max_model_len"))
+            return max_model_len(model_text_config(stage), stage.cfg.engine.get("max_model_len"))
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
@@ -117,6 +129,20 @@ def check_text_fits(text: str, longest: int, limit: int, where: str, param: Opti
     if at_least >= limit:
         raise InputError(f"{where}: the prompt is {len(text)} characters, at least {at_least} tokens; the "
                          f"model's context is {limit} tokens; shorten it", param=param)
+
+
+def prompt_token_ids(stage: Stage, prompt: Union[str, List[int]], field: str) -> List[int]:
+    """A completion's prompt, text or token ids, as the token ids the engine runs: a text is encoded by
+    the pipeline's tokenizer with its special tokens (BOS for Llama-family tokenizers, as vLLM does), after
+    `check_text_fits` refused one too long to fit; token ids are taken as given, inside the vocabulary."""
+    if isinstance(prompt, str):
+        check_text_fits(prompt, model_longest_token(stage), model_context(stage), field, param=field)
+        return list(model_tokenizer(stage).encode(prompt))
+    vocab_size = model_text_config(stage).vocab_size
+    bad = [t for t in prompt if t >= vocab_size]
+    if bad:
+        raise InputError(f"{field}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})", param=field)
+    return prompt
 
 
 class GenerateProgress:
@@ -196,10 +222,14 @@ class EngineStage(Stage):
         results: Dict[str, Any] = {}
         for record in records:
             ids: List[str] = []
-            for answer in range(record.get("n") or 1):
-                ids.append(self.add_request(record["prompt"], record.get("sampling"), "prompt",
-                                            mm_ranges=record.get("mm_ranges"), mm_data=record.get("mm_data"),
-                                            answer=answer, sibling=ids[0] if ids else None))
+            try:
+                for answer in range(record.get("n") or 1):
+                    ids.append(self.add_request(record["prompt"], record.get("sampling"), "prompt",
+                                                mm_ranges=record.get("mm_ranges"), mm_data=record.get("mm_data"),
+                                                answer=answer, sibling=ids[0] if ids else None))
+            except InputError as e:  # the engine's own checks: name the request (a batch file's line)
+                where = record.get("where")
+                raise InputError(f"{where}: {e}" if where else str(e), param=e.param) from None
             pending.append((ids, record))
         progress = GenerateProgress(sum(len(ids) for ids, _ in pending))
         try:
@@ -234,17 +264,8 @@ class EngineStage(Stage):
             raise InputError(str(e) if named else f"{field}: {e}", param=named or field) from None
 
     def prompt_ids(self, prompt: Union[str, List[int]], field: str = "prompt") -> List[int]:
-        """A text or token-id prompt as token ids: a text too long to fit is refused before it is
-        tokenized (`check_text_fits`), ids outside the vocabulary are refused."""
-        if isinstance(prompt, str):
-            check_text_fits(prompt, model_longest_token(self), self.engine.max_model_len, field, param=field)
-            return list(self.engine.tokenizer.encode(prompt))
-        vocab_size = self.engine.hf_config.get_text_config().vocab_size
-        bad = [t for t in prompt if t >= vocab_size]
-        if bad:
-            raise InputError(f"{field}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
-                             param=field)
-        return prompt
+        """`prompt_token_ids` (the server's completions; offline, `chat_prompt` calls it)."""
+        return prompt_token_ids(self, prompt, field)
 
     def check_fits(self, prompt_tokens: int, max_tokens: Optional[int], field: str) -> None:
         """`check_fits` against this engine's context, naming `field`."""

@@ -130,6 +130,10 @@ def batch_request(custom_id, content, **body):
             "body": {"model": "m", "messages": [{"role": "user", "content": content}], **body}}
 
 
+def completion_request(custom_id, prompt, **body):
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": {"prompt": prompt, **body}}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread():
     with one_torch_thread():

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from tests.chat.conftest import (batch_request, clear_samples, names_only, synthetic_shapes, text_overrides,
-                                 write_jsonl)
+from tests.chat.conftest import (batch_request, clear_samples, completion_request, names_only, synthetic_shapes,
+                                 text_overrides, write_jsonl)
 from tests.conftest import REPO, assert_user_error, run_cli
 
 LLAVA_TINY = REPO / "appliance" / "assets" / "models" / "llava_tiny"
@@ -67,6 +67,38 @@ def test_batch_file_text_only(text_llama_dir, tmp_path):
         engine.close()
 
 
+def test_batch_file_completion_lines(text_llama_dir, tmp_path):
+    """`/v1/completions` lines beside a chat line: the raw prompt runs (no chat template; a text with BOS,
+    as the server encodes it, token ids as given), answering as the engine does for the same ids."""
+    lines = [completion_request("text", "Hello there", max_tokens=5, temperature=0),
+             batch_request("chat", "Hi", max_tokens=2),
+             completion_request("ids", [[1, 40, 41], [1, 42]], max_tokens=3, temperature=0)]
+    out = tmp_path / "answers.jsonl"
+    result = _chat(*_overrides(text_llama_dir, f"input={write_jsonl(tmp_path / 'requests.jsonl', lines)}",
+                               f"output={out}"))
+    assert result.returncode == 0, result.stderr
+    bodies = [json.loads(line)["response"]["body"] for line in out.read_text().splitlines()]
+    assert [b["object"] for b in bodies] == ["text_completion", "chat.completion", "text_completion"]
+
+    from transformers import AutoTokenizer
+
+    from appliance.config.schema import EngineConfig
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+
+    text_ids = AutoTokenizer.from_pretrained(text_llama_dir)("Hello there")["input_ids"]
+    engine = LLMEngine(text_llama_dir, EngineConfig(num_kv_blocks=64))
+    try:
+        for body, prompts, max_tokens in ((bodies[0], [text_ids], 5), (bodies[2], [[1, 40, 41], [1, 42]], 3)):
+            expected = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
+            assert [c["text"] for c in body["choices"]] == [e.text for e in expected]
+            assert [c["index"] for c in body["choices"]] == list(range(len(prompts)))
+            assert body["usage"]["prompt_tokens"] == sum(map(len, prompts))
+            assert body["usage"]["completion_tokens"] == sum(len(e.token_ids) for e in expected)
+    finally:
+        engine.close()
+
+
 def test_single_text_prompt_prints_the_answer(text_llama_dir):
     result = _chat(*_overrides(text_llama_dir, "prompt=Hello", "pipeline.stages.engine.sampling.max_tokens=4"))
     assert result.returncode == 0, result.stderr
@@ -78,6 +110,9 @@ def test_single_text_prompt_prints_the_answer(text_llama_dir):
      ["line 2", "body.best_of", "unknown"]),
     ('{"custom_id": "a", "url": "/v1/embeddings", "body": {"messages": []}}', ["line 2", "url"]),
     ("{oops", ["line 2", "not valid JSON"]),
+    ('{"custom_id": "a", "url": "/v1/completions", "body": {"prompt": 5}}', ["line 2", "body.prompt"]),
+    ('{"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x", "logprobs": 30}}',
+     ["line 2", "body.logprobs"]),
 ])
 def test_bad_line_fails_before_any_work(text_llama_dir, tmp_path, line, fragments):
     batch = write_jsonl(tmp_path / "requests.jsonl", [batch_request("ok", "Hi"), line])

@@ -6,7 +6,7 @@ import pytest
 
 from appliance.errors import InputError
 from appliance.stages.chat.requests import parse_batch_line, plan_run, read_batch_file
-from tests.chat.conftest import batch_request, write_jsonl
+from tests.chat.conftest import batch_request, completion_request, write_jsonl
 
 GOOD = [
     ("text only, no sampling", batch_request("a", "Hi"), {}),
@@ -33,6 +33,24 @@ def test_good_lines(label, line, sampling):
     assert request.messages == line["body"]["messages"]
 
 
+def test_completion_lines_are_parsed_as_the_server_parses_them():
+    request = parse_batch_line(json.dumps(completion_request("c", ["The", "A"], n=2, echo=True, logprobs=1,
+                                                             max_tokens=3, seed=4, logit_bias={"5": -100})), 2)
+    assert request.messages is None and request.prompts == ["The", "A"] and request.echo
+    assert (request.n, request.top_logprobs, request.line) == (2, 1, 2)
+    assert request.sampling == {"max_tokens": 3, "seed": 4, "logit_bias": {5: -100}, "logprobs": 1,
+                                "prompt_logprobs": 1}, "echo with logprobs scores the prompt, as on the server"
+    ids = parse_batch_line(json.dumps(completion_request("d", [1, 20, 30])), 3)
+    assert ids.prompts == [[1, 20, 30]] and not ids.echo and ids.top_logprobs is None
+
+
+def test_a_file_may_mix_chat_and_completion_lines(tmp_path):
+    path = write_jsonl(tmp_path / "r.jsonl", [batch_request("a", "Hi"), completion_request("b", "Hello")])
+    chat, completion = read_batch_file(str(path))
+    assert chat.prompts is None and chat.messages == [{"role": "user", "content": "Hi"}]
+    assert completion.prompts == ["Hello"] and completion.messages is None
+
+
 def _with(body=None, **top):
     line = batch_request("r", "Hi")
     line["body"].update(body or {})
@@ -45,7 +63,19 @@ BAD = [
     ("not an object", "[1, 2]", ["line 4", "expected a JSON object"]),
     ("unknown top-level field", _with(extra=1), ["line 4", "extra: unknown field"]),
     ("missing custom_id", json.dumps({"body": {"messages": []}}), ["line 4", "custom_id: required"]),
-    ("wrong url", _with(url="/v1/completions"), ["line 4", "url", "/v1/chat/completions"]),
+    ("wrong url", _with(url="/v1/embeddings"), ["line 4", "url: '/v1/embeddings'; allowed: /v1/chat/completions, "
+                                                  "/v1/completions"]),
+    ("chat body on the completions url", _with(url="/v1/completions"), ["line 4", "body.prompt: required"]),
+    ("completion without a body", json.dumps({"custom_id": "a", "url": "/v1/completions"}),
+     ["line 4", "body: required", "prompt"]),
+    ("empty prompt", json.dumps(completion_request("a", "")), ["line 4", "body.prompt", "non-empty"]),
+    ("texts and token ids mixed", json.dumps(completion_request("a", ["x", [1, 2]])), ["line 4", "body.prompt"]),
+    ("logprobs past 20", json.dumps(completion_request("a", "x", logprobs=21)), ["line 4", "body.logprobs"]),
+    ("bad logit_bias key", json.dumps(completion_request("a", "x", logit_bias={"a": 1})),
+     ["line 4", "body.logit_bias"]),
+    ("bad structured output", json.dumps(completion_request("a", "x", structured_outputs={"choice": []})),
+     ["line 4", "body.structured_outputs.choice"]),
+    ("stream a completion", json.dumps(completion_request("a", "x", stream=True)), ["line 4", "body.stream"]),
     ("wrong method", _with(method="GET"), ["line 4", "method", "POST"]),
     ("missing body", json.dumps({"custom_id": "a", "url": "/v1/chat/completions"}), ["line 4", "body: required"]),
     ("missing messages", json.dumps({"custom_id": "a", "body": {"model": "m"}}), ["line 4", "body.messages: required"]),

@@ -17,7 +17,8 @@ def _stage():
 def _record(i, count, output_path, text="The shape is red.", model_name="m"):
     completion = RequestOutput(request_id=str(i), prompt_token_ids=[1] * (10 + i), text=text,
                                token_ids=[5, 6, 7], finished=True, finish_reason="stop")
-    return {"choices": [completion], "custom_id": f"req-{i}", "model_name": model_name,
+    return {"choices": [completion], "completion_prompt": None, "echo": False, "prompt_number": 0, "prompt_count": 1,
+            "custom_id": f"req-{i}", "model_name": model_name,
             "output_path": output_path, "request_index": i, "request_count": count}
 
 

@@ -62,7 +62,8 @@ def test_completion_prompts_are_normalised_to_a_list(prompt, prompts):
 def test_completion_fields():
     request = parse_completion(completion(n=2, best_of=2, echo=True, logprobs=0, suffix=""))
     assert (request.kind, request.n, request.echo, request.top_logprobs) == ("completion", 2, True, 0)
-    assert request.sampling == {"logprobs": 0}
+    assert request.sampling == {"logprobs": 0, "prompt_logprobs": 0}, "echo with logprobs: the prompt is scored"
+    assert parse_completion(completion(logprobs=2)).sampling == {"logprobs": 2}
     assert parse_completion(completion(n=4, best_of=1)).n == 4
     assert parse_completion(completion()).echo is False
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.chat.conftest import batch_request, write_jsonl
+from tests.chat.conftest import batch_request, completion_request, write_jsonl
 from tests.conftest import run_cli
 from tests.servers import data_url, error, image_question, metrics, wait_idle
 
@@ -193,6 +193,41 @@ def test_the_batch_verb_answers_n_as_the_server(client, tmp_path):
     assert [c["message"]["content"] for c in offline["choices"]] == [c.message.content for c in online.choices]
     assert len({c.message.content for c in online.choices}) > 1, "the answers sample differently"
     assert offline["usage"] == online.usage.model_dump(exclude_none=True)
+
+
+def test_the_batch_verb_answers_completions_as_the_server(client, tmp_path):
+    """Completion lines (prompts x n with echo and logprobs; logprobs 0; structured output) get the bodies
+    the server answers: the same choices, texts and usage, token logprobs within 1e-4."""
+    bodies = [{"prompt": ["The shape is", "What color is"], "n": 2, "echo": True, "logprobs": 1, "max_tokens": 5,
+               "temperature": 0},
+              {"prompt": [[1, 50, 60, 70]], "logprobs": 0, "max_tokens": 4, "temperature": 0},
+              {"prompt": "Is it red?", "max_tokens": 5, "extra_body": {"structured_outputs": {"choice": ["yes", "no"]}}}]
+    lines = [completion_request(f"c{i}", **{k: v for k, v in body.items() if k != "extra_body"},
+                                **body.get("extra_body", {})) for i, body in enumerate(bodies)]
+    batch = write_jsonl(tmp_path / "requests.jsonl", lines)
+    result = run_cli("run", "pipeline=llava_chat", f"input={batch}", f"output={tmp_path / 'answers.jsonl'}")
+    assert result.returncode == 0, result.stderr
+    offline = [json.loads(line)["response"]["body"] for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    for mine, body in zip(offline, bodies):
+        answer = complete(client, **body)
+        online = answer.model_dump()
+        assert mine["object"] == online["object"] == "text_completion"
+        assert mine["usage"] == answer.usage.model_dump(exclude_none=True)
+        assert [(c["index"], c["text"], c["finish_reason"]) for c in mine["choices"]] == \
+            [(c["index"], c["text"], c["finish_reason"]) for c in online["choices"]]
+        for served, offline_choice in zip(online["choices"], mine["choices"]):
+            if served["logprobs"] is None:
+                assert offline_choice["logprobs"] is None
+                continue
+            served, logprobs = served["logprobs"], offline_choice["logprobs"]
+            assert logprobs["tokens"] == served["tokens"] and logprobs["text_offset"] == served["text_offset"]
+            assert [v is None for v in logprobs["token_logprobs"]] == [v is None for v in served["token_logprobs"]]
+            assert [v for v in logprobs["token_logprobs"] if v is not None] == \
+                pytest.approx([v for v in served["token_logprobs"] if v is not None], abs=1e-4)
+    echoed = offline[0]["choices"]
+    assert [c["index"] for c in echoed] == [0, 1, 2, 3] and echoed[0]["text"].startswith("The shape is")
+    assert echoed[0]["logprobs"]["token_logprobs"][0] is None
+    assert offline[2]["choices"][0]["text"] in ("yes", "no")
 
 
 def test_more_than_1024_answers_in_one_request_are_refused(llava_server):

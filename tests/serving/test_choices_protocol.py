@@ -5,7 +5,7 @@ import pytest
 from appliance.errors import InputError
 from appliance.protocol.openai_requests import parse_chat, parse_completion
 from appliance.protocol.openai_responses import Choice, TokenLogprob, answer_logprobs, chat_completion, \
-    completion_logprobs, prompt_token_logprobs, text_completion
+    completion_logprobs, echo_text, prompt_token_logprobs, text_completion, with_echo
 from appliance.stages.engine import answer_sampling
 
 PROMPTS = [
@@ -59,6 +59,22 @@ def test_answer_i_samples_with_seed_plus_i(sampling, answer, seed):
     given = dict(sampling)
     assert answer_sampling(sampling, answer).get("seed") == seed
     assert sampling == given, "the request's own sampling is untouched"
+
+
+def test_only_the_first_answer_scores_the_prompt():
+    sampling = {"prompt_logprobs": 1, "logprobs": 1, "seed": 3}
+    assert answer_sampling(sampling, 0) == sampling
+    assert answer_sampling(sampling, 2) == {"logprobs": 1, "seed": 5}, "its siblings share the computed prompt"
+
+
+def test_echo_puts_the_prompt_in_front_of_the_text_and_the_logprobs():
+    detokenize = {(1, 5): "The"}.__getitem__
+    assert echo_text("The shape", detokenize) == "The shape"
+    assert echo_text([1, 5], lambda ids: detokenize(tuple(ids))) == "The", "token ids echo as their text"
+    prompt = [TokenLogprob("<s>", None, ()), TokenLogprob(" The", -2.0, ())]
+    answer = [TokenLogprob(" red", -0.5, ())]
+    assert with_echo("The", prompt, " red", answer) == ("The red", prompt + answer)
+    assert with_echo("The", None, " red", None) == ("The red", None), "no logprobs asked: none"
 
 
 def test_legacy_logprobs_hold_the_sampled_token_and_a_prompt_starts_with_null():

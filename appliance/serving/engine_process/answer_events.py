@@ -5,7 +5,7 @@ as the protocol answers them.
 """
 from typing import Any, Callable, List, Optional
 
-from appliance.protocol.openai_responses import TokenLogprob, answer_logprobs, prompt_token_logprobs
+from appliance.protocol.openai_responses import TokenLogprob, answer_logprobs, prompt_token_logprobs, with_echo
 from appliance.serving.engine_process.sessions import Answer, Session
 from appliance.serving.messages import Tokens
 
@@ -53,8 +53,7 @@ class AnswerEvents:
         """One answer's Tokens event; its first starts with the prompt when the request echoes."""
         if session.request.echo and not answer.echoed:
             answer.echoed = True
-            text = session.echo_texts[answer.prompt] + text
-            if logprobs is not None:
-                logprobs = session.echo_logprobs[answer.prompt] + logprobs
+            text, logprobs = with_echo(session.echo_texts[answer.prompt], session.echo_logprobs.get(answer.prompt),
+                                       text, logprobs)
         self.emit(uid, Tokens(text, session.prompt_tokens, session.completion_tokens, logprobs, finish_reason,
                               answer.index, final))

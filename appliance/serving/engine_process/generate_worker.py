@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
 from appliance.pipeline import Pipeline
-from appliance.protocol.openai_responses import token_decoder
+from appliance.protocol.openai_responses import echo_text, token_decoder
 from appliance.serving.engine_process.answer_events import AnswerEvents
 from appliance.serving.engine_process.records import ChatRecord, as_record
 from appliance.serving.engine_process.request_metrics import RequestMetrics
@@ -140,10 +140,8 @@ class GenerateWorker(Worker):
         except InputError as e:  # the engine's own checks (cache too small, image tokens, token ids, ...)
             self.fail(uid, Failed(400, str(e), e.param))  # aborts the answers added already
             return
-        if session.request.echo:  # a token-id prompt echoes as its text
-            decode = self.engine.tokenizer.decode
-            session.echo_texts = [p if isinstance(p, str) else decode(ids, skip_special_tokens=True)
-                                  for p, (ids, _) in zip(session.request.prompts, prompts)]
+        if session.request.echo:
+            session.echo_texts = [echo_text(p, self._detokenize) for p in session.request.prompts]
         prompt_tokens = sum(len(prompt) for prompt, _ in prompts)
         session.in_engine, session.prompt_tokens, session.unfinished = True, prompt_tokens, len(session.answers)
         self.unstarted[uid] = session
@@ -153,6 +151,9 @@ class GenerateWorker(Worker):
         self.observe.admitted(session, max_tokens, max(len(prompt) for prompt, _ in prompts))
         self.emit(uid, Admitted(prompt_tokens))
 
+    def _detokenize(self, ids: List[int]) -> str:
+        return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+
     def on_tokenized(self, uid: str, result: Dict[str, Any]) -> None:
         if self.tokenizing.forget(uid):
             self.emit(uid, Done(result))
@@ -161,16 +162,12 @@ class GenerateWorker(Worker):
         """n engine requests per prompt: its first answer, then the others as its siblings."""
         request = session.request
         field = "messages" if request.kind == "chat" else "prompt"
-        # echo with logprobs: each prompt's first answer scores the prompt for all of them
-        scored = {**request.sampling, "prompt_logprobs": request.top_logprobs} \
-            if request.echo and request.top_logprobs is not None else request.sampling
         for number, (prompt, mm_data) in enumerate(prompts):
             first = None
-            for answer in range(request.n):
+            for answer in range(request.n):  # echo with logprobs: the first answer scores the prompt for all
                 index = number * request.n + answer
-                rid = self.stage.add_request(prompt, scored if first is None else request.sampling, field,
-                                             request_id=engine_id(uid, index), mm_data=mm_data, answer=answer,
-                                             sibling=first)
+                rid = self.stage.add_request(prompt, request.sampling, field, request_id=engine_id(uid, index),
+                                             mm_data=mm_data, answer=answer, sibling=first)
                 session.answers[rid] = Answer(index, number)
                 first = first or rid
 

@@ -13,6 +13,10 @@ A text-only checkpoint (no `model.vision_language`) works too; images are then r
 
 A record may carry `rendering` (a `ChatRendering`): the server's `/tokenize` sets the template's
 options there and turns the context check off (it counts a prompt, it does not run it).
+
+A record may carry `completion_prompt` instead of messages (a batch file's `/v1/completions` line, one
+record per prompt): no template; a text is encoded with the pipeline's tokenizer, BOS included, and token
+ids are taken as given (`prompt_token_ids`, what the server's `/v1/completions` runs), then checked to fit.
 """
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -25,7 +29,7 @@ from appliance.stages.chat.images import ImageSide
 from appliance.stages.chat.template import (ChatRendering, check_image_tokens, encode_rendered,
                                             expand_placeholders, render_text, template_messages)
 from appliance.stages.engine import (check_fits, check_text_fits, model_context, model_longest_token,
-                                     model_tokenizer)
+                                     model_tokenizer, prompt_token_ids)
 
 
 CHAT_COMPLETION = ChatRendering()  # how a chat completion's prompt is made (frozen)
@@ -114,6 +118,8 @@ class ChatPrompt(Stage):
     def _submit(self, record: Record, images: "ImageJobs") -> Tuple[List[int], List[Future]]:
         """Render the text now; queue the images."""
         where = record["where"]
+        if record.get("completion_prompt") is not None:
+            return self._completion_ids(record), []
         parts = self.options.content_format == "parts" or (self.options.content_format == "auto" and self.multimodal)
         messages, urls = template_messages(record["messages"], parts)
         if urls and self.images is None:
@@ -133,6 +139,13 @@ class ChatPrompt(Stage):
                    for url, field in urls]
         return ids, futures
 
+    def _completion_ids(self, record: Record) -> List[int]:
+        """A completion's prompt as token ids, checked to fit; errors name it (`prompt[1]` of several)."""
+        field = "prompt" if record["prompt_count"] == 1 else f"prompt[{record['prompt_number']}]"
+        ids = prompt_token_ids(self, record["completion_prompt"], at(record["where"], field))
+        check_fits(len(ids), self.max_len, at(record["where"], field), "shorten it")
+        return ids
+
     def _done(self, record: Record, ids: List[int], futures: List[Future]) -> Record:
         """The record with its prompt, once its images are ready."""
         items = [future.result() for future in futures]
@@ -140,7 +153,7 @@ class ChatPrompt(Stage):
             ids, offsets = expand_placeholders(ids, self.images.vl.image_token_id, [i.num_tokens for i in items])
             for item, offset in zip(items, offsets):
                 item.offset = offset
-        if (record.get("rendering") or CHAT_COMPLETION).fit_context:
+        if (record.get("rendering") or CHAT_COMPLETION).fit_context and record.get("completion_prompt") is None:
             check_length(len(ids), items, self.max_len, record["where"])
         return {**record, "prompt": ids, "mm_data": items or None, "mm_ranges": mm_ranges(items) or None}
 

@@ -5,7 +5,12 @@ Inputs (`appliance run pipeline=llava_chat ...`):
     may also be an http(s) or data: URL);
   - `prompt="..."` alone: one text-only request;
   - `input=requests.jsonl output=answers.jsonl`: one request per line in the OpenAI batch format
-    `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {"messages", ...}}`.
+    `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {"messages", ...}}`, or
+    `"url": "/v1/completions"` with `"body": {"prompt", ...}` (a text or token ids, or a list of them);
+    a file may mix both. A body is parsed as the server parses it (appliance/protocol/openai_requests.py).
+A completion request gives one record per prompt (`completion_prompt`: the prompt as sent; no messages),
+`chat_prompt` turns it into token ids as the server does, and `chat_responses` answers the request's
+records as one `text_completion`.
 Local image paths are allowed only inside `server.allowed_local_media_dir`, or, when that is unset, inside
 the input file's directory. Every line is parsed and checked before the first record leaves this stage,
 so a bad line 900 fails the run before any model loads; errors name the line and the field.
@@ -14,26 +19,29 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.protocol.openai_requests import parse_chat
+from appliance.protocol.openai_requests import parse_chat, parse_completion
 from appliance.stages.engine import sampling_defaults
 from appliance.vision.image_load import is_remote_image
 
-BATCH_URL = "/v1/chat/completions"
+CHAT_URL, COMPLETION_URL = "/v1/chat/completions", "/v1/completions"
+PARSERS = {CHAT_URL: parse_chat, COMPLETION_URL: parse_completion}  # a batch line's url -> its body's parser
 
 
 @dataclass
 class ChatRequest:
     custom_id: str
-    messages: List[Dict[str, Any]]  # OpenAI messages, validated (content: str or list of parts)
+    messages: Optional[List[Dict[str, Any]]]  # chat: OpenAI messages, validated (content: str or list of parts)
     sampling: Dict[str, Any]        # SamplingParams fields the request sets
     model: Optional[str] = None     # body.model, echoed in the response
     line: Optional[int] = None      # 1-based line of the batch file, None for a single prompt
     top_logprobs: Optional[int] = None  # logprobs asked for: the sampled token's plus the top N
-    n: int = 1                      # answers asked for
+    n: int = 1                      # answers asked for (per prompt)
+    prompts: Optional[List[Union[str, List[int]]]] = None  # completion: its prompts, texts or token ids
+    echo: bool = False              # completion: each answer starts with its prompt
 
     def where(self, source: str) -> str:
         """How errors name this request: `requests.jsonl line 3 (custom_id 'a')` or `input`."""
@@ -52,7 +60,8 @@ def parse_batch_line(text: str, line: int, defaults: Optional[Dict[str, Any]] = 
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{at}: not valid JSON ({e.msg} at column {e.colno}); each line is one request "
-                         '{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}') from None
+                         '{"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", '
+                         '"body": {...}}') from None
     if not isinstance(obj, dict):
         raise InputError(f"{at}: expected a JSON object, got {type(obj).__name__}")
     unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})
@@ -63,14 +72,16 @@ def parse_batch_line(text: str, line: int, defaults: Optional[Dict[str, Any]] = 
         raise InputError(f"{at}: custom_id: required, a non-empty string")
     if obj.get("method", "POST") != "POST":
         raise InputError(f"{at}: method: {obj.get('method')!r}; allowed: POST")
-    if obj.get("url", BATCH_URL) != BATCH_URL:
-        raise InputError(f"{at}: url: {obj.get('url')!r}; allowed: {BATCH_URL}")
+    url = obj.get("url", CHAT_URL)
+    if url not in PARSERS:
+        raise InputError(f"{at}: url: {url!r}; allowed: {', '.join(PARSERS)}")
     body = obj.get("body")
     if not isinstance(body, dict):
-        raise InputError(f"{at}: body: required, an object with messages (a chat completion request)")
-    request = parse_chat(body, defaults, at=f"{at}: body", allow_stream=False)
+        what = "messages (a chat completion request)" if url == CHAT_URL else "prompt (a completion request)"
+        raise InputError(f"{at}: body: required, an object with {what}")
+    request = PARSERS[url](body, defaults, at=f"{at}: body", allow_stream=False)
     return ChatRequest(custom_id, request.messages, request.sampling, request.model, line, request.top_logprobs,
-                       request.n)
+                       request.n, request.prompts if url == COMPLETION_URL else None, request.echo)
 
 
 # ---- the whole run -------------------------------------------------------------------------------
@@ -159,16 +170,19 @@ def plan_run(record: Record, media_dir: Optional[str], defaults: Optional[Dict[s
 
 @register_stage
 class ChatRequests(Stage):
-    """One record per request: messages, sampling, top_logprobs, n, custom_id, model_name, where (how
-    errors name it), media_dir (local paths allowed under it), output_path (batch only), request_index,
-    request_count.
+    """One record per chat request, one per prompt of a completion request: messages (None for a
+    completion), completion_prompt (the prompt as sent; None for a chat), echo, prompt_number,
+    prompt_count (the request's prompts: 1 for a chat), sampling, top_logprobs, n, custom_id, model_name,
+    where (how errors name it), media_dir (local paths allowed under it), output_path (batch only),
+    request_index, request_count.
 
     Offline only: the server takes requests from HTTP bodies (appliance/serving) instead."""
 
     name = "chat_requests"
     consumes = ("input", "output", "prompt")
-    produces = ("messages", "sampling", "top_logprobs", "n", "custom_id", "model_name", "where", "media_dir",
-                "output_path", "request_index", "request_count")
+    produces = ("messages", "completion_prompt", "echo", "prompt_number", "prompt_count", "sampling",
+                "top_logprobs", "n", "custom_id", "model_name", "where", "media_dir", "output_path",
+                "request_index", "request_count")
     online = False
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
@@ -176,7 +190,11 @@ class ChatRequests(Stage):
             requests, output, allowed, source = plan_run(record, self.cfg.server.allowed_local_media_dir,
                                                          sampling_defaults(self.cfg))
             for index, request in enumerate(requests):
-                yield {"messages": request.messages, "sampling": request.sampling,
-                       "top_logprobs": request.top_logprobs, "n": request.n, "custom_id": request.custom_id,
-                       "model_name": request.model, "where": request.where(source), "media_dir": allowed,
-                       "output_path": output, "request_index": index, "request_count": len(requests)}
+                common = {"messages": request.messages, "echo": request.echo, "sampling": request.sampling,
+                          "top_logprobs": request.top_logprobs, "n": request.n, "custom_id": request.custom_id,
+                          "model_name": request.model, "where": request.where(source), "media_dir": allowed,
+                          "output_path": output, "request_index": index, "request_count": len(requests)}
+                prompts = request.prompts if request.prompts is not None else [None]
+                for number, prompt in enumerate(prompts):
+                    yield {**common, "completion_prompt": prompt, "prompt_number": number,
+                           "prompt_count": len(prompts)}

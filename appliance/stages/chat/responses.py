@@ -5,10 +5,15 @@ usually starts with a space) and `response` = the chat.completion object. A batc
 collects its `request_count` answers and writes one line per request, in input order:
 
     {"id": "batch_req_...", "custom_id": ..., "response": {"status_code": 200, "request_id": "req_...",
-     "body": <chat.completion>}, "error": null}
+     "body": <chat.completion or text_completion>}, "error": null}
 
 to a temp file in the output directory, renamed over `output_path` only once every line is written
 (`write_atomic`), so a failed run never leaves a half-written file; `display` = "wrote N answers to ...".
+
+A completion request's records (one per prompt, in order) make one text_completion, shaped as the
+server's `/v1/completions` answers: choice p * n + j is prompt p's answer j, with the prompt in front
+when it echoes (its scored tokens, from its first answer, in front of the logprobs), usage counting each
+prompt once.
 """
 import json
 import os
@@ -17,7 +22,9 @@ from typing import Any, Dict, Iterable, Iterator, List
 
 from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.protocol.openai_responses import Choice, answer_logprobs, chat_completion, new_id, token_decoder, usage
+from appliance.protocol.openai_responses import (Choice, answer_logprobs, chat_completion, echo_text, new_id,
+                                                 prompt_token_logprobs, text_completion, token_decoder, usage,
+                                                 with_echo)
 from appliance.stages.engine import model_tokenizer
 
 
@@ -46,7 +53,8 @@ class ChatResponses(Stage):
     protocol functions (appliance/protocol/openai_responses.py)."""
 
     name = "chat_responses"
-    consumes = ("choices", "custom_id", "model_name", "output_path", "request_index", "request_count")
+    consumes = ("choices", "completion_prompt", "echo", "prompt_number", "prompt_count", "custom_id", "model_name",
+                "output_path", "request_index", "request_count")
     produces = ("display", "response")
     online = False
 
@@ -57,8 +65,14 @@ class ChatResponses(Stage):
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         batches: Dict[str, List[Dict[str, Any]]] = {}
         created = int(time.time())
+        prompts: List[Record] = []  # the records of the request being collected, one per prompt
         for record in records:
-            body = self._completion(record, created)
+            prompts.append(record)
+            if record["prompt_number"] < record["prompt_count"] - 1:
+                continue
+            body = self._completion(record, created) if record["completion_prompt"] is None \
+                else self._text_completion(prompts, created)
+            prompts = []
             path = record.get("output_path")
             if not path:
                 answer = body["choices"][0]["message"]["content"]
@@ -69,8 +83,8 @@ class ChatResponses(Stage):
             if len(lines) == record["request_count"]:
                 count = write_atomic(path, batches.pop(path))
                 yield {"output_path": path, "display": f"wrote {count} answers to {path}"}
-        if batches:  # the stream ended early (an upstream error): nothing is written
-            raise RuntimeError(f"chat_responses: incomplete batches for {', '.join(batches)}")
+        if batches or prompts:  # the stream ended early (an upstream error): nothing is written
+            raise RuntimeError(f"chat_responses: incomplete batches for {', '.join(batches) or 'a request'}")
 
     def _completion(self, record: Record, created: int) -> Dict[str, Any]:
         """The chat.completion of the record's answers: usage counts the prompt once, every answer's tokens."""
@@ -81,6 +95,29 @@ class ChatResponses(Stage):
                    for index, out in enumerate(outs)]
         return chat_completion(new_id("chatcmpl"), record.get("model_name") or self.cfg.model.name, created, choices,
                                usage(len(outs[0].prompt_token_ids), sum(len(out.token_ids) for out in outs)))
+
+    def _text_completion(self, prompts: List[Record], created: int) -> Dict[str, Any]:
+        """The text_completion of a completion request's records (one per prompt, in order)."""
+        first = prompts[0]
+        top_n, choices = first["top_logprobs"], []
+        for number, record in enumerate(prompts):
+            outs = record["choices"]
+            echo = echo_text(record["completion_prompt"], self._detokenize) if first["echo"] else None
+            scored = outs[0].prompt_logprobs  # asked for with echo and logprobs, of the first answer only
+            echo_logprobs = prompt_token_logprobs(outs[0].prompt_token_ids, scored, top_n, self._decode) \
+                if scored is not None else None
+            for answer, out in enumerate(outs):
+                text, logprobs = out.text, answer_logprobs(out.token_ids, out.logprobs, top_n, self._decode)
+                if echo is not None:
+                    text, logprobs = with_echo(echo, echo_logprobs, text, logprobs)
+                choices.append(Choice(number * first["n"] + answer, text, out.finish_reason, logprobs))
+        prompt_tokens = sum(len(record["choices"][0].prompt_token_ids) for record in prompts)
+        completion_tokens = sum(len(out.token_ids) for record in prompts for out in record["choices"])
+        return text_completion(new_id("cmpl"), first.get("model_name") or self.cfg.model.name, created, choices,
+                               usage(prompt_tokens, completion_tokens))
+
+    def _detokenize(self, token_ids: List[int]) -> str:
+        return model_tokenizer(self).decode(token_ids, skip_special_tokens=True)
 
     def _decode(self, token_id: int) -> str:
         if self.decode is None:  # made on the first token asked for: a run without logprobs needs none
