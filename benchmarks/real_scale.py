@@ -6,9 +6,10 @@ built once into a directory, then measured against transformers on the same file
     .venv/bin/python benchmarks/real_scale.py DIR --quick          # 8 decode tokens, 8 streams, 1024² scene
     .venv/bin/python benchmarks/real_scale.py DIR --startup-only   # time to ready and peak RSS only
     .venv/bin/python benchmarks/real_scale.py DIR --shape tiny     # the same at toy shapes (a smoke run)
-    .venv/bin/python benchmarks/real_scale.py DIR --runs ours --decode-only --quantization none,int8
-                      # one stream's decode after a short text prompt, bf16 weights against int8, with
-                      # the int8 run's logprob drift (hosts too slow for image prefills at 7B)
+    .venv/bin/python benchmarks/real_scale.py DIR --runs ours,served --decode-only --quantization none,int8
+                      # text prompts only (hosts too slow for image prefills at 7B): one stream's decode
+                      # and 8 streams' tok/s, in one process and served, bf16 weights against int8, with
+                      # the int8 run's logprob drift
 
 Built (skipped when DIR/<shape>/BUILT exists):
 - `llava/`: llava-hf's LLaVA-1.5-7B config and checkpoint key layout (transformers 4.x names:
@@ -313,21 +314,31 @@ def child_ours(root: Path, args) -> dict:
     return out
 
 
+def text_prompt(number: int) -> list:
+    """The decode-only runs' prompts: 32 tokens, distinct per stream (no prefix shared beyond BOS)."""
+    return WARMUP_IDS + [100 + 24 * number + i for i in range(24)]
+
+
 def decode_only(engine, tokens: int) -> dict:
-    """One stream after a short text prompt: decode ms/token, and the greedy tokens' logprobs (for the
-    drift of one run against another), peak RSS."""
+    """Text prompts only: one stream's decode ms/token and the greedy tokens' logprobs (for the drift of
+    one run against another), then 8 streams at once (tok/s), peak RSS."""
     from appliance.engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=0)
-    prompt = WARMUP_IDS + list(range(100, 124))
     start, times = time.perf_counter(), []
-    rid = engine.add_request(prompt, params)
+    rid = engine.add_request(text_prompt(0), params)
     final = None
     while engine.has_unfinished():
         for o in engine.step():
             times += [time.perf_counter() - start] * len(o.new_token_ids)
             final = o if o.request_id == rid else final
+    start, produced = time.perf_counter(), 0
+    for number in range(1, 9):
+        engine.add_request(text_prompt(number), SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+    while engine.has_unfinished():
+        produced += sum(len(o.new_token_ids) for o in engine.step())
     return {"ttft_s": times[0], "decode_ms": 1000 * (times[-1] - times[0]) / (len(times) - 1),
+            "tok_s_8": produced / (time.perf_counter() - start),
             "token_ids": final.token_ids, "logprobs": [lp[t] for t, lp in zip(final.token_ids, final.logprobs)],
             "rss_gib": peak_rss_gib()}
 
@@ -419,7 +430,8 @@ def served(root: Path, args) -> dict:
 
     from serve import Server
 
-    overrides = ["pipeline=llava_chat", "model=llava_1_5_7b", f"model.path={root / 'llava'}"]
+    overrides = ["pipeline=llava_chat", "model=llava_1_5_7b", f"model.path={root / 'llava'}",
+                 f"engine.quantization={args.quantization}"]
     if args.dtype != "auto":
         overrides.append(f"engine.dtype={args.dtype}")
     env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
@@ -427,7 +439,9 @@ def served(root: Path, args) -> dict:
     try:
         with Server(*overrides, cwd=REPO, env=env, startup_s=1800) as server:
             out["ready_s"] = time.perf_counter() - start
-            if not args.startup_only:
+            if args.decode_only:
+                out.update(asyncio.run(drive_served_text(server.port, args)))
+            elif not args.startup_only:
                 out.update(asyncio.run(drive_served(server.port, args)))
             out["rss_gib"] = max(peak_rss_gib(pid) for pid in server.pids())
     except RuntimeError as e:  # it exited or never became ready
@@ -473,6 +487,36 @@ async def drive_served(port: int, args) -> dict:
     return out
 
 
+async def drive_served_text(port: int, args) -> dict:
+    """`decode_only` through the server: the same token-id prompts over `/v1/completions` (streaming)."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=3600)
+    tokens = 8 if args.quick else 32
+
+    async def one(number: int):
+        t0, arrivals, used = time.perf_counter(), [], 0
+        stream = await client.completions.create(
+            model="llava-1.5-7b", prompt=text_prompt(number), stream=True, max_tokens=tokens, temperature=0,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            if chunk.choices:
+                arrivals.append(time.perf_counter() - t0)
+            if chunk.usage:
+                used = chunk.usage.completion_tokens
+        return arrivals, used
+
+    arrivals, used = await one(0)
+    out = {"ttft_s": arrivals[0], "decode_ms": 1000 * (arrivals[-1] - arrivals[0]) / max(1, used - 1)}
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*[one(number) for number in range(1, 9)])
+    out["tok_s_8"] = sum(u for _, u in results) / (time.perf_counter() - t0)
+    await client.close()
+    return out
+
+
 # ---- the table -----------------------------------------------------------------------------------------
 
 def table(rows) -> str:
@@ -497,9 +541,9 @@ def main() -> None:
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--dtype", default="auto", help="engine.dtype for our runs (default: auto)")
     ap.add_argument("--quantization", default="none",
-                    help="engine.quantization for our in-process runs: none, int8, or both as none,int8")
+                    help="engine.quantization for our runs (ours, served): none, int8, or both as none,int8")
     ap.add_argument("--decode-only", action="store_true",
-                    help="ours: one stream's decode after a short text prompt, no image (and its logprobs)")
+                    help="ours, served: text prompts only: one stream's decode (and its logprobs), 8 streams")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
     ap.add_argument("--runs", default="ours,served,transformers,flood")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
@@ -517,13 +561,13 @@ def main() -> None:
     rows = []
     quantizations = args.quantization.split(",")
     for run in args.runs.split(","):
-        for quantization in quantizations if run == "ours" else ["none"]:
+        for quantization in quantizations if run in ("ours", "served") else ["none"]:
             started = time.perf_counter()
             args.quantization = quantization
             result = served(root, args) if run == "served" else run_child(run, root, args)
             short = {k: v for k, v in result.items() if k not in ("token_ids", "logprobs")}
             print(f"{run}: {json.dumps(short)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
-            rows.append((run, result))
+            rows.append((run + (" int8" if quantization == "int8" else ""), result))
     flags = " ".join(f for f in NATIVE_FLAGS if f in host.cpu_flags) or "none of " + " ".join(NATIVE_FLAGS)
     mode = (", quick" if args.quick else "") + (", start-up only" if args.startup_only else "")
     print(f"\nreal_scale ({args.shape}{mode}); "
