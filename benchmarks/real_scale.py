@@ -367,11 +367,15 @@ def child_transformers(root: Path, args) -> dict:
     if args.startup_only:
         out["rss_gib"] = peak_rss_gib()
         return out
-    processor = AutoProcessor.from_pretrained(path)
-    text = processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}], add_generation_prompt=True)
-    inputs = processor(images=images(1, 100)[0], text=text, return_tensors="pt")
     tokens = 8 if args.quick else 32
+    if args.decode_only:  # ours' one-stream prompt (text_prompt(0)), greedy, no image
+        inputs = {"input_ids": torch.tensor([text_prompt(0)]), "attention_mask": torch.ones(1, len(text_prompt(0)),
+                                                                                               dtype=torch.long)}
+    else:
+        processor = AutoProcessor.from_pretrained(path)
+        text = processor.apply_chat_template([{"role": "user", "content": [
+            {"type": "image"}, {"type": "text", "text": QUESTION}]}], add_generation_prompt=True)
+        inputs = processor(images=images(1, 100)[0], text=text, return_tensors="pt")
     with torch.inference_mode():
         t0 = time.perf_counter()
         model.generate(**inputs, max_new_tokens=1, min_new_tokens=1, do_sample=False)
@@ -543,7 +547,7 @@ def main() -> None:
     ap.add_argument("--quantization", default="none",
                     help="engine.quantization for our runs (ours, served): none, int8, or both as none,int8")
     ap.add_argument("--decode-only", action="store_true",
-                    help="ours, served: text prompts only: one stream's decode (and its logprobs), 8 streams")
+                    help="text prompts only: one stream's decode (ours: and its logprobs), 8 streams (ours, served)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
     ap.add_argument("--runs", default="ours,served,transformers,flood")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
