@@ -79,12 +79,16 @@ class ChatCompletionChoice(BaseModel):
     finish_reason: FinishReason
 
 
-class ChatCompletion(BaseModel):
+class Answer(BaseModel):
+    """What every completion answer and chunk starts with."""
     model_config = ANSWER
     id: str
-    object: Literal["chat.completion"]
     created: int
     model: str
+
+
+class ChatCompletion(Answer):
+    object: Literal["chat.completion"]
     choices: List[ChatCompletionChoice] = Field(min_length=1, description="in index order")
     usage: Usage
 
@@ -103,14 +107,10 @@ class ChatCompletionChunkChoice(BaseModel):
     finish_reason: FinishReason
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(Answer):
     """One event of a streamed chat completion: one choice's new text, or (the last, with
     `stream_options.include_usage`) no choice and the usage."""
-    model_config = ANSWER
-    id: str
     object: Literal["chat.completion.chunk"]
-    created: int
-    model: str
     choices: List[ChatCompletionChunkChoice] = Field(max_length=1)
     usage: Optional[Usage] = Field(default=None, description="only with stream_options.include_usage: null, "
                                                              "or the counts so far with continuous_usage_stats; "
@@ -136,24 +136,16 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReason
 
 
-class Completion(BaseModel):
-    model_config = ANSWER
-    id: str
+class Completion(Answer):
     object: Literal["text_completion"]
-    created: int
-    model: str
     choices: List[CompletionChoice] = Field(min_length=1, description="in index order")
     usage: Usage
 
 
-class CompletionChunk(BaseModel):
+class CompletionChunk(Answer):
     """One event of a streamed completion: one choice's new text, or (the last, with
     `stream_options.include_usage`) no choice and the usage."""
-    model_config = ANSWER
-    id: str
     object: Literal["text_completion"]
-    created: int
-    model: str
     choices: List[CompletionChoice] = Field(max_length=1)
     usage: Optional[Usage] = Field(default=None, description="only with stream_options.include_usage, as in "
                                                              "a chat completion chunk")
