@@ -1,5 +1,5 @@
 """Our AVX2 kernels for fp32 on CPU (csrc/): a GEMM on prepacked weights, paged decode attention reading
-K/V in place, and fused small ops (RMSNorm, rotary, KV-cache write, SwiGLU, argmax).
+K/V in place, an int8 weight-only GEMM for few rows (int8.py), and fused small ops (RMSNorm, rotary, KV-cache write, SwiGLU, argmax).
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -151,6 +151,12 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_cache: tor
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU of a [M, 2I]: silu(x[:, :I]) * x[:, I:]."""
     return ops().silu_mul(x)
+
+
+def linear_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x qᵀ · scale for x [M, K] fp32 (rows may be strided), q [N, K] int8 and scale [N] fp32, both
+    contiguous: an int8 weight-only GEMM for few rows (decode), each weight row read once for all M."""
+    return ops().linear_int8(x, q, scale)
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

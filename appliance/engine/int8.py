@@ -5,15 +5,20 @@ q in [-127, 127] and scale = max|w_row| / 127. Decoding reads the weights once p
 their bytes (against bf16) is what makes a memory-bound decode faster; the multiply is torch's
 `_weight_int8pack_mm` (int8 weights, bf16 activations on the CPU, per-row scales). Past a number of
 rows a step is compute-bound and a dense GEMM on weights converted tile by tile beats that kernel; how
-many rows, and the tiles' dtype, depend on the host (`Int8Plan.for_host`).
+many rows, and the tiles' dtype, depend on the host (`Int8Plan.for_host`). Where the engine runs our CPU
+kernels (engine.cpu_kernels), decode steps of up to `Int8Plan.cpu_kernel_rows` rows run on our AVX2 int8
+GEMM instead (cpu_kernels.linear_int8, fp32 activations), which reads each weight row once for all rows.
 """
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from appliance.engine import cpu_kernels
+
 TILE_ROWS = 1024  # weight rows converted at a time (a few MB: stays in cache)
 QUANT_CHUNK_ROWS = 256  # weight rows quantised at a time: their fp32 copy (~11 MB at 11008 wide) stays in cache
+CPU_KERNEL_ROWS = 32  # rows up to which our int8 GEMM was measured to beat torch's kernel (docs/engine.md)
 
 
 @dataclass(frozen=True)
@@ -24,14 +29,17 @@ class Int8Plan:
 
     kernel_rows: int
     tile_dtype: torch.dtype
+    cpu_kernel_rows: int = 0  # steps of up to this many rows run on our int8 GEMM (0: never; the engine's choice)
 
     @classmethod
-    def for_host(cls, native_bf16: bool) -> "Int8Plan":
+    def for_host(cls, native_bf16: bool, cpu_kernels: bool = False) -> "Int8Plan":
         """With bf16 matrix units (AMX), the kernel loses past a few rows (at 4096x11008: 1.3 ms for one
         row, 2.6x faster than bf16, but 18.6 ms for 32, 4.4x slower), and bf16 tiles ride the units.
         Without them bf16 is emulated: the kernel beats fp32 tiles up to ~200 rows (32 rows: 79 against
-        289 ms; 256: 771 against 687 ms, on an AVX2 EPYC), and fp32 tiles beat bf16 ones."""
-        return cls(16, torch.bfloat16) if native_bf16 else cls(192, torch.float32)
+        289 ms; 256: 771 against 687 ms, on an AVX2 EPYC), and fp32 tiles beat bf16 ones. `cpu_kernels`:
+        the engine runs our kernels, so small steps take our int8 GEMM."""
+        ours = CPU_KERNEL_ROWS if cpu_kernels else 0
+        return cls(16, torch.bfloat16, ours) if native_bf16 else cls(192, torch.float32, ours)
 
 
 class Int8Weight:
@@ -60,7 +68,10 @@ class Int8Weight:
         shape, dtype = x.shape, x.dtype
         x2 = x.reshape(-1, shape[-1])
         on_cpu = x.device.type == "cpu"
-        if x2.shape[0] <= self.plan.kernel_rows:
+        if on_cpu and x2.shape[0] <= self.plan.cpu_kernel_rows:
+            x32 = x2.float()  # [rows, K]: a few KB, converted here so the kernel reads fp32 alone
+            y = cpu_kernels.linear_int8(x32 if x32.stride(-1) == 1 else x32.contiguous(), self.q, self.scale)
+        elif x2.shape[0] <= self.plan.kernel_rows:
             compute = torch.bfloat16 if on_cpu else dtype
             y = torch.ops.aten._weight_int8pack_mm(x2.to(compute), self.q, self.scale.to(compute))
         else:

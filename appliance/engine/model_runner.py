@@ -71,7 +71,9 @@ class ModelRunner:
             problem = kernel_problem(self.device)
             if problem:
                 raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
-            plan = Int8Plan.for_host(Host.read().native_bf16)  # the kernel's reach follows the CPU's units
+            # The kernel's reach follows the CPU's units; our int8 GEMM takes any engine dtype (fp32 inside).
+            ours = bool(cfg.cpu_kernels) and self.device.type == "cpu" and cpu_kernels.available()
+            plan = Int8Plan.for_host(Host.read().native_bf16, cpu_kernels=ours)
             saved = quantize_int8(self.model, plan)
             log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
         if self.use_cpu_kernels:

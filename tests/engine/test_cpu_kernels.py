@@ -48,6 +48,25 @@ def test_packed_linear_refuses_what_it_cannot_run():
         cpu_kernels.linear(torch.randn(2, 9), packed)
 
 
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 16])  # one x row group of 4, a partial one, several
+@pytest.mark.parametrize("n, k", [(1, 8), (7, 13), (9, 40), (33, 77), (64, 4096)])  # odd N, K % 8 and % 16 tails
+def test_int8_linear_matches_the_dequantised_weight_in_float64(m, n, k):
+    torch.manual_seed(m * 1000 + n + k)
+    x, q = torch.randn(m, k), torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scale = torch.rand(n) * 0.01
+    expected = x.double() @ (q.double() * scale.double()[:, None]).t()
+    y = cpu_kernels.linear_int8(x, q, scale)
+    assert y.dtype == torch.float32
+    close(y.double(), expected, tol=1e-6 * k ** 0.5)
+
+
+def test_int8_linear_takes_strided_rows_and_no_rows():
+    q, scale = torch.randint(-127, 128, (5, 24), dtype=torch.int8), torch.rand(5)
+    rows = torch.randn(3, 40)[:, 8:32]  # row stride 40
+    close(cpu_kernels.linear_int8(rows, q, scale), rows @ (q.float() * scale[:, None]).t())
+    assert cpu_kernels.linear_int8(torch.randn(0, 24), q, scale).shape == (0, 5)
+
+
 def reference_decode(q, k_cache, v_cache, tables, lens, scale):
     out = []
     for i, n in enumerate(lens.tolist()):
@@ -211,6 +230,18 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
     (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8), cpu_kernels.PackedWeight(torch.randn(4, 8)).data, 17),
      ValueError, "out_features 17 does not fit"),
     (lambda: cpu_kernels.ops().pack_weight(torch.randn(4, 8), torch.empty(10)), ValueError, "contiguous 128-float buffer"),
+    (lambda: cpu_kernels.linear_int8(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(4, 8, dtype=torch.int8),
+                                     torch.ones(4)), ValueError, "x must be float32, got BFloat16"),
+    (lambda: cpu_kernels.linear_int8(torch.randn(2, 8), torch.ones(4, 8), torch.ones(4)),
+     ValueError, "q must be a contiguous 2-D int8"),
+    (lambda: cpu_kernels.linear_int8(torch.randn(2, 8), torch.ones(8, 4, dtype=torch.int8).t(), torch.ones(4)),
+     ValueError, "q must be a contiguous 2-D int8"),
+    (lambda: cpu_kernels.linear_int8(torch.randn(2, 9), torch.ones(4, 8, dtype=torch.int8), torch.ones(4)),
+     ValueError, r"int8 linear takes x \[M, 8\]"),
+    (lambda: cpu_kernels.linear_int8(torch.randn(2, 8), torch.ones(4, 8, dtype=torch.int8), torch.ones(3)),
+     ValueError, r"scale must be contiguous \[4\]"),
+    (lambda: cpu_kernels.linear_int8(torch.randn(2, 8), torch.ones(4, 8, dtype=torch.int8), torch.ones(4).half()),
+     ValueError, "scale must be float32"),
 ])
 def test_operators_check_their_arguments(call, error, message):
     with pytest.raises(error, match=message):
@@ -231,7 +262,7 @@ def test_checks_survive_python_O():
 
 def test_operators_are_registered_with_torch():
     names = {"pack_weight", "linear_packed", "paged_decode_attention", "rms_norm", "rotary_", "write_kv",
-             "silu_mul", "argmax_rows"}
+             "silu_mul", "argmax_rows", "linear_int8"}
     assert all(isinstance(getattr(torch.ops.appliance, n), torch._ops.OpOverloadPacket) for n in names)
     x = torch.randn(4, 9)
     assert torch.equal(torch.ops.appliance.argmax_rows(x), x.argmax(-1))

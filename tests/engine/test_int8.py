@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from appliance.engine import int8
+from appliance.engine import cpu_kernels, int8
 from appliance.engine.int8 import Int8Plan, Int8Weight, kernel_problem
 
 AMX, AVX2 = Int8Plan.for_host(native_bf16=True), Int8Plan.for_host(native_bf16=False)
@@ -57,6 +57,32 @@ def test_fp32_tiles_past_the_kernel_are_exact_to_fp32(monkeypatch):
     assert torch.allclose(w8.linear(x), x @ w8.dequantized().t(), rtol=1e-5, atol=1e-5)
 
 
+needs_our_kernels = pytest.mark.skipif(not cpu_kernels.available(),
+                                       reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def test_our_kernel_is_the_engines_choice():
+    assert AVX2.cpu_kernel_rows == AMX.cpu_kernel_rows == 0
+    assert Int8Plan.for_host(native_bf16=False, cpu_kernels=True).cpu_kernel_rows == int8.CPU_KERNEL_ROWS
+
+
+@needs_our_kernels
+@pytest.mark.parametrize("rows", [1, 3, int8.CPU_KERNEL_ROWS, int8.CPU_KERNEL_ROWS + 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_steps_run_on_our_kernel_in_fp32(rows, dtype, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cpu_kernels, "linear_int8", lambda *a: calls.append(a) or cpu_kernels.ops().linear_int8(*a))
+    torch.manual_seed(2)
+    weight, bias = torch.randn(37, 40) * 0.05, torch.randn(37)  # torch's kernel needs K % 8 == 0
+    w8 = Int8Weight(weight, Int8Plan.for_host(native_bf16=False, cpu_kernels=True))
+    x = torch.randn(rows, 40).to(dtype)
+    y = w8.linear(x, bias.to(dtype))
+    assert y.dtype == dtype and len(calls) == (rows <= int8.CPU_KERNEL_ROWS)
+    if calls and dtype == torch.float32:  # fp32 activations: exact to fp32 rounding, unlike torch's bf16 kernel
+        assert torch.allclose(y, x @ w8.dequantized().t() + bias, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(y.float(), x.float() @ w8.dequantized().t() + bias.to(dtype).float(), rtol=0.02, atol=0.02)
+
+
 def test_the_cpu_has_a_kernel_and_a_missing_one_is_named():
     assert kernel_problem(torch.device("cpu")) is None
 
@@ -95,3 +121,29 @@ def test_int8_is_refused_for_a_pool_engine():
 
     with pytest.raises(ConfigError, match="engine.quantization=int8 applies to a language model"):
         compose(["pipeline=prithvi_flood", "engine.quantization=int8"])
+
+
+@needs_our_kernels
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_our_int8_kernel_keeps_the_engines_greedy_tokens(llama_dir, dtype):
+    """int8 on our kernel (engine.cpu_kernels, the default) answers as int8 on torch's alone: the same
+    tokens in fp32; in bf16 the same first tokens (torch's kernel rounds activations to bf16, ours keeps
+    fp32, and a random model's near-ties later may fall either way)."""
+    from appliance.engine.config import EngineConfig
+    from appliance.engine.linear import ColumnParallelLinear
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+    from tests.engine.helpers import random_prompts
+
+    prompts = random_prompts(400, [5, 17, 30, 9], seed=32)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    answers = {}
+    for ours in (False, True):
+        engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, quantization="int8", dtype=dtype,
+                                                   cpu_kernels=ours))
+        layer = next(m for m in engine.executor.runner.model.modules() if isinstance(m, ColumnParallelLinear))
+        assert layer.quantized.plan.cpu_kernel_rows == (int8.CPU_KERNEL_ROWS if ours else 0)
+        answers[ours] = [a.token_ids for a in engine.generate(prompts, greedy)]
+    if dtype == "float32":
+        assert answers[True] == answers[False]
+    assert [a[0] for a in answers[True]] == [a[0] for a in answers[False]]

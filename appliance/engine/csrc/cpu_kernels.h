@@ -25,6 +25,8 @@ void write_kv_f32(const float* k, int64_t ldk, const float* v, int64_t ldv, cons
                   float* k_cache, float* v_cache, int64_t T, int64_t width);
 void silu_mul_f32(const float* x, float* out, int64_t M, int64_t I);
 void argmax_rows_f32(const float* x, int64_t M, int64_t N, int64_t* out);
+void linear_int8_f32(const float* x, int64_t ldx, const int8_t* q, const float* scale, float* y, int64_t ldy,
+                     int64_t M, int64_t N, int64_t K);
 
 #ifdef __cplusplus
 }

@@ -213,6 +213,24 @@ at::Tensor argmax_rows(const at::Tensor& x_in) {
   return out;
 }
 
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale) {
+  check_f32(x, "x", 2);
+  check_f32(scale, "scale", 1);
+  check_rows(x, "x");
+  TORCH_CHECK_VALUE(q.device().is_cpu() && q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(),
+                    "q must be a contiguous 2-D int8 CPU tensor, got ", q.scalar_type(), " ", q.sizes(), " on ",
+                    q.device());
+  const int64_t m = x.size(0), n = q.size(0), k = q.size(1);
+  TORCH_CHECK_VALUE(x.size(1) == k, "int8 linear takes x [M, ", k, "] for q ", q.sizes(), ", got x ", x.sizes());
+  TORCH_CHECK_VALUE(scale.size(0) == n && scale.is_contiguous(), "scale must be contiguous [", n,
+                    "] (one per row of q), got ", scale.sizes());
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m > 0 && n > 0)
+    linear_int8_f32(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k, q.const_data_ptr<int8_t>(),
+                    scale.const_data_ptr<float>(), y.mutable_data_ptr<float>(), n, m, n, k);
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(appliance, m) {
@@ -225,6 +243,7 @@ TORCH_LIBRARY(appliance, m) {
   m.def("write_kv(Tensor k, Tensor v, Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache) -> ()");
   m.def("silu_mul(Tensor x) -> Tensor");
   m.def("argmax_rows(Tensor x) -> Tensor");
+  m.def("linear_int8(Tensor x, Tensor q, Tensor scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(appliance, CPU, m) {
@@ -236,4 +255,5 @@ TORCH_LIBRARY_IMPL(appliance, CPU, m) {
   m.impl("write_kv", &write_kv);
   m.impl("silu_mul", &silu_mul);
   m.impl("argmax_rows", &argmax_rows);
+  m.impl("linear_int8", &linear_int8);
 }
