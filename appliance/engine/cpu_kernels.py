@@ -1,5 +1,6 @@
 """Our AVX2 kernels for fp32 on CPU (csrc/): a GEMM on prepacked weights, paged decode attention reading
-K/V in place, an int8 weight-only GEMM for few rows (int8.py), and fused small ops (RMSNorm, rotary, KV-cache write, SwiGLU, argmax).
+K/V in place, an int8 weight-only GEMM for few rows (int8.py), and fused small ops (RMSNorm, rotary,
+KV-cache write, SwiGLU, argmax).
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
