@@ -25,7 +25,8 @@ Built (skipped when DIR/<shape>/BUILT exists):
 Measured, each in its own process, one after another (never two 7B models in memory at once):
 - ours in one process: time to ready (`LLMEngine` built), a warm-up (an 8-token text prompt, one token
   out: every weight read once; transformers gets the same), TTFT of one image question, decode ms/token
-  of one stream, output tok/s with 8 and 32 image questions at once (distinct images), peak RSS;
+  of one stream, output tok/s with 8 and 32 image questions at once (distinct images: over the whole run,
+  and `decoding_tok_s` while all of them decode, no prefill in it), peak RSS;
 - ours served: `appliance serve` to /ready, then the same through the official `openai` client
   (streaming; tokens from the server's usage counts), peak RSS of the engine process;
 - transformers: `from_pretrained` (bf16) to ready, TTFT and decode of one image question via
@@ -309,9 +310,19 @@ def child_ours(root: Path, args) -> dict:
     for c in (8,) if args.quick else (8, 32):
         arrivals, wall = run([request(im) for im in images(c, 1000 * c)], tokens)
         out[f"tok_s_{c}"] = sum(map(len, arrivals.values())) / wall
+        out[f"decoding_tok_s_{c}"] = all_decoding_rate(list(arrivals.values()))
     out["rss_gib"] = peak_rss_gib()
     out["threads"] = torch.get_num_threads()
     return out
+
+
+def all_decoding_rate(arrivals: list) -> float:
+    """Output tok/s while every stream decodes (the batch's decode rate, no prefill in it): the tokens that
+    arrive after the last stream's first token, up to the first stream's last, over that time. None when
+    the streams never all decode at once (the KV cache holds fewer)."""
+    start, end = max(a[0] for a in arrivals), min(a[-1] for a in arrivals)
+    tokens = sum(1 for a in arrivals for t in a if start < t <= end)
+    return tokens / (end - start) if end > start and tokens else None
 
 
 def text_prompt(number: int) -> list:
@@ -487,6 +498,7 @@ async def drive_served(port: int, args) -> dict:
         t0 = time.perf_counter()
         results = await asyncio.gather(*[one(im) for im in images(c, 1000 * c)])
         out[f"tok_s_{c}"] = sum(u for _, u in results) / (time.perf_counter() - t0)
+        out[f"decoding_tok_s_{c}"] = all_decoding_rate([a for a, _ in results])
     await client.close()
     return out
 
@@ -524,7 +536,8 @@ async def drive_served_text(port: int, args) -> dict:
 # ---- the table -----------------------------------------------------------------------------------------
 
 def table(rows) -> str:
-    cols = ["ready_s", "warmup_s", "rss_ready_gib", "ttft_s", "decode_ms", "tok_s_8", "tok_s_32", "rss_gib", "tiles_s"]
+    cols = ["ready_s", "warmup_s", "rss_ready_gib", "ttft_s", "decode_ms", "tok_s_8", "decoding_tok_s_8", "tok_s_32",
+            "decoding_tok_s_32", "rss_gib", "tiles_s"]
     header = ["run", "dtype", *cols]
     lines = [[name, r.get("dtype", ""), *[_fmt(r.get(c)) for c in cols]] for name, r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]

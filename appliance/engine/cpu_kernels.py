@@ -160,6 +160,12 @@ def linear_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     return ops().linear_int8(x, q, scale)
 
 
+def linear_bf16w(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x wᵀ in fp32 for x [M, K] fp32 (rows may be strided) and w [N, K] bf16, contiguous: a bf16-weight
+    GEMM for few rows (decode), each weight row read once for all M and widened to fp32 in registers."""
+    return ops().linear_bf16w(x, w)
+
+
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(dim=-1) for a 2-D x (torch's CPU argmax is not vectorised: 1.2 ms for 32 x 32000)."""
     return ops().argmax_rows(x)

@@ -36,7 +36,7 @@ class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
     """Hidden states -> logits over the full vocab (shards gathered from all ranks)."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
+        if self.packed is not None or self.runs_bf16_kernel(hidden):
             logits = self.matmul(hidden)
         else:
             # W @ h^T, not h @ W^T: for the few rows of a decode step MKL streams the big weight about

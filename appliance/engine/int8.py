@@ -19,6 +19,9 @@ from appliance.engine import cpu_kernels
 TILE_ROWS = 1024  # weight rows converted at a time (a few MB: stays in cache)
 QUANT_CHUNK_ROWS = 256  # weight rows quantised at a time: their fp32 copy (~11 MB at 11008 wide) stays in cache
 CPU_KERNEL_ROWS = 32  # rows up to which our int8 GEMM was measured to beat torch's kernel (docs/engine.md)
+# torch's int8 kernel on AVX-512 CPUs (torch 2.13) reads past a row whose length is not a multiple of 16:
+# wrong sums for one row, a crash for more. Such weights take the tiles instead.
+TORCH_KERNEL_K_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Int8Weight:
         if on_cpu and x2.shape[0] <= self.plan.cpu_kernel_rows:
             x32 = x2.float()  # [rows, K]: a few KB, converted here so the kernel reads fp32 alone
             y = cpu_kernels.linear_int8(x32 if x32.stride(-1) == 1 else x32.contiguous(), self.q, self.scale)
-        elif x2.shape[0] <= self.plan.kernel_rows:
+        elif x2.shape[0] <= self.plan.kernel_rows and self.q.shape[1] % TORCH_KERNEL_K_MULTIPLE == 0:
             compute = torch.bfloat16 if on_cpu else dtype
             y = torch.ops.aten._weight_int8pack_mm(x2.to(compute), self.q, self.scale.to(compute))
         else:

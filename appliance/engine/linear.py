@@ -17,6 +17,13 @@ from appliance.engine.int8 import Int8Plan, Int8Weight
 from appliance.engine.parallel import ParallelState
 
 
+# Rows a step where our bf16-weight GEMM was measured to beat torch's (docs/engine.md, CPU kernels). With
+# bf16 units (oneDNN) torch wins from two rows on; without them torch multiplies bf16 at ~40 GFLOP/s (ours
+# 90-140 from 8 rows), but its one-row product streams the weight faster than ours.
+BF16_KERNEL_ROWS_NATIVE = range(1, 2)
+BF16_KERNEL_ROWS_EMULATED = range(2, 129)
+
+
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, model expects {tuple(param.shape)}")
@@ -28,6 +35,7 @@ class PackableLinear(nn.Module):
 
     packed: Optional[cpu_kernels.PackedWeight] = None
     quantized: Optional[Int8Weight] = None
+    bf16_kernel_rows: range = range(0)  # steps with these many rows run our bf16-weight GEMM (the engine's choice)
 
     def pack(self, out: Optional[torch.Tensor] = None, keep_weight: bool = False) -> None:
         self.packed = cpu_kernels.PackedWeight(self.weight.data, out)
@@ -41,9 +49,37 @@ class PackableLinear(nn.Module):
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.quantized is not None:
             return self.quantized.linear(x, bias)
-        if self.packed is None:
-            return F.linear(x, self.weight, bias)
-        return cpu_kernels.linear(x, self.packed, bias)
+        if self.packed is not None:
+            return cpu_kernels.linear(x, self.packed, bias)
+        if self.runs_bf16_kernel(x):
+            return bf16_weight_linear(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
+
+    def runs_bf16_kernel(self, x: torch.Tensor) -> bool:
+        return bool(self.bf16_kernel_rows) and x.numel() // x.shape[-1] in self.bf16_kernel_rows
+
+
+def bf16_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for a bf16 weight on our CPU kernel: the few rows of x widened to fp32
+    (a few KB), the weight widened in registers as it streams by; the result in x's dtype."""
+    shape = x.shape
+    y = cpu_kernels.linear_bf16w(x.reshape(-1, shape[-1]).float(), weight).to(x.dtype)
+    y = y.reshape(*shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
+
+def bf16_kernel_rows(native_bf16: bool) -> range:
+    """Rows a step where our bf16-weight GEMM beats torch's bf16 GEMM on a CPU with or without bf16 units."""
+    return BF16_KERNEL_ROWS_NATIVE if native_bf16 else BF16_KERNEL_ROWS_EMULATED
+
+
+def use_bf16_kernel(model: nn.Module, rows: range) -> None:
+    """Steps with `rows` rows multiply each bf16 weight of `model`'s linear layers (not packed, not
+    quantized) on our bf16-weight GEMM (the runner, once, for a bf16 engine running our CPU kernels)."""
+    for m in model.modules():
+        if isinstance(m, PackableLinear) and m.packed is None and m.quantized is None \
+                and m.weight.dtype == torch.bfloat16 and m.weight.is_contiguous():
+            m.bf16_kernel_rows = rows
 
 
 def pack_for_cpu(model: nn.Module) -> None:

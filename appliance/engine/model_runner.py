@@ -26,7 +26,7 @@ from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, kernel_problem
-from appliance.engine.linear import pack_for_cpu, quantize_int8
+from appliance.engine.linear import bf16_kernel_rows, pack_for_cpu, quantize_int8, use_bf16_kernel
 from appliance.engine.loader import iter_weights
 from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models import MODEL_REGISTRY, get_model_class
@@ -79,6 +79,8 @@ class ModelRunner:
         if self.use_cpu_kernels:
             pack_for_cpu(self.model)  # our GEMM
             cpu_kernels.use_in(self.model)  # the fused small ops and the KV write
+        elif self.device.type == "cpu" and self.dtype == torch.bfloat16 and cfg.cpu_kernels and cpu_kernels.available():
+            use_bf16_kernel(self.model, bf16_kernel_rows(Host.read().native_bf16))  # decode steps' GEMMs
         self.num_kv_blocks = self._allocate_kv_cache()
         self.sampler = Sampler(self.use_cpu_kernels)
         self.multimodal = isinstance(self.model, MultimodalCausalLM)

@@ -67,6 +67,23 @@ def test_int8_linear_takes_strided_rows_and_no_rows():
     assert cpu_kernels.linear_int8(torch.randn(0, 24), q, scale).shape == (0, 5)
 
 
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 16])
+@pytest.mark.parametrize("n, k", [(1, 8), (7, 13), (9, 40), (33, 77), (64, 4096)])
+def test_bf16_weight_linear_matches_the_weight_in_float64(m, n, k):
+    torch.manual_seed(m * 1000 + n + k)
+    x, w = torch.randn(m, k), torch.randn(n, k).to(torch.bfloat16)
+    y = cpu_kernels.linear_bf16w(x, w)
+    assert y.dtype == torch.float32
+    close(y.double(), x.double() @ w.double().t(), tol=1e-6 * k ** 0.5)
+
+
+def test_bf16_weight_linear_takes_strided_rows_and_no_rows():
+    w = torch.randn(5, 24).to(torch.bfloat16)
+    rows = torch.randn(3, 40)[:, 8:32]  # row stride 40
+    close(cpu_kernels.linear_bf16w(rows, w), rows @ w.float().t())
+    assert cpu_kernels.linear_bf16w(torch.randn(0, 24), w).shape == (0, 5)
+
+
 def reference_decode(q, k_cache, v_cache, tables, lens, scale):
     out = []
     for i, n in enumerate(lens.tolist()):
@@ -242,6 +259,13 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
      ValueError, r"scale must be contiguous \[4\]"),
     (lambda: cpu_kernels.linear_int8(torch.randn(2, 8), torch.ones(4, 8, dtype=torch.int8), torch.ones(4).half()),
      ValueError, "scale must be float32"),
+    (lambda: cpu_kernels.linear_bf16w(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(4, 8, dtype=torch.bfloat16)),
+     ValueError, "x must be float32, got BFloat16"),
+    (lambda: cpu_kernels.linear_bf16w(torch.randn(2, 8), torch.ones(4, 8)), ValueError, "w must be a contiguous 2-D bf16"),
+    (lambda: cpu_kernels.linear_bf16w(torch.randn(2, 8), torch.ones(8, 4, dtype=torch.bfloat16).t()),
+     ValueError, "w must be a contiguous 2-D bf16"),
+    (lambda: cpu_kernels.linear_bf16w(torch.randn(2, 9), torch.ones(4, 8, dtype=torch.bfloat16)),
+     ValueError, r"bf16 linear takes x \[M, 8\]"),
 ])
 def test_operators_check_their_arguments(call, error, message):
     with pytest.raises(error, match=message):
@@ -262,7 +286,7 @@ def test_checks_survive_python_O():
 
 def test_operators_are_registered_with_torch():
     names = {"pack_weight", "linear_packed", "paged_decode_attention", "rms_norm", "rotary_", "write_kv",
-             "silu_mul", "argmax_rows", "linear_int8"}
+             "silu_mul", "argmax_rows", "linear_int8", "linear_bf16w"}
     assert all(isinstance(getattr(torch.ops.appliance, n), torch._ops.OpOverloadPacket) for n in names)
     x = torch.randn(4, 9)
     assert torch.equal(torch.ops.appliance.argmax_rows(x), x.argmax(-1))

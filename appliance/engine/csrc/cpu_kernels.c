@@ -3,7 +3,8 @@
 //   memory bandwidth; this kernel is 1.4-3x faster there and on par or better at prefill sizes;
 // - paged decode attention reading K/V in place (torch must first gather a padded copy), from fp32 or
 //   bf16 caches;
-// - an int8 weight-only GEMM for few rows (int8 engines' decode), where torch's kernel is 1.4-1.6x slower;
+// - weight-only GEMMs for few rows on int8 or bf16 weights (decode), where torch's kernels are 1.4-1.6x
+//   slower (int8) or emulate bf16 on CPUs without bf16 units;
 // - small per-token ops fused (RMSNorm, rotary, KV-cache write, SwiGLU, argmax), because a decode
 //   step would otherwise pay torch's per-op overhead some 400 times.
 // Plain C with no argument checks: cpu_ops.cpp registers each as a torch operator and checks shapes,
@@ -209,102 +210,117 @@ static inline void prefetch_row(const char* row, int64_t bytes) {
 // table (no gathered copy). q, out: [B, Hq, D] contiguous fp32; caches: [num_blocks, block_size, Hk, D]
 // of `es`-byte elements read through `load`; block_tables: [B, width]; D % 8 == 0. Query heads
 // h*g .. h*g+g-1 share KV head h (GQA).
-// A task is one sequence and a range of KV heads: all heads when there are sequences enough to keep
-// the threads busy. Both passes walk a block token by token, all of the task's heads at once, so each
-// block (contiguous in memory) is read front to back. Returns 0, or -1 if scratch memory ran out (the
-// output is then incomplete).
-static inline __attribute__((always_inline)) int paged_decode_attention(const float* q, const char* k_cache,
+// A task is one sequence and a range of `heads` KV heads: all heads when there are sequences enough to
+// keep the threads busy (decode_heads_per_task). Both passes walk a block token by token, all of the
+// task's heads at once, so each block (contiguous in memory) is read front to back. Returns 0, or -1 if
+// scratch memory ran out (that task's output is then missing). Called inside each kernel's own parallel
+// loop with a constant loader, so that it is inlined (as few_rows_pair below).
+static inline __attribute__((always_inline)) int decode_task(const float* q, const char* k_cache,
         const char* v_cache, int64_t es, load8_t load, const int64_t* block_tables, int64_t width,
-        const int64_t* context_lens, float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D,
-        int64_t block_size, float scale) {
+        const int64_t* context_lens, float* out, int64_t Hq, int64_t Hk, int64_t D, int64_t block_size,
+        float scale, int64_t heads, int64_t task) {
     int64_t g = Hq / Hk, stride = Hk * D;  // stride: elements between consecutive tokens
-    int64_t heads = B >= 2 * omp_get_max_threads() ? Hk : 1, chunks = Hk / heads;
-    int failed = 0;
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t task = 0; task < B * chunks; task++) {
-        int64_t b = task / chunks, h0 = task % chunks * heads, L = context_lens[b];
-        int64_t rows = heads * g;  // query heads h0*g .. h0*g+rows-1; row r reads KV head h0 + r/g
-        const int64_t* table = block_tables + b * width;
-        const float* qb = q + (b * Hq + h0 * g) * D;
-        float* ob = out + (b * Hq + h0 * g) * D;
-        float* scores = malloc(sizeof(float) * rows * L);  // [rows][L]
-        int64_t* row = malloc(sizeof(int64_t) * L);  // byte offset of token p's K/V (at head h0) in a cache
-        if (scores == NULL || row == NULL) {  // no exit from an OpenMP loop: flag it, skip the task
-            free(scores);
-            free(row);
-            #pragma omp atomic write
-            failed = 1;
-            continue;
-        }
-        for (int64_t p = 0; p < L; p++)
-            row[p] = ((table[p / block_size] * block_size + p % block_size) * stride + h0 * D) * es;
-        int64_t head_bytes = heads * D * es;  // what the task reads of a token
-        int64_t kv_head = D * es;  // bytes between a token's KV heads
-        // Pass 1: scaled scores. Rows are read in order: each block front to back, the same token of
-        // the next block prefetched meanwhile.
-        for (int64_t p = 0; p < L; p++) {
-            const char* kt = k_cache + row[p];
-            if (p + block_size < L) prefetch_row(k_cache + row[p + block_size], head_bytes);
-            float* s = scores + p;
-            int64_t r = 0;
-            for (; r + 4 <= rows; r += 4) {
-                float v[4];
-                __m128 d4 = dot4(qb + r * D, kt + r / g * kv_head, qb + (r + 1) * D, kt + (r + 1) / g * kv_head,
-                                 qb + (r + 2) * D, kt + (r + 2) / g * kv_head, qb + (r + 3) * D,
-                                 kt + (r + 3) / g * kv_head, D, es, load);
-                _mm_storeu_ps(v, _mm_mul_ps(d4, _mm_set1_ps(scale)));
-                for (int j = 0; j < 4; j++) s[(r + j) * L] = v[j];
-            }
-            for (; r < rows; r++) s[r * L] = dot(qb + r * D, kt + r / g * kv_head, D, es, load) * scale;
-        }
-        // Softmax per row (max subtracted); the normalisation is applied to the output at the end.
-        for (int64_t r = 0; r < rows; r++) {
-            float* s = scores + r * L;
-            float mx = -INFINITY;
-            for (int64_t p = 0; p < L; p++) mx = s[p] > mx ? s[p] : mx;
-            int64_t p = 0;
-            for (; p + 8 <= L; p += 8)
-                _mm256_storeu_ps(s + p, exp256(_mm256_sub_ps(_mm256_loadu_ps(s + p), _mm256_set1_ps(mx))));
-            for (; p < L; p++) s[p] = expf(s[p] - mx);
-            for (int64_t d = 0; d < D; d++) ob[r * D + d] = 0.f;
-        }
-        // Pass 2: weighted sum of V rows, in the same order (the output rows stay in L1).
-        for (int64_t p = 0; p < L; p++) {
-            const char* vt = v_cache + row[p];
-            if (p + block_size < L) prefetch_row(v_cache + row[p + block_size], head_bytes);
-            for (int64_t r = 0; r < rows; r++) {
-                __m256 pv = _mm256_set1_ps(scores[r * L + p]);
-                const char* vr = vt + r / g * kv_head;
-                float* o = ob + r * D;
-                for (int64_t d = 0; d < D; d += 8)
-                    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, load(vr + d * es), _mm256_loadu_ps(o + d)));
-            }
-        }
-        for (int64_t r = 0; r < rows; r++) {
-            float sum = 0.f;
-            for (int64_t p = 0; p < L; p++) sum += scores[r * L + p];
-            for (int64_t d = 0; d < D; d++) ob[r * D + d] /= sum;
-        }
-        free(row);
+    int64_t chunks = Hk / heads;
+    int64_t b = task / chunks, h0 = task % chunks * heads, L = context_lens[b];
+    int64_t rows = heads * g;  // query heads h0*g .. h0*g+rows-1; row r reads KV head h0 + r/g
+    const int64_t* table = block_tables + b * width;
+    const float* qb = q + (b * Hq + h0 * g) * D;
+    float* ob = out + (b * Hq + h0 * g) * D;
+    float* scores = malloc(sizeof(float) * rows * L);  // [rows][L]
+    int64_t* row = malloc(sizeof(int64_t) * L);  // byte offset of token p's K/V (at head h0) in a cache
+    if (scores == NULL || row == NULL) {  // the caller's parallel loop flags it and goes on
         free(scores);
+        free(row);
+        return -1;
     }
-    return failed ? -1 : 0;
+    for (int64_t p = 0; p < L; p++)
+        row[p] = ((table[p / block_size] * block_size + p % block_size) * stride + h0 * D) * es;
+    int64_t head_bytes = heads * D * es;  // what the task reads of a token
+    int64_t kv_head = D * es;  // bytes between a token's KV heads
+    // Pass 1: scaled scores. Rows are read in order: each block front to back, the same token of
+    // the next block prefetched meanwhile.
+    for (int64_t p = 0; p < L; p++) {
+        const char* kt = k_cache + row[p];
+        if (p + block_size < L) prefetch_row(k_cache + row[p + block_size], head_bytes);
+        float* s = scores + p;
+        int64_t r = 0;
+        for (; r + 4 <= rows; r += 4) {
+            float v[4];
+            __m128 d4 = dot4(qb + r * D, kt + r / g * kv_head, qb + (r + 1) * D, kt + (r + 1) / g * kv_head,
+                             qb + (r + 2) * D, kt + (r + 2) / g * kv_head, qb + (r + 3) * D,
+                             kt + (r + 3) / g * kv_head, D, es, load);
+            _mm_storeu_ps(v, _mm_mul_ps(d4, _mm_set1_ps(scale)));
+            for (int j = 0; j < 4; j++) s[(r + j) * L] = v[j];
+        }
+        for (; r < rows; r++) s[r * L] = dot(qb + r * D, kt + r / g * kv_head, D, es, load) * scale;
+    }
+    // Softmax per row (max subtracted); the normalisation is applied to the output at the end.
+    for (int64_t r = 0; r < rows; r++) {
+        float* s = scores + r * L;
+        float mx = -INFINITY;
+        for (int64_t p = 0; p < L; p++) mx = s[p] > mx ? s[p] : mx;
+        int64_t p = 0;
+        for (; p + 8 <= L; p += 8)
+            _mm256_storeu_ps(s + p, exp256(_mm256_sub_ps(_mm256_loadu_ps(s + p), _mm256_set1_ps(mx))));
+        for (; p < L; p++) s[p] = expf(s[p] - mx);
+        for (int64_t d = 0; d < D; d++) ob[r * D + d] = 0.f;
+    }
+    // Pass 2: weighted sum of V rows, in the same order (the output rows stay in L1).
+    for (int64_t p = 0; p < L; p++) {
+        const char* vt = v_cache + row[p];
+        if (p + block_size < L) prefetch_row(v_cache + row[p + block_size], head_bytes);
+        for (int64_t r = 0; r < rows; r++) {
+            __m256 pv = _mm256_set1_ps(scores[r * L + p]);
+            const char* vr = vt + r / g * kv_head;
+            float* o = ob + r * D;
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(pv, load(vr + d * es), _mm256_loadu_ps(o + d)));
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float sum = 0.f;
+        for (int64_t p = 0; p < L; p++) sum += scores[r * L + p];
+        for (int64_t d = 0; d < D; d++) ob[r * D + d] /= sum;
+    }
+    free(row);
+    free(scores);
+    return 0;
+}
+
+static inline int64_t decode_heads_per_task(int64_t B, int64_t Hk) {
+    return B >= 2 * omp_get_max_threads() ? Hk : 1;
 }
 
 int paged_decode_attention_f32(const float* q, const float* k_cache, const float* v_cache,
                                const int64_t* block_tables, int64_t width, const int64_t* context_lens,
                                float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D,
                                int64_t block_size, float scale) {
-    return paged_decode_attention(q, (const char*)k_cache, (const char*)v_cache, sizeof(float), load8_f32,
-                                  block_tables, width, context_lens, out, B, Hq, Hk, D, block_size, scale);
+    const int64_t heads = decode_heads_per_task(B, Hk);
+    int failed = 0;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * (Hk / heads); task++)
+        if (decode_task(q, (const char*)k_cache, (const char*)v_cache, sizeof(float), load8_f32, block_tables,
+                        width, context_lens, out, Hq, Hk, D, block_size, scale, heads, task)) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+    return failed ? -1 : 0;
 }
 
 int paged_decode_attention_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
                                 const int64_t* block_tables, int64_t width, const int64_t* context_lens,
                                 float* out, int64_t B, int64_t Hq, int64_t Hk, int64_t D,
                                 int64_t block_size, float scale) {
-    return paged_decode_attention(q, (const char*)k_cache, (const char*)v_cache, sizeof(uint16_t), load8_bf16,
-                                  block_tables, width, context_lens, out, B, Hq, Hk, D, block_size, scale);
+    const int64_t heads = decode_heads_per_task(B, Hk);
+    int failed = 0;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * (Hk / heads); task++)
+        if (decode_task(q, (const char*)k_cache, (const char*)v_cache, sizeof(uint16_t), load8_bf16, block_tables,
+                        width, context_lens, out, Hq, Hk, D, block_size, scale, heads, task)) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+    return failed ? -1 : 0;
 }
 
 // ---- Small per-token ops, fused so that a decode step does not pay torch's per-op overhead ~400 times.
@@ -397,88 +413,119 @@ void argmax_rows_f32(const float* x, int64_t M, int64_t N, int64_t* out) {
     }
 }
 
-// int8 weight-only GEMM for few rows (decode): y[m][n] = scale[n] * sum_k x[m][k] * q[n][k], q int8 [N, K]
-// row-major with one fp32 scale per output row. torch's _weight_int8pack_mm runs below the memory roofline
-// on AVX2 hosts past one row; here each pair of weight rows is read from memory once for all M rows: groups
-// of up to 4 x rows meet it while it sits in L1. A tile is 2 weight rows x mr x rows, 16 k at a time.
-#define Q8_MR 4
+// Weight-only GEMMs for few rows (decode), on weights stored narrower than fp32: int8 rows with one fp32
+// scale each (y[m][n] = scale[n] * sum_k x[m][k] * q[n][k]), or bf16 rows (scale 1). A decode step is
+// bound by reading the weights; torch's kernels for these types run below the memory roofline past one
+// row (int8) or, on CPUs without bf16 units, emulate bf16 at a few GFLOP/s. Here each pair of weight rows
+// is read from memory once for all M rows: groups of up to 4 x rows meet it while it sits in L1, each
+// weight widened to fp32 in registers. A tile is 2 weight rows x mr x rows, 16 k at a time. The tile is
+// written once over a weight loader and element size, like the attention kernel above.
+#define FEW_MR 4
+
+typedef float (*load1_t)(const char* p);
+
+// Eight int8 weights as fp32.
+static inline __m256 load8_i8(const char* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+
+static inline float load1_i8(const char* p) { return (float)*(const int8_t*)p; }
+
+static inline float load1_bf16(const char* p) {
+    uint32_t bits = (uint32_t)(*(const uint16_t*)p) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 // x[i][k+off:k+off+8] against weight vectors wa, wb into accumulators ca, cb.
-#define Q8_FMA(i, off, wa, wb, ca, cb)                          \
+#define FEW_FMA(i, off, wa, wb, ca, cb)                         \
     {                                                          \
         __m256 a = _mm256_loadu_ps(x##i + k + off);            \
         ca = _mm256_fmadd_ps(a, wa, ca);                       \
         cb = _mm256_fmadd_ps(a, wb, cb);                       \
     }
 
-// Eight int8 weights as fp32.
-static inline __m256 q8_load(const int8_t* q) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)q)));
-}
-
-// y[i][0], y[i][ldy_n] = the dot products of x rows 0..mr-1 with weight rows q0, q1, scaled. Inlined with a
-// constant mr, so each row count gets only its accumulators. With one or two rows, each output's second 8 k
-// go to accumulators of their own (d): one chain per output would leave the FMA latency, not memory, as
-// the bound. A lone last weight row passes q1 = q0 and ldy_n = 0 (its second column is the same
-// value, written first and then over).
-static inline __attribute__((always_inline)) void q8_tile(const float* x, int64_t ldx, const int8_t* q0,
-                                                          const int8_t* q1, float s0, float s1, int64_t K,
-                                                          float* y, int64_t ldy, int64_t ldy_n, const int mr) {
+// y[i][0], y[i][ldy_n] = the dot products of x rows 0..mr-1 with weight rows w0, w1 (`es`-byte elements
+// read through `load`, the K % 8 tail through `load1`), scaled. Inlined with a constant mr, so each row
+// count gets only its accumulators. With one or two rows, each output's second 8 k go to accumulators of
+// their own (d): one chain per output would leave the FMA latency, not memory, as the bound. A lone last
+// weight row passes w1 = w0 and ldy_n = 0 (its second column is the same value, written first and then
+// over).
+static inline __attribute__((always_inline)) void few_rows_tile(
+        const float* x, int64_t ldx, const char* w0, const char* w1, int64_t es, load8_t load, load1_t load1,
+        float s0, float s1, int64_t K, float* y, int64_t ldy, int64_t ldy_n, const int mr) {
     const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
            c31 = c00, d00 = c00, d01 = c00, d10 = c00, d11 = c00;
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
-        __m256 w0 = q8_load(q0 + k), w1 = q8_load(q1 + k), v0 = q8_load(q0 + k + 8), v1 = q8_load(q1 + k + 8);
+        __m256 u0 = load(w0 + k * es), u1 = load(w1 + k * es);
+        __m256 v0 = load(w0 + (k + 8) * es), v1 = load(w1 + (k + 8) * es);
         if (mr <= 2) {  // 4 accumulators to spare (16 ymm registers): a second chain per output
-            Q8_FMA(0, 0, w0, w1, c00, c01) Q8_FMA(0, 8, v0, v1, d00, d01)
-            if (mr > 1) { Q8_FMA(1, 0, w0, w1, c10, c11) Q8_FMA(1, 8, v0, v1, d10, d11) }
+            FEW_FMA(0, 0, u0, u1, c00, c01) FEW_FMA(0, 8, v0, v1, d00, d01)
+            if (mr > 1) { FEW_FMA(1, 0, u0, u1, c10, c11) FEW_FMA(1, 8, v0, v1, d10, d11) }
         } else {  // 8 outputs: chains enough to hide the FMA latency
-            Q8_FMA(0, 0, w0, w1, c00, c01) Q8_FMA(0, 8, v0, v1, c00, c01)
-            Q8_FMA(1, 0, w0, w1, c10, c11) Q8_FMA(1, 8, v0, v1, c10, c11)
+            FEW_FMA(0, 0, u0, u1, c00, c01) FEW_FMA(0, 8, v0, v1, c00, c01)
+            FEW_FMA(1, 0, u0, u1, c10, c11) FEW_FMA(1, 8, v0, v1, c10, c11)
         }
-        if (mr > 2) { Q8_FMA(2, 0, w0, w1, c20, c21) Q8_FMA(2, 8, v0, v1, c20, c21) }
-        if (mr > 3) { Q8_FMA(3, 0, w0, w1, c30, c31) Q8_FMA(3, 8, v0, v1, c30, c31) }
+        if (mr > 2) { FEW_FMA(2, 0, u0, u1, c20, c21) FEW_FMA(2, 8, v0, v1, c20, c21) }
+        if (mr > 3) { FEW_FMA(3, 0, u0, u1, c30, c31) FEW_FMA(3, 8, v0, v1, c30, c31) }
     }
     if (k + 8 <= K) {
-        __m256 w0 = q8_load(q0 + k), w1 = q8_load(q1 + k);
-        Q8_FMA(0, 0, w0, w1, c00, c01)
-        if (mr > 1) Q8_FMA(1, 0, w0, w1, c10, c11)
-        if (mr > 2) Q8_FMA(2, 0, w0, w1, c20, c21)
-        if (mr > 3) Q8_FMA(3, 0, w0, w1, c30, c31)
+        __m256 u0 = load(w0 + k * es), u1 = load(w1 + k * es);
+        FEW_FMA(0, 0, u0, u1, c00, c01)
+        if (mr > 1) FEW_FMA(1, 0, u0, u1, c10, c11)
+        if (mr > 2) FEW_FMA(2, 0, u0, u1, c20, c21)
+        if (mr > 3) FEW_FMA(3, 0, u0, u1, c30, c31)
         k += 8;
     }
-    __m256 c[Q8_MR][2] = {{_mm256_add_ps(c00, d00), _mm256_add_ps(c01, d01)},
-                          {_mm256_add_ps(c10, d10), _mm256_add_ps(c11, d11)}, {c20, c21}, {c30, c31}};
-    const float* xs[Q8_MR] = {x0, x1, x2, x3};
+    __m256 c[FEW_MR][2] = {{_mm256_add_ps(c00, d00), _mm256_add_ps(c01, d01)},
+                           {_mm256_add_ps(c10, d10), _mm256_add_ps(c11, d11)}, {c20, c21}, {c30, c31}};
+    const float* xs[FEW_MR] = {x0, x1, x2, x3};
     for (int i = 0; i < mr; i++) {
         float d0 = hsum(c[i][0]), d1 = hsum(c[i][1]);
         for (int64_t t = k; t < K; t++) {  // the K % 8 tail
-            d0 += xs[i][t] * q0[t];
-            d1 += xs[i][t] * q1[t];
+            d0 += xs[i][t] * load1(w0 + t * es);
+            d1 += xs[i][t] * load1(w1 + t * es);
         }
         y[i * ldy + ldy_n] = d1 * s1;
         y[i * ldy] = d0 * s0;
     }
 }
 
-void linear_int8_f32(const float* x, int64_t ldx, const int8_t* q, const float* scale, float* y, int64_t ldy,
-                     int64_t M, int64_t N, int64_t K) {
-    const int64_t pairs = (N + 1) / 2;
-    #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pairs; p++) {
-        const int64_t n = 2 * p, two = n + 1 < N;
-        const int8_t *q0 = q + n * K, *q1 = two ? q0 + K : q0;
-        const float s0 = scale[n], s1 = two ? scale[n + 1] : s0;
-        for (int64_t m = 0; m < M; m += Q8_MR) {
-            const float* xm = x + m * ldx;
-            float* ym = y + m * ldy + n;
-            switch (M - m < Q8_MR ? M - m : Q8_MR) {
-                case 1: q8_tile(xm, ldx, q0, q1, s0, s1, K, ym, ldy, two, 1); break;
-                case 2: q8_tile(xm, ldx, q0, q1, s0, s1, K, ym, ldy, two, 2); break;
-                case 3: q8_tile(xm, ldx, q0, q1, s0, s1, K, ym, ldy, two, 3); break;
-                default: q8_tile(xm, ldx, q0, q1, s0, s1, K, ym, ldy, two, 4); break;
-            }
+// Output columns n, n+1 (pair p) of y [M, N] (row stride ldy) = x [M, K] (row stride ldx) times the
+// [N, K] weight w transposed, scaled by `scale` per output (NULL: 1). Called inside each kernel's own
+// parallel loop with constant loaders, so that they are inlined (an OpenMP region outlines its body:
+// a loader passed into it would stay an indirect call per load).
+static inline __attribute__((always_inline)) void few_rows_pair(
+        const float* x, int64_t ldx, const char* w, int64_t es, load8_t load, load1_t load1, const float* scale,
+        float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t p) {
+    const int64_t n = 2 * p, two = n + 1 < N;
+    const char *w0 = w + n * K * es, *w1 = two ? w0 + K * es : w0;
+    const float s0 = scale ? scale[n] : 1.f, s1 = scale && two ? scale[n + 1] : s0;
+    for (int64_t m = 0; m < M; m += FEW_MR) {
+        const float* xm = x + m * ldx;
+        float* ym = y + m * ldy + n;
+        switch (M - m < FEW_MR ? M - m : FEW_MR) {
+            case 1: few_rows_tile(xm, ldx, w0, w1, es, load, load1, s0, s1, K, ym, ldy, two, 1); break;
+            case 2: few_rows_tile(xm, ldx, w0, w1, es, load, load1, s0, s1, K, ym, ldy, two, 2); break;
+            case 3: few_rows_tile(xm, ldx, w0, w1, es, load, load1, s0, s1, K, ym, ldy, two, 3); break;
+            default: few_rows_tile(xm, ldx, w0, w1, es, load, load1, s0, s1, K, ym, ldy, two, 4); break;
         }
     }
+}
+
+void linear_int8_f32(const float* x, int64_t ldx, const int8_t* q, const float* scale, float* y, int64_t ldy,
+                     int64_t M, int64_t N, int64_t K) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < (N + 1) / 2; p++)
+        few_rows_pair(x, ldx, (const char*)q, 1, load8_i8, load1_i8, scale, y, ldy, M, N, K, p);
+}
+
+void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, int64_t ldy, int64_t M, int64_t N,
+                      int64_t K) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < (N + 1) / 2; p++)
+        few_rows_pair(x, ldx, (const char*)w, 2, load8_bf16, load1_bf16, NULL, y, ldy, M, N, K, p);
 }

@@ -231,6 +231,22 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   return y;
 }
 
+at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w) {
+  check_f32(x, "x", 2);
+  check_rows(x, "x");
+  TORCH_CHECK_VALUE(w.device().is_cpu() && w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.is_contiguous(),
+                    "w must be a contiguous 2-D bf16 CPU tensor, got ", w.scalar_type(), " ", w.sizes(), " on ",
+                    w.device());
+  const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
+  TORCH_CHECK_VALUE(x.size(1) == k, "bf16 linear takes x [M, ", k, "] for w ", w.sizes(), ", got x ", x.sizes());
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m > 0 && n > 0)
+    linear_bf16w_f32(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k,
+                     reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>()), y.mutable_data_ptr<float>(),
+                     n, m, n, k);
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(appliance, m) {
@@ -244,6 +260,7 @@ TORCH_LIBRARY(appliance, m) {
   m.def("silu_mul(Tensor x) -> Tensor");
   m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor q, Tensor scale) -> Tensor");
+  m.def("linear_bf16w(Tensor x, Tensor w) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(appliance, CPU, m) {
@@ -256,4 +273,5 @@ TORCH_LIBRARY_IMPL(appliance, CPU, m) {
   m.impl("silu_mul", &silu_mul);
   m.impl("argmax_rows", &argmax_rows);
   m.impl("linear_int8", &linear_int8);
+  m.impl("linear_bf16w", &linear_bf16w);
 }
