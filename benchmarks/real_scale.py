@@ -26,9 +26,11 @@ Measured, each in its own process, one after another (never two 7B models in mem
 - ours in one process: time to ready (`LLMEngine` built), a warm-up (an 8-token text prompt, one token
   out: every weight read once; transformers gets the same), TTFT of one image question, decode ms/token
   of one stream, output tok/s with 8 and 32 image questions at once (distinct images: over the whole run,
-  and `decoding_tok_s` while all of them decode, no prefill in it), peak RSS;
+  and `decoding_tok_s` while all of them decode, no prefill in it; `--concurrency` says how many at once),
+  peak RSS;
 - ours served: `appliance serve` to /ready, then the same through the official `openai` client
-  (streaming; tokens from the server's usage counts), peak RSS of the engine process;
+  (streaming; tokens from the server's usage counts; no `decoding_tok_s`: questions arriving during a
+  prefill start decoding while later ones still prefill), peak RSS of the engine process;
 - transformers: `from_pretrained` (bf16) to ready, TTFT and decode of one image question via
   `generate`, peak RSS;
 - the flood pipeline (`appliance run`'s stages in process): load, tiles/s on the scene, peak RSS.
@@ -307,7 +309,7 @@ def child_ours(root: Path, args) -> dict:
     arrivals, _ = run([request(images(1, 100)[0])], tokens)
     times = next(iter(arrivals.values()))
     out.update(ttft_s=times[0], decode_ms=1000 * (times[-1] - times[0]) / (len(times) - 1))
-    for c in (8,) if args.quick else (8, 32):
+    for c in concurrencies(args):
         arrivals, wall = run([request(im) for im in images(c, 1000 * c)], tokens)
         out[f"tok_s_{c}"] = sum(map(len, arrivals.values())) / wall
         out[f"decoding_tok_s_{c}"] = all_decoding_rate(list(arrivals.values()))
@@ -323,6 +325,11 @@ def all_decoding_rate(arrivals: list) -> float:
     start, end = max(a[0] for a in arrivals), min(a[-1] for a in arrivals)
     tokens = sum(1 for a in arrivals for t in a if start < t <= end)
     return tokens / (end - start) if end > start and tokens else None
+
+
+def concurrencies(args) -> list:
+    """How many image questions at once the runs measure: --concurrency, or 8 with --quick."""
+    return [8] if args.quick else [int(c) for c in args.concurrency.split(",")]
 
 
 def text_prompt(number: int) -> list:
@@ -429,7 +436,8 @@ CHILDREN = {"ours": child_ours, "transformers": child_transformers, "flood": chi
 
 def run_child(kind: str, root: Path, args) -> dict:
     argv = [sys.executable, __file__, str(args.dir), "--child", kind, "--shape", args.shape, "--dtype", args.dtype,
-            "--quantization", args.quantization, *(["--quick"] if args.quick else []),
+            "--quantization", args.quantization, "--concurrency", args.concurrency,
+            *(["--quick"] if args.quick else []),
             *(["--startup-only"] if args.startup_only else []), *(["--decode-only"] if args.decode_only else [])]
     env = {**os.environ, "PYTHONPATH": str(REPO), **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
     result = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -445,8 +453,9 @@ def served(root: Path, args) -> dict:
 
     from serve import Server
 
+    # Queued image questions wait for the prefills ahead of them: minutes each on a CPU.
     overrides = ["pipeline=llava_chat", "model=llava_1_5_7b", f"model.path={root / 'llava'}",
-                 f"engine.quantization={args.quantization}"]
+                 f"engine.quantization={args.quantization}", "server.limits.request_timeout_s=7200"]
     if args.dtype != "auto":
         overrides.append(f"engine.dtype={args.dtype}")
     env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
@@ -494,11 +503,10 @@ async def drive_served(port: int, args) -> dict:
     out = {}
     arrivals, used = await one(images(1, 100)[0])
     out.update(ttft_s=arrivals[0], decode_ms=1000 * (arrivals[-1] - arrivals[0]) / max(1, used - 1))
-    for c in (8,) if args.quick else (8, 32):
+    for c in concurrencies(args):
         t0 = time.perf_counter()
         results = await asyncio.gather(*[one(im) for im in images(c, 1000 * c)])
         out[f"tok_s_{c}"] = sum(u for _, u in results) / (time.perf_counter() - t0)
-        out[f"decoding_tok_s_{c}"] = all_decoding_rate([a for a, _ in results])
     await client.close()
     return out
 
@@ -563,6 +571,7 @@ def main() -> None:
                     help="text prompts only: one stream's decode (ours: and its logprobs), 8 streams (ours, served)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
     ap.add_argument("--runs", default="ours,served,transformers,flood")
+    ap.add_argument("--concurrency", default="8,32", help="image questions at once (ours, served)")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     args = ap.parse_args()
     root = args.dir / args.shape
