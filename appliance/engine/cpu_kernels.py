@@ -160,10 +160,12 @@ def linear_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     return ops().linear_int8(x, q, scale)
 
 
-def linear_bf16w(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def linear_bf16w(x: torch.Tensor, w: torch.Tensor, bf16_units: bool = True) -> torch.Tensor:
     """x wᵀ in fp32 for x [M, K] fp32 (rows may be strided) and w [N, K] bf16, contiguous: a bf16-weight
-    GEMM for few rows (decode), each weight row read once for all M and widened to fp32 in registers."""
-    return ops().linear_bf16w(x, w)
+    GEMM for few rows (decode), each weight row read once for all M. On CPUs with AVX512-BF16 x is rounded
+    to bf16 and multiplied in bf16 pairs (exact for a bf16 engine's activations); elsewhere the weight is
+    widened to fp32 in registers (everywhere with `bf16_units=False`)."""
+    return ops().linear_bf16w(x, w, bf16_units)
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

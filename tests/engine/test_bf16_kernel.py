@@ -26,7 +26,7 @@ def test_it_matches_torch_in_bf16_with_bias_and_leading_dims():
 def test_the_rows_follow_the_cpu_units():
     assert bf16_kernel_rows(native_bf16=True) == linear.BF16_KERNEL_ROWS_NATIVE
     assert bf16_kernel_rows(native_bf16=False) == linear.BF16_KERNEL_ROWS_EMULATED
-    assert list(linear.BF16_KERNEL_ROWS_NATIVE) == [1]  # one stream's decode; torch's GEMM from two rows
+    assert 1 in linear.BF16_KERNEL_ROWS_NATIVE and 8 not in linear.BF16_KERNEL_ROWS_NATIVE  # torch's GEMM past a few
     assert 8 in linear.BF16_KERNEL_ROWS_EMULATED and 1 not in linear.BF16_KERNEL_ROWS_EMULATED
 
 

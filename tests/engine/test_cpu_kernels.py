@@ -69,17 +69,31 @@ def test_int8_linear_takes_strided_rows_and_no_rows():
 
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 16])
 @pytest.mark.parametrize("n, k", [(1, 8), (7, 13), (9, 40), (33, 77), (64, 4096)])
-def test_bf16_weight_linear_matches_the_weight_in_float64(m, n, k):
+@pytest.mark.parametrize("units", [True, False])  # AVX512-BF16 where the CPU has it; the AVX2 path
+def test_bf16_weight_linear_matches_the_weight_in_float64(m, n, k, units):
     torch.manual_seed(m * 1000 + n + k)
-    x, w = torch.randn(m, k), torch.randn(n, k).to(torch.bfloat16)
-    y = cpu_kernels.linear_bf16w(x, w)
+    x, w = torch.randn(m, k).to(torch.bfloat16).float(), torch.randn(n, k).to(torch.bfloat16)  # a bf16 engine's x
+    y = cpu_kernels.linear_bf16w(x, w, bf16_units=units)
     assert y.dtype == torch.float32
     close(y.double(), x.double() @ w.double().t(), tol=1e-6 * k ** 0.5)
 
 
+def test_bf16_weight_linear_rounds_x_to_bf16_only_on_bf16_units():
+    """With AVX512-BF16 the kernel multiplies bf16 pairs, so fp32 rows are rounded to bf16 first (nearest
+    even); elsewhere it widens the weight and keeps x in fp32."""
+    from appliance.engine.host import Host
+
+    torch.manual_seed(7)
+    x, w = torch.randn(3, 100), torch.randn(9, 100).to(torch.bfloat16)
+    units = "avx512_bf16" in Host.read().cpu_flags
+    expected = (x.to(torch.bfloat16).double() if units else x.double()) @ w.double().t()
+    close(cpu_kernels.linear_bf16w(x, w).double(), expected, tol=1e-6 * 10)
+    close(cpu_kernels.linear_bf16w(x, w, bf16_units=False).double(), x.double() @ w.double().t(), tol=1e-6 * 10)
+
+
 def test_bf16_weight_linear_takes_strided_rows_and_no_rows():
     w = torch.randn(5, 24).to(torch.bfloat16)
-    rows = torch.randn(3, 40)[:, 8:32]  # row stride 40
+    rows = torch.randn(3, 40).to(torch.bfloat16).float()[:, 8:32]  # row stride 40
     close(cpu_kernels.linear_bf16w(rows, w), rows @ w.float().t())
     assert cpu_kernels.linear_bf16w(torch.randn(0, 24), w).shape == (0, 5)
 
@@ -261,7 +275,8 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
      ValueError, "scale must be float32"),
     (lambda: cpu_kernels.linear_bf16w(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(4, 8, dtype=torch.bfloat16)),
      ValueError, "x must be float32, got BFloat16"),
-    (lambda: cpu_kernels.linear_bf16w(torch.randn(2, 8), torch.ones(4, 8)), ValueError, "w must be a contiguous 2-D bf16"),
+    (lambda: cpu_kernels.linear_bf16w(torch.randn(2, 8), torch.ones(4, 8)),
+     ValueError, "w must be a contiguous 2-D bf16"),
     (lambda: cpu_kernels.linear_bf16w(torch.randn(2, 8), torch.ones(8, 4, dtype=torch.bfloat16).t()),
      ValueError, "w must be a contiguous 2-D bf16"),
     (lambda: cpu_kernels.linear_bf16w(torch.randn(2, 9), torch.ones(4, 8, dtype=torch.bfloat16)),

@@ -523,8 +523,90 @@ void linear_int8_f32(const float* x, int64_t ldx, const int8_t* q, const float* 
         few_rows_pair(x, ldx, (const char*)q, 1, load8_i8, load1_i8, scale, y, ldy, M, N, K, p);
 }
 
+// ---- The bf16-weight GEMM on CPUs with AVX512-BF16: VDPBF16PS multiplies 32 bf16 pairs into 16 fp32 sums
+// per instruction, so neither operand is widened. Compiled for that unit alone (a target attribute) and
+// chosen at run time; x rows are rounded to bf16 first (exact for a bf16 engine's activations).
+#define BF16_UNITS __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+static inline BF16_UNITS float bf16_to_f32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// y[i][0], y[i][ldy_n] = the dot products of bf16 rows xb[0..mr-1] (row stride K) with weight rows w0,
+// w1, 32 k a pass; the K % 32 tail in fp32. Inlined with a constant mr, as few_rows_tile.
+static inline BF16_UNITS __attribute__((always_inline)) void dp_tile(const uint16_t* xb, const uint16_t* w0,
+        const uint16_t* w1, int64_t K, float* y, int64_t ldy, int64_t ldy_n, const int mr) {
+    __m512 c[FEW_MR][2];
+    for (int i = 0; i < FEW_MR; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512bh a = (__m512bh)_mm512_loadu_si512(w0 + k), b = (__m512bh)_mm512_loadu_si512(w1 + k);
+        for (int i = 0; i < mr; i++) {
+            __m512bh xi = (__m512bh)_mm512_loadu_si512(xb + i * K + k);
+            c[i][0] = _mm512_dpbf16_ps(c[i][0], xi, a);
+            c[i][1] = _mm512_dpbf16_ps(c[i][1], xi, b);
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        float d0 = _mm512_reduce_add_ps(c[i][0]), d1 = _mm512_reduce_add_ps(c[i][1]);
+        for (int64_t t = k; t < K; t++) {
+            float xv = bf16_to_f32(xb[i * K + t]);
+            d0 += xv * bf16_to_f32(w0[t]);
+            d1 += xv * bf16_to_f32(w1[t]);
+        }
+        y[i * ldy + ldy_n] = d1;
+        y[i * ldy] = d0;
+    }
+}
+
+// x [M, K] fp32 rounded to bf16 (nearest even) into xb [M, K].
+static BF16_UNITS void round_rows_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, uint16_t* xb) {
+    for (int64_t m = 0; m < M; m++) {
+        const float* row = x + m * ldx;
+        uint16_t* out = xb + m * K;
+        int64_t k = 0;
+        for (; k + 16 <= K; k += 16)
+            _mm256_storeu_si256((__m256i*)(out + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + k)));
+        for (; k < K; k++) {
+            uint32_t bits;
+            memcpy(&bits, row + k, sizeof bits);
+            out[k] = (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);  // nearest even (finite values)
+        }
+    }
+}
+
+// Returns -1 (nothing written) if the bf16 copy of x cannot be allocated.
+static BF16_UNITS int linear_bf16w_dp(const float* x, int64_t ldx, const uint16_t* w, float* y, int64_t ldy,
+                                      int64_t M, int64_t N, int64_t K) {
+    uint16_t* xb = malloc(sizeof(uint16_t) * M * K);
+    if (xb == NULL) return -1;
+    round_rows_bf16(x, ldx, M, K, xb);
+    #pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < (N + 1) / 2; p++) {
+        const int64_t n = 2 * p, two = n + 1 < N;
+        const uint16_t *w0 = w + n * K, *w1 = two ? w0 + K : w0;
+        for (int64_t m = 0; m < M; m += FEW_MR) {
+            const uint16_t* xm = xb + m * K;
+            float* ym = y + m * ldy + n;
+            switch (M - m < FEW_MR ? M - m : FEW_MR) {
+                case 1: dp_tile(xm, w0, w1, K, ym, ldy, two, 1); break;
+                case 2: dp_tile(xm, w0, w1, K, ym, ldy, two, 2); break;
+                case 3: dp_tile(xm, w0, w1, K, ym, ldy, two, 3); break;
+                default: dp_tile(xm, w0, w1, K, ym, ldy, two, 4); break;
+            }
+        }
+    }
+    free(xb);
+    return 0;
+}
+
 void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, int64_t ldy, int64_t M, int64_t N,
-                      int64_t K) {
+                      int64_t K, int bf16_units) {
+    if (bf16_units && __builtin_cpu_supports("avx512bf16") && linear_bf16w_dp(x, ldx, w, y, ldy, M, N, K) == 0)
+        return;
     #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < (N + 1) / 2; p++)
         few_rows_pair(x, ldx, (const char*)w, 2, load8_bf16, load1_bf16, NULL, y, ldy, M, N, K, p);

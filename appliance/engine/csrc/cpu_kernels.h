@@ -27,8 +27,9 @@ void silu_mul_f32(const float* x, float* out, int64_t M, int64_t I);
 void argmax_rows_f32(const float* x, int64_t M, int64_t N, int64_t* out);
 void linear_int8_f32(const float* x, int64_t ldx, const int8_t* q, const float* scale, float* y, int64_t ldy,
                      int64_t M, int64_t N, int64_t K);
+// bf16_units: use AVX512-BF16 where the CPU has it (0: the AVX2 path everywhere; tests compare the two).
 void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, int64_t ldy, int64_t M, int64_t N,
-                      int64_t K);
+                      int64_t K, int bf16_units);
 
 #ifdef __cplusplus
 }

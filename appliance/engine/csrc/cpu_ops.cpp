@@ -231,7 +231,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   return y;
 }
 
-at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, bool bf16_units) {
   check_f32(x, "x", 2);
   check_rows(x, "x");
   TORCH_CHECK_VALUE(w.device().is_cpu() && w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.is_contiguous(),
@@ -243,7 +243,7 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w) {
   if (m > 0 && n > 0)
     linear_bf16w_f32(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k,
                      reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>()), y.mutable_data_ptr<float>(),
-                     n, m, n, k);
+                     n, m, n, k, bf16_units ? 1 : 0);
   return y;
 }
 
@@ -260,7 +260,7 @@ TORCH_LIBRARY(appliance, m) {
   m.def("silu_mul(Tensor x) -> Tensor");
   m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor q, Tensor scale) -> Tensor");
-  m.def("linear_bf16w(Tensor x, Tensor w) -> Tensor");
+  m.def("linear_bf16w(Tensor x, Tensor w, bool bf16_units=True) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(appliance, CPU, m) {
