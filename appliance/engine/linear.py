@@ -60,8 +60,8 @@ class PackableLinear(nn.Module):
 
 
 def bf16_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for a bf16 weight on our CPU kernel: the few rows of x widened to fp32
-    (a few KB), the weight widened in registers as it streams by; the result in x's dtype."""
+    """F.linear(x, weight, bias) for a bf16 weight on our CPU kernel: the few rows of x passed as fp32 (a
+    few KB), each weight row read once for all of them; the result in x's dtype."""
     shape = x.shape
     y = cpu_kernels.linear_bf16w(x.reshape(-1, shape[-1]).float(), weight).to(x.dtype)
     y = y.reshape(*shape[:-1], weight.shape[0])
