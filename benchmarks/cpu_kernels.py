@@ -4,7 +4,9 @@
 
 GEMMs: the bench model's layer shapes (benchmarks/engine_throughput.py) and its LM head, with eight
 copies of each weight used in turn so that they come from memory, as in a decode step; torch's
-F.linear (MKL) vs our packed GEMM, median of 7. Decode attention: 32 sequences of 150-300 tokens in
+F.linear (MKL) vs our packed GEMM, median of 7. On CPUs with AVX512-BF16 also the bf16 GEMM at a 7B
+Llama's shapes (each weight 32-260 MB, so from memory): torch's F.linear (oneDNN) vs our packed
+VDPBF16PS GEMM, from one decode row to an image prompt's 610. Decode attention: 32 sequences of 150-300 tokens in
 scattered blocks (8 KV heads x 64), torch's gather + SDPA (the torch backend) vs our in-place kernel.
 """
 import argparse
@@ -15,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from appliance.engine import cpu_kernels
+from appliance.engine.host import Host
 
 
 def median_s(fn, repeats: int = 7) -> float:
@@ -44,6 +47,20 @@ def gemm_rows(rows_list, copies: int = 8):
             yield name, rows, flops / mkl / 1e9, flops / ours / 1e9, mkl / ours
 
 
+def bf16_gemm_rows(rows_list):
+    shapes = {"qkv 12288x4096": (12288, 4096), "o 4096x4096": (4096, 4096), "gate_up 22016x4096": (22016, 4096),
+              "down 4096x11008": (4096, 11008), "LM head 32064x4096": (32064, 4096)}
+    for name, (n, k) in shapes.items():
+        weight = torch.randn(n, k).to(torch.bfloat16)
+        packed = cpu_kernels.PackedWeight(weight)
+        for rows in rows_list:
+            x = torch.randn(rows, k).to(torch.bfloat16)
+            ours = median_s(lambda: cpu_kernels.linear(x, packed))
+            onednn = median_s(lambda: F.linear(x, weight))
+            flops = 2 * rows * n * k
+            yield name, rows, flops / onednn / 1e9, flops / ours / 1e9, onednn / ours, n * k * 2 / ours / 1e9
+
+
 def attention_row():
     torch.manual_seed(0)
     blocks, block_size, kv_heads, head_dim, batch = 1024, 16, 8, 64, 32
@@ -71,6 +88,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 256, 2048])
+    ap.add_argument("--bf16-rows", type=int, nargs="+", default=[1, 2, 8, 16, 64, 610])
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -80,6 +98,11 @@ def main():
     print(f"{'GEMM':20s} {'rows':>5s} {'MKL GFLOP/s':>12s} {'ours GFLOP/s':>13s} {'speed-up':>9s}")
     for name, rows, mkl, ours, speedup in gemm_rows(args.rows):
         print(f"{name:20s} {rows:5d} {mkl:12.0f} {ours:13.0f} {speedup:8.2f}x")
+    if "avx512_bf16" in Host.read().cpu_flags:
+        print(f"\n{'bf16 GEMM, 7B':20s} {'rows':>5s} {'oneDNN GFLOP/s':>15s} {'ours GFLOP/s':>13s} {'speed-up':>9s} "
+              f"{'ours GB/s':>10s}")
+        for name, rows, onednn, ours, speedup, gbs in bf16_gemm_rows(args.bf16_rows):
+            print(f"{name:20s} {rows:5d} {onednn:15.0f} {ours:13.0f} {speedup:8.2f}x {gbs:10.1f}")
     torch_s, ours_s, kv_bytes = attention_row()
     print(f"\ndecode attention, 32 sequences ({kv_bytes / 1e6:.0f} MB of K/V): gather + SDPA "
           f"{torch_s * 1e3:.2f} ms, ours {ours_s * 1e3:.2f} ms ({torch_s / ours_s:.1f}x, "

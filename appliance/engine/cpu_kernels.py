@@ -1,6 +1,7 @@
 """Our AVX2 kernels for fp32 on CPU (csrc/): a GEMM on prepacked weights, paged decode attention reading
 K/V in place, an int8 weight-only GEMM for few rows (int8.py), and fused small ops (RMSNorm, rotary,
-KV-cache write, SwiGLU, argmax).
+KV-cache write, SwiGLU, argmax). For bf16 engines: the same GEMM on bf16 weights prepacked for
+VDPBF16PS (CPUs with AVX512-BF16), and a bf16-weight GEMM for few rows on torch's layout.
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -9,14 +10,14 @@ loaded from the package; without that, the first use builds it into a private ca
 Where it cannot be built or loaded, `available()` is False with the reason in `unavailable_reason()`, and
 engines run on torch's kernels alone.
 
-Whether an engine uses them is that engine's choice (engine.cpu_kernels, fp32, CPU): its runner packs its
-model's linear weights (`linear.pack_for_cpu`) and turns the kernels on in its model's layers
-(`use_in(model)`); nothing here is switched process-wide.
+Whether an engine uses them is that engine's choice (engine.cpu_kernels, CPU): its runner packs its
+model's linear weights (`linear.pack_for_cpu`: fp32, and bf16 where `linear.packs_bf16`) and turns the
+fp32 kernels on in its model's layers (`use_in(model)`); nothing here is switched process-wide.
 """
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -25,7 +26,9 @@ from appliance.engine.build_kernels import KernelBuildError, find_or_build
 
 log = logging.getLogger(__name__)
 
-PANEL = 16  # output columns per packed panel (csrc/cpu_kernels.c)
+PANEL = 16  # output columns per packed fp32 panel (csrc/cpu_kernels.c)
+BF16_PANEL = 32  # output columns per packed bf16 panel
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -86,28 +89,38 @@ def fits(*tensors: torch.Tensor) -> bool:
 
 
 class PackedWeight:
-    """A linear layer's [N, K] fp32 weight repacked for our GEMM: [ceil(N/16), K, 16], zero-padded.
-    `out`, if given, is the flat buffer (of `numel(N, K)` floats) to pack into."""
+    """A linear layer's [N, K] weight repacked for our GEMM, zero-padded: fp32 as [ceil(N/16), K, 16] (16
+    outputs a panel, one k at a time), bf16 as [ceil(N/32), ceil(K/2), 64] (32 outputs a panel, each
+    output's k pairs side by side, as VDPBF16PS multiplies them; CPUs with AVX512-BF16 only). `out`, if
+    given, is the flat buffer (of `numel(N, K, dtype)` elements) to pack into."""
 
     def __init__(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None):
-        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-            raise ValueError(f"only 2-D fp32 CPU weights pack, got {weight.dtype} {tuple(weight.shape)} "
+        if weight.dtype not in PACKED_DTYPES or weight.device.type != "cpu" or weight.dim() != 2:
+            raise ValueError(f"only 2-D fp32 or bf16 CPU weights pack, got {weight.dtype} {tuple(weight.shape)} "
                              f"on {weight.device}")
         self.out_features, self.in_features = weight.shape
-        shape = (-(-self.out_features // PANEL), self.in_features, PANEL)
-        self.data = torch.empty(shape, dtype=torch.float32) if out is None else out.view(shape)
+        shape = self.shape(*weight.shape, weight.dtype)
+        self.data = torch.empty(shape, dtype=weight.dtype) if out is None else out.view(shape)
         ops().pack_weight(weight, self.data.view(-1))
 
     @staticmethod
-    def numel(out_features: int, in_features: int) -> int:
-        return -(-out_features // PANEL) * in_features * PANEL
+    def shape(out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> Tuple[int, int, int]:
+        if dtype == torch.bfloat16:
+            return -(-out_features // BF16_PANEL), -(-in_features // 2), 2 * BF16_PANEL
+        return -(-out_features // PANEL), in_features, PANEL
+
+    @staticmethod
+    def numel(out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> int:
+        a, b, c = PackedWeight.shape(out_features, in_features, dtype)
+        return a * b * c
 
 
 def linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """F.linear(x, w, bias) for x [..., K] fp32 on CPU, w given as a PackedWeight."""
+    """F.linear(x, w, bias) for x [..., K] on CPU in the packed weight's dtype, w given as a PackedWeight."""
     k, n = weight.in_features, weight.out_features
-    if x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[-1] != k:
-        raise ValueError(f"packed linear takes fp32 CPU input [..., {k}], got {x.dtype} {tuple(x.shape)}")
+    if x.dtype != weight.data.dtype or x.device.type != "cpu" or x.shape[-1] != k:
+        raise ValueError(f"packed linear takes {weight.data.dtype} CPU input [..., {k}], got {x.dtype} "
+                         f"{tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     y = ops().linear_packed(x2 if x2.stride(1) == 1 else x2.contiguous(), weight.data, n)

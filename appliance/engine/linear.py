@@ -1,8 +1,9 @@
 """Tensor-parallel linear layers. Each parameter carries a `weight_loader` that takes the full
 checkpoint tensor and keeps this rank's shard; collectives are visible in `forward`.
 
-With our CPU kernels (fp32 on CPU, engine.cpu_kernels) the runner calls `pack_for_cpu(model)` once the
-weights are loaded: each layer's weight is repacked for our GEMM and the [N, K] copy is freed. With
+With our CPU kernels (engine.cpu_kernels: fp32 on CPU, and bf16 on CPUs with AVX512-BF16 but no AMX) the
+runner calls `pack_for_cpu(model)` once the weights are loaded: each layer's weight is repacked for our
+GEMM and the [N, K] copy is freed. With
 `engine.quantization: int8` it calls `quantize_int8(model)` first: the decoder's projections keep int8
 rows and scales instead (engine/int8.py), and packing leaves them be."""
 from collections import Counter
@@ -17,9 +18,10 @@ from appliance.engine.int8 import Int8Plan, Int8Weight
 from appliance.engine.parallel import ParallelState
 
 
-# Rows a step where our bf16-weight GEMM was measured to beat torch's (docs/engine.md, CPU kernels). With
-# bf16 units (oneDNN; ours on VDPBF16PS) torch wins from a few rows on; without them torch multiplies bf16
-# at ~40 GFLOP/s (ours 90-140 from 8 rows), but its one-row product streams the weight faster than ours.
+# Rows a step where our few-row bf16-weight GEMM (torch's weight layout) runs, on CPUs whose weights stay
+# unpacked (docs/engine.md, CPU kernels). With AMX, oneDNN's tiles win from a few rows on; without bf16
+# units torch multiplies bf16 at ~40 GFLOP/s (ours 90-140 from 8 rows), but its one-row product streams
+# the weight faster than ours.
 BF16_KERNEL_ROWS_NATIVE = range(1, 3)
 BF16_KERNEL_ROWS_EMULATED = range(2, 129)
 
@@ -68,6 +70,14 @@ def bf16_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     return y if bias is None else y + bias
 
 
+def packs_bf16(cpu_flags) -> bool:
+    """A bf16 engine packs its weights for our VDPBF16PS GEMM, which then takes every step: on CPUs with
+    AVX512-BF16 but no AMX it matches oneDNN at prefill sizes and streams the weights 1.5-2x faster for a
+    few rows (docs/engine.md). With AMX, oneDNN's tile unit multiplies a prefill several times faster than
+    VDPBF16PS, so the weights keep torch's layout."""
+    return "avx512_bf16" in cpu_flags and "amx_bf16" not in cpu_flags
+
+
 def bf16_kernel_rows(native_bf16: bool) -> range:
     """Rows a step where our bf16-weight GEMM beats torch's bf16 GEMM on a CPU with or without bf16 units."""
     return BF16_KERNEL_ROWS_NATIVE if native_bf16 else BF16_KERNEL_ROWS_EMULATED
@@ -86,8 +96,14 @@ def pack_for_cpu(model: nn.Module) -> None:
     """Pack every PackableLinear's weight, all into one huge-page arena (a decode step streams them
     all); a weight another module also uses (tied embeddings) is kept."""
     layers = [m for m in model.modules() if isinstance(m, PackableLinear) and m.quantized is None]
-    sizes = [cpu_kernels.PackedWeight.numel(*m.weight.shape) for m in layers]
-    arena = hugepages.empty([sum(sizes)])
+    dtypes = {m.weight.dtype for m in layers}
+    if len(dtypes) > 1:
+        raise ValueError(f"pack_for_cpu takes weights of one dtype, got {sorted(map(str, dtypes))}")
+    dtype = dtypes.pop() if dtypes else torch.float32
+    sizes = [cpu_kernels.PackedWeight.numel(*m.weight.shape, dtype) for m in layers]
+    # Pages are touched only as each layer is packed into them, and each layer's [N, K] copy is freed
+    # after: the peak is the weights plus one layer, not twice the weights.
+    arena = hugepages.empty([sum(sizes)], dtype)
     users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
     start = 0
     for m, size in zip(layers, sizes):

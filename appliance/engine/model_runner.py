@@ -26,7 +26,7 @@ from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, kernel_problem
-from appliance.engine.linear import bf16_kernel_rows, pack_for_cpu, quantize_int8, use_bf16_kernel
+from appliance.engine.linear import bf16_kernel_rows, pack_for_cpu, packs_bf16, quantize_int8, use_bf16_kernel
 from appliance.engine.loader import iter_weights
 from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models import MODEL_REGISTRY, get_model_class
@@ -67,20 +67,24 @@ class ModelRunner:
         model = build_on_meta(lambda: model_cls(hf_config, self.tp, self.attn_backend, max_model_len))
         self.model: CausalLM = materialize(model, self.device, self.dtype).eval()
         self.model.load_weights(iter_weights(model_path))
+        host = Host.read()
         if getattr(cfg.quantization, "value", cfg.quantization) == "int8":
             problem = kernel_problem(self.device)
             if problem:
                 raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
             # The kernel's reach follows the CPU's units; our int8 GEMM takes any engine dtype (fp32 inside).
             ours = bool(cfg.cpu_kernels) and self.device.type == "cpu" and cpu_kernels.available()
-            plan = Int8Plan.for_host(Host.read().native_bf16, cpu_kernels=ours)
+            plan = Int8Plan.for_host(host.native_bf16, cpu_kernels=ours)
             saved = quantize_int8(self.model, plan)
             log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
         if self.use_cpu_kernels:
             pack_for_cpu(self.model)  # our GEMM
             cpu_kernels.use_in(self.model)  # the fused small ops and the KV write
         elif self.device.type == "cpu" and self.dtype == torch.bfloat16 and cfg.cpu_kernels and cpu_kernels.available():
-            use_bf16_kernel(self.model, bf16_kernel_rows(Host.read().native_bf16))  # decode steps' GEMMs
+            if packs_bf16(host.cpu_flags):
+                pack_for_cpu(self.model)  # our bf16 GEMM for every step
+            else:
+                use_bf16_kernel(self.model, bf16_kernel_rows(host.native_bf16))  # decode steps' GEMMs
         self.num_kv_blocks = self._allocate_kv_cache()
         self.sampler = Sampler(self.use_cpu_kernels)
         self.multimodal = isinstance(self.model, MultimodalCausalLM)

@@ -1,11 +1,12 @@
-"""bf16 engines on CPU multiply their few-row (decode) steps on our bf16-weight GEMM (linear.py,
-cpu_kernels.linear_bf16w): the rows follow the CPU's units, and answers stay those of torch's GEMM."""
+"""bf16 engines on CPU multiply on our GEMMs: on CPUs with AVX512-BF16 but no AMX every step, on weights
+packed for VDPBF16PS (linear.packs_bf16); elsewhere their few-row (decode) steps, on torch's weight layout
+(cpu_kernels.linear_bf16w), the rows following the CPU's units. Answers stay those of torch's GEMM."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from appliance.engine import cpu_kernels, linear
-from appliance.engine.linear import PackableLinear, bf16_kernel_rows, bf16_weight_linear, use_bf16_kernel
+from appliance.engine.linear import PackableLinear, bf16_kernel_rows, bf16_weight_linear, packs_bf16, use_bf16_kernel
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
@@ -21,6 +22,12 @@ def test_it_matches_torch_in_bf16_with_bias_and_leading_dims():
     # One bf16 rounding of the fp32 sum, then the bias added in bf16 (as F.linear's output is rounded).
     assert (y.double() - exact).abs().max() <= 0.02 * exact.abs().max()
     assert (F.linear(x, w, b).double() - exact).abs().max() <= 0.02 * exact.abs().max()
+
+
+def test_weights_pack_on_avx512_bf16_without_amx():
+    assert packs_bf16({"avx2", "avx512f", "avx512_bf16"})
+    assert not packs_bf16({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})  # oneDNN's tiles
+    assert not packs_bf16({"avx2", "fma"})
 
 
 def test_the_rows_follow_the_cpu_units():
@@ -66,8 +73,11 @@ def test_a_bf16_engine_decodes_on_it_and_answers_as_torch(llama_dir):
     for ours in (False, True):
         engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, dtype="bfloat16", cpu_kernels=ours))
         layers = [m for m in engine.executor.runner.model.modules() if isinstance(m, PackableLinear)]
-        expected = bf16_kernel_rows(Host.read().native_bf16) if ours else range(0)
-        assert layers and all(m.bf16_kernel_rows == expected for m in layers)
+        host = Host.read()
+        packed = ours and packs_bf16(host.cpu_flags)
+        assert layers and all((m.packed is not None) == packed for m in layers)
+        expected = bf16_kernel_rows(host.native_bf16) if ours and not packed else range(0)
+        assert all(m.bf16_kernel_rows == expected for m in layers)
         answers[ours] = engine.generate(prompts, greedy)
     for a, b in zip(answers[False], answers[True]):
         assert a.token_ids[0] == b.token_ids[0]

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from appliance.engine import cpu_kernels
+from appliance.engine.host import Host
 from appliance.engine.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
@@ -41,11 +42,57 @@ def test_packed_linear_takes_strided_rows_and_leading_dims():
 
 
 def test_packed_linear_refuses_what_it_cannot_run():
-    with pytest.raises(ValueError, match="fp32 CPU weights"):
-        cpu_kernels.PackedWeight(torch.randn(4, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="fp32 or bf16 CPU weights"):
+        cpu_kernels.PackedWeight(torch.randn(4, 8, dtype=torch.float16))
     packed = cpu_kernels.PackedWeight(torch.randn(4, 8))
     with pytest.raises(ValueError, match=r"input \[\.\.\., 8\]"):
         cpu_kernels.linear(torch.randn(2, 9), packed)
+    with pytest.raises(ValueError, match="float32 CPU input"):
+        cpu_kernels.linear(torch.randn(2, 8, dtype=torch.bfloat16), packed)
+
+
+BF16_UNITS = "avx512_bf16" in Host.read().cpu_flags
+
+
+def bf16_close(y, x, w):
+    """y (bf16) is x wᵀ in float64 rounded to bf16, up to fp32 summation order."""
+    expected = x.double() @ w.double().t()
+    assert y.dtype == torch.bfloat16 and y.shape == expected.shape
+    error = (y.double() - expected).abs()
+    assert (error <= expected.abs() * 2 ** -8 + 1e-5 * max(expected.abs().max().item(), 1.0)).all(), error.max()
+
+
+@pytest.mark.skipif(not BF16_UNITS, reason="the packed bf16 GEMM needs AVX512-BF16")
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 17, 200])  # the 1-2 row paths, a full 8-row tile, 200 > a 192-row block
+@pytest.mark.parametrize("n, k", [(1, 8), (5, 7), (33, 77), (32, 512), (40, 513), (70, 1100)])  # odd K; > one K pass
+def test_packed_bf16_linear_matches_the_weight_in_float64(m, n, k):
+    torch.manual_seed(m * 1000 + n + k)
+    x, w = torch.randn(m, k).to(torch.bfloat16), torch.randn(n, k).to(torch.bfloat16)
+    packed = cpu_kernels.PackedWeight(w)
+    assert packed.data.dtype == torch.bfloat16
+    bf16_close(cpu_kernels.linear(x, packed), x, w)
+
+
+@pytest.mark.skipif(not BF16_UNITS, reason="the packed bf16 GEMM needs AVX512-BF16")
+def test_packed_bf16_linear_takes_strided_rows_leading_dims_and_bias():
+    w, b = torch.randn(24, 31).to(torch.bfloat16), torch.randn(24).to(torch.bfloat16)
+    packed = cpu_kernels.PackedWeight(w)
+    for rows in (torch.randn(10, 48).to(torch.bfloat16)[:, 8:39],  # row stride 48
+                 torch.randn(10, 47).to(torch.bfloat16)[:, 8:39]):  # an odd row stride
+        bf16_close(cpu_kernels.linear(rows, packed), rows, w)
+    x3 = torch.randn(2, 3, 31).to(torch.bfloat16)
+    bf16_close(cpu_kernels.linear(x3, packed).flatten(0, 1), x3.flatten(0, 1), w)
+    assert torch.equal(cpu_kernels.linear(x3, packed, b), cpu_kernels.linear(x3, packed) + b)
+    assert cpu_kernels.linear(torch.randn(0, 31).to(torch.bfloat16), packed).shape == (0, 24)
+    with pytest.raises(ValueError, match="bfloat16 CPU input"):
+        cpu_kernels.linear(torch.randn(2, 31), packed)
+
+
+@pytest.mark.skipif(BF16_UNITS, reason="this CPU has AVX512-BF16")
+def test_packed_bf16_linear_says_it_needs_bf16_units():
+    packed = cpu_kernels.PackedWeight(torch.randn(4, 8).to(torch.bfloat16))  # packing is plain C
+    with pytest.raises(RuntimeError, match="needs a CPU with AVX512-BF16"):
+        cpu_kernels.linear(torch.randn(2, 8).to(torch.bfloat16), packed)
 
 
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 16])  # one x row group of 4, a partial one, several
@@ -81,8 +128,6 @@ def test_bf16_weight_linear_matches_the_weight_in_float64(m, n, k, units):
 def test_bf16_weight_linear_rounds_x_to_bf16_only_on_bf16_units():
     """With AVX512-BF16 the kernel multiplies bf16 pairs, so fp32 rows are rounded to bf16 first (nearest
     even); elsewhere it widens the weight and keeps x in fp32."""
-    from appliance.engine.host import Host
-
     torch.manual_seed(7)
     x, w = torch.randn(3, 100), torch.randn(9, 100).to(torch.bfloat16)
     units = "avx512_bf16" in Host.read().cpu_flags
@@ -260,7 +305,20 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
     (lambda: cpu_kernels.argmax_rows(torch.ones(3)), ValueError, "x must be 2-D"),
     (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8), cpu_kernels.PackedWeight(torch.randn(4, 8)).data, 17),
      ValueError, "out_features 17 does not fit"),
-    (lambda: cpu_kernels.ops().pack_weight(torch.randn(4, 8), torch.empty(10)), ValueError, "contiguous 128-float buffer"),
+    (lambda: cpu_kernels.ops().pack_weight(torch.randn(4, 8), torch.empty(10)), ValueError, "contiguous 128-element buffer"),
+    (lambda: cpu_kernels.ops().pack_weight(torch.randn(40, 7).to(torch.bfloat16), torch.empty(10, dtype=torch.bfloat16)),
+     ValueError, "contiguous 512-element buffer"),  # 2 panels x 4 k pairs x 64
+    (lambda: cpu_kernels.ops().pack_weight(torch.randn(4, 8), torch.empty(128, dtype=torch.bfloat16)),
+     ValueError, "out must be a 1-D CPU tensor of the weight's dtype"),
+    (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 6).to(torch.bfloat16),
+                                             cpu_kernels.PackedWeight(torch.randn(4, 7).to(torch.bfloat16)).data, 4),
+     ValueError, r"input \[\.\.\., 7 or 8\]"),  # K odd or even: the padded pair matches both
+    (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8).to(torch.bfloat16),
+                                             cpu_kernels.PackedWeight(torch.randn(4, 8).to(torch.bfloat16)).data, 33),
+     ValueError, "out_features 33 does not fit a weight packed in 1 panels of 32"),
+    (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8),
+                                             cpu_kernels.PackedWeight(torch.randn(4, 8).to(torch.bfloat16)).data, 4),
+     ValueError, "x must be 2-D bfloat16 for a bf16 weight"),
     (lambda: cpu_kernels.linear_int8(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(4, 8, dtype=torch.int8),
                                      torch.ones(4)), ValueError, "x must be float32, got BFloat16"),
     (lambda: cpu_kernels.linear_int8(torch.randn(2, 8), torch.ones(4, 8), torch.ones(4)),

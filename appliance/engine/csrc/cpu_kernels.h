@@ -30,6 +30,11 @@ void linear_int8_f32(const float* x, int64_t ldx, const int8_t* q, const float* 
 // bf16_units: use AVX512-BF16 where the CPU has it (0: the AVX2 path everywhere; tests compare the two).
 void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, int64_t ldy, int64_t M, int64_t N,
                       int64_t K, int bf16_units);
+// bf16 weights packed in 32-output panels of k pairs; x bf16 [M, K] rows padded to an even K (ldx even).
+void pack_weight_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* packed);
+// -1 (nothing written) on a CPU without AVX512-BF16.
+int linear_packed_bf16(const uint16_t* x, int64_t ldx, const uint16_t* packed, float* y, int64_t ldy, int64_t M,
+                       int64_t N, int64_t K);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 // the dispatcher. Built by appliance/engine/build_kernels.py.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
@@ -50,17 +51,63 @@ void check_heads(const at::Tensor& t, const char* name) {
                     " must have contiguous heads ([T, H, D] with strides [any, D, 1]), got strides ", t.strides());
 }
 
+constexpr int64_t kBf16Panel = 32;  // output columns per packed bf16 panel, each k pair side by side
+
 void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
-  check_f32(weight, "weight", 2);
-  check_f32(out, "out", 1);
-  const int64_t n = weight.size(0), k = weight.size(1), panels = (n + kPanel - 1) / kPanel;
-  TORCH_CHECK_VALUE(out.is_contiguous() && out.numel() == panels * k * kPanel, "out must be a contiguous ",
-                    panels * k * kPanel, "-float buffer for a [", n, ", ", k, "] weight, got ", out.numel());
+  TORCH_CHECK_VALUE(weight.device().is_cpu() && weight.dim() == 2, "weight must be a 2-D CPU tensor, got ",
+                    weight.sizes(), " on ", weight.device());
+  TORCH_CHECK_VALUE(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
+                    "weight must be float32 or bfloat16, got ", weight.scalar_type());
+  TORCH_CHECK_VALUE(out.device().is_cpu() && out.dim() == 1 && out.scalar_type() == weight.scalar_type(),
+                    "out must be a 1-D CPU tensor of the weight's dtype, got ", out.scalar_type(), " ", out.sizes());
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const bool bf16 = weight.scalar_type() == at::kBFloat16;
+  const int64_t numel = bf16 ? (n + kBf16Panel - 1) / kBf16Panel * ((k + 1) / 2) * kBf16Panel * 2
+                             : (n + kPanel - 1) / kPanel * k * kPanel;
+  TORCH_CHECK_VALUE(out.is_contiguous() && out.numel() == numel, "out must be a contiguous ", numel,
+                    "-element buffer for a [", n, ", ", k, "] weight, got ", out.numel());
   const at::Tensor w = weight.contiguous();
-  pack_weight_f32(w.const_data_ptr<float>(), n, k, out.mutable_data_ptr<float>());
+  if (bf16)
+    pack_weight_bf16(reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>()), n, k,
+                     reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>()));
+  else
+    pack_weight_f32(w.const_data_ptr<float>(), n, k, out.mutable_data_ptr<float>());
+}
+
+// y = x W^T in x's dtype for a bf16 weight packed by pack_weight: x [M, K] bf16, its rows padded to an
+// even length (the kernel reads k in pairs), the sums in fp32.
+at::Tensor linear_packed_bf16_op(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features) {
+  TORCH_CHECK_VALUE(x_in.scalar_type() == at::kBFloat16 && x_in.dim() == 2, "x must be 2-D bfloat16 for a "
+                    "bf16 weight, got ", x_in.scalar_type(), " ", x_in.sizes());
+  check_rows(x_in, "x");
+  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == 2 * kBf16Panel, "packed bf16 weight must be a "
+                    "contiguous [panels, ceil(K/2), 64], got shape ", packed.sizes());
+  const int64_t m = x_in.size(0), k = x_in.size(1), panels = packed.size(0);
+  TORCH_CHECK_VALUE((k + 1) / 2 == packed.size(1), "packed linear takes input [..., ", 2 * packed.size(1) - 1,
+                    " or ", 2 * packed.size(1), "], got ", x_in.sizes());
+  TORCH_CHECK_VALUE(out_features > (panels - 1) * kBf16Panel && out_features <= panels * kBf16Panel,
+                    "out_features ", out_features, " does not fit a weight packed in ", panels, " panels of 32");
+  at::Tensor x = x_in;
+  if (k % 2 == 1)
+    x = at::constant_pad_nd(x_in, {0, 1});  // a zero k beside the weight's zero pad
+  else if (m > 1 && x_in.stride(0) % 2 == 1)
+    x = x_in.contiguous();
+  at::Tensor y = at::empty({m, out_features}, x.options().dtype(at::kFloat));
+  if (m > 0) {
+    const int rc = linear_packed_bf16(reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()),
+                                      m > 1 ? x.stride(0) : x.size(1),
+                                      reinterpret_cast<const uint16_t*>(packed.const_data_ptr<at::BFloat16>()),
+                                      y.mutable_data_ptr<float>(), out_features, m, out_features, k);
+    TORCH_CHECK(rc == 0, "the packed bf16 GEMM needs a CPU with AVX512-BF16");
+  }
+  return y.to(at::kBFloat16);
 }
 
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
+  TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.dim() == 3, "packed weight must be a 3-D CPU tensor, got ",
+                    packed.sizes(), " on ", packed.device());
+  if (packed.scalar_type() == at::kBFloat16)
+    return linear_packed_bf16_op(x, packed, out_features);
   check_f32(x, "x", 2);
   check_f32(packed, "packed weight", 3);
   check_rows(x, "x");
