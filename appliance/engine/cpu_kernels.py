@@ -1,7 +1,8 @@
 """Our AVX2 kernels for fp32 on CPU (csrc/): a GEMM on prepacked weights, paged decode attention reading
 K/V in place, an int8 weight-only GEMM for few rows (int8.py), and fused small ops (RMSNorm, rotary,
 KV-cache write, SwiGLU, argmax). For bf16 engines: the same GEMM on bf16 weights prepacked for
-VDPBF16PS (CPUs with AVX512-BF16), and a bf16-weight GEMM for few rows on torch's layout.
+VDPBF16PS (CPUs with AVX512-BF16), and a bf16-weight GEMM for few rows on torch's layout. For int8
+weights: the packed GEMM on VPDPWSSD (CPUs with AVX512-VNNI).
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -27,8 +28,8 @@ from appliance.engine.build_kernels import KernelBuildError, find_or_build
 log = logging.getLogger(__name__)
 
 PANEL = 16  # output columns per packed fp32 panel (csrc/cpu_kernels.c)
-BF16_PANEL = 32  # output columns per packed bf16 panel
-PACKED_DTYPES = (torch.float32, torch.bfloat16)
+PAIR_PANEL = 32  # output columns per packed bf16 or int8 panel
+PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 
 
 @dataclass(frozen=True)
@@ -90,40 +91,56 @@ def fits(*tensors: torch.Tensor) -> bool:
 
 class PackedWeight:
     """A linear layer's [N, K] weight repacked for our GEMM, zero-padded: fp32 as [ceil(N/16), K, 16] (16
-    outputs a panel, one k at a time), bf16 as [ceil(N/32), ceil(K/2), 64] (32 outputs a panel, each
-    output's k pairs side by side, as VDPBF16PS multiplies them; CPUs with AVX512-BF16 only). `out`, if
-    given, is the flat buffer (of `numel(N, K, dtype)` elements) to pack into."""
+    outputs a panel, one k at a time); bf16 and int8 as [ceil(N/32), ceil(K/2), 64] (32 outputs a panel,
+    each output's k pairs side by side, as VDPBF16PS and VPDPWSSD multiply them: CPUs with AVX512-BF16 /
+    AVX512-VNNI), int8 with its fp32 `scale` per output. `out`, if given, is the flat buffer (of `numel(N, K, dtype)`
+    elements) to pack into."""
 
-    def __init__(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None):
+    def __init__(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
+                 scale: Optional[torch.Tensor] = None):
         if weight.dtype not in PACKED_DTYPES or weight.device.type != "cpu" or weight.dim() != 2:
-            raise ValueError(f"only 2-D fp32 or bf16 CPU weights pack, got {weight.dtype} {tuple(weight.shape)} "
-                             f"on {weight.device}")
+            raise ValueError(f"only 2-D fp32, bf16 or int8 CPU weights pack, got {weight.dtype} "
+                             f"{tuple(weight.shape)} on {weight.device}")
+        if (weight.dtype == torch.int8) != (scale is not None):
+            raise ValueError("an int8 weight packs with its scales, and only an int8 weight")
         self.out_features, self.in_features = weight.shape
+        self.scale = scale
         shape = self.shape(*weight.shape, weight.dtype)
         self.data = torch.empty(shape, dtype=weight.dtype) if out is None else out.view(shape)
         ops().pack_weight(weight, self.data.view(-1))
 
     @staticmethod
     def shape(out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> Tuple[int, int, int]:
-        if dtype == torch.bfloat16:
-            return -(-out_features // BF16_PANEL), -(-in_features // 2), 2 * BF16_PANEL
-        return -(-out_features // PANEL), in_features, PANEL
+        if dtype == torch.float32:
+            return -(-out_features // PANEL), in_features, PANEL
+        return -(-out_features // PAIR_PANEL), -(-in_features // 2), 2 * PAIR_PANEL
 
     @staticmethod
     def numel(out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> int:
         a, b, c = PackedWeight.shape(out_features, in_features, dtype)
         return a * b * c
 
+    @property
+    def nbytes(self) -> int:
+        scale = 0 if self.scale is None else self.scale.numel() * self.scale.element_size()
+        return self.data.numel() * self.data.element_size() + scale
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """What x must be (and y will be): bf16 for a bf16 weight (VDPBF16PS multiplies bf16 pairs), else
+        fp32 (an int8 weight's GEMM quantises x itself)."""
+        return torch.bfloat16 if self.data.dtype == torch.bfloat16 else torch.float32
+
 
 def linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """F.linear(x, w, bias) for x [..., K] on CPU in the packed weight's dtype, w given as a PackedWeight."""
+    """F.linear(x, w, bias) for x [..., K] on CPU in the weight's `input_dtype`, w given as a PackedWeight."""
     k, n = weight.in_features, weight.out_features
-    if x.dtype != weight.data.dtype or x.device.type != "cpu" or x.shape[-1] != k:
-        raise ValueError(f"packed linear takes {weight.data.dtype} CPU input [..., {k}], got {x.dtype} "
+    if x.dtype != weight.input_dtype or x.device.type != "cpu" or x.shape[-1] != k:
+        raise ValueError(f"packed linear takes {weight.input_dtype} CPU input [..., {k}], got {x.dtype} "
                          f"{tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
-    y = ops().linear_packed(x2 if x2.stride(1) == 1 else x2.contiguous(), weight.data, n)
+    y = ops().linear_packed(x2 if x2.stride(1) == 1 else x2.contiguous(), weight.data, n, weight.scale)
     if bias is not None:
         y.add_(bias)
     return y.view(*lead, n)

@@ -8,6 +8,10 @@ rows a step is compute-bound and a dense GEMM on weights converted tile by tile 
 many rows, and the tiles' dtype, depend on the host (`Int8Plan.for_host`). Where the engine runs our CPU
 kernels (engine.cpu_kernels), decode steps of up to `Int8Plan.cpu_kernel_rows` rows run on our AVX2 int8
 GEMM instead (cpu_kernels.linear_int8, fp32 activations), which reads each weight row once for all rows.
+On CPUs where bf16 weights pack for our GEMM (linear.packs_bf16: AVX512-BF16, no AMX) and AVX512-VNNI
+multiplies int16, int8 weights pack in the same panels and every step runs on our int8 GEMM
+(cpu_kernels.PackedWeight): activations quantised to int16 per row and per 512 k (finer than bf16 but for
+an outlier far above the rest of its block), the weights sign-extended, int32 sums scaled back.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -33,37 +37,49 @@ class Int8Plan:
     kernel_rows: int
     tile_dtype: torch.dtype
     cpu_kernel_rows: int = 0  # steps of up to this many rows run on our int8 GEMM (0: never; the engine's choice)
+    packed: bool = False  # the weights pack for our VDPBF16PS GEMM, which takes every step (the engine's choice)
 
     @classmethod
-    def for_host(cls, native_bf16: bool, cpu_kernels: bool = False) -> "Int8Plan":
+    def for_host(cls, native_bf16: bool, cpu_kernels: bool = False, packed: bool = False) -> "Int8Plan":
         """With bf16 matrix units (AMX), the kernel loses past a few rows (at 4096x11008: 1.3 ms for one
         row, 2.6x faster than bf16, but 18.6 ms for 32, 4.4x slower), and bf16 tiles ride the units.
         Without them bf16 is emulated: the kernel beats fp32 tiles up to ~200 rows (32 rows: 79 against
         289 ms; 256: 771 against 687 ms, on an AVX2 EPYC), and fp32 tiles beat bf16 ones. `cpu_kernels`:
-        the engine runs our kernels, so small steps take our int8 GEMM."""
+        the engine runs our kernels, so small steps take our int8 GEMM. `packed`: it runs them on a CPU
+        whose bf16 weights pack (linear.packs_bf16), so every step takes our packed GEMM."""
+        if packed:
+            return cls(0, torch.bfloat16, packed=True)
         ours = CPU_KERNEL_ROWS if cpu_kernels else 0
         return cls(16, torch.bfloat16, ours) if native_bf16 else cls(192, torch.float32, ours)
 
 
 class Int8Weight:
-    """A [N, K] weight as int8 rows and their N scales."""
+    """A [N, K] weight as int8 rows and their N scales (`q`), or packed for our GEMM (`packed`) where the
+    plan says so."""
 
     def __init__(self, weight: torch.Tensor, plan: Int8Plan):
         self.plan = plan
         rows = weight.shape[0]
-        self.q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+        self.q: Optional[torch.Tensor] = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
         self.scale = torch.empty(rows, dtype=torch.float32, device=weight.device)
         for start in range(0, rows, QUANT_CHUNK_ROWS):
             chunk = weight[start:start + QUANT_CHUNK_ROWS].float()
             scale = chunk.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
             self.q[start:start + QUANT_CHUNK_ROWS] = torch.round(chunk / scale[:, None]).clamp_(-127, 127)
             self.scale[start:start + QUANT_CHUNK_ROWS] = scale
+        self.packed: Optional[cpu_kernels.PackedWeight] = None
+        if plan.packed:
+            self.packed = cpu_kernels.PackedWeight(self.q, scale=self.scale)
+            self.q = None  # the rows live on in the panels
 
     @property
     def nbytes(self) -> int:
+        if self.packed is not None:
+            return self.packed.nbytes
         return self.q.numel() + self.scale.numel() * self.scale.element_size()
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """W as the int8 rows stand for it (an unpacked weight)."""
         return (self.q.to(torch.float32) * self.scale[:, None]).to(dtype)
 
     def linear(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -71,7 +87,9 @@ class Int8Weight:
         shape, dtype = x.shape, x.dtype
         x2 = x.reshape(-1, shape[-1])
         on_cpu = x.device.type == "cpu"
-        if on_cpu and x2.shape[0] <= self.plan.cpu_kernel_rows:
+        if self.packed is not None:
+            y = cpu_kernels.linear(x2.float(), self.packed)
+        elif on_cpu and x2.shape[0] <= self.plan.cpu_kernel_rows:
             x32 = x2.float()  # [rows, K]: a few KB, converted here so the kernel reads fp32 alone
             y = cpu_kernels.linear_int8(x32 if x32.stride(-1) == 1 else x32.contiguous(), self.q, self.scale)
         elif x2.shape[0] <= self.plan.kernel_rows and self.q.shape[1] % TORCH_KERNEL_K_MULTIPLE == 0:
@@ -84,7 +102,7 @@ class Int8Weight:
             for start in range(0, self.q.shape[0], TILE_ROWS):
                 torch.mm(x2, self.q[start:start + TILE_ROWS].to(compute).t(), out=y[:, start:start + TILE_ROWS])
             y *= self.scale.to(compute)  # the scales on the output: a pass over [rows, N], not over each tile
-        y = y.to(dtype).reshape(*shape[:-1], self.q.shape[0])
+        y = y.to(dtype).reshape(*shape[:-1], self.scale.shape[0])
         return y if bias is None else y + bias
 
 

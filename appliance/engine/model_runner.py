@@ -26,7 +26,8 @@ from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, kernel_problem
-from appliance.engine.linear import bf16_kernel_rows, pack_for_cpu, packs_bf16, quantize_int8, use_bf16_kernel
+from appliance.engine.linear import (bf16_kernel_rows, pack_for_cpu, packs_bf16, packs_int8, quantize_int8,
+                                     use_bf16_kernel)
 from appliance.engine.loader import iter_weights
 from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models import MODEL_REGISTRY, get_model_class
@@ -74,7 +75,7 @@ class ModelRunner:
                 raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
             # The kernel's reach follows the CPU's units; our int8 GEMM takes any engine dtype (fp32 inside).
             ours = bool(cfg.cpu_kernels) and self.device.type == "cpu" and cpu_kernels.available()
-            plan = Int8Plan.for_host(host.native_bf16, cpu_kernels=ours)
+            plan = Int8Plan.for_host(host.native_bf16, cpu_kernels=ours, packed=ours and packs_int8(host.cpu_flags))
             saved = quantize_int8(self.model, plan)
             log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
         if self.use_cpu_kernels:

@@ -42,13 +42,17 @@ def test_packed_linear_takes_strided_rows_and_leading_dims():
 
 
 def test_packed_linear_refuses_what_it_cannot_run():
-    with pytest.raises(ValueError, match="fp32 or bf16 CPU weights"):
+    with pytest.raises(ValueError, match="fp32, bf16 or int8 CPU weights"):
         cpu_kernels.PackedWeight(torch.randn(4, 8, dtype=torch.float16))
     packed = cpu_kernels.PackedWeight(torch.randn(4, 8))
     with pytest.raises(ValueError, match=r"input \[\.\.\., 8\]"):
         cpu_kernels.linear(torch.randn(2, 9), packed)
     with pytest.raises(ValueError, match="float32 CPU input"):
         cpu_kernels.linear(torch.randn(2, 8, dtype=torch.bfloat16), packed)
+    with pytest.raises(ValueError, match="an int8 weight packs with its scales"):
+        cpu_kernels.PackedWeight(torch.ones(4, 8, dtype=torch.int8))
+    with pytest.raises(ValueError, match="an int8 weight packs with its scales"):
+        cpu_kernels.PackedWeight(torch.randn(4, 8), scale=torch.ones(4))
 
 
 BF16_UNITS = "avx512_bf16" in Host.read().cpu_flags
@@ -319,6 +323,22 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
     (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8),
                                              cpu_kernels.PackedWeight(torch.randn(4, 8).to(torch.bfloat16)).data, 4),
      ValueError, "x must be 2-D bfloat16 for a bf16 weight"),
+    (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8).to(torch.bfloat16),
+                                             cpu_kernels.PackedWeight(torch.randn(4, 8).to(torch.bfloat16)).data, 4,
+                                             torch.ones(4)),
+     ValueError, "scales are for int8 weights only"),
+    (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8),
+                                             cpu_kernels.PackedWeight(torch.ones(4, 8, dtype=torch.int8),
+                                                                      scale=torch.ones(4)).data, 4),
+     ValueError, "an int8 weight needs its scales"),
+    (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8),
+                                             cpu_kernels.PackedWeight(torch.ones(4, 8, dtype=torch.int8),
+                                                                      scale=torch.ones(4)).data, 4, torch.ones(3)),
+     ValueError, r"scale must be contiguous float32 \[4\]"),
+    (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8).to(torch.bfloat16),
+                                             cpu_kernels.PackedWeight(torch.ones(4, 8, dtype=torch.int8),
+                                                                      scale=torch.ones(4)).data, 4, torch.ones(4)),
+     ValueError, "x must be 2-D float32 for an int8 weight"),
     (lambda: cpu_kernels.linear_int8(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(4, 8, dtype=torch.int8),
                                      torch.ones(4)), ValueError, "x must be float32, got BFloat16"),
     (lambda: cpu_kernels.linear_int8(torch.randn(2, 8), torch.ones(4, 8), torch.ones(4)),

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from appliance.engine import cpu_kernels, int8
+from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, Int8Weight, kernel_problem
 
 AMX, AVX2 = Int8Plan.for_host(native_bf16=True), Int8Plan.for_host(native_bf16=False)
@@ -95,6 +96,48 @@ def test_small_steps_run_on_our_kernel_in_fp32(rows, dtype, monkeypatch):
     assert torch.allclose(y.float(), x.float() @ w8.dequantized().t() + bias.to(dtype).float(), rtol=0.02, atol=0.02)
 
 
+VNNI = "avx512_vnni" in Host.read().cpu_flags
+PACKED = Int8Plan.for_host(native_bf16=True, cpu_kernels=True, packed=True)
+needs_vnni = pytest.mark.skipif(not VNNI, reason="the packed int8 GEMM needs AVX512-VNNI")
+
+
+@needs_our_kernels
+@needs_vnni
+@pytest.mark.parametrize("rows", [1, 2, 8, 9, 200])  # the 1-2 row paths, a full tile, past a 192-row block
+@pytest.mark.parametrize("n, k", [(37, 48), (70, 601), (33, 1100)])  # a partial panel; odd K; 3 K passes
+def test_packed_weights_multiply_as_the_dequantised_weight(rows, n, k):
+    """x is quantised to int16 per row and per 512 k: within ~1e-5 of the block's largest |x| an
+    element, far finer than bf16."""
+    torch.manual_seed(rows + n + k)
+    weight, bias = torch.randn(n, k) * 0.05, torch.randn(n)
+    w8, rowwise = Int8Weight(weight, PACKED), Int8Weight(weight, AVX2)
+    assert w8.q is None and w8.packed.data.dtype == torch.int8
+    assert w8.nbytes == w8.packed.data.numel() + 4 * n
+    x = torch.randn(rows, k)
+    for dtype in (torch.float32, torch.bfloat16):
+        y = w8.linear(x.to(dtype), bias.to(dtype))
+        assert y.dtype == dtype and y.shape == (rows, n)
+    y = w8.linear(x, bias)
+    expected = x.double() @ rowwise.dequantized().double().t() + bias.double()
+    assert (y.double() - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+@needs_our_kernels
+@needs_vnni
+def test_the_largest_sums_of_a_pass_do_not_overflow():
+    """Every x at its block's largest value against weights of 127: a pass sums 512 products of 32767 x 127,
+    just below 2^31."""
+    k = 3 * 512
+    weight = torch.full((40, k), 0.5)
+    w8 = Int8Weight(weight, PACKED)
+    x = torch.full((3, k), -2.0)
+    assert torch.allclose(w8.linear(x), torch.full((3, 40), -1.0 * k), rtol=1e-6)
+
+
+def test_packing_is_the_engines_choice():
+    assert PACKED.packed and not Int8Plan.for_host(native_bf16=True, cpu_kernels=True).packed
+
+
 def test_the_cpu_has_a_kernel_and_a_missing_one_is_named():
     assert kernel_problem(torch.device("cpu")) is None
 
@@ -138,11 +181,12 @@ def test_int8_is_refused_for_a_pool_engine():
 @needs_our_kernels
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_our_int8_kernel_keeps_the_engines_greedy_tokens(llama_dir, dtype):
-    """int8 on our kernel (engine.cpu_kernels, the default) answers as int8 on torch's alone: the same
-    first tokens (torch's kernel rounds activations to bf16, ours keeps them in fp32, so a random model's
-    near-ties later may fall either way, in either engine dtype)."""
+    """int8 on our kernels (engine.cpu_kernels, the default: the packed GEMM on CPUs with AVX512-BF16 but
+    no AMX, else the few-row one) answers as int8 on torch's alone: the same first tokens (the few-row
+    kernel keeps activations in fp32 where torch's rounds them to bf16, so a random model's near-ties
+    later may fall either way, in either engine dtype)."""
     from appliance.engine.config import EngineConfig
-    from appliance.engine.linear import ColumnParallelLinear
+    from appliance.engine.linear import ColumnParallelLinear, packs_bf16
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
     from tests.engine.helpers import random_prompts
@@ -154,6 +198,8 @@ def test_our_int8_kernel_keeps_the_engines_greedy_tokens(llama_dir, dtype):
         engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, quantization="int8", dtype=dtype,
                                                    cpu_kernels=ours))
         layer = next(m for m in engine.executor.runner.model.modules() if isinstance(m, ColumnParallelLinear))
-        assert layer.quantized.plan.cpu_kernel_rows == (int8.CPU_KERNEL_ROWS if ours else 0)
+        packed = ours and packs_bf16(Host.read().cpu_flags)
+        assert layer.quantized.plan.packed == packed and (layer.quantized.packed is not None) == packed
+        assert layer.quantized.plan.cpu_kernel_rows == (int8.CPU_KERNEL_ROWS if ours and not packed else 0)
         answers[ours] = [a.token_ids for a in engine.generate(prompts, greedy)]
     assert [a[0] for a in answers[True]] == [a[0] for a in answers[False]]

@@ -8,6 +8,7 @@
 // - on CPUs with AVX512-BF16, linear on bf16 weights prepacked for VDPBF16PS: oneDNN streams a decode
 //   step's weights at half the memory bandwidth; this kernel is 1.3-2x faster there and on par at
 //   prefill sizes (a target attribute and a run-time check: the library still runs on AVX2 alone);
+// - on CPUs with AVX512-VNNI, the same on int8 weights (int16 activations, VPDPWSSD): half the bytes;
 // - small per-token ops fused (RMSNorm, rotary, KV-cache write, SwiGLU, argmax), because a decode
 //   step would otherwise pay torch's per-op overhead some 400 times.
 // Plain C with no argument checks: cpu_ops.cpp registers each as a torch operator and checks shapes,
@@ -615,18 +616,33 @@ void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, 
 #define BMC 192  // x rows per block: 192 KB of x pairs stay in L2 while the panels stream past
 #define BPREFETCH 64  // k pairs ahead (8 KB) to prefetch while a panel is read from memory the first time
 
-void pack_weight_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* packed) {
+// Packs `es`-byte elements (bf16, or int8 for the int8 GEMM below) in pair panels. Inlined with a constant
+// element size, so each copy is a plain load and store.
+static inline __attribute__((always_inline)) void pack_pairs(const char* w, int64_t N, int64_t K, int64_t es,
+                                                             char* packed) {
     const int64_t panels = (N + BPANEL - 1) / BPANEL, K2 = (K + 1) / 2;
     #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < panels; p++)
         for (int j = 0; j < BPANEL; j++) {
             const int64_t n = p * BPANEL + j;
-            uint16_t* out = packed + (p * K2 * BPANEL + j) * 2;
-            for (int64_t kp = 0; kp < K2; kp++) {  // zero-padded: the last panel's rows, an odd K's last k
-                out[kp * BPANEL * 2] = n < N ? w[n * K + 2 * kp] : 0;
-                out[kp * BPANEL * 2 + 1] = n < N && 2 * kp + 1 < K ? w[n * K + 2 * kp + 1] : 0;
-            }
+            char* out = packed + (p * K2 * BPANEL + j) * 2 * es;
+            for (int64_t kp = 0; kp < K2; kp++)  // zero-padded: the last panel's rows, an odd K's last k
+                for (int64_t t = 0; t < 2; t++) {
+                    char* dst = out + (kp * BPANEL * 2 + t) * es;
+                    if (n < N && 2 * kp + t < K)
+                        memcpy(dst, w + (n * K + 2 * kp + t) * es, es);
+                    else
+                        memset(dst, 0, es);
+                }
         }
+}
+
+void pack_weight_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* packed) {
+    pack_pairs((const char*)w, N, K, 2, (char*)packed);
+}
+
+void pack_weight_int8(const int8_t* q, int64_t N, int64_t K, int8_t* packed) {
+    pack_pairs((const char*)q, N, K, 1, (char*)packed);
 }
 
 static inline BF16_UNITS __m512bh pair_broadcast(const uint16_t* p) {
@@ -731,5 +747,163 @@ int linear_packed_bf16(const uint16_t* x, int64_t ldx, const uint16_t* packed, f
                        int64_t N, int64_t K) {
     if (!__builtin_cpu_supports("avx512bf16")) return -1;
     linear_packed_bf16_units(x, ldx, packed, y, ldy, M, N, K);
+    return 0;
+}
+
+// ---- The int8 weight-only GEMM on CPUs with AVX512-VNNI: int8 weights in the same pair panels (a byte an
+// element), an fp32 scale per output. x is quantised to int16 per row and per K pass (256 pairs), each
+// block scaled to its largest |x| (finer than bf16's 8-bit significand wherever a block holds no outlier
+// far above the rest), and VPDPWSSD multiplies int16 pairs into int32 sums: the weights only sign-extend
+// (one instruction per 32), so a decode step reads half the bytes of bf16 at close to the memory's rate.
+// A pass's sums cannot overflow: 512 products of at most 32767 x 127 stay below 2^31. Each pass adds its
+// sums times the block's scale into y; the last also multiplies by the outputs' scales.
+#define VNNI_UNITS __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define X_LEVELS 32767.f
+
+static inline VNNI_UNITS __m512i int16_pair_broadcast(const int16_t* p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
+// 32 int8 weights (16 outputs x a k pair) sign-extended to int16.
+static inline VNNI_UNITS __m512i load_int8_pairs(const int8_t* p) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p));
+}
+
+// As bf16_tile_rows, on int16 x pairs and int8 weight pairs (sign-extended in registers); xs: each row's
+// scale for this pass (row stride lds); scale: the outputs' scales on the last pass (else NULL).
+static inline VNNI_UNITS __attribute__((always_inline)) void int8_tile_rows(
+        const int16_t* x, int64_t ldx, const float* xs, int64_t lds, const int8_t* panel, int64_t kc, float* y,
+        int64_t ldy, int accumulate, const float* scale, const int mr, int nr, const int prefetch) {
+    __m512i c[BMR][2], d[2][2];
+    for (int i = 0; i < BMR; i++) c[i][0] = c[i][1] = _mm512_setzero_si512();
+    d[0][0] = d[0][1] = d[1][0] = d[1][1] = _mm512_setzero_si512();
+    int64_t kp = 0;
+    if (mr <= 2)
+        for (; kp + 2 <= kc; kp += 2) {
+            const int8_t* row = panel + kp * BPANEL * 2;
+            if (prefetch) {
+                _mm_prefetch((const char*)(row + BPREFETCH * BPANEL * 2), _MM_HINT_T0);
+                _mm_prefetch((const char*)(row + BPREFETCH * BPANEL * 2 + 64), _MM_HINT_T0);
+            }
+            const __m512i u0 = load_int8_pairs(row), u1 = load_int8_pairs(row + 32);
+            const __m512i v0 = load_int8_pairs(row + 64), v1 = load_int8_pairs(row + 96);
+            for (int i = 0; i < mr; i++) {
+                const __m512i a = int16_pair_broadcast(x + i * ldx + 2 * kp);
+                const __m512i b = int16_pair_broadcast(x + i * ldx + 2 * kp + 2);
+                c[i][0] = _mm512_dpwssd_epi32(c[i][0], a, u0);
+                c[i][1] = _mm512_dpwssd_epi32(c[i][1], a, u1);
+                d[i][0] = _mm512_dpwssd_epi32(d[i][0], b, v0);
+                d[i][1] = _mm512_dpwssd_epi32(d[i][1], b, v1);
+            }
+        }
+    for (; kp < kc; kp++) {
+        const int8_t* row = panel + kp * BPANEL * 2;
+        if (prefetch) _mm_prefetch((const char*)(row + BPREFETCH * BPANEL * 2), _MM_HINT_T0);
+        const __m512i u0 = load_int8_pairs(row), u1 = load_int8_pairs(row + 32);
+        for (int i = 0; i < mr; i++) {
+            const __m512i a = int16_pair_broadcast(x + i * ldx + 2 * kp);
+            c[i][0] = _mm512_dpwssd_epi32(c[i][0], a, u0);
+            c[i][1] = _mm512_dpwssd_epi32(c[i][1], a, u1);
+        }
+    }
+    const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1),
+                    m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+    for (int i = 0; i < mr; i++) {
+        float* yr = y + i * ldy;
+        __m512i t0 = c[i][0], t1 = c[i][1];
+        if (mr <= 2) {  // both halves together hold at most a pass's 512 products: the sum still fits
+            t0 = _mm512_add_epi32(t0, d[i][0]);
+            t1 = _mm512_add_epi32(t1, d[i][1]);
+        }
+        const __m512 rs = _mm512_set1_ps(xs[i * lds]);
+        __m512 s0 = _mm512_mul_ps(_mm512_cvtepi32_ps(t0), rs), s1 = _mm512_mul_ps(_mm512_cvtepi32_ps(t1), rs);
+        if (accumulate) {
+            s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(m0, yr));
+            s1 = _mm512_add_ps(s1, _mm512_maskz_loadu_ps(m1, yr + 16));
+        }
+        if (scale) {
+            s0 = _mm512_mul_ps(s0, _mm512_maskz_loadu_ps(m0, scale));
+            s1 = _mm512_mul_ps(s1, _mm512_maskz_loadu_ps(m1, scale + 16));
+        }
+        _mm512_mask_storeu_ps(yr, m0, s0);
+        _mm512_mask_storeu_ps(yr + 16, m1, s1);
+    }
+}
+
+#define INT8_TILE_CASE(rows, pf) \
+    case rows: int8_tile_rows(x, ldx, xs, lds, panel, kc, y, ldy, accumulate, scale, rows, nr, pf); return;
+#define INT8_TILE_CASES(pf)                                                                                  \
+    switch (mr) {                                                                                            \
+        INT8_TILE_CASE(1, pf) INT8_TILE_CASE(2, pf) INT8_TILE_CASE(3, pf) INT8_TILE_CASE(4, pf)              \
+        INT8_TILE_CASE(5, pf) INT8_TILE_CASE(6, pf) INT8_TILE_CASE(7, pf)                                    \
+        default: int8_tile_rows(x, ldx, xs, lds, panel, kc, y, ldy, accumulate, scale, BMR, nr, pf); return; \
+    }
+
+static VNNI_UNITS void int8_tile(const int16_t* x, int64_t ldx, const float* xs, int64_t lds, const int8_t* panel,
+                                 int64_t kc, float* y, int64_t ldy, int accumulate, const float* scale, int mr,
+                                 int nr, int first) {
+    if (first)
+        INT8_TILE_CASES(1)
+    INT8_TILE_CASES(0)
+}
+
+// x [M, K] fp32 as int16 pairs xq [M, 2 K2] (an odd K's last pair padded with 0) and per-pass scales
+// xs [M, passes]: each block of BKC pairs scaled so that its largest |x| becomes 32767.
+static void quantize_rows_int16(const float* x, int64_t ldx, int64_t M, int64_t K, int16_t* xq, float* xs) {
+    const int64_t K2 = (K + 1) / 2, passes = (K2 + BKC - 1) / BKC;
+    #pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < passes; b++) {
+            const int64_t k0 = 2 * b * BKC, k1 = k0 + 2 * BKC < 2 * K2 ? k0 + 2 * BKC : 2 * K2;
+            float largest = 0.f;
+            for (int64_t k = k0; k < k1 && k < K; k++) largest = fmaxf(largest, fabsf(x[m * ldx + k]));
+            const float inv = largest > 0.f ? X_LEVELS / largest : 0.f;
+            for (int64_t k = k0; k < k1; k++) {
+                const float v = k < K ? x[m * ldx + k] * inv : 0.f;
+                xq[m * 2 * K2 + k] = (int16_t)fmaxf(-X_LEVELS, fminf(X_LEVELS, nearbyintf(v)));
+            }
+            xs[m * passes + b] = largest / X_LEVELS;
+        }
+}
+
+static VNNI_UNITS void linear_packed_int8_units(const int16_t* xq, const float* xs, const int8_t* packed,
+                                                const float* scale, float* y, int64_t ldy, int64_t M, int64_t N,
+                                                int64_t K) {
+    const int64_t panels = (N + BPANEL - 1) / BPANEL, K2 = (K + 1) / 2, passes = (K2 + BKC - 1) / BKC;
+    #pragma omp parallel
+    for (int64_t m1 = 0; m1 < M; m1 += BMC) {
+        const int64_t m2 = m1 + BMC < M ? m1 + BMC : M;
+        #pragma omp for schedule(static) nowait
+        for (int64_t p = 0; p < panels; p++) {
+            const int nr = N - p * BPANEL < BPANEL ? (int)(N - p * BPANEL) : BPANEL;
+            for (int64_t k0 = 0; k0 < K2; k0 += BKC) {
+                const int64_t kc = K2 - k0 < BKC ? K2 - k0 : BKC;
+                const float* last = k0 + kc == K2 ? scale + p * BPANEL : NULL;
+                for (int64_t m0 = m1; m0 < m2; m0 += BMR)
+                    int8_tile(xq + m0 * 2 * K2 + 2 * k0, 2 * K2, xs + m0 * passes + k0 / BKC, passes,
+                              packed + (p * K2 + k0) * BPANEL * 2, kc, y + m0 * ldy + p * BPANEL, ldy, k0 > 0, last,
+                              m2 - m0 < BMR ? (int)(m2 - m0) : BMR, nr, m0 == m1);
+            }
+        }
+    }
+}
+
+int linear_packed_int8(const float* x, int64_t ldx, const int8_t* packed, const float* scale, float* y,
+                       int64_t ldy, int64_t M, int64_t N, int64_t K) {
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return -1;
+    const int64_t K2 = (K + 1) / 2, passes = (K2 + BKC - 1) / BKC;
+    int16_t* xq = malloc(sizeof(int16_t) * M * 2 * K2);
+    float* xs = malloc(sizeof(float) * M * passes);
+    if (xq == NULL || xs == NULL) {
+        free(xq);
+        free(xs);
+        return -2;
+    }
+    quantize_rows_int16(x, ldx, M, K, xq, xs);
+    linear_packed_int8_units(xq, xs, packed, scale, y, ldy, M, N, K);
+    free(xq);
+    free(xs);
     return 0;
 }

@@ -5,10 +5,12 @@
 // `python -O` changes nothing. Registered for the CPU dispatch key only: inputs on another device fail in
 // the dispatcher. Built by appliance/engine/build_kernels.py.
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
+
+#include <optional>
 
 #include "cpu_kernels.h"
 
@@ -56,58 +58,79 @@ constexpr int64_t kBf16Panel = 32;  // output columns per packed bf16 panel, eac
 void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
   TORCH_CHECK_VALUE(weight.device().is_cpu() && weight.dim() == 2, "weight must be a 2-D CPU tensor, got ",
                     weight.sizes(), " on ", weight.device());
-  TORCH_CHECK_VALUE(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
-                    "weight must be float32 or bfloat16, got ", weight.scalar_type());
+  TORCH_CHECK_VALUE(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16 ||
+                    weight.scalar_type() == at::kChar, "weight must be float32, bfloat16 or int8, got ",
+                    weight.scalar_type());
   TORCH_CHECK_VALUE(out.device().is_cpu() && out.dim() == 1 && out.scalar_type() == weight.scalar_type(),
                     "out must be a 1-D CPU tensor of the weight's dtype, got ", out.scalar_type(), " ", out.sizes());
   const int64_t n = weight.size(0), k = weight.size(1);
-  const bool bf16 = weight.scalar_type() == at::kBFloat16;
-  const int64_t numel = bf16 ? (n + kBf16Panel - 1) / kBf16Panel * ((k + 1) / 2) * kBf16Panel * 2
-                             : (n + kPanel - 1) / kPanel * k * kPanel;
+  const bool pairs = weight.scalar_type() != at::kFloat;  // bf16 and int8: pair panels
+  const int64_t numel = pairs ? (n + kBf16Panel - 1) / kBf16Panel * ((k + 1) / 2) * kBf16Panel * 2
+                              : (n + kPanel - 1) / kPanel * k * kPanel;
   TORCH_CHECK_VALUE(out.is_contiguous() && out.numel() == numel, "out must be a contiguous ", numel,
                     "-element buffer for a [", n, ", ", k, "] weight, got ", out.numel());
   const at::Tensor w = weight.contiguous();
-  if (bf16)
+  if (weight.scalar_type() == at::kBFloat16)
     pack_weight_bf16(reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>()), n, k,
                      reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>()));
+  else if (weight.scalar_type() == at::kChar)
+    pack_weight_int8(w.const_data_ptr<int8_t>(), n, k, out.mutable_data_ptr<int8_t>());
   else
     pack_weight_f32(w.const_data_ptr<float>(), n, k, out.mutable_data_ptr<float>());
 }
 
-// y = x W^T in x's dtype for a bf16 weight packed by pack_weight: x [M, K] bf16, its rows padded to an
-// even length (the kernel reads k in pairs), the sums in fp32.
-at::Tensor linear_packed_bf16_op(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features) {
-  TORCH_CHECK_VALUE(x_in.scalar_type() == at::kBFloat16 && x_in.dim() == 2, "x must be 2-D bfloat16 for a "
-                    "bf16 weight, got ", x_in.scalar_type(), " ", x_in.sizes());
+// y = x W^T for a bf16 or int8 weight packed by pack_weight: bf16 x and y for bf16 weights (x's rows padded
+// to an even length: the kernel reads k in pairs), fp32 x and y for int8 ones (times `scale` per output).
+at::Tensor linear_packed_pairs(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
+                               const std::optional<at::Tensor>& scale) {
+  const bool int8 = packed.scalar_type() == at::kChar;
+  const at::ScalarType x_type = int8 ? at::kFloat : at::kBFloat16;
+  TORCH_CHECK_VALUE(x_in.scalar_type() == x_type && x_in.dim() == 2, "x must be 2-D ",
+                    int8 ? "float32 for an int8" : "bfloat16 for a bf16", " weight, got ", x_in.scalar_type(), " ",
+                    x_in.sizes());
   check_rows(x_in, "x");
-  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == 2 * kBf16Panel, "packed bf16 weight must be a "
+  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == 2 * kBf16Panel, "packed weight must be a "
                     "contiguous [panels, ceil(K/2), 64], got shape ", packed.sizes());
   const int64_t m = x_in.size(0), k = x_in.size(1), panels = packed.size(0);
   TORCH_CHECK_VALUE((k + 1) / 2 == packed.size(1), "packed linear takes input [..., ", 2 * packed.size(1) - 1,
                     " or ", 2 * packed.size(1), "], got ", x_in.sizes());
   TORCH_CHECK_VALUE(out_features > (panels - 1) * kBf16Panel && out_features <= panels * kBf16Panel,
                     "out_features ", out_features, " does not fit a weight packed in ", panels, " panels of 32");
+  TORCH_CHECK_VALUE(int8 == scale.has_value(), int8 ? "an int8 weight needs its scales"
+                                                    : "scales are for int8 weights only");
+  at::Tensor y = at::empty({m, out_features}, x_in.options().dtype(at::kFloat));
+  if (m == 0) return int8 ? y : y.to(at::kBFloat16);
+  if (int8) {
+    TORCH_CHECK_VALUE(scale->device().is_cpu() && scale->scalar_type() == at::kFloat && scale->dim() == 1 &&
+                      scale->size(0) == out_features && scale->is_contiguous(), "scale must be contiguous float32 [",
+                      out_features, "], got ", scale->scalar_type(), " ", scale->sizes());
+    const int rc = linear_packed_int8(x_in.const_data_ptr<float>(), m > 1 ? x_in.stride(0) : k,
+                                      packed.const_data_ptr<int8_t>(), scale->const_data_ptr<float>(),
+                                      y.mutable_data_ptr<float>(), out_features, m, out_features, k);
+    TORCH_CHECK(rc != -1, "the packed int8 GEMM needs a CPU with AVX512-VNNI");
+    TORCH_CHECK(rc == 0, "out of memory for the int8 GEMM's quantised x");
+    return y;
+  }
   at::Tensor x = x_in;
   if (k % 2 == 1)
     x = at::constant_pad_nd(x_in, {0, 1});  // a zero k beside the weight's zero pad
   else if (m > 1 && x_in.stride(0) % 2 == 1)
     x = x_in.contiguous();
-  at::Tensor y = at::empty({m, out_features}, x.options().dtype(at::kFloat));
-  if (m > 0) {
-    const int rc = linear_packed_bf16(reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()),
-                                      m > 1 ? x.stride(0) : x.size(1),
-                                      reinterpret_cast<const uint16_t*>(packed.const_data_ptr<at::BFloat16>()),
-                                      y.mutable_data_ptr<float>(), out_features, m, out_features, k);
-    TORCH_CHECK(rc == 0, "the packed bf16 GEMM needs a CPU with AVX512-BF16");
-  }
+  const int rc = linear_packed_bf16(reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()),
+                                    m > 1 ? x.stride(0) : x.size(1),
+                                    reinterpret_cast<const uint16_t*>(packed.const_data_ptr<at::BFloat16>()),
+                                    y.mutable_data_ptr<float>(), out_features, m, out_features, k);
+  TORCH_CHECK(rc == 0, "the packed bf16 GEMM needs a CPU with AVX512-BF16");
   return y.to(at::kBFloat16);
 }
 
-at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                         const std::optional<at::Tensor>& scale) {
   TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.dim() == 3, "packed weight must be a 3-D CPU tensor, got ",
                     packed.sizes(), " on ", packed.device());
-  if (packed.scalar_type() == at::kBFloat16)
-    return linear_packed_bf16_op(x, packed, out_features);
+  if (packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kChar)
+    return linear_packed_pairs(x, packed, out_features, scale);
+  TORCH_CHECK_VALUE(!scale.has_value(), "scales are for int8 weights only");
   check_f32(x, "x", 2);
   check_f32(packed, "packed weight", 3);
   check_rows(x, "x");
@@ -298,7 +321,7 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, bool bf16_unit
 
 TORCH_LIBRARY(appliance, m) {
   m.def("pack_weight(Tensor weight, Tensor(a!) out) -> ()");
-  m.def("linear_packed(Tensor x, Tensor packed, int out_features) -> Tensor");
+  m.def("linear_packed(Tensor x, Tensor packed, int out_features, Tensor? scale=None) -> Tensor");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
