@@ -37,7 +37,7 @@ class Int8Plan:
     kernel_rows: int
     tile_dtype: torch.dtype
     cpu_kernel_rows: int = 0  # steps of up to this many rows run on our int8 GEMM (0: never; the engine's choice)
-    packed: bool = False  # the weights pack for our VDPBF16PS GEMM, which takes every step (the engine's choice)
+    packed: bool = False  # the weights pack for our VPDPWSSD GEMM, which takes every step (the engine's choice)
 
     @classmethod
     def for_host(cls, native_bf16: bool, cpu_kernels: bool = False, packed: bool = False) -> "Int8Plan":
@@ -46,7 +46,7 @@ class Int8Plan:
         Without them bf16 is emulated: the kernel beats fp32 tiles up to ~200 rows (32 rows: 79 against
         289 ms; 256: 771 against 687 ms, on an AVX2 EPYC), and fp32 tiles beat bf16 ones. `cpu_kernels`:
         the engine runs our kernels, so small steps take our int8 GEMM. `packed`: it runs them on a CPU
-        whose bf16 weights pack (linear.packs_bf16), so every step takes our packed GEMM."""
+        where int8 weights pack (linear.packs_int8), so every step takes our packed GEMM."""
         if packed:
             return cls(0, torch.bfloat16, packed=True)
         ours = CPU_KERNEL_ROWS if cpu_kernels else 0

@@ -134,8 +134,13 @@ def test_the_largest_sums_of_a_pass_do_not_overflow():
     assert torch.allclose(w8.linear(x), torch.full((3, 40), -1.0 * k), rtol=1e-6)
 
 
-def test_packing_is_the_engines_choice():
+def test_packing_is_the_engines_choice_where_vnni_and_packed_bf16_meet():
+    from appliance.engine.linear import packs_int8
+
     assert PACKED.packed and not Int8Plan.for_host(native_bf16=True, cpu_kernels=True).packed
+    assert packs_int8({"avx512f", "avx512_bf16", "avx512_vnni"})
+    assert not packs_int8({"avx512f", "avx512_bf16"})  # no VNNI
+    assert not packs_int8({"avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"})  # AMX: torch's layout
 
 
 def test_the_cpu_has_a_kernel_and_a_missing_one_is_named():
@@ -186,7 +191,7 @@ def test_our_int8_kernel_keeps_the_engines_greedy_tokens(llama_dir, dtype):
     kernel keeps activations in fp32 where torch's rounds them to bf16, so a random model's near-ties
     later may fall either way, in either engine dtype)."""
     from appliance.engine.config import EngineConfig
-    from appliance.engine.linear import ColumnParallelLinear, packs_bf16
+    from appliance.engine.linear import ColumnParallelLinear, packs_int8
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
     from tests.engine.helpers import random_prompts
@@ -198,7 +203,7 @@ def test_our_int8_kernel_keeps_the_engines_greedy_tokens(llama_dir, dtype):
         engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, quantization="int8", dtype=dtype,
                                                    cpu_kernels=ours))
         layer = next(m for m in engine.executor.runner.model.modules() if isinstance(m, ColumnParallelLinear))
-        packed = ours and packs_bf16(Host.read().cpu_flags)
+        packed = ours and packs_int8(Host.read().cpu_flags)
         assert layer.quantized.plan.packed == packed and (layer.quantized.packed is not None) == packed
         assert layer.quantized.plan.cpu_kernel_rows == (int8.CPU_KERNEL_ROWS if ours and not packed else 0)
         answers[ours] = [a.token_ids for a in engine.generate(prompts, greedy)]
