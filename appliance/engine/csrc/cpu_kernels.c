@@ -651,6 +651,25 @@ static inline BF16_UNITS __m512bh pair_broadcast(const uint16_t* p) {
     return (__m512bh)_mm512_set1_epi32(v);
 }
 
+// One row of a tile's 32 sums into y: added to the sums of earlier passes (accumulate), times the outputs'
+// scales (int8 weights' last pass; else NULL). A last panel of an N not a multiple of 32 stores its nr
+// columns only.
+static inline __attribute__((target("avx512f"), always_inline)) void store_tile_row(
+        float* yr, __m512 s0, __m512 s1, int nr, int accumulate, const float* scale) {
+    const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1),
+                    m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+    if (accumulate) {
+        s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(m0, yr));
+        s1 = _mm512_add_ps(s1, _mm512_maskz_loadu_ps(m1, yr + 16));
+    }
+    if (scale) {
+        s0 = _mm512_mul_ps(s0, _mm512_maskz_loadu_ps(m0, scale));
+        s1 = _mm512_mul_ps(s1, _mm512_maskz_loadu_ps(m1, scale + 16));
+    }
+    _mm512_mask_storeu_ps(yr, m0, s0);
+    _mm512_mask_storeu_ps(yr + 16, m1, s1);
+}
+
 // y[0:mr, 0:nr] (+)= x[0:mr, 0:2kc] . panel[0:kc]. Inlined with a constant mr (see bf16_tile). One or two
 // rows make 2 or 4 dependency chains, too few to hide VDPBF16PS's latency: they take two k pairs a pass
 // into a second set of accumulators (d).
@@ -689,21 +708,13 @@ static inline BF16_UNITS __attribute__((always_inline)) void bf16_tile_rows(
             c[i][1] = _mm512_dpbf16_ps(c[i][1], a, u1);
         }
     }
-    const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1),
-                    m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
     for (int i = 0; i < mr; i++) {
-        float* yr = y + i * ldy;
         __m512 s0 = c[i][0], s1 = c[i][1];
         if (mr <= 2) {
             s0 = _mm512_add_ps(s0, d[i][0]);
             s1 = _mm512_add_ps(s1, d[i][1]);
         }
-        if (accumulate) {
-            s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(m0, yr));
-            s1 = _mm512_add_ps(s1, _mm512_maskz_loadu_ps(m1, yr + 16));
-        }
-        _mm512_mask_storeu_ps(yr, m0, s0);  // a last panel of an N not a multiple of 32 stores its columns only
-        _mm512_mask_storeu_ps(yr + 16, m1, s1);
+        store_tile_row(y + i * ldy, s0, s1, nr, accumulate, NULL);
     }
 }
 
@@ -808,27 +819,15 @@ static inline VNNI_UNITS __attribute__((always_inline)) void int8_tile_rows(
             c[i][1] = _mm512_dpwssd_epi32(c[i][1], a, u1);
         }
     }
-    const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1),
-                    m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
     for (int i = 0; i < mr; i++) {
-        float* yr = y + i * ldy;
         __m512i t0 = c[i][0], t1 = c[i][1];
         if (mr <= 2) {  // both halves together hold at most a pass's 512 products: the sum still fits
             t0 = _mm512_add_epi32(t0, d[i][0]);
             t1 = _mm512_add_epi32(t1, d[i][1]);
         }
-        const __m512 rs = _mm512_set1_ps(xs[i * lds]);
-        __m512 s0 = _mm512_mul_ps(_mm512_cvtepi32_ps(t0), rs), s1 = _mm512_mul_ps(_mm512_cvtepi32_ps(t1), rs);
-        if (accumulate) {
-            s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(m0, yr));
-            s1 = _mm512_add_ps(s1, _mm512_maskz_loadu_ps(m1, yr + 16));
-        }
-        if (scale) {
-            s0 = _mm512_mul_ps(s0, _mm512_maskz_loadu_ps(m0, scale));
-            s1 = _mm512_mul_ps(s1, _mm512_maskz_loadu_ps(m1, scale + 16));
-        }
-        _mm512_mask_storeu_ps(yr, m0, s0);
-        _mm512_mask_storeu_ps(yr + 16, m1, s1);
+        const __m512 rs = _mm512_set1_ps(xs[i * lds]);  // the row's scale for this pass
+        const __m512 s0 = _mm512_mul_ps(_mm512_cvtepi32_ps(t0), rs), s1 = _mm512_mul_ps(_mm512_cvtepi32_ps(t1), rs);
+        store_tile_row(y + i * ldy, s0, s1, nr, accumulate, scale);
     }
 }
 
