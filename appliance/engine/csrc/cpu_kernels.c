@@ -616,24 +616,27 @@ void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, 
 #define BMC 192  // x rows per block: 192 KB of x pairs stay in L2 while the panels stream past
 #define BPREFETCH 64  // k pairs ahead (8 KB) to prefetch while a panel is read from memory the first time
 
-// Packs `es`-byte elements (bf16, or int8 for the int8 GEMM below) in pair panels. Inlined with a constant
-// element size, so each copy is a plain load and store.
+// Packs `es`-byte elements (bf16, or int8 for the int8 GEMM below) in pair panels, a pair (2 es bytes) a
+// copy. Inlined with a constant element size, so each copy is one load and one store.
 static inline __attribute__((always_inline)) void pack_pairs(const char* w, int64_t N, int64_t K, int64_t es,
                                                              char* packed) {
-    const int64_t panels = (N + BPANEL - 1) / BPANEL, K2 = (K + 1) / 2;
+    const int64_t panels = (N + BPANEL - 1) / BPANEL, K2 = (K + 1) / 2, full = K / 2;
     #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < panels; p++)
         for (int j = 0; j < BPANEL; j++) {
             const int64_t n = p * BPANEL + j;
             char* out = packed + (p * K2 * BPANEL + j) * 2 * es;
-            for (int64_t kp = 0; kp < K2; kp++)  // zero-padded: the last panel's rows, an odd K's last k
-                for (int64_t t = 0; t < 2; t++) {
-                    char* dst = out + (kp * BPANEL * 2 + t) * es;
-                    if (n < N && 2 * kp + t < K)
-                        memcpy(dst, w + (n * K + 2 * kp + t) * es, es);
-                    else
-                        memset(dst, 0, es);
-                }
+            const int64_t stride = BPANEL * 2 * es;  // bytes between one output's consecutive pairs
+            if (n >= N) {  // the last panel's padding rows
+                for (int64_t kp = 0; kp < K2; kp++) memset(out + kp * stride, 0, 2 * es);
+                continue;
+            }
+            const char* row = w + n * K * es;
+            for (int64_t kp = 0; kp < full; kp++) memcpy(out + kp * stride, row + kp * 2 * es, 2 * es);
+            if (full < K2) {  // an odd K: its last k beside a zero
+                memcpy(out + full * stride, row + full * 2 * es, es);
+                memset(out + full * stride + es, 0, es);
+            }
         }
 }
 
