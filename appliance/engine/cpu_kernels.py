@@ -93,8 +93,8 @@ class PackedWeight:
     """A linear layer's [N, K] weight repacked for our GEMM, zero-padded: fp32 as [ceil(N/16), K, 16] (16
     outputs a panel, one k at a time); bf16 and int8 as [ceil(N/32), ceil(K/2), 64] (32 outputs a panel,
     each output's k pairs side by side, as VDPBF16PS and VPDPWSSD multiply them: CPUs with AVX512-BF16 /
-    AVX512-VNNI), int8 with its fp32 `scale` per output. `out`, if given, is the flat buffer (of `numel(N, K, dtype)`
-    elements) to pack into."""
+    AVX512-VNNI), int8 with its fp32 `scale` per output. `out`, if given, is the flat buffer (of
+    `numel(N, K, dtype)` elements) to pack into."""
 
     def __init__(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
                  scale: Optional[torch.Tensor] = None):

@@ -3,9 +3,9 @@ checkpoint tensor and keeps this rank's shard; collectives are visible in `forwa
 
 With our CPU kernels (engine.cpu_kernels: fp32 on CPU, and bf16 on CPUs with AVX512-BF16 but no AMX) the
 runner calls `pack_for_cpu(model)` once the weights are loaded: each layer's weight is repacked for our
-GEMM and the [N, K] copy is freed. With
-`engine.quantization: int8` it calls `quantize_int8(model)` first: the decoder's projections keep int8
-rows and scales instead (engine/int8.py), and packing leaves them be."""
+GEMM and the [N, K] copy is freed. With `engine.quantization: int8` it calls `quantize_int8(model)`
+first: the decoder's projections keep int8 rows and scales instead (engine/int8.py), and packing leaves
+them be."""
 from collections import Counter
 from typing import List, Optional
 
@@ -72,8 +72,8 @@ def bf16_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
 
 def packs_bf16(cpu_flags) -> bool:
     """A bf16 engine packs its weights for our VDPBF16PS GEMM, which then takes every step: on CPUs with
-    AVX512-BF16 but no AMX it matches oneDNN at prefill sizes and streams the weights 1.5-2x faster for a
-    few rows (docs/engine.md). With AMX, oneDNN's tile unit multiplies a prefill several times faster than
+    AVX512-BF16 but no AMX it matches oneDNN at prefill sizes and is 1.4-2.8x faster for a few rows
+    (docs/engine.md). With AMX, oneDNN's tile unit multiplies a prefill several times faster than
     VDPBF16PS, so the weights keep torch's layout."""
     return "avx512_bf16" in cpu_flags and "amx_bf16" not in cpu_flags
 

@@ -57,9 +57,10 @@ class ModelRunner:
         self.dtype = resolve_dtype(cfg.dtype)
         self.block_size = cfg.block_size
         model_cls = get_model_class(architecture(hf_config, model_path))
-        # Our CPU kernels: this engine's choice, held by its own layers (two engines may differ).
-        self.use_cpu_kernels = bool(cfg.cpu_kernels) and self.device.type == "cpu" \
-            and self.dtype == torch.float32 and cpu_kernels.available()
+        # Our CPU kernels: this engine's choice, held by its own layers (two engines may differ). fp32
+        # engines run all of them; bf16 and int8 weights their GEMMs.
+        ours = bool(cfg.cpu_kernels) and self.device.type == "cpu" and cpu_kernels.available()
+        self.use_cpu_kernels = ours and self.dtype == torch.float32
         geometry = AttentionGeometry.of(hf_config, self.tp.world_size, self.block_size)
         with self.on_device():  # the xformers probe runs kernels on this device
             self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype, geometry,
@@ -73,15 +74,14 @@ class ModelRunner:
             problem = kernel_problem(self.device)
             if problem:
                 raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
-            # The kernel's reach follows the CPU's units; our int8 GEMM takes any engine dtype (fp32 inside).
-            ours = bool(cfg.cpu_kernels) and self.device.type == "cpu" and cpu_kernels.available()
+            # The kernel's reach follows the CPU's units; our int8 GEMMs take any engine dtype.
             plan = Int8Plan.for_host(host.native_bf16, cpu_kernels=ours, packed=ours and packs_int8(host.cpu_flags))
             saved = quantize_int8(self.model, plan)
             log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
         if self.use_cpu_kernels:
             pack_for_cpu(self.model)  # our GEMM
             cpu_kernels.use_in(self.model)  # the fused small ops and the KV write
-        elif self.device.type == "cpu" and self.dtype == torch.bfloat16 and cfg.cpu_kernels and cpu_kernels.available():
+        elif ours and self.dtype == torch.bfloat16:
             if packs_bf16(host.cpu_flags):
                 pack_for_cpu(self.model)  # our bf16 GEMM for every step
             else:

@@ -53,7 +53,7 @@ void check_heads(const at::Tensor& t, const char* name) {
                     " must have contiguous heads ([T, H, D] with strides [any, D, 1]), got strides ", t.strides());
 }
 
-constexpr int64_t kBf16Panel = 32;  // output columns per packed bf16 panel, each k pair side by side
+constexpr int64_t kPairPanel = 32;  // output columns per packed bf16 or int8 panel, k pairs side by side
 
 void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
   TORCH_CHECK_VALUE(weight.device().is_cpu() && weight.dim() == 2, "weight must be a 2-D CPU tensor, got ",
@@ -65,7 +65,7 @@ void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
                     "out must be a 1-D CPU tensor of the weight's dtype, got ", out.scalar_type(), " ", out.sizes());
   const int64_t n = weight.size(0), k = weight.size(1);
   const bool pairs = weight.scalar_type() != at::kFloat;  // bf16 and int8: pair panels
-  const int64_t numel = pairs ? (n + kBf16Panel - 1) / kBf16Panel * ((k + 1) / 2) * kBf16Panel * 2
+  const int64_t numel = pairs ? (n + kPairPanel - 1) / kPairPanel * ((k + 1) / 2) * kPairPanel * 2
                               : (n + kPanel - 1) / kPanel * k * kPanel;
   TORCH_CHECK_VALUE(out.is_contiguous() && out.numel() == numel, "out must be a contiguous ", numel,
                     "-element buffer for a [", n, ", ", k, "] weight, got ", out.numel());
@@ -89,12 +89,12 @@ at::Tensor linear_packed_pairs(const at::Tensor& x_in, const at::Tensor& packed,
                     int8 ? "float32 for an int8" : "bfloat16 for a bf16", " weight, got ", x_in.scalar_type(), " ",
                     x_in.sizes());
   check_rows(x_in, "x");
-  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == 2 * kBf16Panel, "packed weight must be a "
+  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == 2 * kPairPanel, "packed weight must be a "
                     "contiguous [panels, ceil(K/2), 64], got shape ", packed.sizes());
   const int64_t m = x_in.size(0), k = x_in.size(1), panels = packed.size(0);
   TORCH_CHECK_VALUE((k + 1) / 2 == packed.size(1), "packed linear takes input [..., ", 2 * packed.size(1) - 1,
                     " or ", 2 * packed.size(1), "], got ", x_in.sizes());
-  TORCH_CHECK_VALUE(out_features > (panels - 1) * kBf16Panel && out_features <= panels * kBf16Panel,
+  TORCH_CHECK_VALUE(out_features > (panels - 1) * kPairPanel && out_features <= panels * kPairPanel,
                     "out_features ", out_features, " does not fit a weight packed in ", panels, " panels of 32");
   TORCH_CHECK_VALUE(int8 == scale.has_value(), int8 ? "an int8 weight needs its scales"
                                                     : "scales are for int8 weights only");
