@@ -2,7 +2,7 @@
 K/V in place, an int8 weight-only GEMM for few rows (int8.py), and fused small ops (RMSNorm, rotary,
 KV-cache write, SwiGLU, argmax). For bf16 engines: the same GEMM on bf16 weights prepacked for
 VDPBF16PS (CPUs with AVX512-BF16), and a bf16-weight GEMM for few rows on torch's layout. For int8
-weights: the packed GEMM on VPDPWSSD (CPUs with AVX512-VNNI).
+weights: the packed GEMM on VPDPBUSD (CPUs with AVX512-VNNI).
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -28,7 +28,7 @@ from appliance.engine.build_kernels import KernelBuildError, find_or_build
 log = logging.getLogger(__name__)
 
 PANEL = 16  # output columns per packed fp32 panel (csrc/cpu_kernels.c)
-PAIR_PANEL = 32  # output columns per packed bf16 or int8 panel
+GROUP_PANEL = 32  # output columns per packed bf16 or int8 panel (k in groups of 4 bytes)
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 
 
@@ -91,9 +91,10 @@ def fits(*tensors: torch.Tensor) -> bool:
 
 class PackedWeight:
     """A linear layer's [N, K] weight repacked for our GEMM, zero-padded: fp32 as [ceil(N/16), K, 16] (16
-    outputs a panel, one k at a time); bf16 and int8 as [ceil(N/32), ceil(K/2), 64] (32 outputs a panel,
-    each output's k pairs side by side, as VDPBF16PS and VPDPWSSD multiply them: CPUs with AVX512-BF16 /
-    AVX512-VNNI), int8 with its fp32 `scale` per output. `out`, if given, is the flat buffer (of
+    outputs a panel, one k at a time); bf16 as [ceil(N/32), ceil(K/2), 64] and int8 as [ceil(N/32),
+    ceil(K/4), 128] (32 outputs a panel, each output's k pairs or quads side by side, as VDPBF16PS and
+    VPDPBUSD multiply them: CPUs with AVX512-BF16 / AVX512-VNNI), int8 as unsigned bytes (q + 128) with
+    its fp32 `scale` per output. `out`, if given, is the flat buffer (of
     `numel(N, K, dtype)` elements) to pack into."""
 
     def __init__(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -113,7 +114,8 @@ class PackedWeight:
     def shape(out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> Tuple[int, int, int]:
         if dtype == torch.float32:
             return -(-out_features // PANEL), in_features, PANEL
-        return -(-out_features // PAIR_PANEL), -(-in_features // 2), 2 * PAIR_PANEL
+        group = 4 // torch.empty((), dtype=dtype).element_size()  # k per 4-byte group: bf16 pairs, int8 quads
+        return -(-out_features // GROUP_PANEL), -(-in_features // group), group * GROUP_PANEL
 
     @staticmethod
     def numel(out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> int:

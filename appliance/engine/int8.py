@@ -9,9 +9,9 @@ many rows, and the tiles' dtype, depend on the host (`Int8Plan.for_host`). Where
 kernels (engine.cpu_kernels), decode steps of up to `Int8Plan.cpu_kernel_rows` rows run on our AVX2 int8
 GEMM instead (cpu_kernels.linear_int8, fp32 activations), which reads each weight row once for all rows.
 On CPUs where bf16 weights pack for our GEMM (linear.packs_bf16: AVX512-BF16, no AMX) and AVX512-VNNI
-multiplies int16, int8 weights pack in the same panels and every step runs on our int8 GEMM
-(cpu_kernels.PackedWeight): activations quantised to int16 per row and per 512 k (finer than bf16 but for
-an outlier far above the rest of its block), the weights sign-extended, int32 sums scaled back.
+multiplies bytes, int8 weights pack in panels alike and every step runs on our int8 GEMM
+(cpu_kernels.PackedWeight): activations quantised to int8 per row and per 512 k (each block to its
+largest |x|), 4 bytes of each multiplied into int32 sums a lane, the sums scaled back.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -37,7 +37,7 @@ class Int8Plan:
     kernel_rows: int
     tile_dtype: torch.dtype
     cpu_kernel_rows: int = 0  # steps of up to this many rows run on our int8 GEMM (0: never; the engine's choice)
-    packed: bool = False  # the weights pack for our VPDPWSSD GEMM, which takes every step (the engine's choice)
+    packed: bool = False  # the weights pack for our VPDPBUSD GEMM, which takes every step (the engine's choice)
 
     @classmethod
     def for_host(cls, native_bf16: bool, cpu_kernels: bool = False, packed: bool = False) -> "Int8Plan":

@@ -316,7 +316,7 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
      ValueError, "out must be a 1-D CPU tensor of the weight's dtype"),
     (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 6).to(torch.bfloat16),
                                              cpu_kernels.PackedWeight(torch.randn(4, 7).to(torch.bfloat16)).data, 4),
-     ValueError, r"input \[\.\.\., 7 or 8\]"),  # K odd or even: the padded pair matches both
+     ValueError, r"input \[\.\.\., 7 to 8\]"),  # K odd or even: the padded pair matches both
     (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8).to(torch.bfloat16),
                                              cpu_kernels.PackedWeight(torch.randn(4, 8).to(torch.bfloat16)).data, 33),
      ValueError, "out_features 33 does not fit a weight packed in 1 panels of 32"),

@@ -8,7 +8,8 @@
 // - on CPUs with AVX512-BF16, linear on bf16 weights prepacked for VDPBF16PS: oneDNN streams a decode
 //   step's weights at half the memory bandwidth; this kernel is 1.3-2x faster there and on par at
 //   prefill sizes (a target attribute and a run-time check: the library still runs on AVX2 alone);
-// - on CPUs with AVX512-VNNI, the same on int8 weights (int16 activations, VPDPWSSD): half the bytes;
+// - on CPUs with AVX512-VNNI, the same on int8 weights (VPDPBUSD, activations as int8 per row and 512 k):
+//   half the bytes of bf16 and twice its multiplies an instruction;
 // - small per-token ops fused (RMSNorm, rotary, KV-cache write, SwiGLU, argmax), because a decode
 //   step would otherwise pay torch's per-op overhead some 400 times.
 // Plain C with no argument checks: cpu_ops.cpp registers each as a torch operator and checks shapes,
@@ -614,38 +615,46 @@ void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, 
 #define BMR 8
 #define BKC 256  // k pairs per pass: a 32 KB panel slice stays in L1 while it meets every row of the x block
 #define BMC 192  // x rows per block: 192 KB of x pairs stay in L2 while the panels stream past
-#define BPREFETCH 64  // k pairs ahead (8 KB) to prefetch while a panel is read from memory the first time
+#define BPREFETCH 64  // k groups ahead (8 KB) to prefetch while a panel is read from memory the first time
 
-// Packs `es`-byte elements (bf16, or int8 for the int8 GEMM below) in pair panels, a pair (2 es bytes) a
-// copy. Inlined with a constant element size, so each copy is one load and one store.
-static inline __attribute__((always_inline)) void pack_pairs(const char* w, int64_t N, int64_t K, int64_t es,
-                                                             char* packed) {
-    const int64_t panels = (N + BPANEL - 1) / BPANEL, K2 = (K + 1) / 2, full = K / 2;
+// Packs weights in panels of 32 outputs whose k groups of 4 bytes lie side by side (bf16 pairs, int8
+// quads): [ceil(N/32)][ceil(K/g)][32][g] for g = 4 / es elements of `es` bytes, each group XORed with
+// `flip` (int8: 0x80 a byte, the weights as the unsigned bytes VPDPBUSD takes; padding is a flipped 0).
+static inline __attribute__((always_inline)) void pack_groups(const char* w, int64_t N, int64_t K, int64_t es,
+                                                              uint32_t flip, char* packed) {
+    const int64_t g = 4 / es, panels = (N + BPANEL - 1) / BPANEL, KG = (K + g - 1) / g, full = K / g;
     #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < panels; p++)
         for (int j = 0; j < BPANEL; j++) {
             const int64_t n = p * BPANEL + j;
-            char* out = packed + (p * K2 * BPANEL + j) * 2 * es;
-            const int64_t stride = BPANEL * 2 * es;  // bytes between one output's consecutive pairs
+            char* out = packed + (p * KG * BPANEL + j) * 4;
+            const int64_t stride = BPANEL * 4;  // bytes between one output's consecutive groups
             if (n >= N) {  // the last panel's padding rows
-                for (int64_t kp = 0; kp < K2; kp++) memset(out + kp * stride, 0, 2 * es);
+                for (int64_t kg = 0; kg < KG; kg++) memcpy(out + kg * stride, &flip, 4);
                 continue;
             }
             const char* row = w + n * K * es;
-            for (int64_t kp = 0; kp < full; kp++) memcpy(out + kp * stride, row + kp * 2 * es, 2 * es);
-            if (full < K2) {  // an odd K: its last k beside a zero
-                memcpy(out + full * stride, row + full * 2 * es, es);
-                memset(out + full * stride + es, 0, es);
+            uint32_t v;
+            for (int64_t kg = 0; kg < full; kg++) {
+                memcpy(&v, row + kg * 4, 4);
+                v ^= flip;
+                memcpy(out + kg * stride, &v, 4);
+            }
+            if (full < KG) {  // K not a multiple of g: its last k beside zeros
+                v = 0;
+                memcpy(&v, row + full * 4, (K - full * g) * es);
+                v ^= flip;
+                memcpy(out + full * stride, &v, 4);
             }
         }
 }
 
 void pack_weight_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* packed) {
-    pack_pairs((const char*)w, N, K, 2, (char*)packed);
+    pack_groups((const char*)w, N, K, 2, 0, (char*)packed);
 }
 
 void pack_weight_int8(const int8_t* q, int64_t N, int64_t K, int8_t* packed) {
-    pack_pairs((const char*)q, N, K, 1, (char*)packed);
+    pack_groups((const char*)q, N, K, 1, 0x80808080u, (char*)packed);
 }
 
 static inline BF16_UNITS __m512bh pair_broadcast(const uint16_t* p) {
@@ -764,67 +773,66 @@ int linear_packed_bf16(const uint16_t* x, int64_t ldx, const uint16_t* packed, f
     return 0;
 }
 
-// ---- The int8 weight-only GEMM on CPUs with AVX512-VNNI: int8 weights in the same pair panels (a byte an
-// element), an fp32 scale per output. x is quantised to int16 per row and per K pass (256 pairs), each
-// block scaled to its largest |x| (finer than bf16's 8-bit significand wherever a block holds no outlier
-// far above the rest), and VPDPWSSD multiplies int16 pairs into int32 sums: the weights only sign-extend
-// (one instruction per 32), so a decode step reads half the bytes of bf16 at close to the memory's rate.
-// A pass's sums cannot overflow: 512 products of at most 32767 x 127 stay below 2^31. Each pass adds its
-// sums times the block's scale into y; the last also multiplies by the outputs' scales.
+// ---- The int8 GEMM on CPUs with AVX512-VNNI: int8 weights in panels as the bf16 ones but a k quad (4
+// bytes) per output, stored as unsigned bytes (q + 128), an fp32 scale per output. x is quantised to int8
+// per row and per K pass (512 k), each block scaled to its largest |x|, and VPDPBUSD multiplies 4 bytes of
+// each into int32 sums: 64 products an instruction, twice VDPBF16PS's, with nothing to widen, so a decode
+// step reads half bf16's bytes and a prefill runs twice bf16's multiplies. The weights' offset comes off
+// once a pass: sum (q + 128) x = sum q x + 128 sum x, the block's sum of x kept beside its scale. A pass's
+// sums cannot overflow: 512 products of at most 255 x 127 stay below 2^24. Each pass adds its sums times
+// the block's scale into y; the last also multiplies by the outputs' scales.
 #define VNNI_UNITS __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define X_LEVELS 32767.f
+#define QKC 128  // k quads per pass (512 k): the x block that shares a scale
+#define X_LEVELS 127.f
 
-static inline VNNI_UNITS __m512i int16_pair_broadcast(const int16_t* p) {
+static inline VNNI_UNITS __m512i quad_broadcast(const int8_t* p) {
     int32_t v;
     memcpy(&v, p, sizeof v);
     return _mm512_set1_epi32(v);
 }
 
-// 32 int8 weights (16 outputs x a k pair) sign-extended to int16.
-static inline VNNI_UNITS __m512i load_int8_pairs(const int8_t* p) {
-    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p));
-}
-
-// As bf16_tile_rows, on int16 x pairs and int8 weight pairs (sign-extended in registers); xs: each row's
-// scale for this pass (row stride lds); scale: the outputs' scales on the last pass (else NULL).
+// As bf16_tile_rows, on int8 x quads and unsigned weight quads; xs and xoff: each row's scale and
+// 128 x (its block's sum) for this pass (row stride lds); scale: the outputs' scales on the last pass.
 static inline VNNI_UNITS __attribute__((always_inline)) void int8_tile_rows(
-        const int16_t* x, int64_t ldx, const float* xs, int64_t lds, const int8_t* panel, int64_t kc, float* y,
-        int64_t ldy, int accumulate, const float* scale, const int mr, int nr, const int prefetch) {
+        const int8_t* x, int64_t ldx, const float* xs, const int32_t* xoff, int64_t lds, const uint8_t* panel,
+        int64_t kc, float* y, int64_t ldy, int accumulate, const float* scale, const int mr, int nr,
+        const int prefetch) {
     __m512i c[BMR][2], d[2][2];
     for (int i = 0; i < BMR; i++) c[i][0] = c[i][1] = _mm512_setzero_si512();
     d[0][0] = d[0][1] = d[1][0] = d[1][1] = _mm512_setzero_si512();
-    int64_t kp = 0;
+    int64_t kq = 0;
     if (mr <= 2)
-        for (; kp + 2 <= kc; kp += 2) {
-            const int8_t* row = panel + kp * BPANEL * 2;
-            if (prefetch) {
-                _mm_prefetch((const char*)(row + BPREFETCH * BPANEL * 2), _MM_HINT_T0);
-                _mm_prefetch((const char*)(row + BPREFETCH * BPANEL * 2 + 64), _MM_HINT_T0);
-            }
-            const __m512i u0 = load_int8_pairs(row), u1 = load_int8_pairs(row + 32);
-            const __m512i v0 = load_int8_pairs(row + 64), v1 = load_int8_pairs(row + 96);
+        for (; kq + 2 <= kc; kq += 2) {
+            const uint8_t* row = panel + kq * BPANEL * 4;
+            if (prefetch)
+                for (int line = 0; line < 4; line++)
+                    _mm_prefetch((const char*)(row + BPREFETCH * BPANEL * 4 + line * 64), _MM_HINT_T0);
+            const __m512i u0 = _mm512_loadu_si512(row), u1 = _mm512_loadu_si512(row + 64);
+            const __m512i v0 = _mm512_loadu_si512(row + 128), v1 = _mm512_loadu_si512(row + 192);
             for (int i = 0; i < mr; i++) {
-                const __m512i a = int16_pair_broadcast(x + i * ldx + 2 * kp);
-                const __m512i b = int16_pair_broadcast(x + i * ldx + 2 * kp + 2);
-                c[i][0] = _mm512_dpwssd_epi32(c[i][0], a, u0);
-                c[i][1] = _mm512_dpwssd_epi32(c[i][1], a, u1);
-                d[i][0] = _mm512_dpwssd_epi32(d[i][0], b, v0);
-                d[i][1] = _mm512_dpwssd_epi32(d[i][1], b, v1);
+                const __m512i a = quad_broadcast(x + i * ldx + 4 * kq), b = quad_broadcast(x + i * ldx + 4 * kq + 4);
+                c[i][0] = _mm512_dpbusd_epi32(c[i][0], u0, a);
+                c[i][1] = _mm512_dpbusd_epi32(c[i][1], u1, a);
+                d[i][0] = _mm512_dpbusd_epi32(d[i][0], v0, b);
+                d[i][1] = _mm512_dpbusd_epi32(d[i][1], v1, b);
             }
         }
-    for (; kp < kc; kp++) {
-        const int8_t* row = panel + kp * BPANEL * 2;
-        if (prefetch) _mm_prefetch((const char*)(row + BPREFETCH * BPANEL * 2), _MM_HINT_T0);
-        const __m512i u0 = load_int8_pairs(row), u1 = load_int8_pairs(row + 32);
+    for (; kq < kc; kq++) {
+        const uint8_t* row = panel + kq * BPANEL * 4;
+        if (prefetch)
+            for (int line = 0; line < 2; line++)
+                _mm_prefetch((const char*)(row + BPREFETCH * BPANEL * 4 + line * 64), _MM_HINT_T0);
+        const __m512i u0 = _mm512_loadu_si512(row), u1 = _mm512_loadu_si512(row + 64);
         for (int i = 0; i < mr; i++) {
-            const __m512i a = int16_pair_broadcast(x + i * ldx + 2 * kp);
-            c[i][0] = _mm512_dpwssd_epi32(c[i][0], a, u0);
-            c[i][1] = _mm512_dpwssd_epi32(c[i][1], a, u1);
+            const __m512i a = quad_broadcast(x + i * ldx + 4 * kq);
+            c[i][0] = _mm512_dpbusd_epi32(c[i][0], u0, a);
+            c[i][1] = _mm512_dpbusd_epi32(c[i][1], u1, a);
         }
     }
     for (int i = 0; i < mr; i++) {
-        __m512i t0 = c[i][0], t1 = c[i][1];
-        if (mr <= 2) {  // both halves together hold at most a pass's 512 products: the sum still fits
+        const __m512i off = _mm512_set1_epi32(xoff[i * lds]);
+        __m512i t0 = _mm512_sub_epi32(c[i][0], off), t1 = _mm512_sub_epi32(c[i][1], off);
+        if (mr <= 2) {
             t0 = _mm512_add_epi32(t0, d[i][0]);
             t1 = _mm512_add_epi32(t1, d[i][1]);
         }
@@ -835,58 +843,64 @@ static inline VNNI_UNITS __attribute__((always_inline)) void int8_tile_rows(
 }
 
 #define INT8_TILE_CASE(rows, pf) \
-    case rows: int8_tile_rows(x, ldx, xs, lds, panel, kc, y, ldy, accumulate, scale, rows, nr, pf); return;
-#define INT8_TILE_CASES(pf)                                                                                  \
-    switch (mr) {                                                                                            \
-        INT8_TILE_CASE(1, pf) INT8_TILE_CASE(2, pf) INT8_TILE_CASE(3, pf) INT8_TILE_CASE(4, pf)              \
-        INT8_TILE_CASE(5, pf) INT8_TILE_CASE(6, pf) INT8_TILE_CASE(7, pf)                                    \
-        default: int8_tile_rows(x, ldx, xs, lds, panel, kc, y, ldy, accumulate, scale, BMR, nr, pf); return; \
+    case rows: int8_tile_rows(x, ldx, xs, xoff, lds, panel, kc, y, ldy, accumulate, scale, rows, nr, pf); return;
+#define INT8_TILE_CASES(pf)                                                                                        \
+    switch (mr) {                                                                                                  \
+        INT8_TILE_CASE(1, pf) INT8_TILE_CASE(2, pf) INT8_TILE_CASE(3, pf) INT8_TILE_CASE(4, pf)                    \
+        INT8_TILE_CASE(5, pf) INT8_TILE_CASE(6, pf) INT8_TILE_CASE(7, pf)                                          \
+        default: int8_tile_rows(x, ldx, xs, xoff, lds, panel, kc, y, ldy, accumulate, scale, BMR, nr, pf); return; \
     }
 
-static VNNI_UNITS void int8_tile(const int16_t* x, int64_t ldx, const float* xs, int64_t lds, const int8_t* panel,
-                                 int64_t kc, float* y, int64_t ldy, int accumulate, const float* scale, int mr,
-                                 int nr, int first) {
+static VNNI_UNITS void int8_tile(const int8_t* x, int64_t ldx, const float* xs, const int32_t* xoff, int64_t lds,
+                                 const uint8_t* panel, int64_t kc, float* y, int64_t ldy, int accumulate,
+                                 const float* scale, int mr, int nr, int first) {
     if (first)
         INT8_TILE_CASES(1)
     INT8_TILE_CASES(0)
 }
 
-// x [M, K] fp32 as int16 pairs xq [M, 2 K2] (an odd K's last pair padded with 0) and per-pass scales
-// xs [M, passes]: each block of BKC pairs scaled so that its largest |x| becomes 32767.
-static void quantize_rows_int16(const float* x, int64_t ldx, int64_t M, int64_t K, int16_t* xq, float* xs) {
-    const int64_t K2 = (K + 1) / 2, passes = (K2 + BKC - 1) / BKC;
+// x [M, K] fp32 as int8 quads xq [M, 4 K4] (K padded with 0 to whole quads), per-pass scales xs [M, passes]
+// and offsets xoff [M, passes] (128 x the block's sum of xq): each block of QKC quads scaled so that its
+// largest |x| becomes 127.
+static void quantize_rows_int8(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xq, float* xs,
+                               int32_t* xoff) {
+    const int64_t K4 = (K + 3) / 4, passes = (K4 + QKC - 1) / QKC;
     #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < passes; b++) {
-            const int64_t k0 = 2 * b * BKC, k1 = k0 + 2 * BKC < 2 * K2 ? k0 + 2 * BKC : 2 * K2;
+            const int64_t k0 = 4 * b * QKC, k1 = k0 + 4 * QKC < 4 * K4 ? k0 + 4 * QKC : 4 * K4;
             float largest = 0.f;
             for (int64_t k = k0; k < k1 && k < K; k++) largest = fmaxf(largest, fabsf(x[m * ldx + k]));
             const float inv = largest > 0.f ? X_LEVELS / largest : 0.f;
+            int32_t sum = 0;
             for (int64_t k = k0; k < k1; k++) {
                 const float v = k < K ? x[m * ldx + k] * inv : 0.f;
-                xq[m * 2 * K2 + k] = (int16_t)fmaxf(-X_LEVELS, fminf(X_LEVELS, nearbyintf(v)));
+                const int8_t q = (int8_t)fmaxf(-X_LEVELS, fminf(X_LEVELS, nearbyintf(v)));
+                xq[m * 4 * K4 + k] = q;
+                sum += q;
             }
             xs[m * passes + b] = largest / X_LEVELS;
+            xoff[m * passes + b] = 128 * sum;
         }
 }
 
-static VNNI_UNITS void linear_packed_int8_units(const int16_t* xq, const float* xs, const int8_t* packed,
-                                                const float* scale, float* y, int64_t ldy, int64_t M, int64_t N,
-                                                int64_t K) {
-    const int64_t panels = (N + BPANEL - 1) / BPANEL, K2 = (K + 1) / 2, passes = (K2 + BKC - 1) / BKC;
+static VNNI_UNITS void linear_packed_int8_units(const int8_t* xq, const float* xs, const int32_t* xoff,
+                                                const uint8_t* packed, const float* scale, float* y, int64_t ldy,
+                                                int64_t M, int64_t N, int64_t K) {
+    const int64_t panels = (N + BPANEL - 1) / BPANEL, K4 = (K + 3) / 4, passes = (K4 + QKC - 1) / QKC;
     #pragma omp parallel
     for (int64_t m1 = 0; m1 < M; m1 += BMC) {
         const int64_t m2 = m1 + BMC < M ? m1 + BMC : M;
         #pragma omp for schedule(static) nowait
         for (int64_t p = 0; p < panels; p++) {
             const int nr = N - p * BPANEL < BPANEL ? (int)(N - p * BPANEL) : BPANEL;
-            for (int64_t k0 = 0; k0 < K2; k0 += BKC) {
-                const int64_t kc = K2 - k0 < BKC ? K2 - k0 : BKC;
-                const float* last = k0 + kc == K2 ? scale + p * BPANEL : NULL;
+            for (int64_t k0 = 0; k0 < K4; k0 += QKC) {
+                const int64_t kc = K4 - k0 < QKC ? K4 - k0 : QKC, pass = k0 / QKC;
+                const float* last = k0 + kc == K4 ? scale + p * BPANEL : NULL;
                 for (int64_t m0 = m1; m0 < m2; m0 += BMR)
-                    int8_tile(xq + m0 * 2 * K2 + 2 * k0, 2 * K2, xs + m0 * passes + k0 / BKC, passes,
-                              packed + (p * K2 + k0) * BPANEL * 2, kc, y + m0 * ldy + p * BPANEL, ldy, k0 > 0, last,
-                              m2 - m0 < BMR ? (int)(m2 - m0) : BMR, nr, m0 == m1);
+                    int8_tile(xq + m0 * 4 * K4 + 4 * k0, 4 * K4, xs + m0 * passes + pass, xoff + m0 * passes + pass,
+                              passes, packed + (p * K4 + k0) * BPANEL * 4, kc, y + m0 * ldy + p * BPANEL, ldy, k0 > 0,
+                              last, m2 - m0 < BMR ? (int)(m2 - m0) : BMR, nr, m0 == m1);
             }
         }
     }
@@ -895,17 +909,20 @@ static VNNI_UNITS void linear_packed_int8_units(const int16_t* xq, const float* 
 int linear_packed_int8(const float* x, int64_t ldx, const int8_t* packed, const float* scale, float* y,
                        int64_t ldy, int64_t M, int64_t N, int64_t K) {
     if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return -1;
-    const int64_t K2 = (K + 1) / 2, passes = (K2 + BKC - 1) / BKC;
-    int16_t* xq = malloc(sizeof(int16_t) * M * 2 * K2);
+    const int64_t K4 = (K + 3) / 4, passes = (K4 + QKC - 1) / QKC;
+    int8_t* xq = malloc(M * 4 * K4);
     float* xs = malloc(sizeof(float) * M * passes);
-    if (xq == NULL || xs == NULL) {
+    int32_t* xoff = malloc(sizeof(int32_t) * M * passes);
+    if (xq == NULL || xs == NULL || xoff == NULL) {
         free(xq);
         free(xs);
+        free(xoff);
         return -2;
     }
-    quantize_rows_int16(x, ldx, M, K, xq, xs);
-    linear_packed_int8_units(xq, xs, packed, scale, y, ldy, M, N, K);
+    quantize_rows_int8(x, ldx, M, K, xq, xs, xoff);
+    linear_packed_int8_units(xq, xs, xoff, (const uint8_t*)packed, scale, y, ldy, M, N, K);
     free(xq);
     free(xs);
+    free(xoff);
     return 0;
 }

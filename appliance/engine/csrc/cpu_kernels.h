@@ -32,11 +32,12 @@ void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, 
                       int64_t K, int bf16_units);
 // bf16 weights packed in 32-output panels of k pairs; x bf16 [M, K] rows padded to an even K (ldx even).
 void pack_weight_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* packed);
+// int8 weights packed in 32-output panels of k quads, as unsigned bytes (q + 128).
 void pack_weight_int8(const int8_t* q, int64_t N, int64_t K, int8_t* packed);
 // -1 (nothing written) on a CPU without AVX512-BF16.
 int linear_packed_bf16(const uint16_t* x, int64_t ldx, const uint16_t* packed, float* y, int64_t ldy, int64_t M,
                        int64_t N, int64_t K);
-// y = (x qᵀ) · scale per output for x fp32 [M, K] (row stride ldx) and q int8 packed as the bf16 weights.
+// y = (x qᵀ) · scale per output for x fp32 [M, K] (row stride ldx) and q int8 packed by pack_weight_int8.
 // Nothing written and -1 on a CPU without AVX512-VNNI, -2 if scratch memory ran out.
 int linear_packed_int8(const float* x, int64_t ldx, const int8_t* packed, const float* scale, float* y,
                        int64_t ldy, int64_t M, int64_t N, int64_t K);

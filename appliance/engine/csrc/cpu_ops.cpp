@@ -53,7 +53,10 @@ void check_heads(const at::Tensor& t, const char* name) {
                     " must have contiguous heads ([T, H, D] with strides [any, D, 1]), got strides ", t.strides());
 }
 
-constexpr int64_t kPairPanel = 32;  // output columns per packed bf16 or int8 panel, k pairs side by side
+constexpr int64_t kGroupPanel = 32;  // output columns per packed bf16 or int8 panel, k in groups of 4 bytes
+
+// k per group of a bf16 (pairs) or int8 (quads) weight's panels.
+int64_t group_k(at::ScalarType dtype) { return dtype == at::kChar ? 4 : 2; }
 
 void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
   TORCH_CHECK_VALUE(weight.device().is_cpu() && weight.dim() == 2, "weight must be a 2-D CPU tensor, got ",
@@ -64,9 +67,10 @@ void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
   TORCH_CHECK_VALUE(out.device().is_cpu() && out.dim() == 1 && out.scalar_type() == weight.scalar_type(),
                     "out must be a 1-D CPU tensor of the weight's dtype, got ", out.scalar_type(), " ", out.sizes());
   const int64_t n = weight.size(0), k = weight.size(1);
-  const bool pairs = weight.scalar_type() != at::kFloat;  // bf16 and int8: pair panels
-  const int64_t numel = pairs ? (n + kPairPanel - 1) / kPairPanel * ((k + 1) / 2) * kPairPanel * 2
-                              : (n + kPanel - 1) / kPanel * k * kPanel;
+  const int64_t g = group_k(weight.scalar_type());
+  const int64_t numel = weight.scalar_type() != at::kFloat  // bf16 and int8: group panels
+                            ? (n + kGroupPanel - 1) / kGroupPanel * ((k + g - 1) / g) * kGroupPanel * g
+                            : (n + kPanel - 1) / kPanel * k * kPanel;
   TORCH_CHECK_VALUE(out.is_contiguous() && out.numel() == numel, "out must be a contiguous ", numel,
                     "-element buffer for a [", n, ", ", k, "] weight, got ", out.numel());
   const at::Tensor w = weight.contiguous();
@@ -81,7 +85,7 @@ void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
 
 // y = x W^T for a bf16 or int8 weight packed by pack_weight: bf16 x and y for bf16 weights (x's rows padded
 // to an even length: the kernel reads k in pairs), fp32 x and y for int8 ones (times `scale` per output).
-at::Tensor linear_packed_pairs(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
+at::Tensor linear_packed_groups(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
                                const std::optional<at::Tensor>& scale) {
   const bool int8 = packed.scalar_type() == at::kChar;
   const at::ScalarType x_type = int8 ? at::kFloat : at::kBFloat16;
@@ -89,12 +93,13 @@ at::Tensor linear_packed_pairs(const at::Tensor& x_in, const at::Tensor& packed,
                     int8 ? "float32 for an int8" : "bfloat16 for a bf16", " weight, got ", x_in.scalar_type(), " ",
                     x_in.sizes());
   check_rows(x_in, "x");
-  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == 2 * kPairPanel, "packed weight must be a "
-                    "contiguous [panels, ceil(K/2), 64], got shape ", packed.sizes());
+  const int64_t g = group_k(packed.scalar_type());
+  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == g * kGroupPanel, "packed weight must be a "
+                    "contiguous [panels, ceil(K/", g, "), ", g * kGroupPanel, "], got shape ", packed.sizes());
   const int64_t m = x_in.size(0), k = x_in.size(1), panels = packed.size(0);
-  TORCH_CHECK_VALUE((k + 1) / 2 == packed.size(1), "packed linear takes input [..., ", 2 * packed.size(1) - 1,
-                    " or ", 2 * packed.size(1), "], got ", x_in.sizes());
-  TORCH_CHECK_VALUE(out_features > (panels - 1) * kPairPanel && out_features <= panels * kPairPanel,
+  TORCH_CHECK_VALUE((k + g - 1) / g == packed.size(1), "packed linear takes input [..., ", g * packed.size(1) - g + 1,
+                    " to ", g * packed.size(1), "], got ", x_in.sizes());
+  TORCH_CHECK_VALUE(out_features > (panels - 1) * kGroupPanel && out_features <= panels * kGroupPanel,
                     "out_features ", out_features, " does not fit a weight packed in ", panels, " panels of 32");
   TORCH_CHECK_VALUE(int8 == scale.has_value(), int8 ? "an int8 weight needs its scales"
                                                     : "scales are for int8 weights only");
@@ -129,7 +134,7 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t 
   TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.dim() == 3, "packed weight must be a 3-D CPU tensor, got ",
                     packed.sizes(), " on ", packed.device());
   if (packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kChar)
-    return linear_packed_pairs(x, packed, out_features, scale);
+    return linear_packed_groups(x, packed, out_features, scale);
   TORCH_CHECK_VALUE(!scale.has_value(), "scales are for int8 weights only");
   check_f32(x, "x", 2);
   check_f32(packed, "packed weight", 3);
