@@ -6,7 +6,8 @@ GEMMs: the bench model's layer shapes (benchmarks/engine_throughput.py) and its 
 copies of each weight used in turn so that they come from memory, as in a decode step; torch's
 F.linear (MKL) vs our packed GEMM, median of 7. On CPUs with AVX512-BF16 also the bf16 GEMM at a 7B
 Llama's shapes (each weight 32-260 MB, so from memory): torch's F.linear (oneDNN) vs our packed
-VDPBF16PS GEMM, from one decode row to an image prompt's 610. Decode attention: 32 sequences of 150-300 tokens in
+VDPBF16PS GEMM, from one decode row to an image prompt's 610; with AVX512-VNNI too, our packed int8 GEMM
+(VPDPBUSD) on the same weights quantised, as a fraction of the bf16 GEMM's time. Decode attention: 32 sequences of 150-300 tokens in
 scattered blocks (8 KV heads x 64), torch's gather + SDPA (the torch backend) vs our in-place kernel.
 """
 import argparse
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from appliance.engine import cpu_kernels
 from appliance.engine.host import Host
+from appliance.engine.int8 import Int8Plan, Int8Weight
 
 
 def median_s(fn, repeats: int = 7) -> float:
@@ -47,18 +49,22 @@ def gemm_rows(rows_list, copies: int = 8):
             yield name, rows, flops / mkl / 1e9, flops / ours / 1e9, mkl / ours
 
 
-def bf16_gemm_rows(rows_list):
+def bf16_gemm_rows(rows_list, with_int8: bool):
     shapes = {"qkv 12288x4096": (12288, 4096), "o 4096x4096": (4096, 4096), "gate_up 22016x4096": (22016, 4096),
               "down 4096x11008": (4096, 11008), "LM head 32064x4096": (32064, 4096)}
     for name, (n, k) in shapes.items():
         weight = torch.randn(n, k).to(torch.bfloat16)
         packed = cpu_kernels.PackedWeight(weight)
+        quantized = Int8Weight(weight, Int8Plan.for_host(native_bf16=True, cpu_kernels=True, packed=True)) \
+            if with_int8 else None
         for rows in rows_list:
             x = torch.randn(rows, k).to(torch.bfloat16)
             ours = median_s(lambda: cpu_kernels.linear(x, packed))
             onednn = median_s(lambda: F.linear(x, weight))
+            x32 = x.float()  # the int8 GEMM's input
+            int8 = median_s(lambda: quantized.linear(x32)) if with_int8 else float("nan")
             flops = 2 * rows * n * k
-            yield name, rows, flops / onednn / 1e9, flops / ours / 1e9, onednn / ours, n * k * 2 / ours / 1e9
+            yield name, rows, flops / onednn / 1e9, flops / ours / 1e9, onednn / ours, n * k * 2 / ours / 1e9, int8 / ours
 
 
 def attention_row():
@@ -98,11 +104,13 @@ def main():
     print(f"{'GEMM':20s} {'rows':>5s} {'MKL GFLOP/s':>12s} {'ours GFLOP/s':>13s} {'speed-up':>9s}")
     for name, rows, mkl, ours, speedup in gemm_rows(args.rows):
         print(f"{name:20s} {rows:5d} {mkl:12.0f} {ours:13.0f} {speedup:8.2f}x")
-    if "avx512_bf16" in Host.read().cpu_flags:
+    flags = Host.read().cpu_flags
+    if "avx512_bf16" in flags:
+        with_int8 = "avx512_vnni" in flags
         print(f"\n{'bf16 GEMM, 7B':20s} {'rows':>5s} {'oneDNN GFLOP/s':>15s} {'ours GFLOP/s':>13s} {'speed-up':>9s} "
-              f"{'ours GB/s':>10s}")
-        for name, rows, onednn, ours, speedup, gbs in bf16_gemm_rows(args.bf16_rows):
-            print(f"{name:20s} {rows:5d} {onednn:15.0f} {ours:13.0f} {speedup:8.2f}x {gbs:10.1f}")
+              f"{'ours GB/s':>10s} {'int8 / ours time':>17s}")
+        for name, rows, onednn, ours, speedup, gbs, int8 in bf16_gemm_rows(args.bf16_rows, with_int8):
+            print(f"{name:20s} {rows:5d} {onednn:15.0f} {ours:13.0f} {speedup:8.2f}x {gbs:10.1f} {int8:17.2f}")
     torch_s, ours_s, kv_bytes = attention_row()
     print(f"\ndecode attention, 32 sequences ({kv_bytes / 1e6:.0f} MB of K/V): gather + SDPA "
           f"{torch_s * 1e3:.2f} ms, ours {ours_s * 1e3:.2f} ms ({torch_s / ours_s:.1f}x, "
