@@ -8,7 +8,9 @@ F.linear (MKL) vs our packed GEMM, median of 7. On CPUs with AVX512-BF16 also th
 Llama's shapes (each weight 32-260 MB, so from memory): torch's F.linear (oneDNN) vs our packed
 VDPBF16PS GEMM, from one decode row to an image prompt's 610; with AVX512-VNNI too, our packed int8 GEMM
 (VPDPBUSD) on the same weights quantised, as a fraction of the bf16 GEMM's time. Decode attention: 32 sequences of 150-300 tokens in
-scattered blocks (8 KV heads x 64), torch's gather + SDPA (the torch backend) vs our in-place kernel.
+scattered blocks (8 KV heads x 64), torch's gather + SDPA (the torch backend) vs our in-place kernel;
+and ours at a 7B shape (bf16 caches, 32 heads x 128) for 1, 2 and 8 sequences, each call on blocks the
+last calls did not read (a 1 GB pool), as a decode step meets them.
 """
 import argparse
 import statistics
@@ -90,6 +92,24 @@ def attention_row():
     return torch_s, ours_s, kv_bytes
 
 
+def attention_7b_rows():
+    torch.manual_seed(0)
+    heads, head_dim, block_size, blocks = 32, 128, 16, 4096
+    k_cache = torch.randn(blocks, block_size, heads, head_dim).to(torch.bfloat16)
+    v_cache = torch.randn(blocks, block_size, heads, head_dim).to(torch.bfloat16)
+    for batch, length in [(1, 600), (1, 2131), (2, 2131), (8, 600)]:
+        width = -(-length // block_size)
+        perm = torch.randperm(blocks)
+        sets = blocks // (batch * width)
+        tables = [perm[i * batch * width:(i + 1) * batch * width].view(batch, width) for i in range(sets)]
+        lens = torch.full((batch,), length)
+        q = torch.randn(batch, heads, head_dim).to(torch.bfloat16)
+        calls = iter(range(10 ** 9))
+        seconds = median_s(lambda: cpu_kernels.paged_decode_attention(q, k_cache, v_cache,
+                                                                      tables[next(calls) % sets], lens, 0.088), 15)
+        yield batch, length, seconds, batch * length * heads * head_dim * 2 * 2 / seconds / 1e9
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
@@ -115,6 +135,8 @@ def main():
     print(f"\ndecode attention, 32 sequences ({kv_bytes / 1e6:.0f} MB of K/V): gather + SDPA "
           f"{torch_s * 1e3:.2f} ms, ours {ours_s * 1e3:.2f} ms ({torch_s / ours_s:.1f}x, "
           f"{kv_bytes / ours_s / 1e9:.1f} GB/s)")
+    for batch, length, seconds, gbs in attention_7b_rows():
+        print(f"decode attention, 7B shape, {batch} x {length} tokens: {seconds * 1e3:.2f} ms ({gbs:.1f} GB/s)")
 
 
 if __name__ == "__main__":

@@ -157,7 +157,7 @@ def reference_decode(q, k_cache, v_cache, tables, lens, scale):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("batch", [1, 3, 16])  # few sequences: a task per head; many: a task per sequence
+@pytest.mark.parametrize("batch", [1, 3, 16])  # few sequences: split in chunks of tokens; many: a task each
 @pytest.mark.parametrize("heads, kv_heads, head_dim, block_size", [(4, 4, 8, 4), (8, 2, 64, 16), (6, 3, 128, 16)])
 def test_paged_decode_attention_matches_sdpa(batch, heads, kv_heads, head_dim, block_size, dtype):
     """bf16 caches are read in place and computed in fp32: the reference is fp32 attention over the
@@ -179,6 +179,27 @@ def test_paged_decode_attention_matches_sdpa(batch, heads, kv_heads, head_dim, b
         close(got, expected)
     else:  # only the output's rounding to bf16 differs
         assert torch.allclose(got.float(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("lens", [[700], [300, 1, 200], [64, 65]])
+def test_long_sequences_split_in_chunks_match_sdpa(threads, lens):
+    """Fewer sequences than twice the threads: each long one splits into chunks of whole blocks (at least
+    64 tokens), computed apart and merged; short ones stay whole. The answer is the same attention."""
+    torch.manual_seed(len(lens) + threads)
+    kv_heads, heads, head_dim, block_size = 4, 8, 32, 16
+    width = -(-max(lens) // block_size)
+    k_cache = torch.randn(len(lens) * width + 3, block_size, kv_heads, head_dim).to(torch.bfloat16)
+    v_cache = torch.randn(len(lens) * width + 3, block_size, kv_heads, head_dim).to(torch.bfloat16)
+    tables = torch.randperm(k_cache.shape[0])[: len(lens) * width].view(len(lens), width)
+    q = torch.randn(len(lens), heads, head_dim)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_kernels.paged_decode_attention(q, k_cache, v_cache, tables, torch.tensor(lens), 0.2)
+    finally:
+        torch.set_num_threads(before)
+    close(got, reference_decode(q, k_cache.float(), v_cache.float(), tables, torch.tensor(lens), 0.2))
 
 
 def test_rms_norm_matches_torch_path():
