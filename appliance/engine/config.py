@@ -20,7 +20,7 @@ class EngineKind(str, Enum):
 
 class Quantization(str, Enum):
     none = "none"
-    int8 = "int8"  # weight-only, per output channel, quantised at load (engine/int8.py)
+    int8 = "int8"  # weights per output channel, quantised at load (engine/int8.py)
 
 
 class AttentionBackend(str, Enum):

@@ -1,4 +1,4 @@
-"""int8 weight-only quantization of linear layers (`engine.quantization: int8`).
+"""int8 quantization of linear layers' weights (`engine.quantization: int8`).
 
 Each weight row (output channel) is scaled symmetrically into int8 at load: w ≈ q · scale, with
 q in [-127, 127] and scale = max|w_row| / 127. Decoding reads the weights once per token, so halving
