@@ -153,6 +153,18 @@ def test_the_largest_sums_of_a_pass_do_not_overflow():
     assert torch.allclose(w8.linear(x), torch.full((3, 40), -1.0 * k), rtol=1e-6)
 
 
+@needs_our_kernels
+@needs_vnni
+def test_a_nan_in_x_reaches_its_rows_outputs_only():
+    """A NaN makes its block's scale NaN: that row's outputs are NaN, not finite garbage; other rows hold."""
+    w8 = Int8Weight(torch.randn(40, 600) * 0.05, PACKED)
+    x = torch.randn(3, 600)
+    x[1, 550] = float("nan")  # the second pass's block
+    y = w8.linear(x)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
+    assert torch.allclose(y[[0, 2]], w8.linear(x[[0, 2]]), rtol=1e-6, atol=1e-6)
+
+
 def test_packing_is_the_engines_choice_where_vnni_and_packed_bf16_meet():
     from appliance.engine.linear import packs_int8
 

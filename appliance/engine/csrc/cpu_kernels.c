@@ -937,28 +937,44 @@ static VNNI_UNITS void int8_tile(const int8_t* x, int64_t ldx, const float* xs, 
     INT8_TILE_CASES(0)
 }
 
+// One block of a row of x, its n values in `slots` int8 slots (the rest zero): stores them scaled so that
+// the largest |x| becomes 127 (rounded to nearest even), puts 128 x their sum in *off and returns the
+// block's scale. A NaN makes the scale NaN (the output then is too).
+static inline VNNI_UNITS float quantize_block(const float* x, int64_t n, int64_t slots, int8_t* q, int32_t* off) {
+    __m512 top = _mm512_setzero_ps();
+    __mmask16 nan = 0;  // MAXPS drops a NaN in one of its operands: they are looked for apart
+    for (int64_t k = 0; k < n; k += 16) {
+        const __mmask16 m = n - k >= 16 ? 0xffff : (__mmask16)((1u << (n - k)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+        top = _mm512_max_ps(top, _mm512_abs_ps(v));
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    const float largest = nan ? NAN : _mm512_reduce_max_ps(top);
+    const __m512 inv = _mm512_set1_ps(largest > 0.f ? X_LEVELS / largest : 0.f);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = 0; k < slots; k += 16) {
+        const __mmask16 in = k >= n ? 0 : n - k >= 16 ? 0xffff : (__mmask16)((1u << (n - k)) - 1);
+        const __mmask16 out = slots - k >= 16 ? 0xffff : (__mmask16)((1u << (slots - k)) - 1);
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(in, x + k), inv));
+        sum = _mm512_add_epi32(sum, v);
+        _mm512_mask_cvtsepi32_storeu_epi8(q + k, out, v);
+    }
+    *off = 128 * _mm512_reduce_add_epi32(sum);
+    return largest / X_LEVELS;
+}
+
 // x [M, K] fp32 as int8 quads xq [M, 4 K4] (K padded with 0 to whole quads), per-pass scales xs [M, passes]
-// and offsets xoff [M, passes] (128 x the block's sum of xq): each block of QKC quads scaled so that its
-// largest |x| becomes 127.
-static void quantize_rows_int8(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xq, float* xs,
-                               int32_t* xoff) {
+// and offsets xoff [M, passes] (128 x the block's sum of xq), a block of QKC quads each. Threads only for
+// prefill sizes: a decode step's few rows take microseconds, less than waking the threads.
+static VNNI_UNITS void quantize_rows_int8(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xq, float* xs,
+                                          int32_t* xoff) {
     const int64_t K4 = (K + 3) / 4, passes = (K4 + QKC - 1) / QKC;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if (M * K >= (1 << 17))
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < passes; b++) {
-            const int64_t k0 = 4 * b * QKC, k1 = k0 + 4 * QKC < 4 * K4 ? k0 + 4 * QKC : 4 * K4;
-            float largest = 0.f;
-            for (int64_t k = k0; k < k1 && k < K; k++) largest = fmaxf(largest, fabsf(x[m * ldx + k]));
-            const float inv = largest > 0.f ? X_LEVELS / largest : 0.f;
-            int32_t sum = 0;
-            for (int64_t k = k0; k < k1; k++) {
-                const float v = k < K ? x[m * ldx + k] * inv : 0.f;
-                const int8_t q = (int8_t)fmaxf(-X_LEVELS, fminf(X_LEVELS, nearbyintf(v)));
-                xq[m * 4 * K4 + k] = q;
-                sum += q;
-            }
-            xs[m * passes + b] = largest / X_LEVELS;
-            xoff[m * passes + b] = 128 * sum;
+            const int64_t k0 = 4 * b * QKC, slots = 4 * K4 - k0 < 4 * QKC ? 4 * K4 - k0 : 4 * QKC;
+            xs[m * passes + b] = quantize_block(x + m * ldx + k0, K - k0 < slots ? K - k0 : slots, slots,
+                                                xq + m * 4 * K4 + k0, xoff + m * passes + b);
         }
 }
 
