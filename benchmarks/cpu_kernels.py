@@ -6,9 +6,10 @@ GEMMs: the bench model's layer shapes (benchmarks/engine_throughput.py) and its 
 copies of each weight used in turn so that they come from memory, as in a decode step; torch's
 F.linear (MKL) vs our packed GEMM, median of 7. On CPUs with AVX512-BF16 also the bf16 GEMM at a 7B
 Llama's shapes (each weight 32-260 MB, so from memory): torch's F.linear (oneDNN) vs our packed
-VDPBF16PS GEMM, from one decode row to an image prompt's 610; with AVX512-VNNI too, our packed int8 GEMM
-(VPDPBUSD) on the same weights quantised, as a fraction of the bf16 GEMM's time. Decode attention: 32 sequences of 150-300 tokens in
-scattered blocks (8 KV heads x 64), torch's gather + SDPA (the torch backend) vs our in-place kernel;
+VDPBF16PS GEMM, from one decode row to an image prompt's 610; with AVX512-VNNI too, our packed int8
+GEMM (VPDPBUSD) on the same weights quantised, as a fraction of the bf16 GEMM's time. Decode attention:
+32 sequences of 150-300 tokens in scattered blocks (8 KV heads x 64), torch's gather + SDPA (the torch
+backend) vs our in-place kernel;
 and ours at a 7B shape (bf16 caches, 32 heads x 128) for 1, 2 and 8 sequences, each call on blocks the
 last calls did not read (a 1 GB pool), as a decode step meets them.
 """

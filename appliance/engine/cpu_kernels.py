@@ -94,8 +94,8 @@ class PackedWeight:
     outputs a panel, one k at a time); bf16 as [ceil(N/32), ceil(K/2), 64] and int8 as [ceil(N/32),
     ceil(K/4), 128] (32 outputs a panel, each output's k pairs or quads side by side, as VDPBF16PS and
     VPDPBUSD multiply them: CPUs with AVX512-BF16 / AVX512-VNNI), int8 as unsigned bytes (q + 128) with
-    its fp32 `scale` per output. `out`, if given, is the flat buffer (of
-    `numel(N, K, dtype)` elements) to pack into."""
+    its fp32 `scale` per output. `out`, if given, is the flat buffer (of `numel(N, K, dtype)` elements)
+    to pack into."""
 
     def __init__(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
                  scale: Optional[torch.Tensor] = None):
@@ -114,7 +114,7 @@ class PackedWeight:
     def shape(out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> Tuple[int, int, int]:
         if dtype == torch.float32:
             return -(-out_features // PANEL), in_features, PANEL
-        group = 4 // torch.empty((), dtype=dtype).element_size()  # k per 4-byte group: bf16 pairs, int8 quads
+        group = 4 // dtype.itemsize  # k per 4-byte group: bf16 pairs, int8 quads
         return -(-out_features // GROUP_PANEL), -(-in_features // group), group * GROUP_PANEL
 
     @staticmethod
