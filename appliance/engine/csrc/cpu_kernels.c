@@ -735,11 +735,14 @@ void pack_weight_int8(const int8_t* q, int64_t N, int64_t K, int8_t* packed) {
     pack_groups((const char*)q, N, K, 1, 0x80808080u, (char*)packed);
 }
 
-static inline BF16_UNITS __m512bh pair_broadcast(const uint16_t* p) {
+// 4 bytes of x (a bf16 pair, an int8 quad) in every 32-bit lane, against 16 outputs' groups.
+static inline __attribute__((target("avx512f"), always_inline)) __m512i group_broadcast(const void* p) {
     int32_t v;
     memcpy(&v, p, sizeof v);
-    return (__m512bh)_mm512_set1_epi32(v);
+    return _mm512_set1_epi32(v);
 }
+
+static inline BF16_UNITS __m512bh pair_broadcast(const uint16_t* p) { return (__m512bh)group_broadcast(p); }
 
 // One row of a tile's 32 sums into y: added to the sums of earlier passes (accumulate), times the outputs'
 // scales (int8 weights' last pass; else NULL). A last panel of an N not a multiple of 32 stores its nr
@@ -863,12 +866,6 @@ int linear_packed_bf16(const uint16_t* x, int64_t ldx, const uint16_t* packed, f
 #define QKC 128  // k quads per pass (512 k): the x block that shares a scale
 #define X_LEVELS 127.f
 
-static inline VNNI_UNITS __m512i quad_broadcast(const int8_t* p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm512_set1_epi32(v);
-}
-
 // As bf16_tile_rows, on int8 x quads and unsigned weight quads; xs and xoff: each row's scale and
 // 128 x (its block's sum) for this pass (row stride lds); scale: the outputs' scales on the last pass.
 static inline VNNI_UNITS __attribute__((always_inline)) void int8_tile_rows(
@@ -888,7 +885,7 @@ static inline VNNI_UNITS __attribute__((always_inline)) void int8_tile_rows(
             const __m512i u0 = _mm512_loadu_si512(row), u1 = _mm512_loadu_si512(row + 64);
             const __m512i v0 = _mm512_loadu_si512(row + 128), v1 = _mm512_loadu_si512(row + 192);
             for (int i = 0; i < mr; i++) {
-                const __m512i a = quad_broadcast(x + i * ldx + 4 * kq), b = quad_broadcast(x + i * ldx + 4 * kq + 4);
+                const __m512i a = group_broadcast(x + i * ldx + 4 * kq), b = group_broadcast(x + i * ldx + 4 * kq + 4);
                 c[i][0] = _mm512_dpbusd_epi32(c[i][0], u0, a);
                 c[i][1] = _mm512_dpbusd_epi32(c[i][1], u1, a);
                 d[i][0] = _mm512_dpbusd_epi32(d[i][0], v0, b);
@@ -902,7 +899,7 @@ static inline VNNI_UNITS __attribute__((always_inline)) void int8_tile_rows(
                 _mm_prefetch((const char*)(row + BPREFETCH * BPANEL * 4 + line * 64), _MM_HINT_T0);
         const __m512i u0 = _mm512_loadu_si512(row), u1 = _mm512_loadu_si512(row + 64);
         for (int i = 0; i < mr; i++) {
-            const __m512i a = quad_broadcast(x + i * ldx + 4 * kq);
+            const __m512i a = group_broadcast(x + i * ldx + 4 * kq);
             c[i][0] = _mm512_dpbusd_epi32(c[i][0], u0, a);
             c[i][1] = _mm512_dpbusd_epi32(c[i][1], u1, a);
         }
