@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from appliance.engine import cpu_kernels
+from appliance.engine import cpu_kernels, hugepages
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, Int8Weight
 
@@ -70,11 +70,16 @@ def bf16_gemm_rows(rows_list, with_int8: bool):
             yield name, rows, flops / onednn / 1e9, flops / ours / 1e9, onednn / ours, n * k * 2 / ours / 1e9, int8 / ours
 
 
+def kv_pool(shape, dtype) -> torch.Tensor:
+    """Random K or V blocks in memory laid out as the engine's pool is (huge pages where the host grants them)."""
+    return hugepages.empty(shape, dtype).copy_(torch.randn(shape))
+
+
 def attention_row():
     torch.manual_seed(0)
     blocks, block_size, kv_heads, head_dim, batch = 1024, 16, 8, 64, 32
-    k_cache = torch.randn(blocks, block_size, kv_heads, head_dim)
-    v_cache = torch.randn(blocks, block_size, kv_heads, head_dim)
+    k_cache = kv_pool((blocks, block_size, kv_heads, head_dim), torch.float32)
+    v_cache = kv_pool((blocks, block_size, kv_heads, head_dim), torch.float32)
     lens = torch.randint(150, 300, (batch,))
     width = -(-int(lens.max()) // block_size)
     tables = torch.randperm(blocks)[: batch * width].view(batch, width)
@@ -96,8 +101,8 @@ def attention_row():
 def attention_7b_rows():
     torch.manual_seed(0)
     heads, head_dim, block_size, blocks = 32, 128, 16, 4096
-    k_cache = torch.randn(blocks, block_size, heads, head_dim).to(torch.bfloat16)
-    v_cache = torch.randn(blocks, block_size, heads, head_dim).to(torch.bfloat16)
+    k_cache = kv_pool((blocks, block_size, heads, head_dim), torch.bfloat16)
+    v_cache = kv_pool((blocks, block_size, heads, head_dim), torch.bfloat16)
     for batch, length in [(1, 600), (1, 2131), (2, 2131), (8, 600)]:
         width = -(-length // block_size)
         perm = torch.randperm(blocks)
