@@ -2,31 +2,16 @@
 
 A decode step streams every weight and every live K/V once: hundreds of MB in 4 KB pages miss the TLB
 on every page. Where the kernel grants huge pages only on request (THP "madvise", the common default),
-we ask for them before the buffer is first touched. Elsewhere (no THP, not Linux, a GPU tensor) this is
-a plain allocation.
+we ask for them before the buffer is first touched. Elsewhere (no THP, not Linux) this is a plain
+allocation.
 """
-import ctypes
-import ctypes.util
-from typing import Optional, Sequence
+import mmap
+from typing import Sequence
 
 import torch
 
 HUGE_PAGE = 2 * 1024 * 1024
-MADV_HUGEPAGE = 14
 MIN_BYTES = 8 * HUGE_PAGE  # below this the alignment slack is not worth it
-
-_libc: Optional[ctypes.CDLL] = None
-
-
-def _madvise_huge(addr: int, length: int) -> None:
-    global _libc
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _libc.madvise(addr, length, MADV_HUGEPAGE)  # a refusal (no THP) just leaves 4 KB pages
-    except (OSError, AttributeError, TypeError):
-        pass
 
 
 def empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -35,11 +20,23 @@ def empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Ten
     numel = 1
     for n in shape:
         numel *= n
-    elem = torch.empty((), dtype=dtype).element_size()
-    if numel * elem < MIN_BYTES:
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes < MIN_BYTES:
         return torch.empty(tuple(shape), dtype=dtype)
-    raw = torch.empty(numel * elem + HUGE_PAGE, dtype=torch.uint8)  # not yet touched: mmap-backed
+    # A private anonymous mapping (shared ones follow the shmem THP setting, off by default): pages the
+    # kernel has not handed out yet, so the advice comes first.
+    memory = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = torch.frombuffer(memory, dtype=torch.uint8)  # shares the mapping and keeps it alive
     offset = -raw.data_ptr() % HUGE_PAGE
-    _madvise_huge(raw.data_ptr() + offset, numel * elem)
-    # The view keeps `raw` alive through its storage.
-    return raw[offset:offset + numel * elem].view(dtype).view(tuple(shape))
+    advise_huge(memory, offset, nbytes)
+    return raw[offset:offset + nbytes].view(dtype).view(tuple(shape))
+
+
+def advise_huge(memory: mmap.mmap, start: int, length: int) -> None:
+    """Ask for huge pages over memory[start:start + length]; a host that has none keeps 4 KB pages."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
+    if advice is not None:
+        try:
+            memory.madvise(advice, start, length)
+        except OSError:  # THP compiled out: EINVAL
+            pass
