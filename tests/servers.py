@@ -87,7 +87,7 @@ def error(response) -> dict:
     return body["error"]
 
 
-def wait_idle(base: str, timeout: float = 30.0):
+def wait_idle(base: str, timeout: float = 120.0):
     """Until nothing runs, waits or holds a KV block; the last metrics read."""
     deadline = time.monotonic() + timeout
     while True:
