@@ -87,6 +87,14 @@ def error(response) -> dict:
     return body["error"]
 
 
+def wait_for_metric(base: str, name: str, value: float, timeout: float = 120.0) -> None:
+    """Until the unlabelled metric `name` reads `value` (fails after `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while metrics(base)[(name, ())] != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.05)
+
+
 def wait_idle(base: str, timeout: float = 120.0):
     """Until nothing runs, waits or holds a KV block; the last metrics read."""
     deadline = time.monotonic() + timeout

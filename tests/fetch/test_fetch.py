@@ -168,7 +168,7 @@ def test_a_status_other_than_200(server, path, status):
 def test_timeouts(server, path, overrides, fragment):
     started = time.monotonic()
     message = refused(server.url(path), policy(allowed_domains=LOOPBACK, **overrides))
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 4  # the client's limit, not the server's 5 s stall, ended it
     assert fragment.format(port=server.port) in message, message
 
 

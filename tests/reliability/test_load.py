@@ -17,7 +17,7 @@ from tests.reliability.load import answer, counter, session_rss_bytes, stream_te
 from tests.reliability.models import overrides
 from tests.server_process import server_process
 from tests.geo.hls import RangeServer
-from tests.servers import SAMPLE_SCENE, error, metrics, wait_idle
+from tests.servers import SAMPLE_SCENE, error, metrics, wait_for_metric, wait_idle
 
 PROMPTS = [f"Tell me about item {i} and the {w}" for i, w in enumerate(
     "river stone cloud lamp field door wheel bread glass road".split() * 2)]
@@ -104,7 +104,7 @@ def test_overload_is_refused_fast_and_memory_stays_bounded(tiny_model, alone, tm
         assert len(refused) >= bound and len(served) >= bound, (len(refused), len(served))
         for response, seconds in refused:
             assert response.headers["Retry-After"] == "1" and "max_queued_requests" in error(response)["message"]
-            assert seconds < 5.0
+            assert seconds < 20  # not queued: the served ones hold the engine far longer, one at a time
         for prompt, response in served:
             assert response.json()["choices"][0]["message"]["content"] == alone[prompt]
         assert peak[0] - rss_before < 150 * 2 ** 20, (rss_before, peak[0])
@@ -133,9 +133,9 @@ def test_pooling_overload_is_refused_not_queued_without_end(tmp_path):
             post = lambda: httpx.post(f"{server.base}/pooling", json=body, timeout=120)  # noqa: E731
             accepted = [pool.submit(post)]
             assert fetching.wait(30)  # the first scene holds the one thread
-            for _ in range(bound):
+            for waiting in range(1, bound + 1):
                 accepted.append(pool.submit(post))
-                time.sleep(0.3)  # the loop admits it (and counts it as waiting) before the next arrives
+                wait_for_metric(server.base, "appliance_num_requests_waiting", waiting)  # admitted (and counted) before the next arrives
             for _ in range(4):
                 refused = httpx.post(f"{server.base}/pooling", json=body, timeout=10)
                 assert refused.status_code == 429, refused.text

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.server_process import server_process
-from tests.servers import error, metrics, wait_idle
+from tests.servers import error, metrics, wait_for_metric, wait_idle
 from tests.serving.slow_llama import build_slow_checkpoint
 
 MAX_BYTES = 300_000
@@ -48,13 +48,6 @@ def chat(base, messages=HELLO, timeout=120, **body):
 
 def long_stream_body(max_tokens=4000):
     return {"messages": HELLO, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
-
-
-def wait_for(base, name, value, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while metrics(base)[(name, ())] != value:
-        assert time.monotonic() < deadline, f"{name} never reached {value}"
-        time.sleep(0.05)
 
 
 def events(lines):
@@ -96,7 +89,7 @@ def test_queue_full_is_429_at_once_and_a_disconnect_frees_the_request(server):
         waiting = [threading.Thread(target=chat, args=(server.base,)) for _ in range(2)]
         for thread in waiting:
             thread.start()
-        wait_for(server.base, "appliance_num_requests_waiting", 2)  # one sequence at a time: they wait
+        wait_for_metric(server.base, "appliance_num_requests_waiting", 2)  # one sequence at a time: they wait
         started = time.monotonic()
         refused = chat(server.base)
         assert refused.status_code == 429, refused.text
