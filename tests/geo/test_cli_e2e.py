@@ -158,3 +158,19 @@ def test_unwritable_output_directory(checkpoint, dirs):
         assert listing(src, out) == [["s.tif"], []]
     finally:
         out.chmod(0o700)
+
+
+def test_a_lat_lon_swapped_aoi_is_one_line_whose_hint_runs(checkpoint, dirs):
+    """The box as a user types it with lat first: exit 2, one line naming `aoi`, no traceback; the form
+    the line suggests then runs."""
+    src, out = dirs
+    scene = synthetic.write_scene(src / "a.tif", 100, 130, seed=1)  # UTM 15N, about lon -93, lat 29.8
+    swapped = flood(checkpoint, scene, out / "m.tif", "aoi=[29.81,-92.99,29.82,-92.98]")
+    assert_user_error(swapped, "aoi: [29.81,-92.99,29.82,-92.98] is outside lon/lat's range",
+                      "did you mean aoi=[-92.99,29.81,-92.98,29.82]")
+    assert swapped.stdout == "" and listing(out) == [[]]
+    hinted = swapped.stderr.split("did you mean ")[1].split(" ")[0]
+    result = flood(checkpoint, scene, out / "m.tif", hinted)
+    assert result.returncode == 0, result.stderr
+    with rasterio.open(out / "m.tif") as ds:
+        assert 0 < ds.width < 130 and 0 < ds.height < 100  # the box's window, not the scene

@@ -97,7 +97,9 @@ def test_per_band_paths_in_the_media_dir(flood_server, flood_dirs, large, tmp_pa
 
 @pytest.mark.parametrize("fields, param, fragment", [
     ({"aoi": [1, 2, 3]}, "data.aoi", "data.aoi: expected [xmin, ymin, xmax, ymax]"),
-    ({"aoi": [3, 2, 1, 4]}, "data.aoi", "is empty"),
+    ({"aoi": [3, 2, 1, 4]}, "data.aoi", "has xmin > xmax"),
+    ({"aoi": [29.76, -92.95, 29.8, -92.9]}, "data.aoi", "did you mean [-92.95,29.76,-92.9,29.8]"),
+    ({"aoi": [1, 2, 3, 4]}, "data.aoi", "data.aoi: [1,2,3,4] (EPSG:4326) does not overlap "),
     ({"aoi": [0, 0, 1, 1], "aoi_crs": "EPSG:nope"}, "data.aoi_crs", "is not a coordinate reference system"),
     ({"aoi": [10, 10, 11, 11]}, "data.aoi", "does not overlap"),
     ({"aoi": [0, 0, 1, "x"]}, "data.aoi", "(numbers)"),

@@ -115,7 +115,7 @@ def run_geo_aoi(path, output, aoi, aoi_crs=None):
 
 @pytest.mark.parametrize("aoi, crs, message", [
     ([1, 2, 3], None, r"aoi: expected \[xmin, ymin, xmax, ymax\]"),
-    ([3, 2, 1, 4], None, "aoi: .* is empty"),
+    ([3, 2, 1, 4], None, r"aoi: .* has xmin > xmax"),
     ("1 2 3 x", None, r"aoi: expected"),
     ([0, 0, 1, 1], "EPSG:nope", "aoi_crs: 'EPSG:nope' is not a coordinate reference system"),
 ])
@@ -126,7 +126,7 @@ def test_bad_aoi(aoi, crs, message):
 
 def test_aoi_outside_the_scene_says_where_the_scene_is(scene, tmp_path):
     path, _ = scene
-    with pytest.raises(InputError, match=r"aoi: \[10.0, 10.0, 11.0, 11.0\] \(EPSG:4326\) does not overlap .*scene.tif, "
+    with pytest.raises(InputError, match=r"aoi: \[10,10,11,11\] \(EPSG:4326\) does not overlap .*scene.tif, "
                                          r"which covers \["):
         run_geo_aoi(path, tmp_path / "m.tif", [10, 10, 11, 11])
     assert not (tmp_path / "m.tif").exists()
