@@ -1,6 +1,7 @@
 """The STAC item written beside each mask, checked offline (pystac's validate fetches JSON schemas over
 the network, which tests do not have): structure, projection and classification extensions, links."""
 import json
+import os
 
 import numpy as np
 import pystac
@@ -41,9 +42,25 @@ def test_item_describes_the_mask(scene, tmp_path):
                                                               (255, "nodata", True)]
     assert classes[1].color_hint == "005AFF"
     links = [link for link in item.links if link.rel == "derived_from"]
-    assert [link.href for link in links] == [str(path)]
+    assert [link.href for link in links] == [os.path.relpath(path, out.parent)]
     assert set(data["stac_extensions"]) == {ProjectionExtension.get_schema_uri(),
                                             ClassificationExtension.get_schema_uri()}
+
+
+def test_derived_from_resolves_from_the_item_wherever_the_run_started(scene, tmp_path, monkeypatch):
+    """A relative input and an output elsewhere: the link is relative to the item's directory, so pystac
+    (and any STAC client) finds the source from the item, not from the run's working directory."""
+    path, _ = scene  # tmp_path/scene.tif
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    run_geo("../scene.tif", tmp_path / "out" / "deep" / "m.tif")
+    monkeypatch.chdir("/")
+    item = pystac.Item.from_file(str(tmp_path / "out" / "deep" / "m.stac.json"))
+    (link,) = item.get_links(pystac.RelType.DERIVED_FROM)
+    assert link.href == "../../scene.tif"
+    assert link.get_absolute_href() == str(path)
+    assert os.path.isfile(link.get_absolute_href())
 
 
 def test_datetime_comes_from_the_source(tmp_path):

@@ -3,7 +3,9 @@ it was made from and by what.
 
 Projection extension: the mask's CRS (EPSG code, else WKT2), shape, transform and bbox in that CRS.
 Classification extension on the mask asset: each class's value, name and colour, and 255 as nodata.
-Links: `derived_from` each source (the STAC item, or the GeoTIFF / per-band files). The item's
+Links: `derived_from` each source (the STAC item, or the GeoTIFF / per-band files): URLs as they are,
+local files relative to the item's own directory (STAC resolves a relative href against the item, not
+the directory a run started in), absolute where no relative path exists (another drive). The item's
 geometry and bbox are the mask's footprint in lon/lat (none without a CRS). `datetime` is the
 source's when known (the STAC item's, or the GeoTIFF's TIFFTAG_DATETIME), else the time the mask was
 made, which is also `created`.
@@ -21,6 +23,7 @@ from rasterio.warp import transform_bounds
 
 from appliance.output_files import AtomicFile
 from appliance.stages.geo.quicklook import class_colour
+from appliance.stages.geo.sources import is_remote
 from appliance.stages.geo.stitch import NODATA_CLASS
 
 STAC_SUFFIX = ".stac.json"
@@ -84,9 +87,20 @@ def mask_item(scene, output_path: str, class_names: List[str], classes: bool, mo
                  for i, n in enumerate(class_names)]
         found.append(Classification.create(value=NODATA_CLASS, name="nodata", nodata=True))
         ClassificationExtension.ext(asset, add_if_missing=True).apply(classes=found)
+    item_dir = os.path.dirname(os.path.abspath(stac_path(output_path)))
     for href in scene.links:
-        item.add_link(pystac.Link(pystac.RelType.DERIVED_FROM, href, media_type=_media(href)))
+        item.add_link(pystac.Link(pystac.RelType.DERIVED_FROM, _from_item(href, item_dir), media_type=_media(href)))
     return item
+
+
+def _from_item(href: str, item_dir: str) -> str:
+    if is_remote(href):
+        return href
+    full = os.path.abspath(href)
+    try:
+        return os.path.relpath(full, item_dir)
+    except ValueError:  # Windows: another drive
+        return full
 
 
 def _native_bbox(scene) -> List[float]:
