@@ -41,6 +41,7 @@ class PoolJob:
     quicklook: bool = False     # also write <output stem>.quicklook.png
     bands: Optional[List[int]] = None  # 1-based band indexes to feed the model, in its band order
     aoi: Any = None             # stages.geo.aoi.Aoi: the window of the scene to run
+    upload: bool = False        # input_path holds the request's own bytes (spooled): the mask calls it `upload`
 
 
 @dataclass

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import numpy as np
+import pystac
 import pytest
 import rasterio
 
@@ -67,6 +68,21 @@ def test_pooling_path_in_path_out(flood_server, flood_dirs, offline_mask):
     assert_same_mask(path, offline_mask)
 
 
+def test_a_mask_names_its_source_as_the_client_sent_it(flood_server, flood_dirs):
+    """The GeoTIFF `source` tag and the STAC item name the file the client named, or `upload` for bytes it
+    sent: never the server's spool file, and no `derived_from` link to a file that is gone."""
+    for data, data_format, source in [(scene_b64(), "b64_json", "upload"), ("scene.tif", "path", "scene.tif")]:
+        response = pooling(flood_server, data, data_format=data_format, out="path")
+        assert response.status_code == 200, response.text
+        path = response.json()["data"]["data"]
+        with rasterio.open(path) as ds:
+            assert ds.tags()["source"] == source
+        item = pystac.Item.from_file(path[: -len(".tif")] + ".stac.json")
+        assert item.properties["appliance:source"] == source
+        links = [link.get_absolute_href() for link in item.get_links(pystac.RelType.DERIVED_FROM)]
+        assert links == ([] if source == "upload" else [str(flood_dirs["media"] / "scene.tif")])
+
+
 def test_pooling_url_input_from_an_allowed_host(flood_server, offline_mask, tmp_path):
     """Read by range requests (tests/geo/test_served_remote.py: a window of a large scene)."""
     (tmp_path / "scene.tif").write_bytes(SAMPLE_SCENE.read_bytes())
@@ -87,6 +103,8 @@ def test_raw_geotiff_body_and_quicklook(flood_server, offline_mask, tmp_path):
     assert mask.status_code == 200 and mask.headers["content-type"] == "image/tiff", mask.text
     (tmp_path / "raw.tif").write_bytes(mask.content)
     assert_same_mask(tmp_path / "raw.tif", offline_mask)
+    with rasterio.open(tmp_path / "raw.tif") as ds:
+        assert ds.tags()["source"] == "upload"
     quicklook = httpx.post(f"{flood_server.base}/v1/pool?quicklook=true", content=SAMPLE_SCENE.read_bytes(),
                            headers=headers, timeout=120)
     assert quicklook.status_code == 200 and quicklook.content[:8] == b"\x89PNG\r\n\x1a\n"

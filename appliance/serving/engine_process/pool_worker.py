@@ -120,14 +120,16 @@ class PoolWorker(Worker):
         self.metrics.queue.observe(time.monotonic() - session.arrival)
         source = job.input_path
         try:
-            if job.input_url is not None or isinstance(source, list):
+            if job.input_url is not None or isinstance(source, list) or job.upload:
                 from appliance.fetch import FetchPolicy
-                from appliance.stages.geo.served import local_scene_spec, served_scene_spec
+                from appliance.stages.geo.served import local_scene_spec, served_scene_spec, upload_scene_spec
 
                 if job.input_url is not None:
                     policy = FetchPolicy.from_server_config(self.cfg.server)
                     buckets = list(self.cfg.server.get("allowed_s3_buckets") or [])
                     source = served_scene_spec(job.input_url, self.cfg.model.geo, policy, job.field, buckets)
+                elif job.upload:
+                    source = upload_scene_spec(source, job.field)
                 else:
                     source = local_scene_spec(source, self.cfg.model.geo, job.field)
             record = as_record(SceneRecord(source, job.output_path, job.quicklook, job.bands, job.aoi))

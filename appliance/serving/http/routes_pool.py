@@ -74,7 +74,8 @@ class PoolRoutes:
         else:
             output = self._spool(uid, ".out.tif")
             spooled += [output, output + ".aux.xml", stac_path(output)]
-        job = PoolJob(input_path, url, output, "data.data", bands=parsed.bands, aoi=aoi)
+        job = PoolJob(input_path, url, output, "data.data", bands=parsed.bands, aoi=aoi,
+                      upload=parsed.data_format == "b64_json")
         parsed.data = None  # the scene is on disk now: a request waiting in the queue holds no copy of it
         result = await self._run(request, uid, job, spooled)
         if isinstance(result, Response):
@@ -106,7 +107,7 @@ class PoolRoutes:
         except BaseException:
             self._remove(spooled)
             raise
-        job = PoolJob(input_path, None, output, "body", quicklook=quicklook)
+        job = PoolJob(input_path, None, output, "body", quicklook=quicklook, upload=True)
         result = await self._run(request, uid, job, spooled)
         if isinstance(result, Response):
             return result

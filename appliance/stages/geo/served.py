@@ -8,6 +8,10 @@ a list of per-band URLs, by the CLI's own rules (`sources.scene_spec`), with wha
   only the buckets the operator lists in `server.allowed_s3_buckets` (none by default): otherwise any
   object those credentials reach would be readable by any client;
 - nothing else (a STAC item naming `/etc/...` or `file://`) is read.
+
+A scene sent as the request's bytes (base64, or `/v1/pool`'s body) is spooled to a file whose name is the
+server's own: the mask's `source` tag and its STAC item call it `upload` instead, with no `derived_from`
+link (the spool file is gone once answered).
 """
 import urllib.parse
 from dataclasses import replace
@@ -63,6 +67,14 @@ def served_scene_spec(value: Any, geo, policy, field: str, s3_buckets: Sequence[
         reads.close()
         raise
     return replace(spec, fetch=reads)
+
+
+UPLOAD_NAME = "upload"
+
+
+def upload_scene_spec(path: str, field: str) -> SceneSpec:
+    """The scene a request sent as bytes, spooled at `path`; messages name the request's `field`."""
+    return SceneSpec(name=UPLOAD_NAME, files=(path,), per_band=False, labels=(field,))
 
 
 def local_scene_spec(paths: Sequence[str], geo, field: str) -> SceneSpec:
