@@ -153,6 +153,15 @@ def test_bad_pooling_requests_name_the_field(flood_server, label, data, status, 
     assert "spool" not in err["message"]  # spool paths never reach a client
 
 
+def test_unknown_query_parameters_are_400s_naming_them(flood_server):
+    headers = {**AUTH, "Content-Type": "image/tiff"}
+    typo = httpx.post(f"{flood_server.base}/v1/pool?quicklok=true", content=SAMPLE_SCENE.read_bytes(),
+                      headers=headers, timeout=60)
+    assert typo.status_code == 400, typo.text
+    assert error(typo)["param"] == "quicklok"
+    assert error(typo)["message"] == "quicklok: unknown query parameter; allowed: quicklook"
+
+
 def test_model_key_and_content_type_checks(flood_server):
     wrong_model = pooling(flood_server, scene_b64(), model="other")
     assert wrong_model.status_code == 404 and error(wrong_model)["param"] == "model"

@@ -33,6 +33,7 @@ from appliance.stages.geo.served import check_served_href
 from appliance.stages.geo.stac_out import stac_path
 
 RAW_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")
+RAW_QUERY = ("quicklook",)  # `/v1/pool`'s query parameters: any other is refused, as unknown JSON fields are
 
 
 class PoolRoutes:
@@ -85,6 +86,10 @@ class PoolRoutes:
         return JSONResponse(pooling_response(uid, parsed.out_data_format, data))
 
     async def raw(self, request: Request):
+        unknown = sorted(set(request.query_params) - set(RAW_QUERY))
+        if unknown:  # a typo (`quicklok`) must not silently give the default
+            raise APIError(400, f"{unknown[0]}: unknown query parameter; allowed: {', '.join(RAW_QUERY)}",
+                           param=unknown[0])
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if kind not in RAW_TYPES:
             raise APIError(415, f"Content-Type: {kind or 'missing'}; send the GeoTIFF as the body with "
