@@ -149,12 +149,17 @@ def test_scale_declared_in_the_file_wins_over_the_model_default(scene, tmp_path)
 def test_quicklook(scene, tmp_path):
     from PIL import Image
 
+    from appliance.stages.geo.quicklook import NODATA_GREY, class_colour
+
     path, _ = scene
     records = run_geo(str(path), tmp_path / "m.tif", write={"quicklook": True, "quicklook_size": 200})
     png = tmp_path / "m.quicklook.png"
     assert "quicklook" in records[0]["display"] and png.exists()
     with Image.open(png) as image:
-        assert image.size == (200, 150) and image.mode == "RGB"
+        assert image.mode == "RGB" and image.width == 200 and image.height > 150  # 200x150, a legend below
+        legend = np.asarray(image)[150:].reshape(-1, 3)
+    colours = {tuple(int(v) for v in c) for c in np.unique(legend, axis=0)}
+    assert {class_colour(1), NODATA_GREY, (0, 0, 0), (255, 255, 255)} <= colours  # water, nodata swatches; text
 
 
 def test_pipeline_graph_and_option_errors():

@@ -1,5 +1,7 @@
-"""A small PNG: the mask's non-background classes over an RGB composite, both read decimated."""
+"""A small PNG: the mask's non-background classes over an RGB composite, both read decimated, with a
+legend of the classes' colours below (legend.py)."""
 import os
+from typing import Sequence
 
 import numpy as np
 from PIL import Image
@@ -7,6 +9,7 @@ from rasterio.enums import Resampling
 
 from appliance.output_files import AtomicFile
 from appliance.stages.geo.geotiff import open_raster
+from appliance.stages.geo.legend import legend_entries, with_legend
 from appliance.stages.geo.reader import open_scene
 from appliance.stages.geo.scene import _norm
 
@@ -45,7 +48,8 @@ def stretch(rgb: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return out
 
 
-def write_quicklook(scene, mask_path: str, png_path: str, max_size: int) -> None:
+def write_quicklook(scene, mask_path: str, png_path: str, max_size: int, class_names: Sequence[str]) -> None:
+    """The picture is at most `max_size` pixels on its longer side; the legend adds a band below."""
     factor = min(1.0, max_size / max(scene.width, scene.height))
     shape = (max(1, round(scene.height * factor)), max(1, round(scene.width * factor)))
     with open_scene(scene) as reader:
@@ -65,4 +69,5 @@ def write_quicklook(scene, mask_path: str, png_path: str, max_size: int) -> None
         image[hit] = 0.45 * image[hit] + 0.55 * np.asarray(class_colour(cls), dtype=np.float32)
     image[nodata] = NODATA_GREY
     with AtomicFile(png_path) as temp:
-        Image.fromarray(image.astype(np.uint8)).save(temp, format="PNG")
+        picture = Image.fromarray(image.astype(np.uint8))
+        with_legend(picture, legend_entries(class_names, class_colour, NODATA_GREY)).save(temp, format="PNG")

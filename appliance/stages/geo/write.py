@@ -217,7 +217,7 @@ class RasterWrite(Stage):
         quicklook = None
         if record.get("quicklook", self.options.quicklook):  # a server request may ask for one
             quicklook = quicklook_path(path)
-            write_quicklook(scene, path, quicklook, self.options.quicklook_size)
+            write_quicklook(scene, path, quicklook, self.options.quicklook_size, writer.class_names)
             text += f" (quicklook {quicklook})"
         if self.options.stac:
             item = mask_item(scene, path, writer.class_names, writer.dtype == "uint8", self.cfg.model.name,
