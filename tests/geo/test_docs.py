@@ -1,5 +1,7 @@
 """The pipeline YAML in docs/geo.md (every option spelled out) builds and runs (engine swapped for the fake),
-and its values are the stages' defaults."""
+is the shipped file but for the options it spells out, and its values are the stages' defaults; the STAC
+fields the page names are the ones an output item has."""
+import json
 import re
 
 import rasterio
@@ -11,10 +13,35 @@ from tests.geo.test_chain import water_iou
 SAMPLES = REPO / "appliance" / "assets" / "samples"
 
 
-def documented_stages():
+def documented_file():
     text = (REPO / "docs" / "geo.md").read_text()
     block = re.search(r"## `conf/pipeline/prithvi_flood.yaml`, every option spelled out.*?```yaml\n(.*?)```", text, re.S).group(1)
-    return OmegaConf.to_container(OmegaConf.create(block).pipeline.stages)
+    return block
+
+
+def documented_stages():
+    return OmegaConf.to_container(OmegaConf.create(documented_file()).pipeline.stages)
+
+
+def test_documented_file_is_the_shipped_file_but_for_the_options():
+    """The model and engine it selects, its name and inputs, and its stages' ids are the shipped file's."""
+    documented = OmegaConf.to_container(OmegaConf.create(documented_file()))
+    shipped = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "pipeline" / "prithvi_flood.yaml"))
+    assert documented_file().splitlines()[0] == "# @package _global_"
+    assert documented["defaults"] == shipped["defaults"]
+    assert list(documented["pipeline"]["stages"]) == list(shipped["pipeline"]["stages"])
+    del documented["pipeline"]["stages"], shipped["pipeline"]["stages"]
+    assert documented == shipped
+
+
+def test_the_stac_fields_named_are_the_items(tmp_path):
+    text = (REPO / "docs" / "geo.md").read_text()
+    section = re.search(r"### The STAC item beside the mask.*?\n### ", text, re.S).group(0)
+    named = set(re.findall(r"`(proj:\w+)`", section))
+    run_geo(str(SAMPLES / "flood_sample.tif"), tmp_path / "m.tif")
+    written = {key for key in json.loads((tmp_path / "m.stac.json").read_text())["properties"]
+               if key.startswith("proj:")}
+    assert named - {"proj:wkt2"} == written  # wkt2: only for a CRS without an EPSG code
 
 
 def proposed_stages():
