@@ -10,7 +10,8 @@ included, `protocol.pooling.PoolingResponse`, `protocol.tokenize`'s `TokenizeRes
 request's schema stays inline, its nested models components. A streamed answer is `text/event-stream`,
 one schema per event (as OpenAPI 3.1 reads a stream): its `data` is a chunk model's JSON
 (`contentSchema`), an error's, or `[DONE]`. `/v1/pool` takes and answers GeoTIFF bytes, which no model
-describes. For clients, docs (`/docs`) and the schema-driven fuzz tests.
+describes. LitServe's own routes (`GET /`, its health and info) are left out: the Gate answers them 404
+(http/errors.py). For clients, docs (`/docs`) and the schema-driven fuzz tests.
 """
 from typing import Any, Dict
 
@@ -20,6 +21,7 @@ from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRe
 from appliance.protocol.pooling import PoolingBody, PoolingResponse
 from appliance.protocol.tokenize import (DetokenizeBody, DetokenizeResponse, TokenizeChatBody,
                                          TokenizeCompletionBody, TokenizeResponse)
+from appliance.serving.http.errors import LITSERVE_ROUTES
 
 JSON, SSE = "application/json", "text/event-stream"
 REF = "#/components/schemas/{model}"
@@ -48,7 +50,8 @@ def install(app) -> None:
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title="appliance", version="1", routes=app.routes)
+            served = [route for route in app.routes if getattr(route, "path", None) not in LITSERVE_ROUTES]
+            schema = get_openapi(title="appliance", version="1", routes=served)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for path, item in schema.get("paths", {}).items():
                 for method, operation in item.items():
