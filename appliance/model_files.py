@@ -1,10 +1,14 @@
 """Check that a model's files are where the config says, without loading any weights."""
 import json
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from appliance.errors import ConfigError
+
+# `owner/name`, as the Hugging Face Hub names a repository (what vLLM and transformers take as a model).
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def check_model_files(model: DictConfig) -> None:
@@ -19,7 +23,8 @@ def check_model_files(model: DictConfig) -> None:
     if model.checkpoint is not None:
         checkpoint = Path(model.checkpoint)
         if not checkpoint.is_file():
-            raise ConfigError(f"model.checkpoint: {checkpoint} is not a file")
+            raise ConfigError(f"model.checkpoint: {model.checkpoint} is not a file" + hub_hint(
+                str(model.checkpoint), "--include '*.pt' --local-dir DIR", "model.checkpoint=DIR/FILE.pt"))
         if checkpoint.suffix not in (".pt", ".pth", ".ckpt", ".safetensors"):
             raise ConfigError(f"model.checkpoint: {checkpoint} is not a .pt/.pth/.ckpt/.safetensors file")
 
@@ -27,7 +32,8 @@ def check_model_files(model: DictConfig) -> None:
 def check_hf_directory(path: Path) -> dict:
     """Return the parsed config.json of an HF model directory, or name what is missing."""
     if not path.is_dir():
-        raise ConfigError(f"model.path: {path} is not a directory")
+        raise ConfigError(f"model.path: {path} is not a directory"
+                          + hub_hint(str(path), "--local-dir DIR", "model.path=DIR"))
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"model.path: {path} has no config.json (expected an HF model directory)")
@@ -37,3 +43,12 @@ def check_hf_directory(path: Path) -> dict:
         return json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"model.path: {config_file} is not valid JSON ({e})") from None
+
+
+def hub_hint(given: str, download_args: str, setting: str) -> str:
+    """What to do when a missing path reads as a Hub repository id: the appliance never downloads weights
+    (a pod or a batch job reads them from a volume), so say how to fetch them and where to point."""
+    if not HUB_ID.fullmatch(given):
+        return ""
+    return (f"; hub ids are not fetched: download with `hf download {given} {download_args}` "
+            f"and set {setting}")
