@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from appliance.errors import ConfigError
 from appliance.heap import settle_heap
 from appliance.pipeline import Pipeline
+from appliance.progress import silence
 from appliance.serving import litserve_adapter
 from appliance.serving.split import OnlinePipeline, split_online
 from appliance.serving.startup import check_media_dir, check_port_free, url
@@ -39,6 +40,7 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
                           "for the pipeline's kind) or more")
     check_media_dir(cfg.server.allowed_local_media_dir)
     online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
+    silence(online.stages())
     check_port_free(cfg.server.host, cfg.server.port)  # before anything says we serve there
     from appliance.serving.metrics import multiprocess_dir
 
