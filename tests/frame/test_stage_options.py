@@ -76,6 +76,10 @@ def test_stages_keep_their_order_and_can_be_appended_or_dropped():
     (CHAT + ["pipeline.stages.engine.sampling.max_tokens=abc"], ["pipeline.stages.engine.sampling.max_tokens", "Integer"]),
     (CHAT + ["pipeline.stages.engine.sampling.temperature=-1"], ["pipeline.stages.engine.sampling", "temperature must be >= 0"]),
     (FLOOD + ["pipeline.stages.tile.stride=1000"], ["pipeline.stages.tile.stride", "1..tile_size=512"]),
+    (FLOOD + ["pipeline.stages.stitch.progress_interval=0"],
+     ["pipeline.stages.stitch.progress_interval", "a number of seconds above 0"]),
+    (CHAT + ["pipeline.stages.engine.progress_interval=-5"],
+     ["pipeline.stages.engine.progress_interval", "a number of seconds above 0"]),
 ])
 def test_bad_stage_options_are_refused_at_compose_time(overrides, fragments):
     assert_config_error(overrides, *fragments)

@@ -1,5 +1,7 @@
 """The whole geo chain with the fake-logits engine: files in, masks out."""
+import io
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -7,7 +9,6 @@ import rasterio
 from affine import Affine
 
 from appliance.stages.build import build_pipeline
-from appliance.stages.geo.stitch import progress_bar
 from tests.geo.conftest import make_cfg, run_geo, stages, synthetic
 
 
@@ -184,12 +185,46 @@ def test_pipeline_graph_and_option_errors():
         build_pipeline(cfg)
 
 
-def test_progress_bar_only_on_a_terminal(monkeypatch):
-    import sys
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
 
-    assert type(progress_bar(10, "s", True)).__name__ == "_Quiet"  # pytest's stderr is not a tty
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    bar = progress_bar(10, "s", True)
-    assert type(bar).__name__ == "tqdm"
-    bar.close()
-    assert type(progress_bar(10, "s", False)).__name__ == "_Quiet"
+
+def results_with_stderr_so_far(monkeypatch, stream, cfg, input, output):
+    """Run the chain lazily; each result record with what stderr held when it came out."""
+    monkeypatch.setattr(sys, "stderr", stream)
+    pipeline = build_pipeline(cfg)
+    pipeline.check()
+    pipeline.setup()
+    try:
+        return [(record, stream.getvalue())
+                for record in pipeline.run([{"input": str(input), "output": str(output), "overwrite": False}])]
+    finally:
+        pipeline.close()
+
+
+def test_progress_line_reaches_n_of_n_before_the_result_comes_out(scene, tmp_path, monkeypatch):
+    """Without a terminal: the scene's last progress line (12/12, 100 %) is out before `wrote ...` is."""
+    path, _ = scene
+    [(record, stderr)] = results_with_stderr_so_far(monkeypatch, io.StringIO(), make_cfg(), path, tmp_path / "m.tif")
+    assert record["display"].startswith("wrote ")
+    assert re.fullmatch(r"scene\.tif: 12/12 tiles \(100%\), \d+\.\d tiles/s, in \d+s", stderr.splitlines()[-1]), stderr
+
+
+def test_progress_bar_ends_at_100_percent_on_its_own_line_before_the_result(scene, tmp_path, monkeypatch):
+    """On a terminal: the bar is closed at 12/12 (a line of its own) before `wrote ...` comes out, though
+    the last tiles arrive together in one engine batch."""
+    path, _ = scene
+    [(record, stderr)] = results_with_stderr_so_far(monkeypatch, Terminal(), make_cfg(), path, tmp_path / "m.tif")
+    assert record["display"].startswith("wrote ")
+    assert stderr.endswith("\n"), repr(stderr)
+    last = re.split(r"[\r\n]", stderr.rstrip("\n"))[-1]
+    assert last.startswith("scene.tif: 100%") and "12/12" in last, repr(last)
+
+
+@pytest.mark.parametrize("stream", [io.StringIO, Terminal])
+def test_progress_false_prints_nothing(scene, tmp_path, monkeypatch, stream):
+    path, _ = scene
+    cfg = make_cfg(stitch={"progress": False})
+    [(record, stderr)] = results_with_stderr_so_far(monkeypatch, stream(), cfg, path, tmp_path / "m.tif")
+    assert record["display"].startswith("wrote ") and stderr == ""

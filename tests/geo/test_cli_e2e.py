@@ -3,7 +3,15 @@
 Good runs write a GeoTIFF on the input's grid; bad inputs exit 2 with one stderr line naming the
 file or field, no traceback, and leave no mask or temp file behind.
 """
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
 import tempfile
+import termios
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +19,7 @@ import pytest
 import rasterio
 
 from tests.conftest import TINY_PRITHVI as TINY
-from tests.conftest import assert_user_error, run_cli
+from tests.conftest import REPO, assert_user_error, run_cli
 from tests.geo.conftest import synthetic, write_raster
 
 @pytest.fixture
@@ -101,6 +109,8 @@ def make_bad(kind, src, out):
     elif kind == "truncated":
         synthetic.write_scene(scene, 300, 400, seed=1)
         scene.write_bytes(scene.read_bytes()[: scene.stat().st_size // 2])
+        # It fails mid-scene: on a slow host a progress line may come first; this test is about the error.
+        return scene, out / "m.tif", ["pipeline.stages.stitch.progress=false"]
     elif kind == "four_bands":
         write_raster(scene, np.ones((4, 20, 20), np.int16), descriptions=synthetic.BANDS[:4])
     else:
@@ -174,3 +184,58 @@ def test_a_lat_lon_swapped_aoi_is_one_line_whose_hint_runs(checkpoint, dirs):
     assert result.returncode == 0, result.stderr
     with rasterio.open(out / "m.tif") as ds:
         assert 0 < ds.width < 130 and 0 < ds.height < 100  # the box's window, not the scene
+
+
+SAMPLE = REPO / "appliance" / "assets" / "samples" / "flood_sample.tif"
+PROGRESS_LINE = r"flood_sample\.tif: (\d+)/12 tiles \(\d+%\), \d+\.\d tiles/s, (eta \S+|in \d+\S*)"
+SAMPLE_TILES = ["pipeline.stages.tile.tile_size=128"]  # 400x300 in 12 tiles, stride 112
+
+
+def test_progress_without_a_terminal_ends_at_n_of_n(tmp_path):
+    """stderr a pipe (a Kubernetes Job's log): plain progress lines, the last at 12/12 (100 %); stdout
+    holds the result alone. (tests/geo/test_chain.py: that last line is out before the result is.)"""
+    out = tmp_path / "mask.tif"
+    result = run_cli("run", "pipeline=prithvi_flood", f"input={SAMPLE}", f"output={out}", *SAMPLE_TILES,
+                     env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [result.stdout.strip()] and result.stdout.startswith(f"wrote {out}: ")
+    lines = result.stderr.splitlines()
+    assert lines and all(re.fullmatch(PROGRESS_LINE, line) for line in lines), result.stderr
+    assert re.fullmatch(r"flood_sample\.tif: 12/12 tiles \(100%\), \d+\.\d tiles/s, in \d+\S*", lines[-1]), lines
+
+
+def run_on_a_terminal(*args):
+    """`python -m appliance.cli ARGS` with stdout and stderr on one pseudo-terminal, as a user's shell
+    has them; (exit code, everything it wrote). Reads until the terminal closes: no timing involved."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column window
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", *map(str, args)], stdin=subprocess.DEVNULL,
+                            stdout=terminal, stderr=terminal, cwd=REPO, env=env)
+    os.close(terminal)
+    chunks = []
+    try:
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: every writer has closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(controller)
+    return proc.wait(timeout=300), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_progress_bar_on_a_terminal_ends_at_100_percent_and_the_result_starts_a_new_line(tmp_path):
+    out = tmp_path / "mask.tif"
+    code, text = run_on_a_terminal("run", "pipeline=prithvi_flood", f"input={SAMPLE}", f"output={out}",
+                                   *SAMPLE_TILES)
+    assert code == 0, text
+    before, sep, after = text.partition(f"wrote {out}: ")
+    assert sep, text
+    assert before.endswith("\n"), repr(before[-200:])  # the bar left on its own line, the result below it
+    bar = re.split(r"[\r\n]", before.rstrip("\r\n"))[-1]  # the bar as the terminal shows it last
+    assert bar.startswith("flood_sample.tif: 100%") and "12/12" in bar, repr(bar)
+    assert after.startswith("400x300, 12 tiles")

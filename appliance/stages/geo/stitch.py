@@ -4,7 +4,6 @@ Each output record is the scene's record (tile fields dropped) plus `strip`: a `
 rows' classes (uint8 argmax, 255 at nodata) or probabilities (float32 softmax, NaN at nodata) and
 per-class pixel counts. The writer turns strips into a GeoTIFF without ever holding the scene.
 """
-import sys
 from dataclasses import dataclass
 from enum import Enum
 from typing import Dict, Iterator
@@ -12,6 +11,7 @@ from typing import Dict, Iterator
 import numpy as np
 
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.progress import DEFAULT_INTERVAL, Progress, check_interval
 from appliance.stages.geo.blend import Blending, StripStitcher
 
 NODATA_CLASS = 255
@@ -27,7 +27,8 @@ class StitchOutput(str, Enum):
 class StitchOptions:
     blending: Blending = Blending.cosine  # cosine | linear | none
     output: StitchOutput = StitchOutput.classes  # classes (uint8, nodata 255) | probabilities (float32, NaN)
-    progress: bool = True  # a tqdm bar on stderr, only when stderr is a terminal
+    progress: bool = True  # tiles done per scene on stderr: a tqdm bar on a terminal, else a line every interval
+    progress_interval: float = DEFAULT_INTERVAL  # seconds between progress lines when stderr is not a terminal
 
 
 @dataclass
@@ -62,21 +63,9 @@ def finish(logits: np.ndarray, valid: np.ndarray, output: StitchOutput):
     return probs, counts
 
 
-def progress_bar(total: int, label: str, enabled: bool):
-    """tqdm on a terminal, a silent stand-in otherwise (logs and pipes stay clean)."""
-    if enabled and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=label, unit="tile", leave=False, file=sys.stderr)
-    return _Quiet()
-
-
-class _Quiet:
-    def update(self, n=1):
-        pass
-
-    def close(self):
-        pass
+def tiles_progress(total: int, label: str, options: StitchOptions) -> Progress:
+    """The scene's tiles done, on stderr unless `progress` is off (appliance/progress.py)."""
+    return Progress(total, label, "tiles", interval=options.progress_interval, enabled=options.progress)
 
 
 @register_stage
@@ -86,6 +75,10 @@ class Stitch(Stage):
     produces = ("strip",)
     Options = StitchOptions
 
+    def __init__(self, options: StitchOptions, cfg):
+        super().__init__(options, cfg)
+        check_interval(options.progress_interval, f"{self.name}.progress_interval")
+
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         open_scenes: Dict[str, tuple] = {}  # scene key -> (stitcher, progress bar)
         try:
@@ -94,10 +87,10 @@ class Stitch(Stage):
                 if ref.scene_key not in open_scenes:
                     label = getattr(record.get("scene"), "name", "tiles")
                     stitcher = StripStitcher(ref.plan, logits.shape[0], self.options.blending)
-                    open_scenes[ref.scene_key] = (stitcher, progress_bar(ref.count, label, self.options.progress))
+                    open_scenes[ref.scene_key] = (stitcher, tiles_progress(ref.count, label, self.options))
                 stitcher, bar = open_scenes[ref.scene_key]
                 strips = stitcher.add(ref.window, logits, record["valid"])
-                bar.update(1)
+                bar.update(1)  # the scene's last tile ends the bar here, before its last strips go out
                 base = {k: v for k, v in record.items() if k not in TILE_FIELDS}
                 for strip in strips:
                     data, counts = finish(strip.logits, strip.valid, self.options.output)
