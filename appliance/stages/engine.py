@@ -13,8 +13,7 @@ for the context; `check_fits` is the one rule for "the prompt fits", worded for 
 `check_text_fits` applies it before tokenizing a text too long to fit (a 10 MB prompt is refused at once,
 not after seconds of tokenizer work).
 """
-import sys
-import time
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple, Union
@@ -26,6 +25,7 @@ from appliance.config.typed import typed_dataclass
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.progress import DEFAULT_INTERVAL, Progress, check_interval
 
 
 @dataclass
@@ -33,6 +33,8 @@ class EngineStageOptions:
     input: str = "tensor"  # pool mode: record field holding one item [C, H, W]
     output: str = "logits"  # pool mode: record field receiving the model's output for the item
     sampling: Dict[str, Any] = field(default_factory=dict)  # generate mode: default SamplingParams fields
+    progress: bool = True  # generate mode, a batch: answers done, tokens/s and ETA on stderr (appliance/progress.py)
+    progress_interval: float = DEFAULT_INTERVAL  # seconds between progress lines when stderr is not a terminal
 
 
 def sampling_defaults(cfg) -> Dict[str, Any]:
@@ -145,27 +147,10 @@ def prompt_token_ids(stage: Stage, prompt: Union[str, List[int]], field: str) ->
     return prompt
 
 
-class GenerateProgress:
-    """On a terminal: requests done of total and output tokens/s, for a batch of more than one request."""
-
-    def __init__(self, total: int):
-        self.bar = None
-        if total > 1 and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc="requests", unit="req", leave=False, file=sys.stderr)
-        self.start, self.tokens = time.monotonic(), 0
-
-    def update(self, new_tokens: int, finished: int) -> None:
-        self.tokens += new_tokens
-        if self.bar is not None and (finished or new_tokens):
-            self.bar.set_postfix_str(f"{self.tokens / max(time.monotonic() - self.start, 1e-9):.1f} tok/s",
-                                     refresh=False)
-            self.bar.update(finished)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+def answers_progress(total: int, label: str, options: EngineStageOptions) -> Progress:
+    """Answers done of `total`, generated tokens/s and an ETA on stderr, for a batch (more than one answer)."""
+    return Progress(total, label, "answers", rate_unit="tokens", interval=options.progress_interval,
+                    enabled=options.progress and total > 1)
 
 
 @register_stage
@@ -181,6 +166,7 @@ class EngineStage(Stage):
         else:
             self.consumes, self.produces = ("prompt",), ("completion", "choices")
             check_sampling(options.sampling, f"{self.name}.sampling")
+            check_interval(options.progress_interval, f"{self.name}.progress_interval")
         self.engine = None
 
     def setup(self) -> None:
@@ -231,18 +217,23 @@ class EngineStage(Stage):
                 where = record.get("where")
                 raise InputError(f"{where}: {e}" if where else str(e), param=e.param) from None
             pending.append((ids, record))
-        progress = GenerateProgress(sum(len(ids) for ids, _ in pending))
+        progress = answers_progress(sum(len(ids) for ids, _ in pending), self._batch_name(), self.options)
         try:
             while self.engine.has_unfinished():
                 outputs = self.engine.step()
                 done = {out.request_id: out for out in outputs if out.finished}
                 results.update(done)
-                progress.update(sum(len(out.new_token_ids) for out in outputs), len(done))
+                progress.update(len(done), sum(len(out.new_token_ids) for out in outputs))
         finally:
             progress.close()
         for ids, record in pending:
             choices = [results.pop(request_id) for request_id in ids]
             yield {**record, "completion": choices[0], "choices": choices}
+
+    def _batch_name(self) -> str:
+        """How progress names the batch: the run's input file (requests.jsonl), else `answers`."""
+        source = self.cfg.get("input")
+        return os.path.basename(source) if isinstance(source, str) else "answers"
 
     # ---- one request: the batch above and `appliance serve`'s engine loop both add them here --------
     def add_request(self, prompt: List[int], sampling: Optional[Dict[str, Any]], field: str,

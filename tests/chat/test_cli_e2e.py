@@ -8,6 +8,7 @@
 import base64
 import json
 import os
+import re
 
 import pytest
 
@@ -65,6 +66,20 @@ def test_batch_file_text_only(text_llama_dir, tmp_path):
             assert body["model"] == "m"
     finally:
         engine.close()
+
+
+def test_batch_reports_answers_done_on_stderr(text_llama_dir, tmp_path):
+    """stderr a pipe: plain progress lines end with 4/4 answers (100 %) and tokens/s; stdout holds the result."""
+    batch = write_jsonl(tmp_path / "requests.jsonl", [batch_request(f"q{i}", "Hello there", max_tokens=3 + i,
+                                                                    temperature=0) for i in range(4)])
+    out = tmp_path / "answers.jsonl"
+    result = _chat(*_overrides(text_llama_dir, f"input={batch}", f"output={out}"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"wrote 4 answers to {out}\n"
+    lines = result.stderr.splitlines()
+    assert lines and all(re.fullmatch(r"requests\.jsonl: \d/4 answers \(\d+%\), \d+\.\d tokens/s, (eta|in) \S+", line)
+                         for line in lines), result.stderr
+    assert re.fullmatch(r"requests\.jsonl: 4/4 answers \(100%\), \d+\.\d tokens/s, in \d+\S*", lines[-1]), lines
 
 
 def test_batch_file_completion_lines(text_llama_dir, tmp_path):

@@ -1,4 +1,6 @@
 """The `engine` stage in pool mode: batches items across records, keeps order, equals per-item forward."""
+import re
+
 import torch
 
 from appliance.config.compose import compose
@@ -28,25 +30,23 @@ def test_pool_stage_batches_across_records_in_order(tiny_prithvi_checkpoint):
     pipeline.close()
 
 
-def test_batch_progress_shows_requests_done_and_tokens_per_second(monkeypatch):
-    """On a terminal a batch of requests shows requests done of total and output tokens/s."""
+def test_batch_progress_counts_answers_and_tokens_per_second(monkeypatch):
+    """A batch reports answers done of total with generated tokens/s; one answer, or `progress: false`, nothing."""
     import io
     import sys
 
-    from appliance.stages.engine import GenerateProgress
+    from appliance.stages.engine import EngineStageOptions, answers_progress
 
-    terminal = io.StringIO()
-    terminal.isatty = lambda: True
-    monkeypatch.setattr(sys, "stderr", terminal)
-    progress = GenerateProgress(3)
-    progress.update(new_tokens=5, finished=0)
-    progress.update(new_tokens=4, finished=2)
-    progress.update(new_tokens=1, finished=1)
-    assert progress.bar.n == 3 and progress.bar.total == 3 and progress.tokens == 10
-    assert progress.bar.postfix.endswith(" tok/s") and float(progress.bar.postfix.split()[0]) > 0
-    progress.close()
-    assert "requests:" in terminal.getvalue()
-    # One request, or no terminal: no bar.
-    assert GenerateProgress(1).bar is None
-    monkeypatch.setattr(sys, "stderr", io.StringIO())
-    assert GenerateProgress(5).bar is None
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    progress = answers_progress(3, "requests.jsonl", EngineStageOptions())
+    progress.update(0, 5)
+    progress.update(2, 4)
+    progress.update(1, 1)
+    assert progress.finished and progress.extra == 10
+    assert re.fullmatch(r"requests\.jsonl: 3/3 answers \(100%\), \d+\.\d tokens/s, in \d+s\n", stderr.getvalue())
+    for total, options in [(1, EngineStageOptions()), (5, EngineStageOptions(progress=False))]:
+        quiet = answers_progress(total, "requests.jsonl", options)
+        quiet.update(total, 7)
+        quiet.close()
+    assert stderr.getvalue().count("\n") == 1
