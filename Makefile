@@ -7,22 +7,27 @@ BIN := $(VENV)/bin
 .PHONY: demo test test-fast install clean
 
 $(BIN)/python:
+	@echo "== creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 # Editable install so conf/ and the embedded models are found beside the package. The demo needs only
 # the package; the test extras (Helm SDK, fuzzers, clients) come with `make test`.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@echo "== installing appliance and what it needs (torch, transformers, rasterio, litserve, ...)"
+	@echo "   into $(VENV): about 2-3 minutes (longer if pip must download torch), silent until pip is done"
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.installed
+	@echo "== installing the test extras (pytest, HTTP clients, Helm SDK, fuzzers): quiet until pip is done"
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
 # Our CPU kernels, compiled once into the installed package (docs/engine.md); the engine would otherwise
 # build them on first use. Rebuilt when their sources change.
 $(VENV)/.kernels: $(wildcard appliance/engine/csrc/*) $(VENV)/.installed
+	@echo "== compiling the engine's CPU kernels (once; docs/engine.md)"
 	$(BIN)/python -m appliance.engine.build_kernels
 	touch $@
 
@@ -31,8 +36,10 @@ install: $(VENV)/.installed $(VENV)/.kernels
 # The main job on the embedded default model: flood-map the bundled sample scene; then ask the
 # embedded tiny LLaVA about the bundled sample image.
 demo: install
+	@echo "== demo 1/2: flood-map the bundled sample scene into demo-output/flood_sample.mask.tif"
 	$(BIN)/appliance run pipeline=prithvi_flood input=appliance/assets/samples/flood_sample.tif \
 		output=demo-output/flood_sample.mask.tif overwrite=true
+	@echo "== demo 2/2: ask the embedded tiny LLaVA what colour the shape in orange_star.png is"
 	$(BIN)/appliance run pipeline=llava_chat input=appliance/assets/samples/orange_star.png \
 		prompt="What color is the shape?"
 
