@@ -4,10 +4,13 @@ member the client meant (`<tag>` names stay out of error paths: protocol/validat
 """
 from typing import Any, Callable, Optional, Union
 
-from pydantic import AfterValidator, BeforeValidator, Discriminator, Field, Strict, Tag
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Discriminator, Field, Strict, Tag
 from typing_extensions import Annotated
 
 from appliance.protocol.validation import field_error
+
+STRICT = ConfigDict(extra="forbid", strict=True)
+LENIENT = ConfigDict(extra="ignore", strict=True)  # OpenAI objects whose other keys are ignored
 
 
 def _integral(value: Any) -> Any:

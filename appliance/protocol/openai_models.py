@@ -10,20 +10,20 @@ ignored, as vLLM does.
 import json
 from typing import Any, Dict, List, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
 from typing_extensions import Annotated
 
 from appliance.engine.structured_output import StructuredOutput, json_object
-from appliance.protocol.openai_fields import (Integer, Number, Text, TokenId, either, engine_range, integer, neutral,
-                                              one_or_list)
+from appliance.protocol import openai_tools
+from appliance.protocol.openai_tools import Tool, ToolCalling, ToolCalls, ToolChoice
+from appliance.protocol.openai_fields import (LENIENT, STRICT, Integer, Number, Text, TokenId, either, engine_range,
+                                              integer, neutral, one_or_list)
 from appliance.protocol.validation import field_error
 
-ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's name for system in newer models
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's name for system in newer models
 PART_TYPES = ("text", "image_url")
 MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 MAX_CHOICES = 128
-STRICT = ConfigDict(extra="forbid", strict=True)
-LENIENT = ConfigDict(extra="ignore", strict=True)  # OpenAI objects whose other keys are ignored
 
 
 # ---- messages ------------------------------------------------------------------------------------
@@ -60,7 +60,24 @@ Part = Annotated[either(lambda v: v.get("type") if isinstance(v, dict) else "tex
 class Message(BaseModel):
     model_config = LENIENT
     role: Literal[ROLES]
-    content: either(one_or_list, one=str, list=Annotated[List[Part], Field(min_length=1)])
+    content: Optional[either(one_or_list, one=str, list=Annotated[List[Part], Field(min_length=1)])] = None
+    tool_calls: Optional[ToolCalls] = Field(default=None, description="an assistant message's calls (its "
+                                                                      "content may then be null)")
+    tool_call_id: Optional[Text] = Field(default=None, description="a tool message: the call it answers")
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise field_error("required, a string or a non-empty list of parts", "content")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise field_error(f"only an assistant message carries tool calls, not a {self.role} message",
+                              "tool_calls")
+        if self.role == "tool":
+            if self.tool_call_id is None:
+                raise field_error("required in a tool message: the id of the tool call it answers", "tool_call_id")
+            if not isinstance(self.content, str) and any(part.type != "text" for part in self.content):
+                raise field_error("a tool message takes text only", "content")
+        return self
 
 
 # ---- fields both routes take ---------------------------------------------------------------------
@@ -178,12 +195,32 @@ class ChatCompletionRequest(GenerateBody):
     messages: Annotated[List[Message], Field(min_length=1)]
     logprobs: Optional[bool] = None
     top_logprobs: Optional[Logprobs] = None
+    tools: Optional[List[Tool]] = Field(default=None, description="functions the model may call (docs/serving.md)")
+    tool_choice: Optional[ToolChoice] = Field(default=None, description='"none", "auto" (the default with tools; '
+                                              'needs model.tool_call_parser), "required" or a named function')
+    parallel_tool_calls: Optional[bool] = Field(default=None, description="false: at most one call (required); "
+                                                                          "default true")
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise field_error("needs logprobs: true", "top_logprobs")
         return self
+
+    @model_validator(mode="after")
+    def _tools_servable(self):
+        constrained = self.response_format is not None and self.response_format.type != "text" \
+            or self.structured_outputs is not None
+        openai_tools.check(self.tools, self.tool_choice, self.tool_calling(), constrained)
+        return self
+
+    def tool_calling(self) -> Optional[ToolCalling]:
+        """What the answer holds (None: text): openai_tools.py."""
+        return openai_tools.tool_calling(self.tools, self.tool_choice, self.model_fields_set)
+
+    def tool_constraint(self) -> Optional[StructuredOutput]:
+        """The grammar of a named or required tool choice (None: none)."""
+        return openai_tools.constraint(self.tools or [], self.tool_calling(), self.parallel_tool_calls is not False)
 
 
 def _prompt_kind(value: Any) -> Optional[str]:

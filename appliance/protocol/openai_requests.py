@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
 from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest, GenerateBody
+from appliance.protocol.openai_tools import ToolCalling
 from appliance.protocol.validation import input_error, located
 
 # body field -> SamplingParams field. top_k, min_tokens, ignore_eos, stop_token_ids extend OpenAI, as in vLLM.
@@ -29,6 +30,11 @@ EXPECTED = {
     "messages": "a non-empty list of {role, content} messages",
     "messages[]": "an object {role, content}",
     "messages[].content": "a string or a non-empty list of parts",
+    "messages[].tool_calls": 'a non-empty list of {id, type: "function", function: {name, arguments}}',
+    "messages[].tool_calls[]": 'an object {id, type: "function", function: {name, arguments}}',
+    "messages[].tool_calls[].function": "an object {name, arguments}",
+    "messages[].tool_calls[].function.arguments": "the arguments as JSON text (a string)",
+    "messages[].tool_call_id": "a non-empty string, the id of the tool call answered",
     "messages[].content[]": "a part {type: text | image_url, ...}",
     "messages[].content[].text": "a string",
     "messages[].content[].image_url": "an object {url}",
@@ -48,6 +54,14 @@ EXPECTED = {
     "structured_outputs.regex": "a non-empty string",
     "structured_outputs.grammar": "a non-empty string",
     "structured_outputs.choice": "a non-empty list of strings",
+    "tools": 'a list of {type: "function", function: {name, description, parameters}}',
+    "tools[]": 'an object {type: "function", function: {name, description, parameters}}',
+    "tools[].function": "an object {name, description, parameters}",
+    "tools[].function.name": "a non-empty string",
+    "tools[].function.parameters": "a JSON schema object",
+    "tool_choice": '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+    "tool_choice.function": "an object {name}",
+    "tool_choice.function.name": "a non-empty string, the name of one of tools",
 }
 UNKNOWN = "unknown or unsupported field"
 
@@ -65,6 +79,8 @@ class GenerateRequest:
     include_usage: bool = False                  # stream_options.include_usage: a last chunk with usage
     continuous_usage: bool = False               # stream_options.continuous_usage_stats: usage on every chunk
     top_logprobs: Optional[int] = field(default=None)  # None: no logprobs; N: sampled token's plus the top N
+    tools: Optional[List[Dict[str, Any]]] = None  # chat: the tools as sent, rendered into the prompt
+    tool_calling: Optional[ToolCalling] = None   # chat: tool calls the answer holds (None: text only)
 
 
 def parse_chat(body: Any, defaults: Optional[Dict[str, Any]] = None, at: str = "",
@@ -74,6 +90,13 @@ def parse_chat(body: Any, defaults: Optional[Dict[str, Any]] = None, at: str = "
     parsed = _validate(ChatCompletionRequest, body, at)
     request = _common(parsed, "chat", defaults or {}, at, allow_stream)
     request.messages = body["messages"]  # as sent: keys a message may carry beyond role and content stay
+    if parsed.tools is not None and not allow_stream:  # a batch file's answers hold text only
+        raise located(at, "tools", "batch requests cannot call tools; send them to the server (appliance serve)")
+    request.tools = [tool.model_dump(exclude_none=True) for tool in parsed.tools] if parsed.tools else None
+    request.tool_calling = parsed.tool_calling()
+    constraint = parsed.tool_constraint()
+    if constraint is not None:
+        request.sampling["structured"] = constraint
     if parsed.logprobs:
         request.top_logprobs = parsed.top_logprobs or 0
     return _with_logprobs(request)

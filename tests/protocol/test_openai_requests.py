@@ -99,7 +99,7 @@ BAD = [  # (body, param, fragment), chat unless it has a prompt
      "messages[0].content[0].image_url.url", "required, a data:image"),
     (chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": ""}]}]),
      "messages[0].content[0].image_url", "got ''"),
-    (chat(tools=[]), "tools", "unknown or unsupported field; allowed: frequency_penalty, ignore_eos"),
+    (chat(functions=[]), "functions", "unknown or unsupported field; allowed: frequency_penalty, ignore_eos"),
     (chat(echo=True), "echo", "unknown or unsupported field"),
     (chat(model=5), "model", "expected a string"),
     (chat(user=["x"]), "user", "expected a string"),

@@ -148,7 +148,7 @@ BAD_CHAT = [
     ("wrong type", {"temperature": "hot"}, "temperature", "expected a number"),
     ("negative", {"temperature": -1}, "temperature", "temperature must be >= 0"),
     ("n above 128", {"n": 129}, "n", "allowed: <= 128"),
-    ("unknown field", {"tools": []}, "tools", "unknown or unsupported field"),
+    ("unknown field", {"functions": []}, "functions", "unknown or unsupported field"),
     ("top_logprobs without logprobs", {"top_logprobs": 2}, "top_logprobs", "logprobs: true"),
     ("stream_options without stream", {"stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
     ("max_tokens past the context", {"max_tokens": 5000}, "max_tokens", "max_tokens is 5000"),
