@@ -63,6 +63,10 @@ class GeoModelConfig:
     stac_bands: Optional[List[str]] = None
 
 
+class ToolCallParser(str, Enum):
+    hermes = "hermes"  # <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks (Hermes, Qwen)
+
+
 @dataclass
 class ModelConfig:
     name: str = MISSING
@@ -72,6 +76,8 @@ class ModelConfig:
     vision_language: Optional[VisionLanguageConfig] = None
     prithvi: Optional[PrithviConfig] = None
     geo: Optional[GeoModelConfig] = None
+    # reads tool calls out of a chat answer: what tool_choice "auto" needs (docs/serving.md); None: refused
+    tool_call_parser: Optional[ToolCallParser] = None
 
 
 class MetricsNames(str, Enum):

@@ -20,7 +20,7 @@ ANSWER = ConfigDict(extra="forbid", strict=True)
 
 Count = Annotated[int, Field(ge=0)]
 Byte = Annotated[int, Field(ge=0, le=255)]
-FinishReason = Optional[Literal["stop", "length"]]  # null until a choice's last chunk
+FinishReason = Optional[Literal["stop", "length", "tool_calls"]]  # null until a choice's last chunk
 
 
 class Usage(BaseModel):
@@ -65,10 +65,25 @@ class ChatCompletionLogprobs(BaseModel):
     content: List[ChatCompletionTokenLogprob]
 
 
+class ChatCompletionFunctionCall(BaseModel):
+    model_config = ANSWER
+    name: str
+    arguments: str = Field(description="the arguments as JSON text, as the model wrote them")
+
+
+class ChatCompletionToolCall(BaseModel):
+    model_config = ANSWER
+    id: str
+    type: Literal["function"]
+    function: ChatCompletionFunctionCall
+
+
 class ChatCompletionMessage(BaseModel):
     model_config = ANSWER
     role: Literal["assistant"]
-    content: str
+    content: Optional[str] = Field(description="null in an answer that is only tool calls")
+    tool_calls: Optional[List[ChatCompletionToolCall]] = Field(default=None,
+                                                               description="only in an answer that calls tools")
 
 
 class ChatCompletionChoice(BaseModel):
@@ -93,10 +108,27 @@ class ChatCompletion(Answer):
     usage: Usage
 
 
+class ChatCompletionDeltaFunction(BaseModel):
+    model_config = ANSWER
+    name: Optional[str] = Field(default=None, description="in the call's first delta only")
+    arguments: str = Field(description='"" in the first delta, then the next piece of the arguments')
+
+
+class ChatCompletionDeltaToolCall(BaseModel):
+    model_config = ANSWER
+    index: Count = Field(description="which call of the answer (from 0)")
+    id: Optional[str] = Field(default=None, description="in the call's first delta only")
+    type: Optional[Literal["function"]] = Field(default=None, description="in the call's first delta only")
+    function: ChatCompletionDeltaFunction
+
+
 class ChatCompletionDelta(BaseModel):
     model_config = ANSWER
     role: Optional[Literal["assistant"]] = Field(default=None, description="in each choice's first chunk only")
-    content: str
+    content: Optional[str] = Field(default=None, description="new text; absent from tool-call deltas and "
+                                                             "from a tool-calling answer's last chunk")
+    tool_calls: Optional[List[ChatCompletionDeltaToolCall]] = Field(
+        default=None, description="one call's start or next arguments piece")
 
 
 class ChatCompletionChunkChoice(BaseModel):

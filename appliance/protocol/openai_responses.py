@@ -25,6 +25,7 @@ class Choice:
     text: str
     finish_reason: Optional[str] = None
     logprobs: Optional[Sequence[TokenLogprob]] = None
+    tool_calls: Optional[List[Dict[str, Any]]] = None  # a chat answer's tool calls (its text: content, or none)
 
 
 def new_id(prefix: str, separator: str = "-") -> str:
@@ -126,10 +127,16 @@ def chat_completion(request_id: str, model: str, created: int, choices: Sequence
     """The whole answer; its choices in index order, however they came."""
     choices = sorted(choices, key=lambda c: c.index)
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+            "choices": [{"index": c.index, "message": _message(c),
                          "logprobs": chat_logprobs(c.logprobs) if c.logprobs is not None else None,
                          "finish_reason": c.finish_reason} for c in choices],
             "usage": usage_}
+
+
+def _message(choice: Choice) -> Dict[str, Any]:
+    if choice.tool_calls is None:
+        return {"role": "assistant", "content": choice.text}
+    return {"role": "assistant", "content": choice.text or None, "tool_calls": choice.tool_calls}
 
 
 def chat_chunk(request_id: str, model: str, created: int, index: int, delta: Dict[str, Any],
