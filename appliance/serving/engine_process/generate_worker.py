@@ -129,7 +129,8 @@ class GenerateWorker(Worker):
     @staticmethod
     def _record(uid: str, job: GenerateJob) -> dict:
         request = job.request
-        return as_record(ChatRecord(request.messages, request.sampling, "messages", job.media_dir, uid, request.model))
+        return as_record(ChatRecord(request.messages, request.sampling, "messages", job.media_dir, uid, request.model,
+                                    tools=request.tools, describe_tools=is_auto(request.tool_calling)))
 
     def on_prepared(self, uid: str, prompts: List[Tuple[List[int], Optional[list]]]) -> None:
         session = self.sessions.get(uid)
@@ -251,6 +252,11 @@ class GenerateWorker(Worker):
     def fail_stepping(self, failure: Failed) -> None:
         for uid in [uid for uid, s in self.sessions.items() if s.in_engine]:
             self.fail(uid, failure)  # aborting frees the blocks the failed step had allocated
+
+
+def is_auto(calling) -> bool:
+    """The model chooses whether to call a tool (tool_choice "auto"): it must be told how."""
+    return calling is not None and calling.mode == "auto"
 
 
 def check_answers(n: int, prompts: int) -> None:

@@ -16,6 +16,8 @@ class ChatRecord:
     custom_id: str
     model_name: Optional[str]
     rendering: Optional[ChatRendering] = None  # None: a chat completion's (ChatRendering's defaults)
+    tools: Optional[List[Dict[str, Any]]] = None  # the request's tools, rendered into the prompt
+    describe_tools: bool = False  # a template without tools gets them in a system message (tool_prompt.py)
 
 
 @dataclass

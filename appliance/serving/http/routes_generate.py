@@ -10,8 +10,9 @@ A request with several choices (`n`, or a list of prompts) gets one `Tokens` eve
 (streaming: one chunk each, carrying its choice's `index`) or one per choice at its end (collected into
 one answer); the request's last event is `final`.
 """
+import dataclasses
 import time
-from typing import Any, AsyncIterator, Dict, List
+from typing import Any, AsyncIterator, Dict, List, Optional
 
 import orjson
 from starlette.requests import Request
@@ -19,12 +20,16 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from appliance.protocol import openai_responses as shape
 from appliance.protocol.openai_requests import GenerateRequest, parse_chat, parse_completion
+from appliance.protocol.tool_answers import ToolCallAnswer
 from appliance.serving.http.errors import APIError, error_response, parse_body
 from appliance.serving.http.frontend import Channel, ClientGone, Frontend
 from appliance.serving.messages import Failed, GenerateJob, Tokens
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+NO_PARSER = ('"auto" reads tool calls out of free text and this model has no tool-call parser: serve it with '
+             'model.tool_call_parser=hermes if it writes <tool_call> blocks, or send tool_choice "required", "none" '
+             'or {"type": "function", "function": {"name": ...}} (tools without tool_choice mean "auto")')
 
 
 class GenerateRoutes:
@@ -33,6 +38,8 @@ class GenerateRoutes:
         self.frontend = frontend
         self.defaults = sampling
         self.media_dir = cfg.server.allowed_local_media_dir
+        parser = cfg.model.get("tool_call_parser")
+        self.tool_parser: Optional[str] = getattr(parser, "value", parser)  # reads tool_choice "auto" answers
 
     async def chat(self, request: Request):
         return await self._handle(request, "chat")
@@ -44,6 +51,7 @@ class GenerateRoutes:
         parse = parse_chat if kind == "chat" else parse_completion
         parsed = await parse_body(request, lambda body: parse(body, self.defaults))
         check_model(parsed.model, self.frontend.model_name)
+        parsed.tool_calling = self._with_parser(parsed.tool_calling)
         uid = shape.new_id("chatcmpl" if kind == "chat" else "cmpl")
         channel = self.frontend.open(uid, request)
         streaming = False
@@ -63,6 +71,14 @@ class GenerateRoutes:
         finally:
             if not streaming:
                 self.frontend.close(channel)
+
+    def _with_parser(self, calling):
+        """An `auto` tool choice is read by the model's tool-call parser, and refused without one."""
+        if calling is None or calling.mode != "auto":
+            return calling
+        if self.tool_parser is None:
+            raise APIError(400, f"tool_choice: {NO_PARSER}", param="tool_choice")
+        return dataclasses.replace(calling, parser=self.tool_parser)
 
     async def _collect(self, answer: "Answer", channel: Channel) -> JSONResponse:
         choices: List[Tokens] = []
@@ -130,14 +146,24 @@ class Answer:
         self.opened = False  # the role chunks went out
         # vLLM's rule: usage on every chunk only when the client asked for usage at all.
         self.continuous_usage = request.include_usage and request.continuous_usage
+        # A tool-calling chat: each choice's text read into tool calls, its logprobs held for its next chunk.
+        self.tool_answers = [ToolCallAnswer(request.tool_calling) for _ in range(self.choices)] \
+            if kind == "chat" and request.tool_calling is not None else None
+        self.held_logprobs: List[list] = [[] for _ in range(self.choices)]
 
     def whole(self, events: List[Tokens]) -> Dict[str, Any]:
         """The answer from each choice's one event (the last event's counts are the request's)."""
         usage = shape.usage(events[-1].prompt_tokens, events[-1].completion_tokens)
-        choices = [shape.Choice(e.index, e.text, e.finish_reason, e.logprobs) for e in events]
+        choices = [self._choice(e) for e in events]
         if self.kind == "chat":
             return shape.chat_completion(self.uid, self.model, self.created, choices, usage)
         return shape.text_completion(self.uid, self.model, self.created, choices, usage)
+
+    def _choice(self, event: Tokens) -> shape.Choice:
+        if self.tool_answers is None:
+            return shape.Choice(event.index, event.text, event.finish_reason, event.logprobs)
+        content, calls, reason = self.tool_answers[event.index].whole(event.text, event.finish_reason)
+        return shape.Choice(event.index, content or "", reason, event.logprobs, calls)
 
     def opening(self, first_event) -> List[Dict[str, Any]]:
         """A role chunk per choice; with continuous usage, the prompt's count and no completion tokens yet."""
@@ -154,6 +180,11 @@ class Answer:
     def chunks(self, event: Tokens) -> List[Dict[str, Any]]:
         usage = shape.usage(event.prompt_tokens, event.completion_tokens)
         per_chunk = usage if self.continuous_usage else (None if self.request.include_usage else ...)
+        if self.tool_answers is not None:
+            chunks = self._tool_chunks(event, per_chunk)
+            if event.final and self.request.include_usage:
+                chunks.append(shape.usage_chunk(self.kind, self.uid, self.model, self.created, usage))
+            return chunks
         if self.kind == "chat":
             chunk = shape.chat_chunk(self.uid, self.model, self.created, event.index, {"content": event.text},
                                      event.finish_reason, event.logprobs, usage_=per_chunk)
@@ -165,6 +196,26 @@ class Answer:
         chunks = [chunk] if event.text or event.finish_reason or event.logprobs else []
         if event.final and self.request.include_usage:
             chunks.append(shape.usage_chunk(self.kind, self.uid, self.model, self.created, usage))
+        return chunks
+
+
+    def _tool_chunks(self, event: Tokens, usage: Any) -> List[Dict[str, Any]]:
+        """A tool-calling choice's chunks for its next text: one per delta (content, a call's start, more
+        arguments), its finish reason on the last (an empty delta when nothing is left), the event's
+        logprobs on the first (held until a chunk goes out)."""
+        answer, held = self.tool_answers[event.index], self.held_logprobs[event.index]
+        held.extend(event.logprobs or ())
+        deltas = answer.deltas(event.text, last=event.finish_reason is not None)
+        if event.finish_reason is not None and not deltas:
+            deltas.append({})
+        chunks = []
+        for i, delta in enumerate(deltas):
+            reason = answer.finish_reason(event.finish_reason) if i == len(deltas) - 1 else None
+            logprobs = None if event.logprobs is None or i else list(held)
+            chunks.append(shape.chat_chunk(self.uid, self.model, self.created, event.index, delta, reason,
+                                           logprobs, usage_=usage))
+        if chunks:
+            held.clear()
         return chunks
 
 

@@ -28,6 +28,7 @@ from appliance.pipeline import Record, Stage, attempt, register_stage
 from appliance.stages.chat.images import ImageSide
 from appliance.stages.chat.template import (ChatRendering, check_image_tokens, encode_rendered,
                                             expand_placeholders, render_text, template_messages)
+from appliance.stages.chat.tool_prompt import with_tools
 from appliance.stages.engine import (check_fits, check_text_fits, model_context, model_longest_token,
                                      model_tokenizer, prompt_token_ids)
 
@@ -121,7 +122,8 @@ class ChatPrompt(Stage):
         if record.get("completion_prompt") is not None:
             return self._completion_ids(record), []
         parts = self.options.content_format == "parts" or (self.options.content_format == "auto" and self.multimodal)
-        messages, urls = template_messages(record["messages"], parts)
+        chat, tools = with_tools(record["messages"], record.get("tools"), self.tokenizer, record.get("describe_tools"))
+        messages, urls = template_messages(chat, parts)
         if urls and self.images is None:
             raise InputError(f"{at(where, urls[0][1])}: model {self.cfg.model.name} takes no images; "
                              "send text only or choose a vision-language model")
@@ -129,7 +131,7 @@ class ChatPrompt(Stage):
             raise InputError(f"{where}: {len(urls)} images in one request; this model allows "
                              f"{self.images.vl.limit_per_prompt} (model.vision_language.limit_per_prompt)")
         rendering = record.get("rendering") or CHAT_COMPLETION
-        text = render_text(self.tokenizer, messages, rendering)
+        text = render_text(self.tokenizer, messages, rendering, tools)
         if rendering.fit_context:
             check_text_fits(text, self.longest_token, self.max_len, where)
         ids = encode_rendered(self.tokenizer, text, rendering.add_special_tokens)

@@ -16,6 +16,9 @@ from appliance.errors import ConfigError, InputError
 from appliance.protocol.openai_requests import image_url
 
 
+TOOL_KEYS = ("tool_calls", "tool_call_id")
+
+
 @dataclass(frozen=True)
 class ChatRendering:
     """How a chat becomes a prompt. A chat completion takes the defaults; `/tokenize` may set vLLM's
@@ -30,7 +33,7 @@ def template_messages(messages: List[Dict[str, Any]], parts: bool) -> Tuple[List
     """(messages for apply_chat_template, [(image URL, field name)] in prompt order)."""
     rendered, images = [], []
     for i, message in enumerate(messages):
-        content = message["content"]
+        content = message.get("content") or ""  # an assistant message of tool calls may have none
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
         out_parts = []
@@ -44,19 +47,22 @@ def template_messages(messages: List[Dict[str, Any]], parts: bool) -> Tuple[List
             out_parts = " ".join(p["text"] for p in out_parts if p["type"] == "text")
         # OpenAI's `developer` role is what chat templates know as `system`.
         role = "system" if message["role"] == "developer" else message["role"]
-        rendered.append({"role": role, "content": out_parts})
+        tool_keys = {key: message[key] for key in TOOL_KEYS if key in message}  # read by templates with tools
+        rendered.append({**tool_keys, "role": role, "content": out_parts})
     return rendered, images
 
 
-def render_text(tokenizer, messages: List[Dict[str, Any]], rendering: ChatRendering = ChatRendering()) -> str:
-    """The chat template applied to `messages`, by default ending with the generation prompt
-    (`encode_rendered` turns it into token ids; in between, a text too long for the context is refused
-    untokenized)."""
+def render_text(tokenizer, messages: List[Dict[str, Any]], rendering: ChatRendering = ChatRendering(),
+                tools: Optional[List[Dict[str, Any]]] = None) -> str:
+    """The chat template applied to `messages` (and `tools`, for a template that knows them:
+    tool_prompt.py), by default ending with the generation prompt (`encode_rendered` turns it into
+    token ids; in between, a text too long for the context is refused untokenized)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("model.path: the tokenizer has no chat_template; use a chat/instruct checkpoint "
                           "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
     return tokenizer.apply_chat_template(messages, add_generation_prompt=rendering.add_generation_prompt,
-                                         continue_final_message=rendering.continue_final_message, tokenize=False)
+                                         continue_final_message=rendering.continue_final_message, tokenize=False,
+                                         tools=tools)
 
 
 def encode_rendered(tokenizer, text: str, add_special_tokens: Optional[bool] = None) -> List[int]:
