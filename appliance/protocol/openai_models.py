@@ -2,6 +2,7 @@
 validates requests (protocol/openai_requests.py turns them into a `GenerateRequest`) and that the server's
 OpenAPI document shows (serving/http/openapi.py).
 
+Tool calling (`tools`, `tool_choice`, `parallel_tool_calls`, tool messages) lives in openai_tools.py.
 Beyond OpenAI, as vLLM: `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `structured_outputs`,
 `stream_options.continuous_usage_stats`. Fields OpenAI clients send that the engine does not apply are
 accepted only at their neutral value. Unknown fields are refused; unknown keys inside a message are
