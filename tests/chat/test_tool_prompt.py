@@ -20,8 +20,8 @@ CHAT = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content"
 # A template that knows tools, as Hermes' does (shortened).
 TOOL_TEMPLATE = ("{% if tools %}TOOLS {{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m.role }}: "
                  "{% if m.tool_calls %}{% for c in m.tool_calls %}CALL {{ c.function.name }} "
-                 "{{ c.function.arguments | tojson }} {% endfor %}{% elif m.role == 'tool' %}RESULT {{ m.tool_call_id }} "
-                 "{{ m.content }}{% else %}{{ m.content }}{% endif %}\n{% endfor %}")
+                 "{{ c.function.arguments | tojson }} {% endfor %}{% elif m.role == 'tool' %}"
+                 "RESULT {{ m.tool_call_id }} {{ m.content }}{% else %}{{ m.content }}{% endif %}\n{% endfor %}")
 
 
 @pytest.fixture(scope="module")
