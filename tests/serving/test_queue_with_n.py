@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from tests.server_process import server_process
-from tests.servers import error, wait_idle
+from tests.servers import error, wait_for_metric, wait_idle
 from tests.serving.slow_llama import build_slow_checkpoint
-from tests.serving.test_lifecycle import HELLO, chat, wait_for
+from tests.serving.test_lifecycle import HELLO, chat
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +33,10 @@ def test_a_request_with_four_answers_running_leaves_a_queue_of_one(server):
         assert long.status_code == 200
         lines = long.iter_lines()  # held: a dropped iterator closes the response
         assert next(lines).startswith("data: ")
-        wait_for(server.base, "appliance_num_requests_running", 4)  # its four answers fill the engine
+        wait_for_metric(server.base, "appliance_num_requests_running", 4)  # its four answers fill the engine
         waiting = threading.Thread(target=chat, args=(server.base,), kwargs={"n": 2})
         waiting.start()
-        wait_for(server.base, "appliance_num_requests_waiting", 2)  # its two answers wait: one request queued
+        wait_for_metric(server.base, "appliance_num_requests_waiting", 2)  # its two answers wait: one request queued
         refused = chat(server.base)
         assert refused.status_code == 429, refused.text
         assert "1 requests waiting" in error(refused)["message"]
