@@ -44,6 +44,12 @@ class Stage:
         self.id = self.name  # the key of its node in pipeline.stages (build_pipeline sets it)
         self.shared = Shared()  # build_pipeline hands every stage of one pipeline the same one
 
+    @classmethod
+    def options_for(cls, cfg: DictConfig) -> type:
+        """The options dataclass a node takes under `cfg`: `Options`, unless which options apply depends on
+        the config (the engine stage's on engine.kind); a field of `Options` not in it does not apply."""
+        return cls.Options
+
     def check(self) -> None:
         """Validate files this stage will need (exist, readable, consistent); load no weights."""
 

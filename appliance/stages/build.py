@@ -1,8 +1,8 @@
 """A pipeline from the config: the registered stages (built-in and plugins'), each `pipeline.stages` node
 checked against its stage's `Options`, the stages built and their graph checked. Loads no weights."""
 import importlib
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Type
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Iterable, List, Optional, Type
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,17 +37,18 @@ class StageNode:
         return {"stage": self.cls.name, **OmegaConf.to_container(typed, enum_to_str=True)}
 
 
-def stage_nodes(stages: Any) -> List[StageNode]:
-    """Each `pipeline.stages` entry checked against its stage's `Options`; ConfigError naming
-    `pipeline.stages.<id>.<key>`, the stage and what is allowed. Stages must be registered (`load_stages`)."""
+def stage_nodes(stages: Any, cfg: Optional[DictConfig] = None) -> List[StageNode]:
+    """Each `pipeline.stages` entry checked against its stage's options (`Stage.options_for(cfg)`, or
+    `Options` without a config); ConfigError naming `pipeline.stages.<id>.<key>`, the stage and what is
+    allowed. Stages must be registered (`load_stages`)."""
     if not isinstance(stages, (dict, DictConfig)):
         raise ConfigError(f"pipeline.stages: expected a mapping from stage id to options, such as "
                           f"{{tile: {{overlap: 64}}}} (the id is the stage's name unless the node sets 'stage'), "
                           f"got {type(stages).__name__}")
-    return [_stage_node(str(stage_id), node) for stage_id, node in stages.items()]
+    return [_stage_node(str(stage_id), node, cfg) for stage_id, node in stages.items()]
 
 
-def _stage_node(stage_id: str, node: Any) -> StageNode:
+def _stage_node(stage_id: str, node: Any, cfg: Optional[DictConfig]) -> StageNode:
     where = f"pipeline.stages.{stage_id}"
     if node is None:
         node = {}
@@ -63,7 +64,14 @@ def _stage_node(stage_id: str, node: Any) -> StageNode:
         raise ConfigError(f"{where}: unknown stage '{name}': the id names the stage unless the node sets a "
                           f"'stage' key (registered: {registered})")
     cls = STAGES[name]
-    options = typed_dataclass(cls.Options, raw, where, f"option for stage '{name}'", f"stage '{name}'")
+    schema = cls.Options if cfg is None else cls.options_for(cfg)
+    applying = [f.name for f in fields(schema)]
+    for key in raw:
+        if key not in applying and key in {f.name for f in fields(cls.Options)}:
+            raise ConfigError(f"{where}.{key}: does not apply to stage '{name}' with "
+                              f"{getattr(schema, 'applies_to', 'this config')} (its options there: "
+                              f"{', '.join(applying) or 'none'})")
+    options = typed_dataclass(schema, raw, where, f"option for stage '{name}'", f"stage '{name}'")
     return StageNode(stage_id, cls, options)
 
 
@@ -73,7 +81,7 @@ def build_stages(cfg: DictConfig) -> List[Stage]:
     load_stages(cfg.plugins)
     shared = Shared()
     stages = []
-    for node in stage_nodes(cfg.pipeline.stages):
+    for node in stage_nodes(cfg.pipeline.stages, cfg):
         try:
             stage = node.cls(node.options, cfg)
         except ConfigError as e:

@@ -16,7 +16,7 @@ not after seconds of tokenizer work).
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, ClassVar, Deque, Dict, Iterator, List, Optional, Tuple, Union
 
 from omegaconf import OmegaConf
 
@@ -29,12 +29,29 @@ from appliance.progress import DEFAULT_INTERVAL, Progress, check_interval
 
 
 @dataclass
-class EngineStageOptions:
-    input: str = "tensor"  # pool mode: record field holding one item [C, H, W]
-    output: str = "logits"  # pool mode: record field receiving the model's output for the item
-    sampling: Dict[str, Any] = field(default_factory=dict)  # generate mode: default SamplingParams fields
-    progress: bool = True  # generate mode, a batch: answers done, tokens/s and ETA on stderr (appliance/progress.py)
+class PoolEngineOptions:
+    """The engine stage's options with engine.kind=pool."""
+
+    applies_to: ClassVar[str] = "engine.kind=pool"
+    input: str = "tensor"  # record field holding one item [C, H, W]
+    output: str = "logits"  # record field receiving the model's output for the item
+
+
+@dataclass
+class GenerateEngineOptions:
+    """The engine stage's options with engine.kind=generate."""
+
+    applies_to: ClassVar[str] = "engine.kind=generate"
+    sampling: Dict[str, Any] = field(default_factory=dict)  # default SamplingParams fields
+    progress: bool = True  # a batch: answers done, tokens/s and ETA on stderr (appliance/progress.py)
     progress_interval: float = DEFAULT_INTERVAL  # seconds between progress lines when stderr is not a terminal
+
+
+@dataclass
+class EngineStageOptions(GenerateEngineOptions, PoolEngineOptions):
+    """Every option of the stage; a pipeline's node takes those of its engine kind (`options_for`)."""
+
+    applies_to: ClassVar[str] = "any engine kind"
 
 
 def sampling_defaults(cfg) -> Dict[str, Any]:
@@ -157,6 +174,12 @@ def answers_progress(total: int, label: str, options: EngineStageOptions) -> Pro
 class EngineStage(Stage):
     name = "engine"
     Options = EngineStageOptions
+
+    @classmethod
+    def options_for(cls, cfg) -> type:
+        """Pool engines take `input`/`output`, generating ones `sampling`: `appliance config` shows only
+        those, and an override of the other kind's is refused."""
+        return PoolEngineOptions if cfg.engine.kind == EngineKind.pool else GenerateEngineOptions
 
     def __init__(self, options: EngineStageOptions, cfg):
         super().__init__(options, cfg)

@@ -2,6 +2,7 @@
 composed, defaults in the dataclasses, one shared geo contract; in-process, on the shipped conf/."""
 import dataclasses
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from appliance.config.compose import compose, conf_dir, group_options
+from appliance.errors import ConfigError
 from appliance.pipeline import STAGES, NoOptions
 from appliance.stages.build import load_stages
 from appliance.stages.engine import sampling_defaults
@@ -153,3 +155,25 @@ def test_stage_ids_reach_the_built_stages():
 def test_conf_tree_has_no_list_of_stages():
     for path in Path(conf_dir(), "pipeline").glob("*.yaml"):
         assert isinstance(yaml.safe_load(path.read_text())["pipeline"]["stages"], dict), path
+
+
+@pytest.mark.parametrize("pipeline, keys", [
+    ("llava_chat", ["stage", "sampling"]),          # a generating engine: no input/output fields
+    ("prithvi_flood", ["stage", "input", "output"]),  # a pooling engine: no sampling
+    ("llava_encode", ["stage", "input", "output"]),
+])
+def test_the_engine_stage_shows_only_the_options_of_its_kind(pipeline, keys):
+    assert list(compose([f"pipeline={pipeline}"]).pipeline.stages.engine) == keys
+
+
+def test_an_option_of_the_other_engine_kind_is_refused_naming_the_kind():
+    refusal = ("pipeline.stages.engine.sampling: does not apply to stage 'engine' with engine.kind=pool "
+               "(its options there: input, output)")
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        compose(["pipeline=prithvi_flood", "pipeline.stages.engine.sampling.max_tokens=3"])
+    with pytest.raises(ConfigError, match=re.escape("pipeline.stages.engine.input: does not apply")):
+        compose(["pipeline=llava_chat", "pipeline.stages.engine.input=x"])
+    # each kind's own options still work
+    assert compose(["pipeline=llava_chat", "pipeline.stages.engine.sampling.max_tokens=3"]
+                   ).pipeline.stages.engine.sampling.max_tokens == 3
+    assert compose(["pipeline=llava_encode", "pipeline.stages.engine.output=f"]).pipeline.stages.engine.output == "f"
