@@ -8,30 +8,61 @@ from typing import List, Optional
 
 from omegaconf import OmegaConf
 
-from appliance.errors import UserError
+from appliance import __version__
+from appliance.errors import ConfigError, UserError
 from appliance.heap import settle_heap
 
 VERBS = {
     "run": "run the pipeline offline on `input=...` and write or print its results",
     "serve": "serve the pipeline over HTTP on server.host:server.port",
     "config": "print the composed, resolved config as YAML",
-    "check": "validate the config, model files and stage graph without loading weights",
+    "check": "validate the config, model files, stage graph and local inputs without loading weights",
 }
 
 
 RUN_HELP = """\
 keys a run takes (besides any config key; `appliance config pipeline=NAME` prints them all):
-  input=PATH | input=[A,B]   flood: GeoTIFF scenes; chat: an image, or an OpenAI batch file (.jsonl)
+  input=PATH | input=[A,B]   flood: GeoTIFF scenes (paths, http(s) or s3:// URLs, STAC items; several as a
+                             list in brackets, no spaces); chat: an image (a path or URL), or an OpenAI
+                             batch file (.jsonl)
   output=PATH                flood: a .tif file (one input) or a directory; left out, each mask goes
                              beside its input as <name>.mask.tif (refused for inputs inside the
                              installed package, such as its samples). chat: answers are printed; a
                              .jsonl input needs output=answers.jsonl
-  prompt=TEXT                chat: the question about the image (quote it: prompt="What is this?")
-  overwrite=true             replace output files that exist
+  overwrite=true             replace output files that exist (each is written whole, then moved into place)
+  aoi=[XMIN,YMIN,XMAX,YMAX]  flood: map only this area of interest, in lon/lat degrees unless aoi_crs is
+                             given; the mask is that window of the scene
+  aoi_crs=CRS                flood: the CRS of aoi's numbers, e.g. aoi_crs=EPSG:32615 (default EPSG:4326)
+  prompt=TEXT                chat: the question about the image, taken as the shell passes it (quotes,
+                             commas, brackets, = and ${...} included): quote it for the shell only
+  prompt_file=PATH           chat: the question read from a UTF-8 text file, instead of prompt=
+  system=TEXT                chat: a system message before the question, taken as the shell passes it
 
 examples:
   appliance run pipeline=prithvi_flood input=scene.tif output=mask.tif
-  appliance run pipeline=llava_chat input=photo.png prompt="What color is the shape?"
+  appliance run pipeline=prithvi_flood input=[a.tif,b.tif] output=masks/ aoi=[-91.2,29.9,-90.9,30.2]
+  appliance run pipeline=llava_chat input=photo.png prompt="What's in this picture? (one line)"
+  appliance run pipeline=llava_chat input=requests.jsonl output=answers.jsonl overwrite=true
+"""
+
+CHECK_HELP = """\
+checks, without loading weights: the config (every key and stage option), the model's files, the stage
+graph, and the local files the run names (input=, prompt_file=); prints one `ok:` line or one error.
+
+examples:
+  appliance check pipeline=prithvi_flood model=prithvi_300m_tl_flood model.checkpoint=/models/flood.pt
+  appliance check pipeline=llava_chat model=llava_1_5_7b model.path=/models/llava-1.5-7b-hf
+  appliance check pipeline=prithvi_flood input=scene.tif
+"""
+
+CONFIG_HELP = """\
+prints the config a run or server would use, every default spelled out, as YAML: a starting point for
+a config file of your own (conf/pipeline/*.yaml hold only what differs).
+
+examples:
+  appliance config pipeline=llava_chat
+  appliance config pipeline=prithvi_flood pipeline.stages.tile.overlap=64
+  appliance config pipeline=llava_chat engine=cuda server.port=8001
 """
 
 SERVE_HELP = """\
@@ -53,8 +84,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="appliance",
         description="Declarative serving appliance. Overrides use Hydra syntax: pipeline=NAME model=NAME key=value.",
     )
+    parser.add_argument("--version", action="version", version=f"appliance {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    epilogs = {"run": RUN_HELP, "serve": SERVE_HELP}
+    epilogs = {"run": RUN_HELP, "serve": SERVE_HELP, "check": CHECK_HELP, "config": CONFIG_HELP}
     for verb, help_text in VERBS.items():
         epilog = _pipelines_help() + epilogs.get(verb, "")
         p = sub.add_parser(verb, help=help_text, description=help_text, epilog=epilog,
@@ -121,7 +153,7 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
     level = cfg.log_level or ("INFO" if verb == "serve" else "WARNING")
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if verb == "config":
-        print(OmegaConf.to_yaml(cfg), end="")
+        print(OmegaConf.to_yaml(cfg, resolve=True), end="")  # free texts as given (free_text.py)
         return 0
 
     from appliance.model_files import check_model_files
@@ -130,15 +162,31 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
     check_model_files(cfg.model)
     pipeline = build_pipeline(cfg)
     if verb == "check":
+        from appliance.config.run_inputs import check_local_inputs
+
         pipeline.check()
+        check_local_inputs(cfg)
         names = " -> ".join(stage.name for stage in pipeline.stages)
         print(f"ok: pipeline {cfg.pipeline.name} ({names}), model {cfg.model.name}")
         return 0
     if verb == "run":
         return _run(cfg, pipeline)
+    _check_servable(cfg, pipeline)
     from appliance.serving.server import serve
 
     return serve(cfg, pipeline)
+
+
+def _check_servable(cfg, pipeline) -> None:
+    """A pipeline whose online stages the server cannot feed (its stage graph needs what only the offline
+    sources make) is for `appliance run` only: say so, with the reason after."""
+    from appliance.serving.split import split_online
+
+    try:
+        split_online(pipeline, cfg)
+    except ConfigError as e:
+        raise ConfigError(f"pipeline {cfg.pipeline.name} is offline only: use `appliance run` "
+                          f"(the server cannot run it: {e})") from None
 
 
 def _run(cfg, pipeline) -> int:

@@ -9,7 +9,7 @@ working directory, which matters in containers with read-only root file systems.
 import dataclasses
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from appliance.config.engine_check import check_engine
+from appliance.config.free_text import apply_free_text, split_free_text
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, register_schemas
 from appliance.config.stage_overrides import STAGES_KEY, apply_stage_overrides, split_stage_overrides
 from appliance.errors import ConfigError
@@ -75,12 +76,30 @@ def _parse(overrides: Sequence[str]) -> List[Override]:
         except HydraException as e:
             raise ConfigError(f"bad override {line!r}: {_first_line(e)}{_split_word_hint(line)}") from None
     for override in parsed:
-        if override.is_sweep_override():  # `prompt=Hello, who are you?`: Hydra reads a sweep over two values
-            key, _, value = override.input_line.partition("=")
-            raise ConfigError(f"{override.input_line}: one value per override, and a comma outside quotes "
-                              f"separates values (a sweep); quote a text for Hydra and the shell: "
-                              f"'{key}=\"{value}\"'")
+        if override.is_sweep_override():  # `input=a.tif,b.tif`: Hydra reads a sweep over two values
+            raise ConfigError(_sweep_hint(override.input_line))
     return parsed
+
+
+def _sweep_hint(line: str) -> str:
+    """How to write what a comma-separated value usually means: a list, or (for a text key) one text."""
+    key, _, value = line.partition("=")
+    if _expects_text(key.lstrip("+~")):
+        form = f"quote a text that holds commas, for Hydra and the shell: '{key}=\"{value}\"'"
+    else:
+        form = f"write a list in brackets: {key}=[{value}]"
+    return f"{line}: one value per override, and a comma outside brackets separates the values of a sweep; {form}"
+
+
+def _expects_text(key: str) -> bool:
+    """Whether the schema types `key` as a text (str or Optional[str]); False when it does not know it."""
+    schema: Any = AppConfig
+    for part in key.split("."):
+        annotation = {f.name: f.type for f in dataclasses.fields(schema)}.get(part) if schema else None
+        if annotation is None:
+            return False
+        schema = _dataclass_of(annotation)
+    return annotation is str or annotation == Optional[str]
 
 
 def _split_word_hint(line: str) -> str:
@@ -107,12 +126,14 @@ def _check_group_choices(parsed: Sequence[Override]) -> None:
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
-    """Return the composed, validated, resolved config for `overrides` (Hydra syntax)."""
+    """Return the composed, validated, resolved config for `overrides` (Hydra syntax, except the free-text
+    keys such as `prompt=`, whose text is taken verbatim: free_text.py)."""
     register_schemas()
     _register_resolvers()
     extra = extra_conf_dir()
     if extra is not None:
         _check_extra_conf_dir(extra)
+    overrides, texts = split_free_text(overrides)
     parsed = _parse(overrides)
     _check_group_choices(parsed)
     _check_stage_ids_at_root(parsed)
@@ -126,7 +147,9 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
         apply_stage_overrides(cfg, stage_overrides)  # options the YAML need not mention (stage_overrides.py)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_describe(e)) from None
-    return validate(cfg)
+    checked = validate(cfg)
+    apply_free_text(checked, texts)
+    return checked
 
 
 def _check_stage_ids_at_root(parsed: Sequence[Override]) -> None:
@@ -164,8 +187,8 @@ def _stage_options(group_choices: Sequence[str]) -> Dict[str, List[str]]:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=list(group_choices))
         load_stages(cfg.plugins)
-        return {node.id: [f.name for f in dataclasses.fields(node.cls.Options)]
-                for node in stage_nodes(cfg.pipeline.stages)}
+        return {node.id: [f.name for f in dataclasses.fields(node.options)]
+                for node in stage_nodes(cfg.pipeline.stages, cfg)}
     except (HydraException, OmegaConfBaseException, ConfigError):
         return {}
 
@@ -187,7 +210,7 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ConfigError(_describe(e)) from None
     check_engine(checked)  # settings that can never run (e.g. a block size xformers' kernels refuse)
     load_stages(checked.plugins)
-    checked.pipeline.stages = {node.id: node.normalized() for node in stage_nodes(checked.pipeline.stages)}
+    checked.pipeline.stages = {node.id: node.normalized() for node in stage_nodes(checked.pipeline.stages, checked)}
     build_stages(checked)  # loads no weights: the stages' own checks of their options
     return checked
 

@@ -3,12 +3,19 @@
 Hydra validates YAML against these at compose time; `compose.validate` re-checks the final tree so
 that `+group.key=value` overrides (which Hydra 1.3 lets through) are rejected too.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+# Field metadata of AppConfig's per-run keys (read by `free_text_keys` and `local_path_keys`):
+# FREE_TEXT: the command line's `key=...` reaches the pipeline as the shell passed it, past Hydra's override
+# grammar and OmegaConf's `${...}` (appliance/config/free_text.py); LOCAL_PATHS: paths `appliance check` and
+# `run` expect to exist (URLs aside).
+FREE_TEXT = {"free_text": True}
+LOCAL_PATHS = {"local_paths": True}
 
 # The engine group's schema lives with the engine (a plain dataclass; the engine imports no Hydra).
 from appliance.engine.config import AttentionBackend, DType, EngineConfig, EngineKind  # noqa: F401
@@ -132,14 +139,27 @@ class AppConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     # Per-invocation arguments of `appliance run`.
-    input: Optional[Any] = None  # a path or a list of paths
+    input: Optional[Any] = field(default=None, metadata=LOCAL_PATHS)  # a path or a list of paths
     aoi: Optional[Any] = None  # geo: [xmin, ymin, xmax, ymax] limiting the run (lon/lat unless aoi_crs)
     aoi_crs: Optional[str] = None
     output: Optional[Any] = None
-    prompt: Optional[str] = None
+    prompt: Optional[str] = field(default=None, metadata=FREE_TEXT)  # chat: the question
+    # chat: the question read from a UTF-8 file (for long ones)
+    prompt_file: Optional[str] = field(default=None, metadata={**FREE_TEXT, **LOCAL_PATHS})
+    system: Optional[str] = field(default=None, metadata=FREE_TEXT)  # chat: a system message before the question
     overwrite: bool = False
     log_level: Optional[str] = None  # None: INFO for `serve` (its start-up and ready lines), WARNING otherwise
     plugins: List[str] = field(default_factory=list)  # modules imported first: they may register stages
+
+
+def free_text_keys() -> List[str]:
+    """Root keys whose command-line value is taken verbatim (FREE_TEXT)."""
+    return [f.name for f in fields(AppConfig) if f.metadata.get("free_text")]
+
+
+def local_path_keys() -> List[str]:
+    """Root keys whose values name local files (LOCAL_PATHS)."""
+    return [f.name for f in fields(AppConfig) if f.metadata.get("local_paths")]
 
 
 GROUP_SCHEMAS = {

@@ -12,6 +12,7 @@ after Hydra composed the tree and before the stage nodes are checked against the
 
 Values use Hydra's override grammar (the same parser): lists, mappings, null, `${...}` interpolations.
 """
+from dataclasses import fields
 from typing import List, Sequence, Tuple
 
 from hydra.core.override_parser.types import Override
@@ -55,7 +56,7 @@ def _apply(cfg: DictConfig, stages: DictConfig, override: Override) -> None:
         if override.is_add() and not override.is_delete():
             stages[stage_id] = {}
         else:
-            raise ConfigError(_unknown_id(stage_id, option, stages, cfg.pipeline.get("name")))
+            raise ConfigError(_unknown_id(override, stages, cfg))
     if stages[stage_id] is None:
         stages[stage_id] = {}
     if override.is_delete():
@@ -68,12 +69,42 @@ def _apply(cfg: DictConfig, stages: DictConfig, override: Override) -> None:
     OmegaConf.update(cfg, key, override.value(), merge=True, force_add=True)
 
 
-def _unknown_id(stage_id: str, option: str, stages: DictConfig, pipeline: str) -> str:
+def _unknown_id(override: Override, stages: DictConfig, cfg: DictConfig) -> str:
+    """The stages the pipeline has and, when the override sets an option, the stages that have it."""
+    stage_id, _, option = override.key_or_group[len(STAGES_KEY) + 1:].partition(".")
     ids = list(stages.keys())
+    value = override.input_line.partition("=")[2]
     hint = ""
-    if stage_id.isdigit() and int(stage_id) < len(ids):  # the old list syntax: stages by position
-        hint = (f"; stages are addressed by id, not position: "
-                f"{STAGES_KEY}.{ids[int(stage_id)]}{'.' + option if option else ''}=...")
-    elif option:
-        hint = f"; to append a stage: +{STAGES_KEY}.{stage_id}.stage=NAME"
-    return f"{STAGES_KEY}.{stage_id}: pipeline {pipeline} has no stage '{stage_id}' (stages: {', '.join(ids)}){hint}"
+    if option:
+        name = option.split(".")[0]
+        owners = _ids_with_option(stages, name, cfg)
+        if owners:
+            position = "; stages are addressed by id, not position" if stage_id.isdigit() else ""
+            hint = (f"{position}; '{name}' is an option of {', '.join(owners)}: did you mean "
+                    f"{STAGES_KEY}.{owners[0]}.{option}{'=' + value if value else ''}?")
+        else:
+            hint = f"; no stage of this pipeline has an option '{name}'"
+        if not stage_id.isdigit():
+            hint += f" (to append a stage: +{STAGES_KEY}.{stage_id}.stage=NAME)"
+    elif stage_id.isdigit() and int(stage_id) < len(ids):  # the old list syntax: stages by position
+        hint = f"; stages are addressed by id, not position: {STAGES_KEY}.{ids[int(stage_id)]}=..."
+    return (f"{STAGES_KEY}.{stage_id}: pipeline {cfg.pipeline.get('name')} has no stage '{stage_id}' "
+            f"(stages: {', '.join(ids)}){hint}")
+
+
+def _ids_with_option(stages: DictConfig, option: str, cfg: DictConfig) -> List[str]:
+    """Ids of the pipeline's stages that take `option` under `cfg` (an error path only)."""
+    from appliance.pipeline import STAGES
+    from appliance.stages.build import load_stages
+
+    try:
+        load_stages(cfg.get("plugins") or [])
+    except ConfigError:
+        return []
+    owners = []
+    for stage_id, node in stages.items():
+        name = (node.get("stage") if isinstance(node, DictConfig) else None) or stage_id
+        cls = STAGES.get(name)
+        if cls is not None and option in {f.name for f in fields(cls.options_for(cfg))}:
+            owners.append(str(stage_id))
+    return owners

@@ -1,4 +1,6 @@
 """The CLI verbs, run as subprocesses the way a user runs them."""
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -77,7 +79,11 @@ def test_stage_options_are_checked_by_the_verbs():
 
 @pytest.mark.parametrize("verb, fragments", [
     ("run", ["llava_chat", "prithvi_flood", "input=PATH", "output=PATH", "prompt=TEXT", "overwrite=true",
-             "<name>.mask.tif", "appliance run pipeline=prithvi_flood input=scene.tif output=mask.tif"]),
+             "<name>.mask.tif", "appliance run pipeline=prithvi_flood input=scene.tif output=mask.tif",
+             "aoi=[XMIN,YMIN,XMAX,YMAX]", "lon/lat degrees unless aoi_crs", "aoi_crs=CRS", "prompt_file=PATH",
+             "system=TEXT"]),
+    ("check", ["examples:", "appliance check pipeline=prithvi_flood input=scene.tif", "local files"]),
+    ("config", ["examples:", "appliance config pipeline=llava_chat"]),
     ("serve", ["llava_chat", "prithvi_flood", "http://127.0.0.1:8000", "/v1/chat/completions", "/pooling",
                "/health", "appliance serve pipeline=llava_chat"]),
 ])
@@ -88,3 +94,50 @@ def test_help_lists_pipelines_keys_and_examples(capsys, verb, fragments):
     shown = capsys.readouterr().out
     for fragment in fragments:
         assert fragment in shown, fragment
+
+
+def test_every_key_of_a_run_is_in_run_help(capsys):
+    """Each key a shipped pipeline takes from the command line is documented in `run --help`."""
+    from appliance.config.compose import compose, group_options
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = capsys.readouterr().out
+    for pipeline in group_options("pipeline"):
+        for key in compose([f"pipeline={pipeline}"]).pipeline.inputs:
+            assert f"  {key}=" in shown, (pipeline, key)
+
+
+def test_version_prints_the_package_version(capsys):
+    from appliance import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"appliance {__version__}"
+
+
+def _user_error(capsys, argv, *fragments):
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"appliance {argv[0]}: error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "assets" / "samples"
+
+
+def test_check_verifies_the_local_inputs_a_run_names(capsys, tmp_path):
+    _user_error(capsys, ["check", "pipeline=prithvi_flood", "input=missing.tif"], "input: missing.tif: no such file")
+    _user_error(capsys, ["check", "pipeline=prithvi_flood", f"input=[{SAMPLES / 'flood_sample.tif'},gone.tif]"],
+                "input: gone.tif: no such file")
+    _user_error(capsys, ["check", "pipeline=prithvi_flood", f"input={tmp_path}"], "is a directory")
+    _user_error(capsys, ["check", "pipeline=llava_chat", "prompt_file=q (1).txt"], "prompt_file: q (1).txt: no such")
+    scenes = f"input=[{SAMPLES / 'flood_sample.tif'},https://x.test/b.tif]"  # a URL is the run's to fetch
+    assert main(["check", "pipeline=prithvi_flood", scenes]) == 0
+    assert capsys.readouterr().out.startswith("ok: pipeline prithvi_flood")
+
+
+def test_a_pipeline_the_server_cannot_feed_is_called_offline_only(capsys):
+    _user_error(capsys, ["serve", "pipeline=llava_encode"],
+                "pipeline llava_encode is offline only: use `appliance run`")

@@ -101,8 +101,26 @@ def test_the_quoted_forms_the_hint_gives_compose():
     assert list(cfg.input) == ["a.tif", "b.tif"] and cfg.prompt == "hello world"
 
 
-def test_a_comma_in_a_value_says_how_to_quote_it_and_the_quoted_form_composes():
+@pytest.mark.parametrize("override, suggestion, composed", [
+    ("input=a.tif,b.tif", "input=[a.tif,b.tif]", ["a.tif", "b.tif"]),
+    ("aoi=1,2,3,4", "aoi=[1,2,3,4]", [1, 2, 3, 4]),
+    ("model.name=a,b", "'model.name=\"a,b\"'", "a,b"),  # a text key: one text, quoted
+])
+def test_a_comma_separated_value_gets_a_form_that_composes(override, suggestion, composed):
     with pytest.raises(ConfigError) as caught:
-        compose(["pipeline=llava_chat", "prompt=Hello, who are you?"])
-    assert "'prompt=\"Hello, who are you?\"'" in str(caught.value)
-    assert compose(["pipeline=llava_chat", 'prompt="Hello, who are you?"']).prompt == "Hello, who are you?"
+        compose(["pipeline=prithvi_flood", override])
+    assert suggestion in str(caught.value)
+    assert "'input=\"" not in str(caught.value)  # the quoted form makes one path, not a list
+    value = OmegaConf.select(compose(["pipeline=prithvi_flood", suggestion.strip("'")]), override.partition("=")[0])
+    assert (OmegaConf.to_object(value) if OmegaConf.is_config(value) else value) == composed
+
+
+def test_a_stage_addressed_by_position_gets_the_stage_that_has_the_option():
+    with pytest.raises(ConfigError) as caught:
+        compose(["pipeline=prithvi_flood", "pipeline.stages.3.overlap=64"])
+    message = str(caught.value)
+    assert "did you mean pipeline.stages.tile.overlap=64?" in message and "normalize.overlap" not in message
+    with pytest.raises(ConfigError) as caught:
+        compose(["pipeline=prithvi_flood", "pipeline.stages.3.nothing=1"])
+    assert "no stage of this pipeline has an option 'nothing'" in str(caught.value)
+    assert "did you mean" not in str(caught.value)
