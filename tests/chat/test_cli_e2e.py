@@ -114,6 +114,19 @@ def test_batch_file_completion_lines(text_llama_dir, tmp_path):
         engine.close()
 
 
+def test_overwrite_replaces_an_existing_answers_file(text_llama_dir, tmp_path):
+    batch = write_jsonl(tmp_path / "requests.jsonl", [batch_request("a", "Hi", max_tokens=2)])
+    out = tmp_path / "answers.jsonl"
+    out.write_text("old\n")
+    assert_user_error(_chat(*_overrides(text_llama_dir, f"input={batch}", f"output={out}")),
+                      "answers.jsonl exists; pass overwrite=true")
+    result = _chat(*_overrides(text_llama_dir, f"input={batch}", f"output={out}", "overwrite=true"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"wrote 1 answer to {out}"
+    assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["a"]
+    assert sorted(os.listdir(tmp_path)) == ["answers.jsonl", "requests.jsonl"]
+
+
 def test_single_text_prompt_prints_the_answer(text_llama_dir):
     result = _chat(*_overrides(text_llama_dir, "prompt=Hello", "pipeline.stages.engine.sampling.max_tokens=4"))
     assert result.returncode == 0, result.stderr
@@ -187,6 +200,16 @@ def test_llava_tiny_names_the_colour(tmp_path):
     result = _chat("pipeline=llava_chat", PLUGIN, f"input={tmp_path / 'shape.png'}", "prompt=What color is the shape?")
     assert result.returncode == 0, result.stderr
     assert names_only(result.stdout, labels.color, shapes.COLORS), (labels, result.stdout)
+
+
+@llava_tiny
+def test_a_prompt_with_punctuation_runs_on_the_bundled_sample():
+    """Typed the natural way: quotes, parentheses, `=`, commas and brackets reach the model as text."""
+    sample = REPO / "appliance" / "assets" / "samples" / "orange_star.png"
+    result = _chat("pipeline=llava_chat", f"input={sample}", "prompt=What's this? (a=b, [c])",
+                   "system=Answer briefly, \"please\".", "pipeline.stages.engine.sampling.max_tokens=8")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() and "Traceback" not in result.stderr
 
 
 @llava_tiny

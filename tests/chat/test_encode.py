@@ -50,7 +50,7 @@ def test_features_from_llava_encode_give_the_same_answers_as_pixels(tmp_path):
     out_dir = tmp_path / "features"
     result = run_cli("run", "pipeline=llava_encode", f"input=[{images[0]},{images[1]}]", f"output={out_dir}")
     assert result.returncode == 0, result.stderr
-    assert "wrote 2 feature file(s), each [64, 64]" in result.stdout
+    assert "wrote 2 feature files, each [64, 64]" in result.stdout
     for image in images:
         features_file = out_dir / f"{image.stem}.features.safetensors"
         assert list(load_file(features_file)["image_features"].shape) == [64, 64]

@@ -1,6 +1,7 @@
 """`chat_requests`: batch lines and run records, good and bad (pure parsing; no model)."""
 import json
 import os
+import re
 
 import pytest
 
@@ -125,7 +126,8 @@ def test_file_checks_every_line_and_names_the_line(tmp_path):
 
 
 def _record(**kw):
-    return {"input": None, "output": None, "prompt": None, **kw}
+    return {"input": None, "output": None, "prompt": None, "prompt_file": None, "system": None, "overwrite": False,
+            **kw}
 
 
 def test_run_records(tmp_path):
@@ -144,6 +146,27 @@ def test_run_records(tmp_path):
     assert media == "/srv/media"
 
 
+def test_a_prompt_file_and_a_system_message_make_the_request(tmp_path):
+    image = tmp_path / "photo.png"
+    image.write_bytes(b"not decoded here")
+    question = "Line one: what's this?\n  (a=b, [c]) ${x} \\n é 图\n"
+    (tmp_path / "q.txt").write_text(question, encoding="utf-8")
+    requests, _, _, _ = plan_run(_record(input=str(image), prompt_file=str(tmp_path / "q.txt"),
+                                         system=" Answer in one word. "), None)
+    assert requests[0].messages == [
+        {"role": "system", "content": " Answer in one word. "},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "photo.png"}},
+                                     {"type": "text", "text": question}]}]
+
+
+def test_overwrite_lets_a_batch_output_replace_an_existing_file(tmp_path):
+    batch = write_jsonl(tmp_path / "r.jsonl", [batch_request("a", "Hi")])
+    (tmp_path / "answers.jsonl").write_text("old answers\n")
+    _, output, _, _ = plan_run(_record(input=str(batch), output=str(tmp_path / "answers.jsonl"), overwrite=True), None)
+    assert output == str(tmp_path / "answers.jsonl")
+    assert (tmp_path / "answers.jsonl").read_text() == "old answers\n"  # replaced only when all answers are written
+
+
 @pytest.mark.parametrize("url", ["data:image/png;base64,iVBORw0KGgo=", "https://example.com/cat.jpg"])
 def test_an_image_url_input_is_one_request_and_no_file(url):
     """Not a server file: the URL goes to the image loader (size limits, fetch timeout) as a part."""
@@ -157,19 +180,30 @@ def test_an_image_url_input_is_one_request_and_no_file(url):
 @pytest.mark.parametrize("record,fragment", [
     (dict(input="r.jsonl"), "output: required with a .jsonl input"),
     (dict(input="r.jsonl", output="r.jsonl"), "is the input file"),
-    (dict(input="r.jsonl", output="exists.jsonl"), "exists; remove it"),
+    (dict(input="r.jsonl", output="exists.jsonl"), "exists; pass overwrite=true to replace it"),
     (dict(input="r.jsonl", output="."), "is a directory"),
     (dict(input="r.jsonl", output="nodir/a.jsonl"), "cannot write to directory"),
     (dict(input="r.jsonl", output="a.jsonl", prompt="x"), "prompt: not used with a .jsonl input"),
-    (dict(input="photo.png"), "prompt: required"),
+    (dict(input="r.jsonl", output="a.jsonl", prompt_file="q.txt"), "prompt_file: not used with a .jsonl input"),
+    (dict(input="r.jsonl", output="a.jsonl", system="x"), "system: not used with a .jsonl input"),
+    (dict(input="r.jsonl", output=".", overwrite=True), "is a directory"),
+    (dict(input="photo.png"), "prompt: required with an image input"),
+    (dict(input="photo.png", prompt=" \n"), "prompt: the question is empty"),
+    (dict(input="photo.png", prompt="x", prompt_file="q.txt"), "prompt_file: given with prompt=; pass the question"),
+    (dict(input="photo.png", prompt_file="nope.txt"), "prompt_file: cannot read nope.txt (No such file"),
+    (dict(input="photo.png", prompt_file="latin1.txt"), "prompt_file: latin1.txt is not UTF-8 text"),
+    (dict(input="photo.png", prompt_file="."), "prompt_file: cannot read ."),
     (dict(input="photo.png", prompt="x", output="a.jsonl"), "output: only used with a .jsonl input"),
     (dict(input="missing.png", prompt="x"), "input: missing.png is not a file"),
-    (dict(), "prompt: required"),
+    (dict(), "input: missing; pass input=photo.png prompt="),  # no image given: not "prompt required"
+    (dict(system="Be brief."), "input: missing"),
 ])
 def test_bad_run_records(tmp_path, monkeypatch, record, fragment):
     monkeypatch.chdir(tmp_path)
     write_jsonl(tmp_path / "r.jsonl", [batch_request("a", "Hi")])
     (tmp_path / "exists.jsonl").write_text("")
     (tmp_path / "photo.png").write_bytes(b"x")
-    with pytest.raises(InputError, match=fragment.replace(".", r"\.")):
+    (tmp_path / "q.txt").write_text("What?")
+    (tmp_path / "latin1.txt").write_bytes("Qu'est-ce que c'est, déjà ?".encode("latin-1"))
+    with pytest.raises(InputError, match=re.escape(fragment)):
         plan_run(_record(**record), None)

@@ -82,3 +82,21 @@ def test_incomplete_batch_writes_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="incomplete"):
         list(_stage().process(iter([_record(0, 2, str(out))])))
     assert os.listdir(tmp_path) == []
+
+
+def test_one_answer_is_counted_in_the_singular(tmp_path):
+    out = tmp_path / "answers.jsonl"
+    (result,) = _stage().process(iter([_record(0, 1, str(out))]))
+    assert result["display"] == f"wrote 1 answer to {out}"
+
+
+def test_an_existing_output_is_replaced_whole_or_left_as_it_was(tmp_path):
+    """`overwrite=true`: the old file stays untouched until every answer is written, then is replaced."""
+    out = tmp_path / "answers.jsonl"
+    out.write_text("old\n")
+    with pytest.raises(RuntimeError, match="incomplete"):
+        list(_stage().process(iter([_record(0, 2, str(out))])))  # the run stops after one of two answers
+    assert out.read_text() == "old\n" and os.listdir(tmp_path) == ["answers.jsonl"]
+    list(_stage().process(iter([_record(i, 2, str(out)) for i in range(2)])))
+    assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["req-0", "req-1"]
+    assert os.listdir(tmp_path) == ["answers.jsonl"]

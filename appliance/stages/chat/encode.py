@@ -91,7 +91,8 @@ class FeaturesWrite(Stage):
             written.append(record["features_path"])
             if record["image_index"] == record["image_count"] - 1:
                 rest = {k: v for k, v in record.items() if k not in self.consumes}
-                yield {**rest, "display": f"wrote {len(written)} feature file(s), each {list(features.shape)} "
+                files = "feature file" if len(written) == 1 else "feature files"
+                yield {**rest, "display": f"wrote {len(written)} {files}, each {list(features.shape)} "
                                           f"(tokens, hidden): {', '.join(written)}"}
                 written = []
 

@@ -2,12 +2,14 @@
 
 Inputs (`appliance run pipeline=llava_chat ...`):
   - `input=photo.png prompt="..."`: one request, a user message with the image and the text (the image
-    may also be an http(s) or data: URL);
+    may also be an http(s) or data: URL); `prompt_file=PATH` instead of `prompt=`, and `system="..."` for a
+    system message first (run_question.py);
   - `prompt="..."` alone: one text-only request;
   - `input=requests.jsonl output=answers.jsonl`: one request per line in the OpenAI batch format
     `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {"messages", ...}}`, or
     `"url": "/v1/completions"` with `"body": {"prompt", ...}` (a text or token ids, or a list of them);
-    a file may mix both. A body is parsed as the server parses it (appliance/protocol/openai_requests.py).
+    a file may mix both; `overwrite=true` replaces an existing output file. A body is parsed as the
+    server parses it (appliance/protocol/openai_requests.py).
 A completion request gives one record per prompt (`completion_prompt`: the prompt as sent; no messages),
 `chat_prompt` turns it into token ids as the server does, and `chat_responses` answers the request's
 records as one `text_completion`.
@@ -24,6 +26,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.protocol.openai_requests import parse_chat, parse_completion
+from appliance.stages.chat.run_question import question_keys, run_prompt, system_message
 from appliance.stages.engine import sampling_defaults
 from appliance.vision.image_load import is_remote_image
 
@@ -110,19 +113,21 @@ def read_batch_file(path: str, defaults: Optional[Dict[str, Any]] = None) -> Lis
     return requests
 
 
-def single_request(image: Optional[str], prompt: Optional[str]) -> ChatRequest:
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise InputError('prompt: required with an image input; pass prompt="What is in the image?"')
+def single_request(image: Optional[str], record: Record) -> ChatRequest:
+    """One user message: the image (if any), then the question; after `system=`'s message when given."""
+    prompt = run_prompt(record, image is not None)
     parts: List[Dict[str, Any]] = []
     if image is not None:
         url = image if is_remote_image(image) else os.path.basename(image)  # a file: under its media dir
         parts.append({"type": "image_url", "image_url": {"url": url}})
     parts.append({"type": "text", "text": prompt})
-    return ChatRequest("prompt", [{"role": "user", "content": parts}], {})
+    system = system_message(record)
+    return ChatRequest("prompt", [*([system] if system else []), {"role": "user", "content": parts}], {})
 
 
-def check_batch_output(source: str, output: Any) -> str:
-    """The output path for a batch run: required, not the input, not existing, in a writable directory."""
+def check_batch_output(source: str, output: Any, overwrite: bool = False) -> str:
+    """The output path for a batch run: required, not the input, not existing unless `overwrite` (the
+    answers then replace it whole, once all are written: `write_atomic`), in a writable directory."""
     if output is None or str(output) == "":
         raise InputError("output: required with a .jsonl input; pass output=answers.jsonl")
     output = str(output)
@@ -130,8 +135,8 @@ def check_batch_output(source: str, output: Any) -> str:
         raise InputError(f"output: {output} is the input file; choose another output path")
     if os.path.isdir(output):
         raise InputError(f"output: {output} is a directory; expected a file path such as answers.jsonl")
-    if os.path.lexists(output):
-        raise InputError(f"output: {output} exists; remove it or choose another name")
+    if os.path.lexists(output) and not overwrite:
+        raise InputError(f"output: {output} exists; pass overwrite=true to replace it, or choose another name")
     directory = os.path.dirname(os.path.abspath(output))
     try:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".appliance-probe-"):
@@ -144,28 +149,32 @@ def check_batch_output(source: str, output: Any) -> str:
 def plan_run(record: Record, media_dir: Optional[str], defaults: Optional[Dict[str, Any]] = None
              ) -> Tuple[List[ChatRequest], Optional[str], Optional[str], str]:
     """(requests, output path or None, allowed media directory, source name) for one run record."""
-    source, output, prompt = record.get("input"), record.get("output"), record.get("prompt")
+    source, output = record.get("input"), record.get("output")
     if source is not None and not isinstance(source, str):
         raise InputError(f"input: expected one path (an image or a .jsonl batch file), got {source!r}")
     if source is None or source == "":
-        if output not in (None, ""):
-            raise InputError("output: only used with a .jsonl input; a single prompt prints its answer")
-        return [single_request(None, prompt)], None, media_dir, "prompt"
+        _no_output(output)
+        return [single_request(None, record)], None, media_dir, "prompt"
     if is_remote_image(source):  # loaded (with its size limits) by chat_prompt, like an image_url part
-        if output not in (None, ""):
-            raise InputError("output: only used with a .jsonl input; a single prompt prints its answer")
-        return [single_request(source, prompt)], None, media_dir, "input"
+        _no_output(output)
+        return [single_request(source, record)], None, media_dir, "input"
     if not os.path.isfile(source):
         raise InputError(f"input: {source} is not a file; pass an image or a .jsonl batch file")
     allowed = media_dir or os.path.dirname(os.path.abspath(source))
     if source.lower().endswith(".jsonl"):
-        if prompt not in (None, ""):
-            raise InputError("prompt: not used with a .jsonl input; each request carries its own messages")
-        return read_batch_file(source, defaults), check_batch_output(source, output), allowed, source
+        stray = question_keys(record)
+        if stray:
+            raise InputError(f"{stray[0]}: not used with a .jsonl input; each request carries its own messages")
+        output = check_batch_output(source, output, bool(record.get("overwrite")))
+        return read_batch_file(source, defaults), output, allowed, source
+    _no_output(output)
+    real = os.path.realpath(source)  # the file named on the command line is allowed, wherever a link points
+    return [single_request(real, record)], None, os.path.dirname(real), source
+
+
+def _no_output(output: Any) -> None:
     if output not in (None, ""):
         raise InputError("output: only used with a .jsonl input; a single prompt prints its answer")
-    real = os.path.realpath(source)  # the file named on the command line is allowed, wherever a link points
-    return [single_request(real, prompt)], None, os.path.dirname(real), source
 
 
 @register_stage
@@ -179,7 +188,7 @@ class ChatRequests(Stage):
     Offline only: the server takes requests from HTTP bodies (appliance/serving) instead."""
 
     name = "chat_requests"
-    consumes = ("input", "output", "prompt")
+    consumes = ("input", "output", "prompt", "prompt_file", "system", "overwrite")
     produces = ("messages", "completion_prompt", "echo", "prompt_number", "prompt_count", "sampling",
                 "top_logprobs", "n", "custom_id", "model_name", "where", "media_dir", "output_path",
                 "request_index", "request_count")

@@ -8,7 +8,8 @@ collects its `request_count` answers and writes one line per request, in input o
      "body": <chat.completion or text_completion>}, "error": null}
 
 to a temp file in the output directory, renamed over `output_path` only once every line is written
-(`write_atomic`), so a failed run never leaves a half-written file; `display` = "wrote N answers to ...".
+(`write_atomic`), so a failed run never leaves a half-written file, and `overwrite=true` replaces an
+existing one only then; `display` = "wrote N answers to ..." ("1 answer").
 
 A completion request's records (one per prompt, in order) make one text_completion, shaped as the
 server's `/v1/completions` answers: choice p * n + j is prompt p's answer j, with the prompt in front
@@ -82,7 +83,8 @@ class ChatResponses(Stage):
             lines.append(batch_line(record["custom_id"], body))
             if len(lines) == record["request_count"]:
                 count = write_atomic(path, batches.pop(path))
-                yield {"output_path": path, "display": f"wrote {count} answers to {path}"}
+                answers = "answer" if count == 1 else "answers"
+                yield {"output_path": path, "display": f"wrote {count} {answers} to {path}"}
         if batches or prompts:  # the stream ended early (an upstream error): nothing is written
             raise RuntimeError(f"chat_responses: incomplete batches for {', '.join(batches) or 'a request'}")
 
