@@ -29,6 +29,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from appliance.errors import InputError
 from appliance.fetch import FetchPolicy, Fetcher, fetch_bytes
 from appliance.fetch.local_files import allowed_path
+from appliance.vision.tiff_layout import tiff_layout
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000  # e.g. 8000 x 5000; a 336px model gains nothing from more
@@ -222,8 +223,7 @@ def decode_image(data: bytes, *, field: str = "image",
         raise InputError(f"{field}: image is too large to decode ({e}); "
                          f"the limit is {max_image_pixels} pixels") from None
     except UnidentifiedImageError:
-        raise InputError(f"{field}: not an image Pillow can read; "
-                         "send PNG, JPEG, WebP, GIF, BMP or TIFF") from None
+        raise InputError(f"{field}: {_unreadable(data)}") from None
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
         raise InputError(f"{field}: the image data is truncated or corrupt ({e}); "
                          "send the complete file") from None
@@ -232,6 +232,21 @@ def decode_image(data: bytes, *, field: str = "image",
     except Exception:  # noqa: BLE001 - unreadable EXIF: keep the stored orientation
         pass
     return to_rgb(image)
+
+
+ACCEPTED = "PNG, JPEG, WebP, GIF, BMP, or a TIFF of 8-bit grey, RGB or RGBA, or of one 16- or 32-bit band"
+
+
+def _unreadable(data: bytes) -> str:
+    """Why bytes Pillow could not identify are refused: for a TIFF, its bands and sample size (a 6-band
+    GeoTIFF is a raster for a geospatial pipeline, not a picture)."""
+    layout = tiff_layout(data)
+    if layout is None:
+        return f"not an image Pillow can read; send {ACCEPTED}"
+    samples, bits = layout
+    scene = "; a multi-band scene is for a geospatial pipeline such as prithvi_flood" if samples > 4 else ""
+    return (f"a TIFF with {samples} band{'s' if samples != 1 else ''} of {bits}-bit samples, which is not a picture "
+            f"this model can take: it takes RGB or greyscale images ({ACCEPTED}){scene}")
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
