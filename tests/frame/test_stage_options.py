@@ -158,7 +158,7 @@ def test_conf_tree_has_no_list_of_stages():
 
 
 @pytest.mark.parametrize("pipeline, keys", [
-    ("llava_chat", ["stage", "sampling"]),          # a generating engine: no input/output fields
+    ("llava_chat", ["stage", "sampling", "progress", "progress_interval"]),  # generating: no input/output
     ("prithvi_flood", ["stage", "input", "output"]),  # a pooling engine: no sampling
     ("llava_encode", ["stage", "input", "output"]),
 ])
