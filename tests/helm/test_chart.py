@@ -272,7 +272,7 @@ def test_extra_config_is_mounted_read_only_and_on_the_search_path(chart):
 
 @pytest.mark.parametrize("pipeline, choose, kind", [
     ("llava_chat", "engine=cuda", "generate"),
-    ("llava_encode", "engine=cuda", "generate"),
+    ("llava_encode", "engine.device=cuda", "pool"),
     ("prithvi_flood", "engine.device=cuda", "pool"),
 ])
 def test_gpus_select_the_cuda_engine_of_the_pipelines_kind(chart, pipeline, choose, kind):
