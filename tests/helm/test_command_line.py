@@ -3,6 +3,7 @@ ConfigMap's files written where the pod would see them, under a temporary root).
 CUDA and TP=2 command lines check here too. A bad override fails here, not in the cluster."""
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -64,6 +65,20 @@ def check(args, env):
     return run_cli("check", *overrides, env=env, timeout=120)
 
 
+def inputs_below(args, root: Path) -> list:
+    """`args` with the volume's /data inputs moved below `root`, where they are made (empty files: `check`
+    only asks that a local input exists; URLs it leaves to the run)."""
+    moved = []
+    for arg in args:
+        if arg.startswith("input="):
+            for path in re.findall(r'"(/data/[^"]+)"', arg):
+                (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+                (root / path.lstrip("/")).touch()
+            arg = arg.replace('"/data/', f'"{root}/data/')
+        moved.append(arg)
+    return moved
+
+
 def helm_test_args(docs) -> list:
     """What the `helm test` pod runs; asserted to be the workload's command line with the verb `check`
     (for a Job: `run`'s over every input, the indexes' shares joined in the order of batch.inputs)."""
@@ -89,7 +104,7 @@ def test_the_rendered_command_line_checks(chart, profile, tmp_path):
             assert [a for a in hook[1:] if not a.startswith("input=")] == [a for a in run[1:] if not a.startswith("input=")]
     distinct = {tuple(["check", *args[1:]]) for args in [*lines, hook]}
     for args in distinct:
-        result = check(list(args), env)
+        result = check(inputs_below(list(args), tmp_path / "root"), env)
         assert result.returncode == 0, (args, result.stderr)
         assert result.stdout.startswith("ok: pipeline "), result.stdout
 
@@ -142,12 +157,14 @@ def test_a_bad_override_fails_the_check(chart, tmp_path):
 
 
 def test_helm_test_fails_on_a_bad_override_and_on_missing_weights(chart):
-    """What `helm test` shows when the pod's arguments cannot work: the override named, the path named."""
+    """What `helm test` shows when the pod's arguments cannot work: the override, the path, the input named."""
     docs = manifests(chart, {**profile_values("prithvi-flood-batch"), "overrides": ["pipeline.stages.tile.overlapp=64"]})
     assert_user_error(check(helm_test_args(docs), {}), "pipeline.stages.tile.overlapp")
     docs = manifests(chart, {"pipeline": "llava_chat", "model": {"existingClaim": "weights"},
                              "overrides": ["model=llava_1_5_7b", "model.path=/models/llava-1.5-7b-hf"]})
     assert_user_error(check(helm_test_args(docs), {}), "model.path: /models/llava-1.5-7b-hf is not a directory")
+    docs = manifests(chart, profile_values("prithvi-flood-batch"))  # its scenes are not on this volume
+    assert_user_error(check(helm_test_args(docs), {}), "input: /data/", "no such file")
 
 
 def test_an_unknown_pipeline_fails_the_check(chart, tmp_path):
