@@ -32,11 +32,12 @@ class Server:
 
 
 @contextlib.contextmanager
-def server_process(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=None, ready: bool = True):
-    """Yields a `Server` for `appliance serve OVERRIDES server.port=<free>` once /ready (or, with
-    ready=False, /health) answers 200; on exit SIGTERMs it and fails if any process of its session is
-    still alive 15 s later (they are killed either way)."""
-    port = free_port()
+def server_process(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=None, ready: bool = True,
+                   port=None):
+    """Yields a `Server` for `appliance serve OVERRIDES server.port=<port, else a free one>` once /ready (or,
+    with ready=False, /health) answers 200; on exit SIGTERMs it and fails if any process of its session
+    is still alive 15 s later (they are killed either way)."""
+    port = port or free_port()
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     full_env.pop("APPLIANCE_CONF_DIR", None)
     if conf_dir is not None:
@@ -85,6 +86,15 @@ def running_server(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=N
     """Like `server_process`, yielding only the base URL."""
     with server_process(*overrides, cwd=cwd, conf_dir=conf_dir, startup_s=startup_s, env=env) as server:
         yield server.base
+
+
+def child_pids(pid: int):
+    """The process's children, whichever of its threads started them."""
+    pids = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            pids += [int(child) for child in f.read().split()]
+    return pids
 
 
 def session_processes(session_id: int):

@@ -1,9 +1,11 @@
 """`appliance serve`: the pipeline behind LitServe, one engine fed by every request (docs/serving.md).
 
 Processes (LitServe's): this main process supervises; one HTTP process (uvicorn) runs the routes; one
-inference worker runs the `EngineLoop`. The main process stops them on SIGTERM after a drain (new
-requests get 503, in-flight ones get `server.drain_timeout_s` to finish) and exits 0, or exits 1 when
-the engine died (so an orchestrator restarts the server).
+inference worker runs the `EngineLoop`. The main process alone acts on SIGTERM and SIGINT, however they
+are delivered (stop_signals.py): the first drains (new requests get 503, in-flight ones get
+`server.drain_timeout_s` to finish), a second stops at once; then it stops the other processes and exits
+0. It exits 1 when the engine died (so an orchestrator restarts the server), and 2 when another process
+answers on its address.
 """
 import logging
 import multiprocessing as mp
@@ -14,7 +16,8 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from http.client import HTTPConnection
+from typing import Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,7 +27,8 @@ from appliance.pipeline import Pipeline
 from appliance.progress import silence
 from appliance.serving import litserve_adapter
 from appliance.serving.split import OnlinePipeline, split_online
-from appliance.serving.startup import check_media_dir, check_port_free, url
+from appliance.serving.startup import check_media_dir, claim_port, url
+from appliance.serving.stop_signals import STOP_SIGNALS, start_deaf_thread
 from appliance.serving.state import DEAD, READY, SharedState
 
 log = logging.getLogger(__name__)
@@ -41,10 +45,11 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
     check_media_dir(cfg.server.allowed_local_media_dir)
     online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
     silence(online.stages())
-    check_port_free(cfg.server.host, cfg.server.port)  # before anything says we serve there
     from appliance.serving.metrics import multiprocess_dir
 
-    with multiprocess_dir(), spool_directory(cfg.server.spool_dir) as spool:
+    # claimed before anything says we serve there
+    with claim_port(cfg.server.host, cfg.server.port), multiprocess_dir(), \
+            spool_directory(cfg.server.spool_dir) as spool:
         return _serve(cfg, online, spool)
 
 
@@ -58,6 +63,7 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     from appliance.serving.http.errors import (LITSERVE_HEALTH, LITSERVE_INFO, APIError, api_error_handler,
                                                http_exception_handler)
     from appliance.serving.http.middleware import Gate
+    from appliance.serving.http.process_link import ProcessLink
     from appliance.serving.http.spec import ApplianceSpec
 
     shared = SharedState()
@@ -75,7 +81,8 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere
     # (where the Gate answers 404: http/errors.py).
     server = ls.LitServer(EngineAPI(cfg, online, shared, spec, requests_rx, events_tx), accelerator="cpu",
-                          timeout=False, middlewares=[(Gate, gate)],
+                          timeout=False, middlewares=[(Gate, gate), (ProcessLink, {"frontend": spec.frontend,
+                                                                                   "shared": shared})],
                           healthcheck_path=LITSERVE_HEALTH, info_path=LITSERVE_INFO)
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):
@@ -83,55 +90,87 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     openapi.install(server.app)
     litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
     address = url(cfg.server.host, cfg.server.port)
-    supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s),
+    supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s), address=(cfg.server.host, cfg.server.port),
                             ready_line=f"ready: pipeline {cfg.pipeline.name} on {address} (model loaded, warm-up done)")
-    signal.signal(signal.SIGTERM, lambda signum, frame: supervisor.drain())
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, supervisor.on_signal)
     threading.Thread(target=supervisor.watch, name="supervisor", daemon=True).start()
     log.info("starting pipeline %s (%s), model %s, on %s: loading the model", cfg.pipeline.name, online.kind,
              cfg.model.name, address)
     settle_heap()  # before LitServe forks the HTTP process, which inherits the frozen heap
-    # uvicorn logs at warning, so its access log never prints; access_log=False also stops it formatting
-    # each request's line before the logger drops it.
-    server.run(host=cfg.server.host, port=cfg.server.port, num_api_servers=1, generate_client_file=False,
-               log_level="warning", access_log=False, api_server_worker_type="process")
+    failures = []
+
+    def run() -> None:
+        # uvicorn logs at warning, so its access log never prints; access_log=False also stops it formatting
+        # each request's line before the logger drops it.
+        try:
+            server.run(host=cfg.server.host, port=cfg.server.port, num_api_servers=1, generate_client_file=False,
+                       log_level="warning", access_log=False, api_server_worker_type="process")
+        except BaseException as e:  # noqa: BLE001 - raised again in the main thread
+            failures.append(e)
+
+    # On its own thread, so that every process LitServe starts is deaf to stop signals and the main thread
+    # (which Python runs signal handlers on) stays free to take them.
+    start_deaf_thread(run, "litserve").join()
+    if failures:
+        raise failures[0]
+    if supervisor.failure is not None:
+        raise supervisor.failure
+    if supervisor.outcome:
+        log.info(supervisor.outcome)
     return supervisor.exit_code
 
 
 class Supervisor:
-    """Stops the server when asked (SIGTERM, after draining) or when the engine dies (exit code 1)."""
+    """Stops the server: after a drain on the first SIGTERM or SIGINT, at once on a second; when the engine
+    dies (exit code 1); when another process answers on the server's address (a ConfigError, exit 2)."""
 
-    def __init__(self, server, shared: SharedState, drain_timeout_s: float, ready_line: str = "ready"):
+    def __init__(self, server, shared: SharedState, drain_timeout_s: float, address=("127.0.0.1", 8000),
+                 ready_line: str = "ready"):
         self.server, self.shared, self.drain_timeout_s = server, shared, drain_timeout_s
-        self.ready_line = ready_line
+        self.address, self.ready_line = address, ready_line
         self.announced = False
-        self.announcing = threading.Lock()  # the watcher and the drain may both see the engine ready
         self.exit_code = 0
+        self.failure: Optional[Exception] = None
+        self.outcome = ""  # the line said once every process stopped
+        self.signals = []  # names of the stop signals received, in order
+        self.stop_now = threading.Event()
         self.stopping = threading.Event()
 
-    def drain(self) -> None:
-        if not self.shared.draining:
+    def on_signal(self, signum, frame=None) -> None:
+        """The signal handler (main thread): as little as possible here, the drain thread does the rest."""
+        self.signals.append(signal.Signals(signum).name)
+        if len(self.signals) == 1:
             self.shared.start_draining()
             threading.Thread(target=self._drain, name="drain", daemon=True).start()
+        else:
+            self.stop_now.set()
 
     def _drain(self) -> None:
+        first = self.signals[0]
+        running = self.shared.inflight
+        log.info("%s: draining: new requests get 503, %d running get up to server.drain_timeout_s=%g s; "
+                 "a second signal stops at once", first, running, self.drain_timeout_s)
         deadline = time.monotonic() + self.drain_timeout_s
-        while self.shared.inflight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.shared.inflight:
-            log.warning("drain: %d requests still running after server.drain_timeout_s=%g s; stopping anyway",
-                        self.shared.inflight, self.drain_timeout_s)
-        self.announce_ready()  # a server stopped just after it became ready still said so
+        while self.shared.inflight and time.monotonic() < deadline and not self.stop_now.wait(0.05):
+            pass
+        cut = self.shared.inflight
+        finished = max(0, running - cut)
+        if self.stop_now.is_set():
+            log.info("%s again: stopping now", self.signals[-1])
+            why = f"at once on a second signal ({self.signals[-1]})"
+        elif cut:
+            why = f"on {first} after server.drain_timeout_s={self.drain_timeout_s:g} s"
+        else:
+            why = f"on {first}"
+        self.outcome = (f"stopped {why}: {_requests(finished)} finished, {cut} cut"
+                        + (" (ended with a 503)" if cut else ""))
         self.stop()
-
-    def announce_ready(self) -> None:
-        with self.announcing:
-            if not self.announced and self.shared.phase == READY:
-                log.info(self.ready_line)
-                self.announced = True
 
     def watch(self) -> None:
         while not self.stopping.is_set():
-            self.announce_ready()
+            if self.shared.phase == READY and not self.announced and not self.shared.draining:
+                self._announce_when_reachable()
             workers = getattr(self.server, "inference_workers", None) or []
             if self.shared.phase == DEAD or any(not w.is_alive() for w in workers):
                 log.error("the engine stopped; shutting the server down")
@@ -141,9 +180,42 @@ class Supervisor:
                 return
             time.sleep(0.2)
 
+    def _announce_when_reachable(self) -> None:
+        """Say ready once a request to our address reached our own HTTP process; fail if another process
+        answered there (two servers raced for one port: only the first could listen)."""
+        if not reaches_a_server(*self.address):
+            return  # our HTTP process is not listening yet
+        if self.shared.listening:
+            log.info(self.ready_line)
+            self.announced = True
+            return
+        host, port = self.address
+        self.failure = ConfigError(f"server.port: another process answers on {host}:{port}, so this server "
+                                   "cannot listen there; stop it or pass server.port=N")
+        self.exit_code = 2
+        self.stop()
+
     def stop(self) -> None:
         self.stopping.set()
         litserve_adapter.request_stop(self.server)
+
+
+def reaches_a_server(host: str, port: int) -> bool:
+    """True when an HTTP server answers GET /health on host:port (a wildcard host is asked on loopback)."""
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    connection = HTTPConnection(target, port, timeout=5)
+    try:
+        connection.request("GET", "/health")
+        connection.getresponse().read()
+        return True
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def _requests(count: int) -> str:
+    return f"{count} request" + ("" if count == 1 else "s")
 
 
 @contextmanager

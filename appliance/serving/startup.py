@@ -1,11 +1,40 @@
 """What `appliance serve` checks before it announces anything: settings that would only fail later (a
 port in use, a media directory that is not there) end as a one-line error and exit 2 instead."""
 import errno
+import fcntl
 import os
 import socket
-from typing import Optional
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 from appliance.errors import ConfigError
+
+
+@contextmanager
+def claim_port(host: str, port: int) -> Iterator[None]:
+    """Hold `host:port` for this server while it runs: a lock that a second `appliance serve` on the same
+    address finds taken (two servers started together both see the port free: neither listens until its
+    model is loaded), then the port itself checked free. A lock file that cannot be made (a read-only or
+    foreign temp directory) leaves the check alone; the supervisor still checks that the process clients
+    reach is its own before it says ready."""
+    path = os.path.join(tempfile.gettempdir(), f"appliance-serve-{host.replace(':', '_')}-{port}.lock")
+    try:
+        lock = open(path, "a+")
+    except OSError:
+        lock = None
+    try:
+        if lock is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError(f"server.port: another appliance server is starting or serving on {host}:{port}; "
+                                  "stop it or pass server.port=N") from None
+        check_port_free(host, port)
+        yield
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -3,8 +3,10 @@
 Made by `appliance serve` in the main process before LitServe starts its processes, and handed to them
 inside the LitAPI and the spec (multiprocessing values travel only that way, by inheritance):
   - the engine loop (inference worker) writes `phase` and `running`;
-  - the HTTP process writes `inflight` and reads the rest (/health, /ready, 429 decisions);
-  - the main process writes `draining` on SIGTERM and waits for `inflight` to reach 0.
+  - the HTTP process writes `inflight` and `listening` (once it answered a request), and reads the rest
+    (/health, /ready, 429 decisions);
+  - the main process writes `draining` on a stop signal, waits for `inflight` to reach 0, and reads
+    `listening` to know that the process clients reach on its address is its own.
 """
 import multiprocessing as mp
 
@@ -18,6 +20,7 @@ class SharedState:
         self._running = ctx.Value("i", 0, lock=False)     # requests the engine is working on
         self._inflight = ctx.Value("i", 0, lock=False)    # requests the HTTP process accepted, not yet answered
         self._draining = ctx.Value("b", False, lock=False)
+        self._listening = ctx.Value("b", False, lock=False)
 
     # Single writers per field (see the docstring), so plain reads and writes of aligned ints suffice.
     @property
@@ -47,3 +50,10 @@ class SharedState:
 
     def start_draining(self) -> None:
         self._draining.value = True
+
+    @property
+    def listening(self) -> bool:
+        return bool(self._listening.value)
+
+    def mark_listening(self) -> None:
+        self._listening.value = True

@@ -1,11 +1,13 @@
 """`appliance serve` as a real server process on 127.0.0.1, started and stopped by the test."""
 import socket
+import threading
+import time
 
 import httpx
 import pytest
 
 from tests.conftest import FRAME_CONF, assert_user_error, run_cli
-from tests.server_process import running_server, server_process
+from tests.server_process import free_port, running_server, server_process
 
 
 @pytest.fixture
@@ -72,10 +74,10 @@ def test_a_dead_engine_takes_the_server_down_with_exit_code_1(tmp_path):
     import os
     import signal
 
-    from tests.server_process import server_process
+    from tests.server_process import child_pids, server_process
 
     with server_process(cwd=tmp_path, conf_dir=FRAME_CONF) as srv:
-        children = [int(pid) for pid in open(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children").read().split()]
+        children = child_pids(srv.proc.pid)
         engine = [pid for pid in children if b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
         assert len(engine) == 1, children
         os.kill(engine[0], signal.SIGKILL)
@@ -92,6 +94,24 @@ def test_a_port_in_use_is_one_line_and_exit_2_before_any_announcement(tmp_path):
         result = run_cli("serve", f"server.port={port}", conf_dir=FRAME_CONF, cwd=tmp_path)
     assert_user_error(result, "server.port", f"127.0.0.1:{port} is already in use")
     assert "starting" not in result.stdout + result.stderr
+
+
+def test_a_second_server_started_on_the_same_port_exits_2_and_never_says_ready(tmp_path):
+    """Started half a second apart, both would find the port free (neither listens before its model is
+    loaded): the second one exits 2 with one line, the first one serves."""
+    port, second = free_port(), {}
+
+    def start_second():
+        time.sleep(0.5)
+        second["result"] = run_cli("serve", f"server.port={port}", conf_dir=FRAME_CONF, cwd=tmp_path)
+
+    thread = threading.Thread(target=start_second)
+    thread.start()
+    with server_process(cwd=tmp_path, conf_dir=FRAME_CONF, port=port) as first:
+        thread.join(300)
+        assert httpx.get(f"{first.base}/ready", timeout=10).status_code == 200
+    assert_user_error(second["result"], "server.port", f"127.0.0.1:{port}")
+    assert "ready" not in second["result"].stdout + second["result"].stderr
 
 
 @pytest.mark.parametrize("make, fragment", [(None, "does not exist"), ("file", "is not a directory")])

@@ -9,7 +9,9 @@ while the engine runs. (LitServe's own request queue and transport go unused: se
 The model loads here, not in `LitAPI.setup` (which LitServe awaits before it starts the HTTP server), so
 the HTTP server answers /health while weights load and /ready turns 200 after the warm-up step.
 """
+import _thread
 import logging
+import os
 import signal
 import threading
 import traceback
@@ -19,6 +21,7 @@ from appliance.heap import settle_heap
 from appliance.serving import pipes
 from appliance.serving.messages import Failed
 from appliance.serving.state import DEAD, READY
+from appliance.serving.stop_signals import follow_parent
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long an idle loop sleeps on its inbox (a new request wakes it at once)
@@ -28,8 +31,10 @@ class EngineLoop(LitLoop):
     def run(self, lit_api, device, worker_id, request_queue, transport, workers_setup_status, callback_runner):
         """LitServe's loop entry point. Jobs arrive on our requests pipe (`lit_api.requests`) and events
         leave on our events pipe, so LitServe's `request_queue` and `transport` go unused."""
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; the server stops us
-        signal.signal(signal.SIGTERM, _exit)  # LitServe's shutdown: close the engine (and its TP ranks)
+        # Stop signals stay blocked here (stop_signals.py); when the main process stops the server, the
+        # watcher raises SystemExit in this thread, which closes the engine (and its TP ranks).
+        signal.signal(signal.SIGTERM, _exit)
+        follow_parent(lambda: _thread.interrupt_main(signal.SIGTERM), "engine")
         shared, worker = lit_api.shared, lit_api.worker
         try:
             for stage in worker.online.stages():
@@ -42,10 +47,18 @@ class EngineLoop(LitLoop):
             log.error("the engine could not start:\n%s", traceback.format_exc())
             shared.set_phase(DEAD)
             raise
+        stopped = False
         try:
             self._serve(lit_api, worker)
+        except SystemExit:  # the main process stops the server
+            stopped = True
         finally:
             worker.close()
+        if stopped:
+            # Threads still preparing requests that the HTTP process already answered (a second stop
+            # signal cuts them) would hold the interpreter's exit; the engine and its ranks are closed.
+            logging.shutdown()
+            os._exit(0)
 
     def _serve(self, lit_api, worker) -> None:
         shared, events = lit_api.shared, lit_api.events

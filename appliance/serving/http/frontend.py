@@ -141,6 +141,12 @@ class Frontend:
         if not channel.finished:
             self.writer.send((channel.uid, time.monotonic(), Abort()))
 
+    def end_all(self) -> None:
+        """The server stops now: every open request ends with a 503 (its route answers it, or ends its
+        stream with it)."""
+        for channel in list(self.channels.values()):
+            channel.put(Failed(503, "the server stopped before this request finished; retry on another replica"))
+
     async def answer_once(self, request, uid: str, job: Any):
         """Submit a job whose one event is the answer (`Done`) or its failure, and answer the client."""
         channel = self.open(uid, request)
