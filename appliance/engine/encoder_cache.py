@@ -50,13 +50,6 @@ class EncoderCache:
         self.entries[key] = t
         self.used_bytes += size
 
-    def get_or_compute(self, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
-        t = self.get(key)
-        if t is None:
-            t = compute()
-            self.put(key, t)
-        return t
-
     def get_or_compute_many(self, keys: List[str],
                             compute: Callable[[List[int]], List[torch.Tensor]]) -> List[torch.Tensor]:
         """One lookup per key; the misses computed together by `compute(indices into keys)`. A key

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from appliance.engine.linear import default_weight_loader
-from appliance.engine.safetensors_files import checkpoint_files, iter_weights, read_header  # noqa: F401 (re-exported)
+from appliance.engine.safetensors_files import iter_weights
 
 
 def load_weights(model: nn.Module, path: str) -> None:

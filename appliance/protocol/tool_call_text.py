@@ -12,7 +12,7 @@ answer always agree.
 Arguments are passed on as the model wrote them (JSON text); an answer cut by max_tokens has them cut too.
 """
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional
 
 PARSERS = ("hermes",)  # what model.tool_call_parser may name

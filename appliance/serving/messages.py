@@ -51,7 +51,8 @@ class PredictJob:
 
 @dataclass
 class Abort:
-    reason: str = "client disconnected"
+    """The HTTP side gave up an unfinished request (the client left, the deadline passed): stop it in the
+    engine and free what it holds."""
 
 
 # ---- events ----------------------------------------------------------------------------------------

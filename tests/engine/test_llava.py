@@ -258,7 +258,7 @@ def test_encoder_cache_budget_zero_keeps_nothing():
     cache = EncoderCache(budget_bytes=0)
     calls = []
     for _ in range(2):
-        cache.get_or_compute("a", lambda: calls.append("a") or torch.zeros(10))
+        cache.get_or_compute_many(["a"], lambda idx: calls.append("a") or [torch.zeros(10)])
     batches = []
     cache.get_or_compute_many(["a", "b", "a"], lambda idx: batches.append(idx) or [torch.zeros(10) for _ in idx])
     assert calls == ["a", "a"] and batches == [[0, 1, 2]]  # every lookup computed, repeats included
@@ -272,14 +272,14 @@ def test_encoder_cache_lru_within_budget():
     calls = []
 
     def make(v):
-        return lambda: calls.append(v) or torch.zeros(10)
+        return lambda idx: calls.append(v) or [torch.zeros(10)]
 
     for key in ["a", "b", "a", "c", "b", "a"]:  # c evicts b (a was used more recently); b then evicts a
-        cache.get_or_compute(key, make(key))
+        cache.get_or_compute_many([key], make(key))
     assert calls == ["a", "b", "c", "b", "a"]
     assert (cache.hits, cache.misses, cache.evictions) == (1, 5, 3)
     assert cache.used_bytes <= cache.budget_bytes
-    cache.get_or_compute("big", lambda: torch.zeros(100))  # larger than the budget: returned, not kept
+    cache.get_or_compute_many(["big"], lambda idx: [torch.zeros(100)])  # larger than the budget: returned, not kept
     assert "big" not in cache.entries
     batches = []
     got = cache.get_or_compute_many(["a", "x", "x", "y"], lambda idx: batches.append(idx) or [

@@ -1,12 +1,39 @@
 """Masks are Cloud-Optimized GeoTIFFs by default (GDAL's COG layout, internal overviews, the colour table,
 nodata and class names kept); `format: gtiff` writes the plain tiled GeoTIFF."""
+from typing import List
+
 import numpy as np
 import pytest
 import rasterio
 
 from appliance.errors import ConfigError
-from appliance.stages.geo.cog import cog_problems
 from tests.geo.conftest import make_cfg, run_geo, stages
+
+# The ghost header GDAL's COG driver writes at the top of the file (GDAL's COG specification).
+COG_GHOST_MARKER = b"LAYOUT=IFDS_BEFORE_DATA"
+
+
+def cog_problems(path: str) -> List[str]:
+    """Why `path` is not a valid COG ([] when it is): GDAL's layout tag, the ghost header before the
+    first IFD, tiling, and an internal overview per level down to one block."""
+    problems = []
+    with open(path, "rb") as f:
+        if COG_GHOST_MARKER not in f.read(512):
+            problems.append("no COG ghost header (IFDs are not before the data)")
+    with rasterio.open(path) as ds:
+        if ds.tags(ns="IMAGE_STRUCTURE").get("LAYOUT") != "COG":
+            problems.append("GDAL does not report LAYOUT=COG")
+        block_h, block_w = ds.block_shapes[0]
+        if block_w >= ds.width and block_h >= ds.height:
+            return problems  # one block: no tiling or overviews needed
+        if not ds.profile.get("tiled"):
+            problems.append("not tiled")
+        factors = ds.overviews(1)
+        if not factors:
+            problems.append("no internal overviews")
+        elif max(-(-ds.width // factors[-1]), -(-ds.height // factors[-1])) > max(block_w, block_h):
+            problems.append(f"the smallest overview (1/{factors[-1]}) is larger than one block")
+    return problems
 
 
 def test_default_mask_is_a_valid_cog_with_the_gtiff_pixels(scene, tmp_path):

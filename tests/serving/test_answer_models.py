@@ -5,7 +5,6 @@ import base64
 import json
 
 import httpx
-import pytest
 
 from appliance.protocol.openai_answers import (ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk,
                                                ErrorResponse, ModelCard, ModelList)
