@@ -1,12 +1,12 @@
 """Stages and the pipeline that chains them.
 
 A stage is a small class registered under a name. It declares the record fields it consumes and
-produces, and its options as a nested `Options` dataclass. A pipeline is `pipeline.stages`: an ordered
-mapping from stage id to that stage's node, `{stage: <registered name>, <option>: <value>, ...}`;
-`stage` defaults to the id, so `tile: {overlap: 64}` is the `tile` stage and
-`pipeline.stages.tile.overlap=64` overrides it. Records (plain dicts) stream through the stages as
-generators, so a stage can batch (the engine), fan out (tiling) or fan in (stitching) while memory
-stays bounded.
+produces, and its options as a dataclass declared beside it (`<Stage>Options`, set as its `Options`;
+`NoOptions` when it has none). A pipeline is `pipeline.stages`: an ordered mapping from stage id to
+that stage's node, `{stage: <registered name>, <option>: <value>, ...}`; `stage` defaults to the id, so
+`tile: {overlap: 64}` is the `tile` stage and `pipeline.stages.tile.overlap=64` overrides it. Records
+(plain dicts) stream through the stages as generators, so a stage can batch (the engine), fan out
+(tiling) or fan in (stitching) while memory stays bounded.
 """
 import itertools
 import threading

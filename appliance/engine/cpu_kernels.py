@@ -1,8 +1,9 @@
-"""Our AVX2 kernels for fp32 on CPU (csrc/): a GEMM on prepacked weights, paged decode attention reading
-K/V in place, an int8 weight-only GEMM for few rows (int8.py), and fused small ops (RMSNorm, rotary,
-KV-cache write, SwiGLU, argmax). For bf16 engines: the same GEMM on bf16 weights prepacked for
-VDPBF16PS (CPUs with AVX512-BF16), and a bf16-weight GEMM for few rows on torch's layout. For int8
-weights: the packed GEMM on VPDPBUSD (CPUs with AVX512-VNNI).
+"""Our CPU kernels (csrc/). For fp32 engines, on AVX2: a GEMM on prepacked weights, paged decode attention
+reading K/V in place, and fused small ops (RMSNorm, rotary, KV-cache write, SwiGLU, argmax). For bf16
+engines: the same GEMM on bf16 weights prepacked for VDPBF16PS (CPUs with AVX512-BF16), and a bf16-weight
+GEMM for few rows on torch's layout. For int8 weights (int8.py): a weight-only GEMM for few rows on AVX2
+(int8 rows times fp32 activations), and on CPUs with AVX512-VNNI the packed GEMM on VPDPBUSD, which
+quantises the activations to int8 too (per row and per 512 k).
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -12,8 +13,9 @@ Where it cannot be built or loaded, `available()` is False with the reason in `u
 engines run on torch's kernels alone.
 
 Whether an engine uses them is that engine's choice (engine.cpu_kernels, CPU): its runner packs its
-model's linear weights (`linear.pack_for_cpu`: fp32, and bf16 where `linear.packs_bf16`) and turns the
-fp32 kernels on in its model's layers (`use_in(model)`); nothing here is switched process-wide.
+model's linear weights (`linear.pack_for_cpu`: fp32, and bf16 where `linear.packs_bf16`; int8 ones pack
+as they are quantised, where `linear.packs_int8`) and turns the fp32 kernels on in its model's layers
+(`use_in(model)`); nothing here is switched process-wide.
 """
 import functools
 import logging

@@ -1,6 +1,7 @@
-"""What the machine offers an engine: CPU features and the memory it may use. Read once, when an engine
-starts, into a frozen `Host` that the sizing rules (engine/memory_plan.py) take as an argument, so tests
-and benchmarks pass their own (a small memory budget, a CPU without bf16 units) and nothing is patched.
+"""What the machine offers an engine: CPU features and the memory it may use. `Host.read` reads them
+afresh at each call (nothing is cached) into a frozen `Host`; an engine reads one when it starts, for the
+sizing rules (engine/memory_plan.py), which take it as an argument, so tests and benchmarks pass their
+own (a small memory budget, a CPU without bf16 units) and nothing is patched.
 
 CPU memory is `MemAvailable` from /proc/meminfo (what the kernel can give without swapping: free
 memory plus the reclaimable page cache), total is `MemTotal`; inside a cgroup v2 memory limit (a

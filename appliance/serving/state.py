@@ -5,8 +5,9 @@ inside the LitAPI and the spec (multiprocessing values travel only that way, by 
   - the engine loop (inference worker) writes `phase` and `running`;
   - the HTTP process writes `inflight` and `listening` (once it answered a request), and reads the rest
     (/health, /ready, 429 decisions);
-  - the main process writes `draining` on a stop signal, waits for `inflight` to reach 0, and reads
-    `listening` to know that the process clients reach on its address is its own.
+  - the main process writes `draining` on a stop signal, waits for `inflight` to reach 0, reads
+    `listening` to know that the process clients reach on its address is its own, and writes
+    `phase` = DEAD once the engine loop has stopped or its process is gone (the loop writes no more).
 """
 import multiprocessing as mp
 
@@ -22,7 +23,8 @@ class SharedState:
         self._draining = ctx.Value("b", False, lock=False)
         self._listening = ctx.Value("b", False, lock=False)
 
-    # Single writers per field (see the docstring), so plain reads and writes of aligned ints suffice.
+    # One writer per field at a time (see the docstring), each value an aligned int written whole: plain
+    # reads and writes suffice.
     @property
     def phase(self) -> int:
         return self._phase.value
