@@ -125,8 +125,9 @@ class GenerateRoutes:
 class EventStreamResponse(StreamingResponse):
     """A StreamingResponse that leaves watching for the client to the request's Channel. Starlette's, under
     an ASGI 2.3 server (uvicorn), starts a second watcher beside the stream (a task group of two tasks per
-    request): ~0.1 ms of the HTTP process's CPU per tiny-LLaVA request, a fifth of it (docs/serving.md).
-    The Channel ends the stream when the client goes (the body iterator gets ClientGone)."""
+    request), CPU in the HTTP process for what the Channel already does (docs/serving.md). The Channel
+    ends the stream when the client goes (the body iterator gets ClientGone).
+    tests/serving/test_event_stream_response.py checks what this relies on in Starlette."""
 
     async def __call__(self, scope, receive, send) -> None:
         try:
