@@ -5,7 +5,7 @@
 compiles them into the installed package (`appliance/engine/_kernels/`), where the runtime looks first.
 A library is named by a key over the sources, the compilers, the flags and the torch version it was
 built against, so a stale one is never loaded. Only if no prebuilt library matches does the first use
-build one (about 10 s) as a fallback, into a private cache directory: `$XDG_CACHE_HOME/appliance/kernels`
+build one (a compile of every source) as a fallback, into a private cache directory: `$XDG_CACHE_HOME/appliance/kernels`
 (else `~/.cache/...`), created 0700 and used only if it and its parent are ours and writable by no one
 else, else a fresh directory from `mkdtemp` (private, unpredictable, not reused). A shared object is never
 loaded from a predictable path in a world-writable directory: on a read-only root file system point

@@ -203,5 +203,5 @@ def linear_bf16w(x: torch.Tensor, w: torch.Tensor, bf16_units: bool = True) -> t
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(dim=-1) for a 2-D x (torch's CPU argmax is not vectorised: 1.2 ms for 32 x 32000)."""
+    """x.argmax(dim=-1) for a 2-D x (torch's CPU argmax is not vectorised, and a step's logits are wide)."""
     return ops().argmax_rows(x)

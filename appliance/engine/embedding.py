@@ -39,8 +39,8 @@ class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
         if self.packed is not None or self.runs_bf16_kernel(hidden):
             logits = self.matmul(hidden)
         else:
-            # W @ h^T, not h @ W^T: for the few rows of a decode step MKL streams the big weight about
-            # 1.6x faster in this orientation (docs/engine.md).
+            # W @ h^T, not h @ W^T: for the few rows of a decode step MKL streams the big weight
+            # faster in this orientation.
             logits = torch.mm(self.weight, hidden.t()).t()
         logits = self.tp.all_gather_last_dim(logits)
         return logits[..., : self.vocab_size]

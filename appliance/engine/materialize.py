@@ -4,8 +4,8 @@ A model is built under `torch.device("meta")` (`build_on_meta`): its modules run
 random initialisation included, on tensors without storage, which costs nothing. `materialize` then
 gives every parameter empty storage on the target device in the target dtype (floating ones; others
 keep theirs), and the checkpoint loader fills it: one write per weight, no full-precision model first,
-no conversion pass after. At 7B that removes the fp32 build and `module.to(dtype)` (~25 s and twice
-the weights' memory). On CPU a large parameter gets huge pages (a decode step streams them all).
+no conversion pass after. At 7B that removes the fp32 build and `module.to(dtype)` (a pass over every
+weight, and twice the weights' memory). On CPU a large parameter gets huge pages (a decode step streams them all).
 
 Buffers are computed, not loaded (rotary tables, position ids): a module that owns such buffers
 defines `init_buffers()` (it or a module above it), which `materialize` calls once their storage

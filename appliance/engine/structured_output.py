@@ -71,7 +71,7 @@ class GrammarMatchers:
     def __init__(self, hf_tokenizer, vocab_size: int, capacity: int = 64):
         self.hf_tokenizer, self.vocab_size, self.capacity = hf_tokenizer, vocab_size, capacity
         self.words = (vocab_size + 31) // 32  # int32 words a row's bitmask takes
-        self._tokenizer = None  # built on the first structured request (~1 s for a 32k vocab)
+        self._tokenizer = None  # built on the first structured request (it walks the whole vocab)
         self._compiled: "OrderedDict[StructuredOutput, object]" = OrderedDict()
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
         self.fill_seconds = 0.0  # time the mask thread spent filling masks (what overlapping the forward hides)

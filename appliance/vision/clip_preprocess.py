@@ -15,9 +15,10 @@ only one that runs without torchvision), the reference the parity tests hold us 
 
 With `resize_backend="pil"` (the default) resizing uses Pillow, like the reference, so steps 1-3 are
 bit-exact with it and step 4 differs only by float rounding (< 1e-5). `resize_backend="torch"` uses
-torch's uint8 `interpolate(..., antialias=True)`, its passes run in Pillow's order: about 4x faster to
-resize, the same filter (a = -0.5), but not bit-exact: its fixed-point weights round differently, so
-pixels may be 1-2 levels off (<= 0.03 normalised). See docs/vision.md.
+torch's uint8 `interpolate(..., antialias=True)`, its passes run in Pillow's order: faster to resize
+(docs/benchmarks.md, "Image preprocessing"), the same filter (a = -0.5), but not bit-exact: its
+fixed-point weights round differently, so pixels may be 1-2 levels off (<= 0.03 normalised). See
+docs/vision.md.
 """
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class MultimodalCausalLM(CausalLM):
     def image_item_check(cls, hf_config) -> Callable[[Any], None]:
         """What the engine calls on each ImageItem in add_request: raises ValueError unless the item's
         input has this model's shape and `num_tokens` its count. The config's arithmetic is done here,
-        once (reading a transformers config's attributes is slow: ~12 µs a request for LLaVA)."""
+        once (reading a transformers config's attributes is slow, and every request would)."""
 
     @abstractmethod
     def embed_images(self, items: List) -> List[torch.Tensor]:

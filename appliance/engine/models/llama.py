@@ -69,7 +69,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         # One cos/sin table for every layer (the same positions and frequencies): at 7B shape, 32 tables
-        # of 4 MiB and ~2.5 s of start-up otherwise.
+        # of 4 MiB otherwise, each computed at start-up.
         rotary = RotaryEmbedding(head_dim_of(cfg), max_positions, rope_parameters(cfg))
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, tp, backend, rotary)
                                     for _ in range(cfg.num_hidden_layers))

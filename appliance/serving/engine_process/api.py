@@ -42,5 +42,5 @@ class EngineAPI(ls.LitAPI):
     async def authorize(self) -> None:
         """LitServe's auth hook, which every route depends on. The API key is checked before it, by the
         Gate middleware (http/middleware.py), for every path. Without this hook LitServe's default is a
-        plain function, which FastAPI runs on a worker thread: a thread hand-off per request, ~0.1 ms of
-        the HTTP process's CPU (of ~0.8) for a short chat request; a coroutine runs on the event loop."""
+        plain function, which FastAPI runs on a worker thread: a thread hand-off per request, a share of
+        the HTTP process's CPU worth saving for short requests; a coroutine runs on the event loop."""

@@ -9,8 +9,8 @@ from typing import Dict, Iterable, Optional
 from appliance.serving.engine_process.sessions import Answer, Session, engine_id
 
 # While the engine runs, how often its gauges are written: each write goes to a memory-mapped file
-# (prometheus-client's multiprocess mode), the loop turns ~50 times a second under load and Prometheus
-# scrapes every few seconds; ~40 µs of the loop's CPU a turn, cold after a step (docs/serving.md).
+# (prometheus-client's multiprocess mode) and costs the loop CPU, the loop turns many times a second
+# under load, and Prometheus scrapes only every few seconds (docs/serving.md).
 GAUGES_INTERVAL_S = 0.1
 
 

@@ -36,8 +36,7 @@ class ClientGone(Exception):
 class Channel:
     """One request's events in order. The client leaving (GONE) and the deadline passing (TIMED_OUT)
     arrive among them. A deque and the one reader's future: the route is the only reader, so
-    asyncio.Queue's getter and putter bookkeeping (a tenth of the HTTP process's CPU per streamed
-    request) buys nothing."""
+    asyncio.Queue's getter and putter bookkeeping (paid per streamed token) buys nothing."""
 
     GONE, TIMED_OUT = "client gone", "timed out"
 

@@ -72,7 +72,7 @@ class ChatPrompt(Stage):
             raise ConfigError(f"chat_prompt.workers: {options.workers}; allowed: 1 or more")
         self.tokenizer = self.images = self.pool = None
         self.max_len = self.longest_token = 0
-        # Read once: a config lookup costs ~20 µs, and every request asks.
+        # Read once: an OmegaConf lookup is slow beside a plain attribute, and every request asks.
         self.multimodal = cfg.model.get("vision_language") is not None
 
     def check(self) -> None:
@@ -108,8 +108,8 @@ class ChatPrompt(Stage):
 
     def process_each(self, records: List[Record]) -> List[Union[Record, Exception]]:
         """As `process`, but one request failing does not stop the others (a server's group of requests).
-        A group's templates run back to back while its images are prepared in the pool: ~7 % less CPU
-        per request than preparing each request alone (docs/serving.md)."""
+        A group's templates run back to back while its images are prepared in the pool, which costs less
+        CPU per request than preparing each request alone (docs/serving.md, "Preparers")."""
         images = ImageJobs(self.pool)
         submitted = [attempt(self._submit, record, images) for record in records]
         images.run_held()
@@ -169,7 +169,7 @@ class ImageJobs:
     """One run's image preparations, as futures. The first is held back until a second arrives: a run
     with one image (a server's preparer that found one request waiting) prepares it in the calling
     thread by `run_held`, because there is nothing to overlap it with and the hand-off to a pool thread
-    and back cost a served request about 1 ms of CPU."""
+    and back would only add CPU."""
 
     def __init__(self, pool):
         self.pool = pool

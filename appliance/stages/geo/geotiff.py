@@ -17,7 +17,7 @@ from rasterio.errors import NotGeoreferencedWarning, RasterioError
 from appliance.errors import InputError
 from appliance.stages.geo.sources import gdal_path, is_remote, scheme, shown
 
-MAX_BLOCKS_CHECKED = 200_000  # block-table check cost is ~1 µs a block
+MAX_BLOCKS_CHECKED = 200_000  # the block-table check costs time per block: bounded for huge scenes
 
 
 # GDAL's options while a remote file is open (scoped to the reader, never os.environ): no directory
