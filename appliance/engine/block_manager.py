@@ -70,12 +70,17 @@ class BlockManager:
 
     def block_hashes(self, seq: Sequence, num_tokens: int) -> List[bytes]:
         """Hashes of the full blocks among the first `num_tokens` tokens of `seq`."""
-        hashes, parent, bs = [], None, self.block_size
-        for i in range(num_tokens // bs):
-            parent = hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs],
-                                block_extra_keys(seq.mm_ranges, i * bs, bs))
+        hashes, parent = [], None
+        for i in range(num_tokens // self.block_size):
+            parent = self._chained_hash(parent, seq, i)
             hashes.append(parent)
         return hashes
+
+    def _chained_hash(self, parent: Optional[bytes], seq: Sequence, index: int) -> bytes:
+        """The hash of `seq`'s full block number `index`, chained on the hash of the block before it."""
+        bs = self.block_size
+        return hash_block(parent, seq.token_ids[index * bs:(index + 1) * bs],
+                          block_extra_keys(seq.mm_ranges, index * bs, bs))
 
     def find_cached_prefix(self, seq: Sequence) -> List[int]:
         """Block ids already holding this sequence's leading full blocks.
@@ -138,8 +143,7 @@ class BlockManager:
             start -= 1  # back over the blocks filled since the last call (one, in a decode step)
         parent = self.blocks[table[start - 1]].hash if start else None
         for i in range(start, full):
-            parent = hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs],
-                                block_extra_keys(seq.mm_ranges, i * bs, bs))
+            parent = self._chained_hash(parent, seq, i)
             block = self.blocks[table[i]]
             block.hash = parent
             self.cached.setdefault(parent, block.block_id)  # a twin computed in the same step stays private

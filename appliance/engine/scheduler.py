@@ -59,7 +59,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         if seq.request_id in self.requests:
             raise ValueError(f"request id {seq.request_id!r} is already in use")
-        if seq.num_prompt_tokens >= self.max_model_len:
+        if answer_room(seq.num_prompt_tokens, self.max_model_len) < 1:
             raise ValueError(
                 f"request {seq.request_id!r}: prompt has {seq.num_prompt_tokens} tokens but "
                 f"max_model_len is {self.max_model_len}; shorten the prompt or raise engine.max_model_len")
@@ -152,3 +152,9 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.requests.pop(seq.request_id, None)
+
+
+def answer_room(prompt_tokens: int, max_model_len: int) -> int:
+    """Tokens an answer may take after the prompt. The rule for "the prompt fits": room for at least one
+    (the last prompt position produces the first token's logits); stages/engine.py words it for users."""
+    return max_model_len - prompt_tokens

@@ -9,7 +9,8 @@ answer; `choices`: all `n`).
 
 The engine owns the model's tokenizer and context length. `model_tokenizer` and `model_context` give
 every stage of a pipeline (and the server) that one tokenizer, loaded once, and the engine's own rule
-for the context; `check_fits` is the one rule for "the prompt fits", worded for the user, and
+for the context; `check_fits` words the rule for "the prompt fits" (`answer_room`, engine/scheduler.py)
+for the user, and
 `check_text_fits` applies it before tokenizing a text too long to fit (a 10 MB prompt is refused at once,
 not after seconds of tokenizer work).
 """
@@ -23,6 +24,7 @@ from omegaconf import OmegaConf
 from appliance.config.schema import EngineKind
 from appliance.config.typed import typed_dataclass
 from appliance.engine.sampling_params import SamplingParams
+from appliance.engine.scheduler import answer_room
 from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.progress import DEFAULT_INTERVAL, Progress, check_interval
@@ -121,13 +123,14 @@ def check_fits(prompt_tokens: int, limit: int, where: str, fix: str, detail: str
                max_tokens: Optional[int] = None, param: Optional[str] = None) -> None:
     """InputError unless the prompt leaves room for at least one generated token (the engine refuses a
     prompt of `limit` tokens or more) and, when `max_tokens` is given, the whole answer fits too."""
-    if prompt_tokens >= limit:
+    room = answer_room(prompt_tokens, limit)
+    if room < 1:
         raise InputError(f"{where}: the prompt is {prompt_tokens} tokens{detail}; the model's context is {limit} "
                          f"tokens and the answer needs at least one; {fix}", param=param)
-    if max_tokens is not None and prompt_tokens + max_tokens > limit:
+    if max_tokens is not None and max_tokens > room:
         raise InputError(f"max_tokens: the prompt is {prompt_tokens} tokens and max_tokens is {max_tokens}, "
                          f"{prompt_tokens + max_tokens} in all; the model's context is {limit} tokens, so "
-                         f"max_tokens may be at most {limit - prompt_tokens}", param="max_tokens")
+                         f"max_tokens may be at most {room}", param="max_tokens")
 
 
 def model_longest_token(stage: Stage) -> int:
