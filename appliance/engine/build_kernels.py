@@ -1,4 +1,5 @@
-"""Build our CPU kernels (csrc/: the C kernels and their torch operators) into a shared library.
+"""Build our CPU kernels (csrc/: the C kernels, a file a family, and their torch operators) into one shared
+library.
 
     python -m appliance.engine.build_kernels     # once, after `pip install` (make install, image builds)
 
@@ -26,7 +27,12 @@ from pathlib import Path
 from typing import List, Optional
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "cpu_kernels.c", CSRC / "cpu_kernels.h", CSRC / "cpu_ops.cpp"]
+# The C kernels by family (csrc/cpu_kernels.h declares them), each compiled on its own and linked into one
+# library with the torch operators (cpu_ops.cpp).
+KERNEL_SOURCES = [CSRC / name for name in ("gemm_f32.c", "gemm_bf16.c", "gemm_int8.c", "decode_attention.c",
+                                           "small_ops.c")]
+HEADERS = [CSRC / name for name in ("cpu_kernels.h", "kernel_common.h", "few_rows.h", "group_panels.h")]
+SOURCES = [*KERNEL_SOURCES, *HEADERS, CSRC / "cpu_ops.cpp"]
 PREBUILT_DIR = Path(__file__).parent / "_kernels"  # what `python -m appliance.engine.build_kernels` fills
 C_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC"]
 CXX_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-std=c++20", "-shared"]
@@ -84,13 +90,12 @@ def compile_library(target: Path, cc: str, cxx: str) -> None:
     torch_dir = Path(torch.__file__).parent
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as work:
-        obj, lib = Path(work) / "cpu_kernels.o", Path(work) / target.name
-        steps = [
-            ("cpu_kernels.c", [cc, *C_FLAGS, "-c", str(CSRC / "cpu_kernels.c"), "-o", str(obj)]),
-            ("cpu_ops.cpp", [cxx, *CXX_FLAGS, abi, f"-I{torch_dir / 'include'}", str(CSRC / "cpu_ops.cpp"),
-                             str(obj), "-o", str(lib), f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu",
-                             f"-Wl,-rpath,{torch_dir / 'lib'}"]),
-        ]
+        objs, lib = [Path(work) / f"{source.stem}.o" for source in KERNEL_SOURCES], Path(work) / target.name
+        steps = [(source.name, [cc, *C_FLAGS, "-c", str(source), "-o", str(obj)])
+                 for source, obj in zip(KERNEL_SOURCES, objs)]
+        steps.append(("cpu_ops.cpp", [cxx, *CXX_FLAGS, abi, f"-I{torch_dir / 'include'}", str(CSRC / "cpu_ops.cpp"),
+                                      *map(str, objs), "-o", str(lib), f"-L{torch_dir / 'lib'}", "-lc10",
+                                      "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}"]))
         for source, command in steps:
             try:
                 subprocess.run(command, check=True, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)

@@ -110,3 +110,11 @@ def test_build_command_on_an_unsupported_machine_exits_0(monkeypatch, capsys):
     monkeypatch.setattr(build_kernels, "is_x86_64", lambda: False)
     assert build_kernels.main([]) == 0
     assert "torch's kernels" in capsys.readouterr().err
+
+
+def test_every_source_file_is_built_and_keys_the_library():
+    """Each family's file compiles into the one library, and every file of csrc/ is in the key: editing any
+    of them never loads a stale build."""
+    csrc = sorted(p.name for p in build_kernels.CSRC.iterdir())
+    assert sorted(p.name for p in build_kernels.SOURCES) == csrc
+    assert sorted(p.name for p in build_kernels.KERNEL_SOURCES) == [name for name in csrc if name.endswith(".c")]

@@ -1,5 +1,11 @@
-// The C kernels of cpu_kernels.c. They trust their arguments: every caller goes through the checked
-// torch operators in cpu_ops.cpp.
+// Our C kernels for CPU inference, one file a family: gemm_f32.c (the packed fp32 GEMM), gemm_bf16.c and
+// gemm_int8.c (GEMMs on bf16 and int8 weights: few rows on torch's layout, packed on AVX-512 units),
+// decode_attention.c (paged decode attention), small_ops.c (RMSNorm, rotary, KV write, SwiGLU, argmax);
+// shared helpers in kernel_common.h, few_rows.h and group_panels.h. Plain C with no argument checks:
+// cpu_ops.cpp registers each as a torch operator and checks shapes, dtypes, strides and every block, slot
+// and position id before calling it. Built into one library by appliance/engine/build_kernels.py.
+// Parallel loops use OpenMP, which binds to the libgomp torch has already loaded, so
+// torch.set_num_threads governs them too.
 #pragma once
 #include <stdint.h>
 
