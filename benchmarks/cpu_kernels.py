@@ -58,7 +58,7 @@ def bf16_gemm_rows(rows_list, with_int8: bool):
     for name, (n, k) in shapes.items():
         weight = torch.randn(n, k).to(torch.bfloat16)
         packed = cpu_kernels.PackedWeight(weight)
-        quantized = Int8Weight(weight, Int8Plan.for_host(native_bf16=True, cpu_kernels=True, packed=True)) \
+        quantized = Int8Weight(weight, Int8Plan(0, torch.bfloat16, packed=True)) \
             if with_int8 else None
         for rows in rows_list:
             x = torch.randn(rows, k).to(torch.bfloat16)

@@ -22,9 +22,12 @@ def check_engine(cfg) -> None:
     backend, device, dtype = _name(engine.attention_backend), str(engine.device), _name(engine.dtype)
     if dtype == "auto":  # what the engine will resolve it to, when the checkpoint declares it
         dtype = _auto_dtype(cfg.model, device)
-    if backend == "cpu" and (device != "cpu" or dtype not in ("float32", "bfloat16", "auto")):
-        raise ConfigError(f"engine.attention_backend=cpu runs only with engine.device=cpu and engine.dtype "
-                          f"float32 or bfloat16 (got {device}, {dtype}); use attention_backend=torch or auto")
+    if backend == "cpu":
+        from appliance.engine.attention_select import cpu_backend_refusal
+
+        why = cpu_backend_refusal(device, None if dtype == "auto" else dtype)
+        if why:
+            raise ConfigError(f"engine.{why}")
     if backend != "xformers":
         return
     if not device.startswith("cuda"):

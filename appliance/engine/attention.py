@@ -1,7 +1,8 @@
 """Paged attention: write this step's K/V into the per-layer pool, then attend over each sequence's
 blocks. Backends: `torch` (any device), `cpu` (torch plus our AVX2 decode kernel) and `xformers` (CUDA,
-fp16/bf16; `xformers_attention.py`); `attention_select.py` picks one per engine. Each backend's `prepare` builds, once per step, what its layers
-share (StepContext.attn_meta); `forward` runs one layer."""
+fp16/bf16; `xformers_attention.py`); the engine's kernel plan names one (kernel_plan.py, by the rule in
+attention_select.py). Each backend's `prepare` builds, once per step, what its layers share
+(StepContext.attn_meta); `forward` runs one layer."""
 from typing import Optional
 
 import torch
@@ -95,8 +96,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
 
 class PagedAttention(cpu_kernels.KernelLayer):
-    """One layer's attention over the paged KV pool. The model runner assigns `k_cache`/`v_cache`; with our
-    CPU kernels on, this step's K/V are written by one of them."""
+    """One layer's attention over the paged KV pool. The model runner assigns `k_cache`/`v_cache`; where
+    its kernel plan says so (`use_in`), this step's K/V are written by our kernel."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, backend):
         super().__init__()

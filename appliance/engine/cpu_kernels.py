@@ -12,10 +12,9 @@ loaded from the package; without that, the first use builds it into a private ca
 Where it cannot be built or loaded, `available()` is False with the reason in `unavailable_reason()`, and
 engines run on torch's kernels alone.
 
-Whether an engine uses them is that engine's choice (engine.cpu_kernels, CPU): its runner packs its
-model's linear weights (`linear.pack_for_cpu`: fp32, and bf16 where `linear.packs_bf16`; int8 ones pack
-as they are quantised, where `linear.packs_int8`) and turns the fp32 kernels on in its model's layers
-(`use_in(model)`); nothing here is switched process-wide.
+Which of them an engine runs is its kernel plan's choice (kernel_plan.py: one per engine, logged at
+start): its runner packs its model's linear weights (`linear.pack_for_cpu`) and turns the fused small ops
+on in its model's layers (`use_in(model)`) as the plan says; nothing here is switched process-wide.
 """
 import functools
 import logging
@@ -29,7 +28,7 @@ from appliance.engine.build_kernels import KernelBuildError, find_or_build
 
 log = logging.getLogger(__name__)
 
-PANEL = 16  # output columns per packed fp32 panel (csrc/cpu_kernels.c)
+PANEL = 16  # output columns per packed fp32 panel (csrc/gemm_f32.c)
 GROUP_PANEL = 32  # output columns per packed bf16 or int8 panel (k in groups of 4 bytes)
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 
@@ -77,7 +76,7 @@ class KernelLayer(nn.Module):
 
 
 def use_in(model: nn.Module) -> None:
-    """Turn our kernels on in every KernelLayer of `model` (the runner, once, when they apply)."""
+    """Turn our kernels on in every KernelLayer of `model` (the runner, once, where its kernel plan says)."""
     for module in model.modules():
         if isinstance(module, KernelLayer):
             module.use_cpu_kernels = True

@@ -1,13 +1,14 @@
 """Runs scheduled steps on the model: in-process for one rank (tensor-parallel executor: tp_executor)."""
 from appliance.engine.config import EngineConfig
+from appliance.engine.kernel_plan import KernelPlan
 from appliance.engine.model_runner import ModelRunner
 from appliance.engine.sampler import SamplerOutput
 from appliance.engine.scheduler import SchedulerOutput
 
 
 class LocalExecutor:
-    def __init__(self, model_path: str, hf_config, cfg: EngineConfig, max_model_len: int):
-        self.runner = ModelRunner(model_path, hf_config, cfg, max_model_len)
+    def __init__(self, model_path: str, hf_config, cfg: EngineConfig, max_model_len: int, plan: KernelPlan):
+        self.runner = ModelRunner(model_path, hf_config, cfg, max_model_len, plan)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -20,13 +21,23 @@ class LocalExecutor:
         pass
 
 
-def make_executor(model_path: str, hf_config, cfg: EngineConfig, max_model_len: int, tp_timeout_s: float):
+def check_executor(cfg: EngineConfig) -> None:
+    """Refuse what no executor can run, before the engine plans its kernels (their probes run on rank 0's
+    card) or loads anything: ValueError naming the setting."""
     if cfg.tensor_parallel_size < 1:
         raise ValueError(f"engine.tensor_parallel_size must be >= 1, got {cfg.tensor_parallel_size}")
     if cfg.encoder_cache_bytes < 0:
         raise ValueError(f"engine.encoder_cache_bytes must be >= 0 (0 = no encoder cache: every request "
                          f"encodes its images again), got {cfg.encoder_cache_bytes}")
+    if cfg.tensor_parallel_size > 1:
+        from appliance.engine.tp_executor import check_cards
+        check_cards(cfg.device, cfg.tensor_parallel_size)
+
+
+def make_executor(model_path: str, hf_config, cfg: EngineConfig, max_model_len: int, plan: KernelPlan,
+                  tp_timeout_s: float):
+    """The executor of a config `check_executor` passed."""
     if cfg.tensor_parallel_size == 1:
-        return LocalExecutor(model_path, hf_config, cfg, max_model_len)
+        return LocalExecutor(model_path, hf_config, cfg, max_model_len, plan)
     from appliance.engine.tp_executor import TPExecutor
-    return TPExecutor(model_path, hf_config, cfg, max_model_len, tp_timeout_s)
+    return TPExecutor(model_path, hf_config, cfg, max_model_len, plan, tp_timeout_s)

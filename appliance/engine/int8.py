@@ -4,14 +4,13 @@ Each weight row (output channel) is scaled symmetrically into int8 at load: w â‰
 q in [-127, 127] and scale = max|w_row| / 127. Decoding reads the weights once per token, so halving
 their bytes (against bf16) is what makes a memory-bound decode faster; the multiply is torch's
 `_weight_int8pack_mm` (int8 weights, bf16 activations on the CPU, per-row scales). Past a number of
-rows a step is compute-bound and a dense GEMM on weights converted tile by tile beats that kernel; how
-many rows, and the tiles' dtype, depend on the host (`Int8Plan.for_host`). Where the engine runs our CPU
-kernels (engine.cpu_kernels), decode steps of up to `Int8Plan.cpu_kernel_rows` rows run on our AVX2 int8
-GEMM instead (cpu_kernels.linear_int8, fp32 activations), which reads each weight row once for all rows.
-On CPUs where bf16 weights pack for our GEMM (linear.packs_bf16: AVX512-BF16, no AMX) and AVX512-VNNI
-multiplies bytes, int8 weights pack in panels alike and every step runs on our int8 GEMM
-(cpu_kernels.PackedWeight): activations quantised to int8 per row and per 512 k (each block to its
-largest |x|), 4 bytes of each multiplied into int32 sums a lane, the sums scaled back.
+rows a step is compute-bound and a dense GEMM on weights converted tile by tile beats that kernel. Where
+the engine runs our CPU kernels, small steps run on our AVX2 int8 GEMM instead (cpu_kernels.linear_int8,
+fp32 activations), which reads each weight row once for all rows; on CPUs with AVX512-VNNI (and packed
+bf16 weights) the weights pack in panels and every step runs on our int8 GEMM (cpu_kernels.PackedWeight):
+activations quantised to int8 per row and per 512 k (each block to its largest |x|), 4 bytes of each
+multiplied into int32 sums a lane, the sums scaled back. Which, and up to how many rows, is the engine's
+kernel plan's `Int8Plan` (kernel_plan.int8_plan); this module follows it.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -22,7 +21,6 @@ from appliance.engine import cpu_kernels
 
 TILE_ROWS = 1024  # weight rows converted at a time (a few MB: stays in cache)
 QUANT_CHUNK_ROWS = 256  # weight rows quantised at a time: their fp32 copy (~11 MB at 11008 wide) stays in cache
-CPU_KERNEL_ROWS = 32  # rows up to which our int8 GEMM was measured to beat torch's kernel (docs/engine.md)
 # torch's int8 kernel on AVX-512 CPUs (torch 2.13) reads past a row whose length is not a multiple of 16:
 # wrong sums for one row, a crash for more. Such weights take the tiles instead.
 TORCH_KERNEL_K_MULTIPLE = 16
@@ -30,27 +28,14 @@ TORCH_KERNEL_K_MULTIPLE = 16
 
 @dataclass(frozen=True)
 class Int8Plan:
-    """How an int8 weight multiplies on one host: torch's int8 kernel up to `kernel_rows` rows (tokens
-    a step), dense GEMMs on tiles converted to `tile_dtype` past them (CPU; on CUDA tiles take the
-    activations' dtype)."""
+    """How an int8 weight multiplies on one host (the engine's kernel plan chooses it): torch's int8
+    kernel up to `kernel_rows` rows (tokens a step), dense GEMMs on tiles converted to `tile_dtype` past
+    them (CPU; on CUDA tiles take the activations' dtype)."""
 
     kernel_rows: int
     tile_dtype: torch.dtype
-    cpu_kernel_rows: int = 0  # steps of up to this many rows run on our int8 GEMM (0: never; the engine's choice)
-    packed: bool = False  # the weights pack for our VPDPBUSD GEMM, which takes every step (the engine's choice)
-
-    @classmethod
-    def for_host(cls, native_bf16: bool, cpu_kernels: bool = False, packed: bool = False) -> "Int8Plan":
-        """With bf16 matrix units (AMX), the kernel loses past a few rows (at 4096x11008: 1.3 ms for one
-        row, 2.6x faster than bf16, but 18.6 ms for 32, 4.4x slower), and bf16 tiles ride the units.
-        Without them bf16 is emulated: the kernel beats fp32 tiles up to ~200 rows (32 rows: 79 against
-        289 ms; 256: 771 against 687 ms, on an AVX2 EPYC), and fp32 tiles beat bf16 ones. `cpu_kernels`:
-        the engine runs our kernels, so small steps take our int8 GEMM. `packed`: it runs them on a CPU
-        where int8 weights pack (linear.packs_int8), so every step takes our packed GEMM."""
-        if packed:
-            return cls(0, torch.bfloat16, packed=True)
-        ours = CPU_KERNEL_ROWS if cpu_kernels else 0
-        return cls(16, torch.bfloat16, ours) if native_bf16 else cls(192, torch.float32, ours)
+    cpu_kernel_rows: int = 0  # steps of up to this many rows run on our int8 GEMM (0: never)
+    packed: bool = False  # the weights pack for our VPDPBUSD GEMM, which takes every step
 
 
 class Int8Weight:

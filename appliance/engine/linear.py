@@ -1,11 +1,11 @@
 """Tensor-parallel linear layers. Each parameter carries a `weight_loader` that takes the full
 checkpoint tensor and keeps this rank's shard; collectives are visible in `forward`.
 
-With our CPU kernels (engine.cpu_kernels: fp32 on CPU, and bf16 on CPUs with AVX512-BF16 but no AMX) the
-runner calls `pack_for_cpu(model)` once the weights are loaded: each layer's weight is repacked for our
-GEMM and the [N, K] copy is freed. With `engine.quantization: int8` it calls `quantize_int8(model)`
-first: the decoder's projections keep int8 rows and scales instead (engine/int8.py), and packing leaves
-them be."""
+Which GEMM multiplies is the engine's kernel plan's choice (kernel_plan.py); the runner applies it once
+the weights are loaded. `pack_for_cpu(model)`: each layer's weight is repacked for our GEMM and the
+[N, K] copy is freed. `use_bf16_kernel(model, rows)`: steps of those many rows multiply bf16 weights on
+our few-row GEMM. `quantize_int8(model, plan)`, first: the decoder's projections keep int8 rows and
+scales instead (engine/int8.py), and packing leaves them be."""
 from collections import Counter
 from typing import List, Optional
 
@@ -16,14 +16,6 @@ from torch import nn
 from appliance.engine import cpu_kernels, hugepages
 from appliance.engine.int8 import Int8Plan, Int8Weight
 from appliance.engine.parallel import ParallelState
-
-
-# Rows a step where our few-row bf16-weight GEMM (torch's weight layout) runs, on CPUs whose weights stay
-# unpacked (docs/engine.md, CPU kernels). With AMX, oneDNN's tiles win from a few rows on; without bf16
-# units torch multiplies bf16 at ~40 GFLOP/s (ours 90-140 from 8 rows), but its one-row product streams
-# the weight faster than ours.
-BF16_KERNEL_ROWS_NATIVE = range(1, 3)
-BF16_KERNEL_ROWS_EMULATED = range(2, 129)
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -37,7 +29,7 @@ class PackableLinear(nn.Module):
 
     packed: Optional[cpu_kernels.PackedWeight] = None
     quantized: Optional[Int8Weight] = None
-    bf16_kernel_rows: range = range(0)  # steps with these many rows run our bf16-weight GEMM (the engine's choice)
+    bf16_kernel_rows: range = range(0)  # steps with these many rows run our bf16-weight GEMM (use_bf16_kernel)
 
     def pack(self, out: Optional[torch.Tensor] = None, keep_weight: bool = False) -> None:
         self.packed = cpu_kernels.PackedWeight(self.weight.data, out)
@@ -70,29 +62,9 @@ def bf16_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     return y if bias is None else y + bias
 
 
-def packs_bf16(cpu_flags) -> bool:
-    """A bf16 engine packs its weights for our VDPBF16PS GEMM, which then takes every step: on CPUs with
-    AVX512-BF16 but no AMX it matches oneDNN at prefill sizes and is 1.4-2.8x faster for a few rows
-    (docs/engine.md). With AMX, oneDNN's tile unit multiplies a prefill several times faster than
-    VDPBF16PS, so the weights keep torch's layout."""
-    return "avx512_bf16" in cpu_flags and "amx_bf16" not in cpu_flags
-
-
-def packs_int8(cpu_flags) -> bool:
-    """An int8 engine packs its decoder's weights for our VPDPBUSD GEMM, which then takes every step: where
-    bf16 weights pack (measured there) and the CPU has AVX512-VNNI. A step of 1-8 rows takes 0.14-0.74x
-    the time of the bf16 GEMM (half the bytes), prefill sizes 0.54-0.80x (twice the products an instruction)."""
-    return packs_bf16(cpu_flags) and "avx512_vnni" in cpu_flags
-
-
-def bf16_kernel_rows(native_bf16: bool) -> range:
-    """Rows a step where our bf16-weight GEMM beats torch's bf16 GEMM on a CPU with or without bf16 units."""
-    return BF16_KERNEL_ROWS_NATIVE if native_bf16 else BF16_KERNEL_ROWS_EMULATED
-
-
 def use_bf16_kernel(model: nn.Module, rows: range) -> None:
     """Steps with `rows` rows multiply each bf16 weight of `model`'s linear layers (not packed, not
-    quantized) on our bf16-weight GEMM (the runner, once, for a bf16 engine running our CPU kernels)."""
+    quantized) on our bf16-weight GEMM (the runner, once, as its kernel plan says)."""
     for m in model.modules():
         if isinstance(m, PackableLinear) and m.packed is None and m.quantized is None \
                 and m.weight.dtype == torch.bfloat16 and m.weight.is_contiguous():

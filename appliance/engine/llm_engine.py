@@ -7,12 +7,14 @@ from typing import Dict, Iterable, List, Optional, Sequence as Seq, Union
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from appliance.engine.attention_probe import AttentionGeometry
 from appliance.engine.block_manager import BlockManager
 from appliance.engine.checkpoint_facts import hf_checkpoint_facts
 from appliance.engine.config import DType, EngineConfig, EngineKind, engine_config_from
 from appliance.engine.detokenizer import IncrementalDetokenizer
-from appliance.engine.executor import make_executor
+from appliance.engine.executor import check_executor, make_executor
 from appliance.engine.host import Host
+from appliance.engine.kernel_plan import plan_kernels
 from appliance.engine.memory_plan import KVShape, plan_memory
 from appliance.engine.model_runner import architecture
 from appliance.engine.models import get_model_class
@@ -20,6 +22,7 @@ from appliance.engine.models.base import MultimodalCausalLM
 from appliance.engine.multimodal import image_token_id
 from appliance.engine.multimodal import mm_ranges as mm_ranges_of
 from appliance.engine.outputs import RequestOutput
+from appliance.engine.parallel import rank_device
 from appliance.engine.sampler import SamplerOutput
 from appliance.engine.sampling_params import FieldError, SamplingParams
 from appliance.engine.scheduler import Scheduler, SchedulerOutput
@@ -51,7 +54,7 @@ class LLMEngine:
     def __init__(self, model_path: str, engine_config: Optional[EngineConfig] = None, tokenizer=None,
                  tp_timeout_s: float = 120.0, host: Optional[Host] = None):
         """`tp_timeout_s` bounds TP start-up and each collective, so a hung rank raises instead of hanging.
-        `host`: the machine the dtype and KV rules size for (default: this one, read at start)."""
+        `host`: the machine the dtype, KV and kernel rules decide for (default: this one, read at start)."""
         cfg = engine_config_from(engine_config)
         if getattr(cfg.kind, "value", cfg.kind) != EngineKind.generate.value:
             raise ValueError("LLMEngine serves engine.kind=generate; use PoolEngine for kind=pool")
@@ -60,14 +63,20 @@ class LLMEngine:
         self.image_token_id = image_token_id(hf_config)  # None for a text model
         self.max_model_len = max_model_len(hf_config.get_text_config(), cfg.max_model_len)
         # dtype and KV budget settled (or the model refused) before any weight or tokenizer loads.
-        plan = plan_memory(cfg, hf_checkpoint_facts(model_path), host or Host.read(cfg.device),
-                           f"model {model_path}", KVShape.of(hf_config, cfg.tensor_parallel_size, cfg.block_size),
-                           self.max_model_len)
+        host = host or Host.read(cfg.device)
+        plan = plan_memory(cfg, hf_checkpoint_facts(model_path), host, f"model {model_path}",
+                           KVShape.of(hf_config, cfg.tensor_parallel_size, cfg.block_size), self.max_model_len)
         cfg = dataclasses.replace(cfg, dtype=DType(plan.dtype_name), kv_cache_memory_bytes=plan.kv_cache_memory_bytes)
         log.info("engine.dtype: %s (%s)", plan.dtype_name, plan.dtype_reason)
         self.cfg = cfg
+        check_executor(cfg)
+        # Which kernel runs each family, decided here once for every rank; its probes run on rank 0's device.
+        device = torch.device(cfg.device)
+        self.kernels = plan_kernels(cfg, host, AttentionGeometry.of(hf_config, cfg.tensor_parallel_size, cfg.block_size),
+                                    device if cfg.tensor_parallel_size == 1 else rank_device(device, 0))
+        log.info("%s", self.kernels.describe())
         self.tokenizer = tokenizer or load_tokenizer(model_path)
-        self.executor = make_executor(model_path, hf_config, cfg, self.max_model_len, tp_timeout_s)
+        self.executor = make_executor(model_path, hf_config, cfg, self.max_model_len, self.kernels, tp_timeout_s)
         blocks = self.executor.num_kv_blocks
         log.info("KV cache: %d tokens (%d blocks of %d; %.2f GiB per rank; %s)", blocks * cfg.block_size, blocks,
                  cfg.block_size, plan.kv_cache_memory_bytes / 2 ** 30, plan.kv_reason)

@@ -19,15 +19,12 @@ from typing import Dict, List, Optional
 import torch
 
 from appliance.engine import cpu_kernels, hugepages
-from appliance.engine.attention_select import select_backend
-from appliance.engine.attention_probe import AttentionGeometry
+from appliance.engine.attention_select import make_backend
 from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
-from appliance.engine.host import Host
-from appliance.engine.int8 import Int8Plan, kernel_problem
-from appliance.engine.linear import (bf16_kernel_rows, pack_for_cpu, packs_bf16, packs_int8, quantize_int8,
-                                     use_bf16_kernel)
+from appliance.engine.kernel_plan import KernelPlan
+from appliance.engine.linear import pack_for_cpu, quantize_int8, use_bf16_kernel
 from appliance.engine.loader import iter_weights
 from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models import MODEL_REGISTRY, get_model_class
@@ -49,45 +46,33 @@ def architecture(hf_config, model_path: str) -> str:
 
 
 class ModelRunner:
-    def __init__(self, model_path: str, hf_config, cfg: EngineConfig, max_model_len: int,
+    def __init__(self, model_path: str, hf_config, cfg: EngineConfig, max_model_len: int, plan: KernelPlan,
                  tp: Optional[ParallelState] = None, device: Optional[torch.device] = None):
+        """`plan`: the engine's kernel plan (kernel_plan.py), the same on every rank; this runner applies it
+        to its model and sampler, and decides none of it."""
         self.cfg = cfg
+        self.plan = plan
         self.tp = tp or ParallelState()
         self.device = device or torch.device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype)
         self.block_size = cfg.block_size
         model_cls = get_model_class(architecture(hf_config, model_path))
-        # Our CPU kernels: this engine's choice, held by its own layers (two engines may differ). fp32
-        # engines run all of them; bf16 and int8 weights their GEMMs.
-        ours = bool(cfg.cpu_kernels) and self.device.type == "cpu" and cpu_kernels.available()
-        self.use_cpu_kernels = ours and self.dtype == torch.float32
-        geometry = AttentionGeometry.of(hf_config, self.tp.world_size, self.block_size)
-        with self.on_device():  # the xformers probe runs kernels on this device
-            self.attn_backend = select_backend(cfg.attention_backend, self.device, self.dtype, geometry,
-                                               use_cpu_kernels=bool(cfg.cpu_kernels))
+        self.attn_backend = make_backend(plan.attention)
         # Built without memory, given storage in the final dtype, filled once from the checkpoint.
         model = build_on_meta(lambda: model_cls(hf_config, self.tp, self.attn_backend, max_model_len))
         self.model: CausalLM = materialize(model, self.device, self.dtype).eval()
         self.model.load_weights(iter_weights(model_path))
-        host = Host.read()
-        if getattr(cfg.quantization, "value", cfg.quantization) == "int8":
-            problem = kernel_problem(self.device)
-            if problem:
-                raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
-            # The kernel's reach follows the CPU's units; our int8 GEMMs take any engine dtype.
-            plan = Int8Plan.for_host(host.native_bf16, cpu_kernels=ours, packed=ours and packs_int8(host.cpu_flags))
-            saved = quantize_int8(self.model, plan)
+        if plan.int8 is not None:
+            saved = quantize_int8(self.model, plan.int8)
             log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
-        if self.use_cpu_kernels:
-            pack_for_cpu(self.model)  # our GEMM
-            cpu_kernels.use_in(self.model)  # the fused small ops and the KV write
-        elif ours and self.dtype == torch.bfloat16:
-            if packs_bf16(host.cpu_flags):
-                pack_for_cpu(self.model)  # our bf16 GEMM for every step
-            else:
-                use_bf16_kernel(self.model, bf16_kernel_rows(host.native_bf16))  # decode steps' GEMMs
+        if plan.packed_gemm:
+            pack_for_cpu(self.model)
+        if plan.bf16_weight_rows:
+            use_bf16_kernel(self.model, plan.bf16_weight_rows)
+        if plan.fused_ops:
+            cpu_kernels.use_in(self.model)  # RMSNorm, rotary, SwiGLU, the KV write
         self.num_kv_blocks = self._allocate_kv_cache()
-        self.sampler = Sampler(self.use_cpu_kernels)
+        self.sampler = Sampler(plan.argmax)
         self.multimodal = isinstance(self.model, MultimodalCausalLM)
         self.encoder_cache = EncoderCache(cfg.encoder_cache_bytes) if self.multimodal else None
         # Per in-flight request: embeddings its later prefill chunks still need (gone with the Sequence).

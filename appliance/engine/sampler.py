@@ -20,7 +20,7 @@ class SamplerOutput:
 
 class Sampler:
     def __init__(self, use_cpu_kernels: bool = False):
-        self.use_cpu_kernels = use_cpu_kernels  # the greedy argmax on our kernel (its engine's choice)
+        self.use_cpu_kernels = use_cpu_kernels  # the greedy argmax on our kernel (its engine's kernel plan)
 
     def __call__(self, logits: torch.Tensor, params: List[SamplingParams],
                  generators: List[Optional[torch.Generator]],

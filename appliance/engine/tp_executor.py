@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from appliance.engine.config import EngineConfig
+from appliance.engine.kernel_plan import KernelPlan
 from appliance.engine.model_runner import ModelRunner
 from appliance.engine.models import MODEL_REGISTRY
 from appliance.engine.parallel import ParallelState, make_group, rank_device
@@ -41,7 +42,7 @@ class WorkerDiedError(RuntimeError):
 
 
 def worker_main(rank: int, world: int, port: int, model_path: str, cfg: EngineConfig, max_model_len: int,
-                timeout_s: float, conn, model_entry=None) -> None:
+                plan: KernelPlan, timeout_s: float, conn, model_entry=None) -> None:
     from transformers import AutoConfig
 
     try:
@@ -55,7 +56,8 @@ def worker_main(rank: int, world: int, port: int, model_path: str, cfg: EngineCo
                               timeout=datetime.timedelta(seconds=max(timeout_s, STARTUP_TIMEOUT_S)))
         conn.send(("connecting", None))  # rank 0 builds its group only now, so slow imports can't time it out
         tp = ParallelState(rank, world, make_group(store, rank, world, device, timeout_s))
-        runner = ModelRunner(model_path, AutoConfig.from_pretrained(model_path), cfg, max_model_len, tp, device)
+        runner = ModelRunner(model_path, AutoConfig.from_pretrained(model_path), cfg, max_model_len, plan, tp,
+                             device)
         conn.send(("ready", runner.num_kv_blocks))
         while True:
             step = conn.recv()  # EOF when rank 0 goes away
@@ -82,11 +84,10 @@ def _summary(report: str) -> str:
 
 
 class TPExecutor:
-    def __init__(self, model_path: str, hf_config, cfg: EngineConfig, max_model_len: int,
+    def __init__(self, model_path: str, hf_config, cfg: EngineConfig, max_model_len: int, plan: KernelPlan,
                  timeout_s: float = 120.0):
         world = cfg.tensor_parallel_size
         device = rank_device(torch.device(cfg.device), 0)
-        _check_cards(device, world, cfg.device)
         self.timeout_s = timeout_s
         self.closed = False
         self.startup_timeout_s = max(timeout_s, STARTUP_TIMEOUT_S)
@@ -99,7 +100,8 @@ class TPExecutor:
         for rank in range(1, world):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=worker_main, daemon=True, name=f"tp-rank{rank}",
-                            args=(rank, world, store.port, model_path, cfg, max_model_len, timeout_s, child, entry))
+                            args=(rank, world, store.port, model_path, cfg, max_model_len, plan, timeout_s, child,
+                                  entry))
             p.start()
             self.procs.append(p)
             self.conns.append(parent)
@@ -110,7 +112,7 @@ class TPExecutor:
             # Rank 0 lives in the caller's process: its runner scopes CUDA work to its card instead of
             # calling torch.cuda.set_device, which would change the caller's current device.
             tp = ParallelState(0, world, make_group(store, 0, world, device, timeout_s))
-            self.runner = ModelRunner(model_path, hf_config, cfg, max_model_len, tp, device)
+            self.runner = ModelRunner(model_path, hf_config, cfg, max_model_len, plan, tp, device)
         except Exception:
             self.shutdown(graceful=False)  # e.g. heads not divisible by the TP size: no orphans
             raise
@@ -241,7 +243,9 @@ def wait_watching(finished, check, deadline: float, check_every_s: float = 0.01)
     return True
 
 
-def _check_cards(device: torch.device, world: int, name: str) -> None:
+def check_cards(name: str, world: int) -> None:
+    """engine.device=`name` with `world` ranks needs that many cards from its first (CUDA only)."""
+    device = rank_device(torch.device(name), 0)
     if device.type != "cuda":
         return
     count = torch.cuda.device_count()

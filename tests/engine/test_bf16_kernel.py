@@ -1,12 +1,13 @@
 """bf16 engines on CPU multiply on our GEMMs: on CPUs with AVX512-BF16 but no AMX every step, on weights
-packed for VDPBF16PS (linear.packs_bf16); elsewhere their few-row (decode) steps, on torch's weight layout
-(cpu_kernels.linear_bf16w), the rows following the CPU's units. Answers stay those of torch's GEMM."""
+packed for VDPBF16PS; elsewhere their few-row (decode) steps, on torch's weight layout
+(cpu_kernels.linear_bf16w), the rows following the CPU's units (which, per host: test_kernel_plan.py).
+Answers stay those of torch's GEMM."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from appliance.engine import cpu_kernels, linear
-from appliance.engine.linear import PackableLinear, bf16_kernel_rows, bf16_weight_linear, packs_bf16, use_bf16_kernel
+from appliance.engine import cpu_kernels, kernel_plan
+from appliance.engine.linear import PackableLinear, bf16_weight_linear, use_bf16_kernel
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
@@ -24,17 +25,10 @@ def test_it_matches_torch_in_bf16_with_bias_and_leading_dims():
     assert (F.linear(x, w, b).double() - exact).abs().max() <= 0.02 * exact.abs().max()
 
 
-def test_weights_pack_on_avx512_bf16_without_amx():
-    assert packs_bf16({"avx2", "avx512f", "avx512_bf16"})
-    assert not packs_bf16({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})  # oneDNN's tiles
-    assert not packs_bf16({"avx2", "fma"})
-
-
 def test_the_rows_follow_the_cpu_units():
-    assert bf16_kernel_rows(native_bf16=True) == linear.BF16_KERNEL_ROWS_NATIVE
-    assert bf16_kernel_rows(native_bf16=False) == linear.BF16_KERNEL_ROWS_EMULATED
-    assert 1 in linear.BF16_KERNEL_ROWS_NATIVE and 8 not in linear.BF16_KERNEL_ROWS_NATIVE  # torch's GEMM past a few
-    assert 8 in linear.BF16_KERNEL_ROWS_EMULATED and 1 not in linear.BF16_KERNEL_ROWS_EMULATED
+    native, emulated = kernel_plan.BF16_WEIGHT_ROWS_NATIVE, kernel_plan.BF16_WEIGHT_ROWS_EMULATED
+    assert 1 in native and 8 not in native  # torch's GEMM past a few
+    assert 8 in emulated and 1 not in emulated
 
 
 @pytest.mark.parametrize("rows, ours", [(0, False), (1, False), (2, True), (3, True), (4, False)])
@@ -73,11 +67,13 @@ def test_a_bf16_engine_decodes_on_it_and_answers_as_torch(llama_dir):
     for ours in (False, True):
         engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, dtype="bfloat16", cpu_kernels=ours))
         layers = [m for m in engine.executor.runner.model.modules() if isinstance(m, PackableLinear)]
-        host = Host.read()
-        packed = ours and packs_bf16(host.cpu_flags)
+        flags = Host.read().cpu_flags
+        packed = ours and "avx512_bf16" in flags and "amx_bf16" not in flags
+        assert engine.kernels.packed_gemm == packed
         assert layers and all((m.packed is not None) == packed for m in layers)
-        expected = bf16_kernel_rows(host.native_bf16) if ours and not packed else range(0)
-        assert all(m.bf16_kernel_rows == expected for m in layers)
+        rows = kernel_plan.BF16_WEIGHT_ROWS_NATIVE if "amx_bf16" in flags else kernel_plan.BF16_WEIGHT_ROWS_EMULATED
+        expected = rows if ours and not packed else range(0)
+        assert engine.kernels.bf16_weight_rows == expected and all(m.bf16_kernel_rows == expected for m in layers)
         answers[ours] = engine.generate(prompts, greedy)
     for a, b in zip(answers[False], answers[True]):
         assert a.token_ids[0] == b.token_ids[0]

@@ -1,4 +1,4 @@
-"""Our AVX2 kernels (appliance/engine/csrc/cpu_kernels.c) against the torch code they replace."""
+"""Our AVX2 kernels (appliance/engine/csrc/, a file a family) against the torch code they replace."""
 import os
 import subprocess
 import sys
@@ -262,14 +262,15 @@ def test_argmax_rows_matches_torch_with_ties_and_nan():
 
 
 def test_unbuildable_kernels_leave_the_engine_on_torch(tmp_path):
-    """No working compiler: available() is False with the reason, and auto picks the torch backend."""
-    code = ("import torch; from appliance.engine import cpu_kernels as k; "
-            "from appliance.engine.attention_select import select_backend; "
-            "print(k.available(), select_backend('auto', torch.device('cpu')).name); print(k.unavailable_reason())")
+    """No working compiler: available() is False with the reason, and the engine's plan is torch's alone."""
+    code = ("from appliance.engine import cpu_kernels as k; from appliance.engine.config import EngineConfig; "
+            "from appliance.engine.host import Host; from appliance.engine.kernel_plan import plan_kernels; "
+            "p = plan_kernels(EngineConfig(dtype='float32'), Host.read(), None); "
+            "print(k.available(), p.attention, p.packed_gemm, p.fused_ops); print(p.cpu_kernels_off)")
     env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     first, reason = out.stdout.splitlines()
-    assert first == "False torch"
+    assert first == "False torch False False"
     assert "no-such-cc" in reason
 
 

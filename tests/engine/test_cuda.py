@@ -61,8 +61,8 @@ def test_xformers_probe_passes_on_this_gpu(xformers_reason, dtype):
 @needs_xformers
 def test_auto_takes_xformers_only_where_it_runs(xformers_reason, caplog):
     with caplog.at_level(logging.INFO, logger="appliance.engine.attention"):
-        at_64 = select_backend("auto", CUDA, torch.bfloat16, GEOMETRY).name
-        at_16 = select_backend("auto", CUDA, torch.bfloat16, AttentionGeometry(4, 2, 16, 16)).name
+        at_64 = select_backend("auto", CUDA, torch.bfloat16, GEOMETRY)
+        at_16 = select_backend("auto", CUDA, torch.bfloat16, AttentionGeometry(4, 2, 16, 16))
     assert at_64 == ("xformers" if xformers_reason is None else "torch")
     assert at_16 == "torch" and "engine.block_size=16" in caplog.text
 

@@ -5,8 +5,13 @@ import torch
 from appliance.engine import cpu_kernels, int8
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, Int8Weight, kernel_problem
+from appliance.engine.kernel_plan import INT8_WEIGHT_ROWS
 
-AMX, AVX2 = Int8Plan.for_host(native_bf16=True), Int8Plan.for_host(native_bf16=False)
+# What each host's kernel plan gives (test_kernel_plan.py): torch's kernel and tiles; our few-row GEMM
+# too; our packed GEMM for every step.
+AMX, AVX2 = Int8Plan(16, torch.bfloat16), Int8Plan(192, torch.float32)
+OURS = Int8Plan(192, torch.float32, cpu_kernel_rows=INT8_WEIGHT_ROWS)
+PACKED = Int8Plan(0, torch.bfloat16, packed=True)
 
 
 def test_rows_are_scaled_symmetrically_per_output_channel():
@@ -74,30 +79,24 @@ needs_our_kernels = pytest.mark.skipif(not cpu_kernels.available(),
                                        reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
 
 
-def test_our_kernel_is_the_engines_choice():
-    assert AVX2.cpu_kernel_rows == AMX.cpu_kernel_rows == 0
-    assert Int8Plan.for_host(native_bf16=False, cpu_kernels=True).cpu_kernel_rows == int8.CPU_KERNEL_ROWS
-
-
 @needs_our_kernels
-@pytest.mark.parametrize("rows", [1, 3, int8.CPU_KERNEL_ROWS, int8.CPU_KERNEL_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 3, INT8_WEIGHT_ROWS, INT8_WEIGHT_ROWS + 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_small_steps_run_on_our_kernel_in_fp32(rows, dtype, monkeypatch):
     calls = []
     monkeypatch.setattr(cpu_kernels, "linear_int8", lambda *a: calls.append(a) or cpu_kernels.ops().linear_int8(*a))
     torch.manual_seed(2)
     weight, bias = torch.randn(37, 48) * 0.05, torch.randn(37)  # torch's kernel needs K % 16 == 0
-    w8 = Int8Weight(weight, Int8Plan.for_host(native_bf16=False, cpu_kernels=True))
+    w8 = Int8Weight(weight, OURS)
     x = torch.randn(rows, 48).to(dtype)
     y = w8.linear(x, bias.to(dtype))
-    assert y.dtype == dtype and len(calls) == (rows <= int8.CPU_KERNEL_ROWS)
+    assert y.dtype == dtype and len(calls) == (rows <= INT8_WEIGHT_ROWS)
     if calls and dtype == torch.float32:  # fp32 activations: exact to fp32 rounding, unlike torch's bf16 kernel
         assert torch.allclose(y, x @ w8.dequantized().t() + bias, rtol=1e-5, atol=1e-5)
     assert torch.allclose(y.float(), x.float() @ w8.dequantized().t() + bias.to(dtype).float(), rtol=0.02, atol=0.02)
 
 
 VNNI = "avx512_vnni" in Host.read().cpu_flags
-PACKED = Int8Plan.for_host(native_bf16=True, cpu_kernels=True, packed=True)
 needs_vnni = pytest.mark.skipif(not VNNI, reason="the packed int8 GEMM needs AVX512-VNNI")
 
 
@@ -165,15 +164,6 @@ def test_a_nan_in_x_reaches_its_rows_outputs_only():
     assert torch.allclose(y[[0, 2]], w8.linear(x[[0, 2]]), rtol=1e-6, atol=1e-6)
 
 
-def test_packing_is_the_engines_choice_where_vnni_and_packed_bf16_meet():
-    from appliance.engine.linear import packs_int8
-
-    assert PACKED.packed and not Int8Plan.for_host(native_bf16=True, cpu_kernels=True).packed
-    assert packs_int8({"avx512f", "avx512_bf16", "avx512_vnni"})
-    assert not packs_int8({"avx512f", "avx512_bf16"})  # no VNNI
-    assert not packs_int8({"avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16"})  # AMX: torch's layout
-
-
 def test_the_cpu_has_a_kernel_and_a_missing_one_is_named():
     assert kernel_problem(torch.device("cpu")) is None
 
@@ -222,7 +212,7 @@ def test_our_int8_kernel_keeps_the_engines_greedy_tokens(llama_dir, dtype):
     kernel keeps activations in fp32 where torch's rounds them to bf16, so a random model's near-ties
     later may fall either way, in either engine dtype)."""
     from appliance.engine.config import EngineConfig
-    from appliance.engine.linear import ColumnParallelLinear, packs_int8
+    from appliance.engine.linear import ColumnParallelLinear
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
     from tests.engine.helpers import random_prompts
@@ -234,8 +224,10 @@ def test_our_int8_kernel_keeps_the_engines_greedy_tokens(llama_dir, dtype):
         engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, quantization="int8", dtype=dtype,
                                                    cpu_kernels=ours))
         layer = next(m for m in engine.executor.runner.model.modules() if isinstance(m, ColumnParallelLinear))
-        packed = ours and packs_int8(Host.read().cpu_flags)
+        flags = Host.read().cpu_flags
+        packed = ours and {"avx512_bf16", "avx512_vnni"} <= flags and "amx_bf16" not in flags
+        assert layer.quantized.plan == engine.kernels.int8
         assert layer.quantized.plan.packed == packed and (layer.quantized.packed is not None) == packed
-        assert layer.quantized.plan.cpu_kernel_rows == (int8.CPU_KERNEL_ROWS if ours and not packed else 0)
+        assert layer.quantized.plan.cpu_kernel_rows == (INT8_WEIGHT_ROWS if ours and not packed else 0)
         answers[ours] = [a.token_ids for a in engine.generate(prompts, greedy)]
     assert [a[0] for a in answers[True]] == [a[0] for a in answers[False]]

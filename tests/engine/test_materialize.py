@@ -8,6 +8,9 @@ from torch.overrides import TorchFunctionMode
 
 from appliance.config.schema import EngineConfig
 from appliance.engine import loader
+from appliance.engine.attention_probe import AttentionGeometry
+from appliance.engine.host import Host
+from appliance.engine.kernel_plan import plan_kernels
 from appliance.engine.layers import RotaryEmbedding
 from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.model_runner import ModelRunner
@@ -44,7 +47,8 @@ def test_a_bf16_engine_is_built_without_random_init_or_fp32_copy():
     hf_config = AutoConfig.from_pretrained(LLAVA_TINY)
     cfg = EngineConfig(dtype="bfloat16", cpu_kernels=False, kv_cache_memory_bytes=1 << 20)
     with LoadRecorder() as rec:
-        runner = ModelRunner(str(LLAVA_TINY), hf_config, cfg, max_model_len=512)
+        plan = plan_kernels(cfg, Host.read(), AttentionGeometry.of(hf_config, 1, cfg.block_size))
+        runner = ModelRunner(str(LLAVA_TINY), hf_config, cfg, max_model_len=512, plan=plan)
     assert rec.inits == [] and rec.conversions == []
     params = dict(runner.model.named_parameters())
     assert {p.dtype for p in params.values()} == {torch.bfloat16}

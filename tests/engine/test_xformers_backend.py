@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from appliance.config.schema import EngineConfig
-from appliance.engine import model_runner
+from appliance.engine import kernel_plan, model_runner
 from appliance.engine.attention_probe import AttentionGeometry, probe_backend, probe_steps
 from appliance.engine.llm_engine import LLMEngine
 from appliance.engine.xformers_attention import XformersAttentionBackend, key_rows
@@ -64,8 +64,9 @@ SITUATIONS = {
 
 
 def install_xformers_on_cpu(monkeypatch, around_kernel=contextlib.nullcontext):
-    """The engine's runners get the xformers backend over the dense reference (fp32 allowed on CPU);
-    returns the step kinds they prepared. `around_kernel` wraps each (reference) kernel call."""
+    """The engine's plans name xformers and its runners get that backend over the dense reference (fp32
+    allowed on CPU); returns the step kinds they prepared. `around_kernel` wraps each (reference) kernel
+    call."""
     kinds = []
     fmha = reference_fmha(allow_fp32=True)
     kernel = fmha.memory_efficient_attention_forward
@@ -81,7 +82,8 @@ def install_xformers_on_cpu(monkeypatch, around_kernel=contextlib.nullcontext):
             kinds.append(ctx.kind)
             return super().prepare(step, ctx)
 
-    monkeypatch.setattr(model_runner, "select_backend", lambda *a, **k: Recording(fmha))
+    monkeypatch.setattr(kernel_plan, "select_backend", lambda *a, **k: "xformers")
+    monkeypatch.setattr(model_runner, "make_backend", lambda name: Recording(fmha))
     return kinds
 
 

@@ -1,0 +1,163 @@
+"""Which kernel runs each family of an engine's work, decided once when the engine starts: the one place.
+
+`plan_kernels` builds a frozen `KernelPlan` from the engine's `Host` (its CPU flags), its settled dtype,
+`engine.quantization`, `engine.cpu_kernels`, `engine.attention_backend` and whether our CPU kernel library
+loaded; the engine logs `describe()` in one line and hands the plan to every rank's runner, which applies
+it to its model (packs weights, turns fused ops on) and its sampler. Layers read what the runner set;
+nothing else chooses a kernel, and nothing here is process-wide (two engines, two plans).
+
+The rules (docs/engine.md, "Which kernels run"), for our CPU kernels running in an engine (on CPU, the
+library loaded, engine.cpu_kernels on):
+- GEMM, fp32 weights: packed for our GEMM, every step.
+- GEMM, bf16 weights: on CPUs with AVX512-BF16 but no AMX, packed for our VDPBF16PS GEMM, every step (with
+  AMX, oneDNN's tile unit multiplies a prefill several times faster, so the weights keep torch's
+  layout); elsewhere torch's GEMM except for a few rows, which run our bf16-weight GEMM on torch's
+  layout (`bf16_weight_rows`).
+- GEMM, int8 weights (engine.quantization=int8): `int8_plan`.
+- Attention: `attention_select.select_backend` (the paged decode kernel for fp32 and bf16 caches).
+- RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 engines.
+Without our kernels every family runs on torch (int8 weights on torch's int8 kernel and tiles).
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from appliance.engine import cpu_kernels
+from appliance.engine.attention_select import select_backend
+from appliance.engine.config import EngineConfig, resolve_dtype
+from appliance.engine.host import Host
+from appliance.engine.int8 import Int8Plan, kernel_problem
+
+# Rows a step where our few-row bf16-weight GEMM (torch's weight layout) runs, on CPUs whose weights stay
+# unpacked (docs/engine.md, CPU kernels). With AMX, oneDNN's tiles win from a few rows on; without bf16
+# units torch multiplies bf16 at ~40 GFLOP/s (ours 90-140 from 8 rows), but its one-row product streams
+# the weight faster than ours.
+BF16_WEIGHT_ROWS_NATIVE = range(1, 3)
+BF16_WEIGHT_ROWS_EMULATED = range(2, 129)
+INT8_WEIGHT_ROWS = 32  # rows up to which our int8 GEMM was measured to beat torch's kernel (docs/engine.md)
+
+# What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
+ATTENTION_KERNELS = {
+    "torch": "prefill=torch sdpa, decode=torch sdpa on gathered blocks",
+    "cpu": "prefill=torch sdpa, decode=ours paged",
+    "xformers": "prefill=xformers flash, decode=xformers split-k paged",
+}
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    device: str  # the engine's device type: cpu or cuda
+    dtype: torch.dtype  # the engine's: activations and the weights left unquantized
+    cpu_kernels_off: Optional[str]  # why this engine runs without our CPU kernels; None: it runs them
+    packed_gemm: bool  # unquantized linear weights packed for our GEMM, which then takes every step
+    bf16_weight_rows: range  # steps of these many rows run our bf16-weight GEMM on torch's layout
+    int8: Optional[Int8Plan]  # how int8 weights multiply (engine.quantization=int8); None: there are none
+    attention: str  # the attention backend: torch, cpu or xformers
+    fused_ops: bool  # RMSNorm, rotary, SwiGLU and the KV write on our kernels
+    argmax: bool  # the sampler's greedy argmax on our kernel
+
+    def describe(self) -> str:
+        """One line: which kernel runs each family."""
+        ours = "ours" if self.fused_ops else "torch"
+        parts = [f"kernels ({self.device}, {_name(self.dtype)}): {self._gemm()}", self._int8(),
+                 f"attention={self.attention} ({ATTENTION_KERNELS[self.attention]})",
+                 f"rmsnorm/rotary/swiglu/kv-write={ours}", f"argmax={'ours' if self.argmax else 'torch'}"]
+        line = "; ".join(part for part in parts if part)
+        return line if self.cpu_kernels_off is None else f"{line} (our CPU kernels off: {self.cpu_kernels_off})"
+
+    def _gemm(self) -> str:
+        gemm = f"gemm {_name(self.dtype)}{' (unquantized weights)' if self.int8 else ''}"
+        if self.packed_gemm:
+            return f"{gemm} every row=ours packed"
+        if self.bf16_weight_rows:
+            return f"{gemm} {_rows(self.bf16_weight_rows)}=ours bf16-weight, other rows=torch"
+        return f"{gemm}=torch"
+
+    def _int8(self) -> Optional[str]:
+        plan = self.int8
+        if plan is None:
+            return None
+        if plan.packed:
+            return "gemm int8 every row=ours packed"
+        regimes, first = [], 1
+        if plan.cpu_kernel_rows:
+            regimes.append(f"{_rows(range(1, plan.cpu_kernel_rows + 1))}=ours int8-weight")
+            first = plan.cpu_kernel_rows + 1
+        if plan.kernel_rows >= first:
+            regimes.append(f"{_rows(range(first, plan.kernel_rows + 1))}=torch int8 kernel")
+            first = plan.kernel_rows + 1
+        tiles = _name(plan.tile_dtype if self.device == "cpu" else self.dtype)
+        regimes.append(f"rows {first}+=torch {tiles} tiles")
+        return "gemm int8 " + ", ".join(regimes)
+
+
+def plan_kernels(cfg: EngineConfig, host: Host, geometry, device: Optional[torch.device] = None,
+                 probe=None, fmha=None) -> KernelPlan:
+    """The plan of an engine configured by `cfg` (its dtype settled) on `host`. `geometry`: the model's
+    AttentionGeometry (xformers checks it); `device`: where the start-up probes run (rank 0's;
+    default cfg.device); `probe` and `fmha` replace xformers' in tests. ValueError, naming the setting,
+    when an explicit choice cannot run (an attention backend, int8 weights without torch's kernel)."""
+    device = device or torch.device(cfg.device)
+    off = cpu_kernels_off(cfg, device.type)
+    dtype = resolve_dtype(cfg.dtype)
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():  # the probes' card
+        attention = select_backend(cfg.attention_backend, device, dtype, geometry, probe, fmha, cpu_kernels_off=off)
+    if _name(cfg.quantization) == "int8":
+        problem = kernel_problem(device)
+        if problem:
+            raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
+    return choose_kernels(cfg, host, off, attention)
+
+
+def cpu_kernels_off(cfg: EngineConfig, device_type: str) -> Optional[str]:
+    """Why an engine runs without our CPU kernels (None: it runs them); loads the library only for a CPU
+    engine that wants it."""
+    if not cfg.cpu_kernels:
+        return "engine.cpu_kernels=false"
+    if device_type != "cpu":
+        return f"engine.device={device_type}"
+    return None if cpu_kernels.available() else cpu_kernels.unavailable_reason()
+
+
+def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str], attention: str) -> KernelPlan:
+    """The rules above, pure: `cpu_kernels_off` and `attention` as `plan_kernels` found them."""
+    dtype = resolve_dtype(cfg.dtype)
+    ours = cpu_kernels_off is None
+    packs_bf16 = "avx512_bf16" in host.cpu_flags and "amx_bf16" not in host.cpu_flags
+    fp32_ours = ours and dtype == torch.float32
+    bf16_ours = ours and dtype == torch.bfloat16
+    rows = BF16_WEIGHT_ROWS_NATIVE if host.native_bf16 else BF16_WEIGHT_ROWS_EMULATED
+    return KernelPlan(
+        device=torch.device(cfg.device).type, dtype=dtype, cpu_kernels_off=cpu_kernels_off,
+        packed_gemm=fp32_ours or (bf16_ours and packs_bf16),
+        bf16_weight_rows=rows if bf16_ours and not packs_bf16 else range(0),
+        int8=int8_plan(host, ours) if _name(cfg.quantization) == "int8" else None,
+        attention=attention, fused_ops=fp32_ours, argmax=fp32_ours)
+
+
+def int8_plan(host: Host, ours: bool) -> Int8Plan:
+    """How int8 weights multiply on `host`, with our CPU kernels running (`ours`) or not. Where bf16
+    weights pack (AVX512-BF16, no AMX) and AVX512-VNNI multiplies bytes, every step takes our packed int8
+    GEMM (a step of 1-8 rows takes 0.14-0.74x the time of the bf16 GEMM: half the bytes; prefill sizes
+    0.54-0.80x: twice the products an instruction). Else torch's int8 kernel up to a number of rows, dense
+    GEMMs on converted tiles past it, and with ours, steps of up to INT8_WEIGHT_ROWS rows on our int8 GEMM.
+    With bf16 matrix units (AMX), torch's kernel loses past a few rows (at 4096x11008: 1.3 ms for one
+    row, 2.6x faster than bf16, but 18.6 ms for 32, 4.4x slower), and bf16 tiles ride the units.
+    Without them bf16 is emulated: the kernel beats fp32 tiles up to ~200 rows (32 rows: 79 against
+    289 ms; 256: 771 against 687 ms, on an AVX2 EPYC), and fp32 tiles beat bf16 ones."""
+    flags = host.cpu_flags
+    if ours and "avx512_bf16" in flags and "amx_bf16" not in flags and "avx512_vnni" in flags:
+        return Int8Plan(0, torch.bfloat16, packed=True)
+    rows = INT8_WEIGHT_ROWS if ours else 0
+    return Int8Plan(16, torch.bfloat16, rows) if host.native_bf16 else Int8Plan(192, torch.float32, rows)
+
+
+def _rows(rows: range) -> str:
+    return f"rows {rows.start}-{rows.stop - 1}"
+
+
+def _name(value) -> str:
+    """A dtype's or a config enum's plain name: float32, int8."""
+    return str(getattr(value, "value", value)).replace("torch.", "")

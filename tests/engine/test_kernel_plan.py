@@ -1,0 +1,175 @@
+"""One kernel plan per engine: for each host (AVX2 alone, AVX512-BF16, +VNNI, AMX), dtype, quantization
+and device, the plan names the kernels the engine ran before the choice had one home (the expected rows
+below restate that code's rules); the engine reads its host from its own `Host`, logs the plan in one
+line, and each runner applies it."""
+import dataclasses
+import logging
+import pickle
+
+import pytest
+import torch
+
+from appliance.engine import cpu_kernels, kernel_plan
+from appliance.engine.config import EngineConfig
+from appliance.engine.host import Host
+from appliance.engine.int8 import Int8Plan
+from appliance.engine.kernel_plan import (BF16_WEIGHT_ROWS_EMULATED, BF16_WEIGHT_ROWS_NATIVE, INT8_WEIGHT_ROWS,
+                                          KernelPlan, choose_kernels, cpu_kernels_off, plan_kernels)
+
+AVX2 = frozenset({"avx2", "fma"})
+AVX512_BF16 = AVX2 | {"avx512f", "avx512bw", "avx512_bf16"}
+AVX512_VNNI = AVX512_BF16 | {"avx512_vnni"}
+AMX = AVX512_VNNI | {"amx_bf16", "amx_tile", "amx_int8"}
+HOSTS = {"avx2": AVX2, "avx512_bf16": AVX512_BF16, "avx512_vnni": AVX512_VNNI, "amx": AMX}
+OFF = "engine.cpu_kernels=false"
+NONE = range(0)
+
+needs_cpu_kernels = pytest.mark.skipif(not cpu_kernels.available(),
+                                       reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def host(name: str) -> Host:
+    return Host(HOSTS[name], 16 << 30, 16 << 30)
+
+
+def plan(host_name, dtype, quantization="none", device="cpu", off=None, attention="cpu") -> KernelPlan:
+    cfg = EngineConfig(dtype=dtype, quantization=quantization, device=device)
+    return choose_kernels(cfg, host(host_name), off, attention)
+
+
+# (host, dtype, quantization, device, why our kernels are off) -> (packed GEMM, bf16-weight rows, int8
+# plan, fused small ops, argmax): what the runner did before the plan (packs_bf16 / packs_int8 /
+# bf16_kernel_rows / Int8Plan.for_host, each on the host's flags).
+CASES = {
+    # fp32 with ours: every GEMM packed, the fused ops and the argmax ours, on any x86 host.
+    "fp32 avx2": (("avx2", "float32", "none", "cpu", None), (True, NONE, None, True, True)),
+    "fp32 amx": (("amx", "float32", "none", "cpu", None), (True, NONE, None, True, True)),
+    # bf16: packed where AVX512-BF16 lacks AMX, else a few rows on our bf16-weight GEMM.
+    "bf16 avx2": (("avx2", "bfloat16", "none", "cpu", None), (False, BF16_WEIGHT_ROWS_EMULATED, None, False, False)),
+    "bf16 avx512_bf16": (("avx512_bf16", "bfloat16", "none", "cpu", None), (True, NONE, None, False, False)),
+    "bf16 amx": (("amx", "bfloat16", "none", "cpu", None), (False, BF16_WEIGHT_ROWS_NATIVE, None, False, False)),
+    "fp16 avx2": (("avx2", "float16", "none", "cpu", None), (False, NONE, None, False, False)),
+    # int8: our packed GEMM where VNNI meets packed bf16; else our few-row GEMM, torch's kernel, tiles.
+    "int8 fp32 avx2": (("avx2", "float32", "int8", "cpu", None),
+                       (True, NONE, Int8Plan(192, torch.float32, INT8_WEIGHT_ROWS), True, True)),
+    "int8 bf16 avx2": (("avx2", "bfloat16", "int8", "cpu", None),
+                       (False, BF16_WEIGHT_ROWS_EMULATED, Int8Plan(192, torch.float32, INT8_WEIGHT_ROWS), False,
+                        False)),
+    "int8 bf16 avx512_bf16": (("avx512_bf16", "bfloat16", "int8", "cpu", None),
+                              (True, NONE, Int8Plan(16, torch.bfloat16, INT8_WEIGHT_ROWS), False, False)),
+    "int8 bf16 avx512_vnni": (("avx512_vnni", "bfloat16", "int8", "cpu", None),
+                              (True, NONE, Int8Plan(0, torch.bfloat16, packed=True), False, False)),
+    "int8 fp32 avx512_vnni": (("avx512_vnni", "float32", "int8", "cpu", None),
+                              (True, NONE, Int8Plan(0, torch.bfloat16, packed=True), True, True)),
+    "int8 fp32 amx": (("amx", "float32", "int8", "cpu", None),
+                      (True, NONE, Int8Plan(16, torch.bfloat16, INT8_WEIGHT_ROWS), True, True)),
+    "int8 bf16 amx": (("amx", "bfloat16", "int8", "cpu", None),
+                      (False, BF16_WEIGHT_ROWS_NATIVE, Int8Plan(16, torch.bfloat16, INT8_WEIGHT_ROWS), False, False)),
+    # Without ours (engine.cpu_kernels=false, or no library): torch for everything.
+    "fp32 avx2 off": (("avx2", "float32", "none", "cpu", OFF), (False, NONE, None, False, False)),
+    "bf16 avx512_bf16 off": (("avx512_bf16", "bfloat16", "none", "cpu", "no compiler"),
+                             (False, NONE, None, False, False)),
+    "int8 fp32 avx2 off": (("avx2", "float32", "int8", "cpu", OFF),
+                           (False, NONE, Int8Plan(192, torch.float32), False, False)),
+    "int8 bf16 avx512_vnni off": (("avx512_vnni", "bfloat16", "int8", "cpu", OFF),
+                                  (False, NONE, Int8Plan(16, torch.bfloat16), False, False)),
+    # CUDA: torch's kernels (int8: its kernel up to the host's row count, tiles in the activations' dtype).
+    "bf16 cuda": (("amx", "bfloat16", "none", "cuda", "engine.device=cuda"), (False, NONE, None, False, False)),
+    "int8 fp16 cuda avx2": (("avx2", "float16", "int8", "cuda", "engine.device=cuda"),
+                            (False, NONE, Int8Plan(192, torch.float32), False, False)),
+    "int8 fp16 cuda amx": (("amx", "float16", "int8", "cuda", "engine.device=cuda"),
+                           (False, NONE, Int8Plan(16, torch.bfloat16), False, False)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_plan_chooses_what_the_engine_ran_before(case):
+    (host_name, dtype, quantization, device, off), expected = CASES[case]
+    p = plan(host_name, dtype, quantization, device, off)
+    assert (p.packed_gemm, p.bf16_weight_rows, p.int8, p.fused_ops, p.argmax) == expected
+    assert (p.device, p.dtype, p.cpu_kernels_off) == (device, getattr(torch, dtype), off)
+
+
+def test_our_kernels_are_off_for_a_reason():
+    assert cpu_kernels_off(EngineConfig(cpu_kernels=False), "cpu") == OFF
+    assert cpu_kernels_off(EngineConfig(device="cuda"), "cuda") == "engine.device=cuda"
+
+
+def test_a_missing_library_is_the_reason_and_cuda_never_loads_it(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "unavailable_reason", lambda: "no C/C++ compiler")
+    assert cpu_kernels_off(EngineConfig(), "cpu") == "no C/C++ compiler"
+    monkeypatch.setattr(cpu_kernels, "available", lambda: pytest.fail("a CUDA engine loaded our CPU kernels"))
+    assert cpu_kernels_off(EngineConfig(device="cuda"), "cuda") == "engine.device=cuda"
+
+
+@pytest.mark.parametrize("cfg, off, attention", [
+    (EngineConfig(dtype="float32"), None, "cpu"),
+    (EngineConfig(dtype="bfloat16"), None, "cpu"),
+    (EngineConfig(dtype="float16"), None, "torch"),
+    (EngineConfig(dtype="float32", cpu_kernels=False), OFF, "torch"),
+    (EngineConfig(dtype="float32", attention_backend="torch"), None, "torch"),
+])
+def test_the_attention_backend_is_in_the_plan(cfg, off, attention, monkeypatch):
+    monkeypatch.setattr(kernel_plan, "cpu_kernels_off", lambda cfg, device: off if cfg.cpu_kernels else OFF)
+    assert plan_kernels(cfg, host("avx2"), None).attention == attention
+
+
+def test_an_explicit_choice_that_cannot_run_is_refused_naming_the_setting(monkeypatch):
+    with pytest.raises(ValueError, match=r"our CPU kernels are unavailable \(engine.cpu_kernels=false\)"):
+        plan_kernels(EngineConfig(dtype="float32", attention_backend="cpu", cpu_kernels=False), host("avx2"), None)
+    monkeypatch.setattr(kernel_plan, "kernel_problem", lambda device: "torch has no int8 weight kernel on cpu")
+    with pytest.raises(ValueError, match="engine.quantization=int8 cannot run: torch has no int8 weight kernel"):
+        plan_kernels(EngineConfig(dtype="float32", quantization="int8"), host("avx2"), None)
+
+
+@pytest.mark.parametrize("case, fragments", [
+    ("fp32 avx2", ["kernels (cpu, float32): gemm float32 every row=ours packed",
+                   "attention=cpu (prefill=torch sdpa, decode=ours paged)", "rmsnorm/rotary/swiglu/kv-write=ours",
+                   "argmax=ours"]),
+    ("bf16 avx2", ["gemm bfloat16 rows 2-128=ours bf16-weight, other rows=torch",
+                   "rmsnorm/rotary/swiglu/kv-write=torch", "argmax=torch"]),
+    ("bf16 amx", ["gemm bfloat16 rows 1-2=ours bf16-weight, other rows=torch"]),
+    ("int8 bf16 avx2", ["gemm bfloat16 (unquantized weights) rows 2-128=ours bf16-weight",
+                        "gemm int8 rows 1-32=ours int8-weight, rows 33-192=torch int8 kernel, "
+                        "rows 193+=torch float32 tiles"]),
+    ("int8 fp32 amx", ["gemm int8 rows 1-32=ours int8-weight, rows 33+=torch bfloat16 tiles"]),
+    ("int8 bf16 avx512_vnni", ["gemm bfloat16 (unquantized weights) every row=ours packed",
+                               "gemm int8 every row=ours packed"]),
+    ("int8 fp32 avx2 off", ["gemm float32 (unquantized weights)=torch",
+                            "gemm int8 rows 1-192=torch int8 kernel, rows 193+=torch float32 tiles",
+                            "(our CPU kernels off: engine.cpu_kernels=false)"]),
+    ("int8 fp16 cuda amx", ["kernels (cuda, float16)", "rows 1-16=torch int8 kernel, rows 17+=torch float16 tiles"]),
+])
+def test_one_line_names_each_familys_kernel(case, fragments):
+    (host_name, dtype, quantization, device, off), _ = CASES[case]
+    line = plan(host_name, dtype, quantization, device, off).describe()
+    assert "\n" not in line
+    for fragment in fragments:
+        assert fragment in line
+
+
+def test_a_plan_is_frozen_and_travels_to_tensor_parallel_ranks():
+    p = plan("avx2", "bfloat16", "int8")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.packed_gemm = True
+    assert pickle.loads(pickle.dumps(p)) == p
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("host_name, rows", [("avx2", BF16_WEIGHT_ROWS_EMULATED), ("amx", BF16_WEIGHT_ROWS_NATIVE)])
+def test_the_engine_plans_for_its_own_host_and_says_so_once(llama_dir, caplog, host_name, rows):
+    """The host given to the engine (not one read again) decides; one INFO line names the kernels; the
+    runner's layers follow the plan."""
+    from appliance.engine.linear import PackableLinear
+    from appliance.engine.llm_engine import LLMEngine
+
+    with caplog.at_level(logging.INFO, logger="appliance.engine"):
+        engine = LLMEngine(llama_dir, EngineConfig(dtype="bfloat16", num_kv_blocks=16), host=host(host_name))
+    assert engine.kernels == plan(host_name, "bfloat16")
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kernels (")]
+    assert line == engine.kernels.describe() and f"rows {rows.start}-{rows.stop - 1}=ours" in line
+    runner = engine.executor.runner
+    assert runner.plan is engine.kernels and runner.attn_backend.name == "cpu"
+    layers = [m for m in runner.model.modules() if isinstance(m, PackableLinear)]
+    assert layers and all(m.bf16_kernel_rows == rows and m.packed is None for m in layers)
