@@ -119,8 +119,15 @@ class EngineMetrics:
         self.params_n = histogram("request_params_n", "n (answers per prompt) of a finished request", N_BUCKETS)
         self.max_generation_tokens = histogram("request_max_num_generation_tokens", "Output tokens of a finished "
                                                "request's longest answer", TOKEN_BUCKETS)
-        self.step_tokens = histogram("iteration_tokens_total", "Tokens one engine step computed (prompt and "
-                                     "output)", STEP_BUCKETS)
+        # Ours keeps its name under either scheme: what a step computed (prefix-cache hits are not computed).
+        self.step_tokens = Histogram("appliance_iteration_tokens_total", "Tokens one engine step computed: prompt "
+                                     "tokens run (prefix-cache hits left out) and output", labels,
+                                     buckets=STEP_BUCKETS, registry=None).labels(model_name)
+        # vLLM's, under its name only: per step with output, the whole prompt of each answer that got its
+        # first token plus the tokens generated (its metrics test: n requests sum to n * (prompt + output)).
+        self.vllm_step_tokens = histogram("iteration_tokens_total", "Per engine step with output: prompt tokens "
+                                          "of the answers it started (cache hits included) plus the tokens it "
+                                          "generated", STEP_BUCKETS) if names.scheme == "vllm" else None
         self._cache_info = Gauge(names("cache_config_info"), "The KV cache's configuration (value 1)",
                                  ["model_name", *CACHE_INFO_LABELS], registry=None, multiprocess_mode="mostrecent")
         self.running = gauge("num_requests_running", "Requests the engine is running")

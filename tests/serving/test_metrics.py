@@ -126,7 +126,8 @@ def test_vllm_names_export_vllms_series_with_its_model_name_label(vllm_named_ser
                  "vllm:request_time_per_output_token_seconds", "vllm:request_params_max_tokens",
                  "vllm:iteration_tokens_total", "vllm:cache_config_info", "vllm:request_params_n",
                  "vllm:request_max_num_generation_tokens",
-                 "appliance_encoder_cache_hits", "appliance_http_requests"):  # vLLM has no such series
+                 "appliance_encoder_cache_hits", "appliance_http_requests",  # vLLM has no such series
+                 "appliance_iteration_tokens_total"):  # ours, beside vLLM's (docs/serving.md)
         assert name in families, name
     assert not any(name.startswith("appliance_") and name[len("appliance_"):] in {
         "time_to_first_token_seconds", "num_requests_waiting", "prompt_tokens"} for name in families)
@@ -142,12 +143,31 @@ def test_vllm_names_export_vllms_series_with_its_model_name_label(vllm_named_ser
     assert after[("vllm:request_decode_time_seconds_count", ())] == 1
     assert after[("vllm:inter_token_latency_seconds_count", ())] == 2
     assert after[("vllm:request_params_max_tokens_sum", ())] == 3
-    # every token the steps computed: the prompt's not found in the prefix cache, and each output token
-    # fed back but the last
+    # ours: every token the steps computed, the prompt's not found in the prefix cache and each output
+    # token fed back but the last; vLLM's: the whole prompt once and each output token, per step with output
     computed = answer.usage.prompt_tokens - after[("vllm:prefix_cache_hits_total", ())] + 3 - 1
-    assert after[("vllm:iteration_tokens_total_sum", ())] == computed
+    assert after[("appliance_iteration_tokens_total_sum", ())] == computed
+    assert after[("vllm:iteration_tokens_total_sum", ())] == answer.usage.prompt_tokens + 3
+    assert after[("vllm:iteration_tokens_total_count", ())] == 3
     (info,) = [labels for name, labels in after if name == "vllm:cache_config_info"]
     assert dict(info)["block_size"] == "16" and dict(info)["enable_prefix_caching"] == "True"
+
+
+def test_vllm_iteration_tokens_hold_vllms_own_test(vllm_named_server):
+    """vLLM's tests/entrypoints/openai/test_metrics.py: n requests of one token-id prompt, one after the
+    other, sum to n * (prompt + max_tokens) over n * max_tokens steps, though the prefix cache serves
+    every prompt after the first."""
+    base = vllm_named_server.base
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+    prompt, requests, max_tokens = [1] + list(range(100, 140)), 4, 5  # two full KV blocks: cached after the first
+    before = metrics(base)
+    for _ in range(requests):
+        client.completions.create(model="llava-tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    after = metrics(base)
+    assert delta(before, after, "vllm:iteration_tokens_total_sum") == requests * (len(prompt) + max_tokens)
+    assert delta(before, after, "vllm:iteration_tokens_total_count") == requests * max_tokens
+    assert delta(before, after, "vllm:prefix_cache_hits_total") > 0
 
 
 def test_vllm_names_observe_n_and_the_longest_answer(vllm_named_server):

@@ -169,7 +169,7 @@ class GenerateWorker(Worker):
                 index = number * request.n + answer
                 rid = self.stage.add_request(prompt, request.sampling, field, request_id=engine_id(uid, index),
                                              mm_data=mm_data, answer=answer, sibling=first)
-                session.answers[rid] = Answer(index, number)
+                session.answers[rid] = Answer(index, number, len(prompt))
                 first = first or rid
 
     def abort(self, uid: str) -> None:
@@ -201,7 +201,7 @@ class GenerateWorker(Worker):
             self.metrics.step_tokens.observe(self.engine.step_tokens)
             if self.unstarted:
                 self.observe.started(self.unstarted, began, (request_of(out.request_id) for out in outputs))
-            new_tokens = 0
+            new_tokens = started_prompts = 0
             delivered = [(self.sessions.get(request_of(out.request_id)), out) for out in outputs]
             for session, out in delivered:  # first the prompts scored for echo: their siblings' text starts with them
                 if session is not None and out.prompt_logprobs is not None:
@@ -209,9 +209,14 @@ class GenerateWorker(Worker):
             for session, out in delivered:
                 if session is not None:
                     new_tokens += len(out.new_token_ids)
+                    answer = session.answers[out.request_id]
+                    if out.new_token_ids and not answer.completion_tokens:  # its first token (vLLM's prefill)
+                        started_prompts += answer.prompt_tokens
                     self._deliver(request_of(out.request_id), session, out, now)
             if new_tokens:  # counted once a step: a multiprocess counter's increment writes a mapped file
                 self.metrics.generation_tokens.inc(new_tokens)
+            if self.metrics.vllm_step_tokens is not None and outputs:
+                self.metrics.vllm_step_tokens.observe(started_prompts + new_tokens)
         self.publish()
 
     def _deliver(self, uid: str, session: Session, out, now: float) -> None:

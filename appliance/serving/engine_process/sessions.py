@@ -13,6 +13,7 @@ class Answer:
     """One choice of a request: one engine request."""
     index: int                       # prompt number * n + answer number
     prompt: int                      # its prompt's number
+    prompt_tokens: int = 0           # its prompt's length
     completion_tokens: int = 0
     last_token_at: float = 0.0
     echoed: bool = False             # its prompt (echo) went out, in front of its first text
