@@ -19,14 +19,14 @@ def check_local_inputs(cfg: Any) -> None:
             if "://" in path or path.startswith("data:"):
                 continue
             if not os.path.exists(path):
-                raise InputError(f"{key}: {path}: no such file")
+                raise InputError(f"{key}: {path}: no such file", param=key)
             if os.path.isdir(path):
-                raise InputError(f"{key}: {path} is a directory; expected a file")
+                raise InputError(f"{key}: {path} is a directory; expected a file", param=key)
             try:
                 with open(path, "rb"):
                     pass
             except OSError as e:
-                raise InputError(f"{key}: cannot read {path} ({e.strerror or e})") from None
+                raise InputError(f"{key}: cannot read {path} ({e.strerror or e})", param=key) from None
 
 
 def _paths(value: Any) -> Iterator[str]:

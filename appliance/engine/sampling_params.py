@@ -1,8 +1,9 @@
 """Per-request sampling settings."""
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from appliance.engine.structured_output import StructuredOutput
+from appliance.errors import PROBLEMS_JOIN
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's bound on a logit_bias value
 
@@ -14,6 +15,15 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class SamplingError(ValueError):
+    """Settings `SamplingParams` refuses: every one, as (field, message naming it); `field` the first."""
+
+    def __init__(self, problems: List[Tuple[str, str]]):
+        super().__init__(PROBLEMS_JOIN.join(message for _, message in problems))
+        self.problems = problems
+        self.field = problems[0][0]
 
 
 @dataclass
@@ -43,25 +53,30 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
-            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise ValueError(f"logprobs must be >= 0 or None, got {self.logprobs}")
-        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
-            raise ValueError(f"prompt_logprobs must be >= 0 or None, got {self.prompt_logprobs}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
-        for token, bias in self.logit_bias.items():
-            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
-                raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {bias}")
+        problems = self.problems()
+        if problems:
+            raise SamplingError(problems)
+
+    def problems(self) -> List[Tuple[str, str]]:
+        """Every setting out of its range, as (field, message naming the field)."""
+        checks = [
+            ("temperature", self.temperature < 0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}"),
+            ("top_k", self.top_k < 0, f"top_k must be >= 0 (0 = disabled), got {self.top_k}"),
+            ("top_p", not 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+            ("max_tokens", self.max_tokens is not None and self.max_tokens < 1,
+             f"max_tokens must be >= 1, got {self.max_tokens}"),
+            ("min_tokens", self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens),
+             f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"),
+            ("logprobs", self.logprobs is not None and self.logprobs < 0,
+             f"logprobs must be >= 0 or None, got {self.logprobs}"),
+            ("prompt_logprobs", self.prompt_logprobs is not None and self.prompt_logprobs < 0,
+             f"prompt_logprobs must be >= 0 or None, got {self.prompt_logprobs}"),
+            ("stop", any(not s for s in self.stop), "stop strings must be non-empty"),
+        ]
+        checks += [(f"logit_bias[{token}]", not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT,
+                    f"logit_bias[{token}] must be in [-100, 100], got {bias}")
+                   for token, bias in self.logit_bias.items()]
+        return [(name, message) for name, bad, message in checks if bad]
 
     @property
     def greedy(self) -> bool:

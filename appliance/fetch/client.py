@@ -346,4 +346,4 @@ class _Transfer:
                    f"within {total:g} s (server.limits.fetch_timeout_s)")
 
     def _fail(self, what: str) -> NoReturn:
-        raise InputError(f"{self.field}: {what}")
+        raise InputError(f"{self.field}: {what}", param=self.field)

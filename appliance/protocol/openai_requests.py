@@ -2,17 +2,19 @@
 
 The bodies are validated by their pydantic models (protocol/openai_models.py), which the server's OpenAPI
 document also shows. The offline batch verb (`appliance run ... input=requests.jsonl`, each line's `body`)
-and the server's `/v1/chat/completions` and `/v1/completions` share this. Every problem is an `InputError`
-whose message starts with the field's path (`temperature: expected a number, got 'hot'`; in a batch file
-`line 3: body.temperature: ...`) and whose `param` is that path. Fields a request leaves out take the
-pipeline's defaults (the engine stage's `sampling`), not OpenAI's.
+and the server's `/v1/chat/completions` and `/v1/completions` share this. A request's problems are one
+`InputError` naming every bad field, each message starting with the field's path (`temperature: expected a
+number, got 'hot'`; in a batch file `line 3: body.temperature: ...`), `param` the first one's path. Rules
+between fields (`top_logprobs` needs `logprobs`, a named tool among `tools`) are checked once every field is
+valid on its own. Fields a request leaves out take the pipeline's defaults (the engine stage's `sampling`),
+not OpenAI's.
 """
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Type, Union
 
 from pydantic import ValidationError
 
-from appliance.engine.sampling_params import SamplingParams
+from appliance.engine.sampling_params import SamplingError, SamplingParams
 from appliance.errors import InputError
 from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest, GenerateBody
 from appliance.protocol.openai_tools import ToolCalling
@@ -146,9 +148,8 @@ def _common(parsed: GenerateBody, kind: str, defaults: Dict[str, Any], at: str,
                               continuous_usage=bool(options and options.continuous_usage_stats))
     try:  # the ranges SamplingParams owns, and the request's fields together with the pipeline's defaults
         SamplingParams(**{**defaults, **sampling})
-    except (TypeError, ValueError) as e:
-        key = str(e).split()[0]
-        raise InputError(f"{at + ': ' if at else ''}{e}", param=located(at, key, "").param) from None
+    except SamplingError as e:
+        raise InputError(f"{at + ': ' if at else ''}{e}", param=located(at, e.field, "").param) from None
     return request
 
 

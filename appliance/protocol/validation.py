@@ -1,17 +1,18 @@
-"""A pydantic `ValidationError` as our `InputError`, in one place: the first problem, its message starting
+"""A pydantic `ValidationError` as our `InputError`, in one place: every problem, each message starting
 with the field's path (`data.data_format: 's3'; allowed: b64_json, url, path`, in a batch file
-`line 3: body.temperature: expected a number, got 'hot'`) and `param` the path.
+`line 3: body.temperature: expected a number, got 'hot'`), joined by ` | ` (`several`), and `param` the
+first problem's path, as vLLM's `param` names the first error's location.
 
 Models raise `field_error` for what pydantic cannot state (a field that needs another, a grammar that does
 not compile). Union members are tagged `<name>` (`Tag`); pydantic puts the tag in an error's location, and
 paths leave it out.
 """
-from typing import Any, Dict, Optional, Tuple, Type, get_args
+from typing import Any, Dict, List, Optional, Tuple, Type, get_args
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
-from appliance.errors import InputError
+from appliance.errors import PROBLEMS_JOIN, InputError
 
 FIELD_ERROR = "request_field"
 # Problems with a thing as a whole: the path names the item itself, not the list holding it.
@@ -33,11 +34,28 @@ def located(at: str, where: str, message: str) -> InputError:
     return InputError(f"{full or 'body'}: {message}", param=full.split(": ")[-1] or None)
 
 
+def several(errors: List[InputError]) -> InputError:
+    """One error naming every field of `errors` (each message names its own), `param` the first's."""
+    first = errors[0]
+    if len(errors) == 1:
+        return first
+    return InputError(PROBLEMS_JOIN.join(str(e) for e in errors), param=first.param, status=first.status)
+
+
 def input_error(error: ValidationError, model: Type[BaseModel], expected: Dict[str, str], at: str = "",
                 unknown: str = "unknown field") -> InputError:
-    """`expected`: what a field should be, by path with list indexes as `[]` (`messages[].content`); a dict's
-    keys as `field[key]`. `unknown`: how an unknown field is called."""
-    problem = error.errors()[0]
+    """Every problem of `error`, once per field. `expected`: what a field should be, by path with list
+    indexes as `[]` (`messages[].content`); a dict's keys as `field[key]`. `unknown`: how an unknown field
+    is called."""
+    problems: Dict[Optional[str], InputError] = {}
+    for problem in error.errors():
+        found = _problem(problem, model, expected, at, unknown)
+        problems.setdefault(found.param, found)
+    return several(list(problems.values()))
+
+
+def _problem(problem: Dict[str, Any], model: Type[BaseModel], expected: Dict[str, str], at: str,
+             unknown: str) -> InputError:
     loc: Tuple = tuple(key for key in problem["loc"] if not _is_tag(key))
     kind, given, ctx = problem["type"], problem.get("input"), problem.get("ctx") or {}
     if kind == FIELD_ERROR:

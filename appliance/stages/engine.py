@@ -272,7 +272,7 @@ class EngineStage(Stage):
         try:
             params = SamplingParams(**answer_sampling({**self.options.sampling, **(sampling or {})}, answer))
         except (TypeError, ValueError) as e:
-            raise InputError(f"sampling: {e}") from None
+            raise InputError(f"sampling: {e}", param="sampling") from None
         try:
             return self.engine.add_request(prompt, params, request_id=request_id, mm_ranges=mm_ranges,
                                            mm_data=mm_data, sibling=sibling)

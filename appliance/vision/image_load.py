@@ -81,9 +81,9 @@ def read_source(source, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BY
         return data
     if not isinstance(source, str):
         raise InputError(f"{field}: expected bytes or a string (URL, data URL or path), "
-                         f"got {type(source).__name__}")
+                         f"got {type(source).__name__}", param=field)
     if not source.strip():
-        raise InputError(f"{field}: empty; pass an http(s) URL, a data:image/...;base64 URL or a path")
+        raise InputError(f"{field}: empty; pass an http(s) URL, a data:image/...;base64 URL or a path", param=field)
     lowered = source[:16].lower()
     if lowered.startswith("data:"):
         return decode_data_url(source, field=field, max_bytes=max_bytes)
@@ -97,7 +97,7 @@ def read_source(source, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BY
     if "://" in source[:32]:
         scheme = source.split("://", 1)[0]
         raise InputError(f"{field}: unsupported URL scheme {scheme!r}; "
-                         "allowed: http://, https://, data:image/...;base64, or a local path")
+                         "allowed: http://, https://, data:image/...;base64, or a local path", param=field)
     return read_local(source, field=field, max_bytes=max_bytes, allowed_dir=allowed_dir)
 
 
@@ -113,18 +113,18 @@ def fetch_remote(url: str, policy: FetchPolicy, field: str, fetcher: Optional[Fe
     except Exception as e:  # noqa: BLE001 - a fetch failure is the user's URL, never a server error
         host = urllib.parse.urlsplit(url).hostname or "the URL"  # never the query string or userinfo
         raise InputError(f"{field}: could not fetch the image from {host} ({type(e).__name__}); "
-                         "the URL must be reachable over http(s) from the server") from None
+                         "the URL must be reachable over http(s) from the server", param=field) from None
     if not isinstance(data, (bytes, bytearray)):
         raise InputError(f"{field}: fetching the image from {urllib.parse.urlsplit(url).hostname} "
-                         "returned no bytes")
+                         "returned no bytes", param=field)
     return bytes(data)
 
 
 def _check_byte_count(n: int, field: str, max_bytes: int) -> None:
     if n > max_bytes:
-        raise InputError(f"{field}: image is {n} bytes; the limit is {max_bytes} bytes")
+        raise InputError(f"{field}: image is {n} bytes; the limit is {max_bytes} bytes", param=field)
     if n == 0:
-        raise InputError(f"{field}: image is empty (0 bytes); send an encoded PNG, JPEG, WebP, GIF or BMP")
+        raise InputError(f"{field}: image is empty (0 bytes); send an encoded PNG, JPEG, WebP, GIF or BMP", param=field)
 
 
 # --- data: URLs -------------------------------------------------------------------------------
@@ -134,29 +134,30 @@ def decode_data_url(url: str, *, field: str = "image", max_bytes: int = DEFAULT_
     header, sep, payload = url.partition(",")
     if not sep:
         raise InputError(f"{field}: data URL has no ',' before the payload; "
-                         "expected data:image/<type>;base64,<payload>")
+                         "expected data:image/<type>;base64,<payload>", param=field)
     params = [p.strip() for p in header[len("data:"):].split(";")]
     mime = params[0].lower()
     if not mime.startswith("image/") or mime == "image/":
         raise InputError(f"{field}: data URL mime type is {mime or 'missing'!r}; "
-                         "allowed: image/* (e.g. image/png, image/jpeg)")
+                         "allowed: image/* (e.g. image/png, image/jpeg)", param=field)
     if "base64" not in (p.lower() for p in params[1:]):
-        raise InputError(f"{field}: data URL is not base64-encoded; expected data:{mime};base64,<payload>")
+        raise InputError(f"{field}: data URL is not base64-encoded; expected data:{mime};base64,<payload>", param=field)
     payload = "".join(payload.split())  # line breaks and spaces are common in pasted payloads
     if len(payload) // 4 * 3 > max_bytes + 3:
-        raise InputError(f"{field}: image is about {len(payload) // 4 * 3} bytes; the limit is {max_bytes} bytes")
+        raise InputError(f"{field}: image is about {len(payload) // 4 * 3} bytes; the limit is {max_bytes} bytes",
+                         param=field)
     payload += "=" * (-len(payload) % 4)  # tolerate missing padding
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise InputError(f"{field}: data URL payload is not valid base64; "
-                         "allowed: standard base64 (A-Z a-z 0-9 + / =)") from None
+                         "allowed: standard base64 (A-Z a-z 0-9 + / =)", param=field) from None
     _check_byte_count(len(data), field, max_bytes)
     found = sniff_format(data)
     declared = DECLARED_FORMATS.get(mime.split("/", 1)[1])
     if declared and found and declared != found:
         raise InputError(f"{field}: the data URL says {mime} but the data is {found}; "
-                         f"label it data:image/{found.lower()};base64,...")
+                         f"label it data:image/{found.lower()};base64,...", param=field)
     return data
 
 
@@ -188,11 +189,11 @@ def read_local(path: str, *, field: str = "image", max_bytes: int = DEFAULT_MAX_
     except InputError:
         raise
     except FileNotFoundError:
-        raise InputError(f"{field}: no such file {path!r} in the image directory") from None
+        raise InputError(f"{field}: no such file {path!r} in the image directory", param=field) from None
     except IsADirectoryError:
-        raise InputError(f"{field}: {path!r} is a directory; give an image file") from None
+        raise InputError(f"{field}: {path!r} is a directory; give an image file", param=field) from None
     except OSError as e:
-        raise InputError(f"{field}: cannot read {path!r} ({e.strerror or e})") from None
+        raise InputError(f"{field}: cannot read {path!r} ({e.strerror or e})", param=field) from None
     _check_byte_count(len(data), field, max_bytes)
     return data
 
@@ -209,24 +210,24 @@ def decode_image(data: bytes, *, field: str = "image",
             width, height = image.size
             if width * height > max_image_pixels:
                 raise InputError(f"{field}: image is {width}x{height} = {width * height} pixels; "
-                                 f"the limit is {max_image_pixels} pixels")
+                                 f"the limit is {max_image_pixels} pixels", param=field)
             if width <= 0 or height <= 0:
-                raise InputError(f"{field}: image has no pixels ({width}x{height})")
+                raise InputError(f"{field}: image has no pixels ({width}x{height})", param=field)
             frames = getattr(image, "n_frames", 1)
             if frames > 1 and image.format != "TIFF":  # (multi-page TIFFs are band stacks, not motion)
                 raise InputError(f"{field}: an animated {image.format} ({frames} frames); which frame the "
-                                 "question is about is ambiguous: send one frame as a still image")
+                                 "question is about is ambiguous: send one frame as a still image", param=field)
             image.load()
     except InputError:
         raise
     except Image.DecompressionBombError as e:
         raise InputError(f"{field}: image is too large to decode ({e}); "
-                         f"the limit is {max_image_pixels} pixels") from None
+                         f"the limit is {max_image_pixels} pixels", param=field) from None
     except UnidentifiedImageError:
-        raise InputError(f"{field}: {_unreadable(data)}") from None
+        raise InputError(f"{field}: {_unreadable(data)}", param=field) from None
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
         raise InputError(f"{field}: the image data is truncated or corrupt ({e}); "
-                         "send the complete file") from None
+                         "send the complete file", param=field) from None
     try:
         image = ImageOps.exif_transpose(image)
     except Exception:  # noqa: BLE001 - unreadable EXIF: keep the stored orientation

@@ -228,3 +228,29 @@ def test_the_models_schemas_show_what_they_check():
     assert chat_schema["$defs"]["ResponseFormat"]["properties"]["type"]["enum"] == ["text", "json_object",
                                                                                    "json_schema"]
     assert json.dumps(chat_schema).count("<") == 0  # union tags stay out of the document
+
+
+FUNCTION = {"type": "function", "function": {"name": "Answer", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("body, params", [
+    (chat(logit_bias={"abc": 1, "x": 2}), ["logit_bias.abc", "logit_bias.x"]),
+    (chat(temperature=-1, top_p=2), ["temperature", "top_p"]),
+    (chat(temperature="hot", n=0, stop=5), ["n", "temperature", "stop"]),
+    (chat(logit_bias={"5": 150, "6": -101}), ["logit_bias[5]", "logit_bias[6]"]),
+    # a function-calling request (LangChain's with_structured_output(method="function_calling"))
+    (chat(tools=[{"type": "function", "function": {"name": "Answer", "parameters": 5}}],
+          tool_choice={"type": "function", "function": {"name": "Answer"}}, parallel_tool_calls="no"),
+     ["tools[0].function.parameters", "parallel_tool_calls"]),
+    (chat(tools=[FUNCTION], tool_choice={"type": "function", "function": {"name": "Other"}},
+          parallel_tool_calls=False), ["tool_choice.function.name"]),
+])
+def test_every_bad_field_is_named_in_one_error(body, params):
+    with pytest.raises(InputError) as info:
+        parse_chat(body)
+    message = str(info.value)
+    assert info.value.param == params[0] and message.startswith(params[0]), message
+    assert [part.split(":")[0].split()[0] for part in message.split(" | ")] == params, message
+    with pytest.raises(InputError) as batch:  # a batch file's line names them under its `body`
+        parse_chat(body, at="line 3: body", allow_stream=False)
+    assert batch.value.param == f"body.{params[0]}" and str(batch.value).startswith("line 3: body")

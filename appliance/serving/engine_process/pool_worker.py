@@ -144,11 +144,12 @@ class PoolWorker(Worker):
             if isinstance(e, UserError):  # name the request's field, never a server path
                 per_band = isinstance(job.input_path, list)  # a file is named by its place in the list
                 paths = job.input_path if per_band else [job.input_path]
+                fields = {path: f"{job.field}[{i}]" if per_band else job.field for i, path in enumerate(paths) if path}
                 message = str(e)
-                for i, path in enumerate(paths):
-                    if path:
-                        message = message.replace(path, f"{job.field}[{i}]" if per_band else job.field)
-                e = InputError(message, e.param, e.status) if isinstance(e, InputError) else type(e)(message)
+                for path, field in fields.items():
+                    message = message.replace(path, field)
+                param = fields.get(e.param, e.param)  # an error about one of its files names that file
+                e = InputError(message, param, e.status) if isinstance(e, InputError) else type(e)(message, param)
             self.post("failed", session.uid, self.failure(e, "running the scene"))
         finally:
             reads = getattr(source, "fetch", None)  # a URL's RemoteReads: its kept connections end here

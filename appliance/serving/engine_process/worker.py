@@ -8,7 +8,7 @@ one. Everything that touches the engine runs on the loop's thread; pool threads 
 import logging
 import queue
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Tuple
 
 from appliance.errors import ConfigError, InputError, UserError
 from appliance.serving.messages import Abort, Failed
@@ -76,11 +76,11 @@ class Worker:
     def failure(self, error: BaseException, where: str) -> Failed:
         """The event for an exception raised while preparing or running a request."""
         if isinstance(error, InputError):
-            return Failed(error.status, str(error), error.param or field_of(str(error)))
+            return Failed(error.status, str(error), error.param)
         if isinstance(error, ConfigError):  # the server's config cannot serve this request
             return Failed(500, f"server configuration: {error}")
         if isinstance(error, UserError):
-            return Failed(400, str(error), field_of(str(error)))
+            return Failed(400, str(error), error.param)
         log.exception("request failed while %s", where)
         return Failed(500, f"internal error while {where} ({type(error).__name__}); see the server log")
 
@@ -122,12 +122,4 @@ class Worker:
         self.pool.shutdown(wait=False, cancel_futures=True)
         for stage in reversed(self.online.stages()):
             stage.close()
-
-
-def field_of(message: str) -> Optional[str]:
-    """`messages[0].content[1].image_url: ...` -> the field path that starts a message, if it does."""
-    head = message.split(": ", 1)[0]
-    if head and all(c.isalnum() or c in "._[]" for c in head) and head[0].isalpha():
-        return head
-    return None
 

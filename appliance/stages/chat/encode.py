@@ -55,20 +55,21 @@ class VisionInputs(Stage):
         """(image, features file) pairs, all checked before any work."""
         inputs = record["input"] if isinstance(record["input"], (list, tuple)) else [record["input"]]
         if not inputs or inputs == [None]:
-            raise InputError("input: give an image path (or a list of them)")
+            raise InputError("input: give an image path (or a list of them)", param="input")
         output = Path(record["output"]) if record.get("output") else None
         single_file = output is not None and output.suffix == ".safetensors"
         if single_file and len(inputs) > 1:
-            raise InputError(f"output: {output} is one file but {len(inputs)} images were given; give a directory")
+            raise InputError(f"output: {output} is one file but {len(inputs)} images were given; give a directory",
+                             param="output")
         pairs = []
         for raw in inputs:
             source = Path(str(raw)).resolve()
             if not source.is_file():
-                raise InputError(f"input: {source} is not a file")
+                raise InputError(f"input: {source} is not a file", param="input")
             name = source.stem + self.options.suffix
             target = output if single_file else (output / name if output else source.with_name(name))
             if target.exists() and not record.get("overwrite"):
-                raise InputError(f"output: {target} exists; pass overwrite=true to replace it")
+                raise InputError(f"output: {target} exists; pass overwrite=true to replace it", param="output")
             pairs.append((source, target))
         return pairs
 

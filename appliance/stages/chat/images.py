@@ -77,13 +77,13 @@ class ImageSide:
     def _features(self, url: str, field: str, media_dir: Optional[str]) -> ImageItem:
         if not url.lower().endswith(FEATURE_SUFFIXES) or "://" in url[:32] or url.startswith("data:"):
             raise InputError(f"{field}: this model takes image features (image_input_type=image_features): "
-                             "give a .safetensors or .pt file inside the allowed media directory")
+                             "give a .safetensors or .pt file inside the allowed media directory", param=field)
         data = read_local(url, field=field, max_bytes=self.max_bytes, allowed_dir=media_dir)
         features = load_features(data, url, field)
         expected = tuple(self.vl.image_input_shape)
         if tuple(features.shape) != expected:
             raise InputError(f"{field}: features have shape {list(features.shape)}; this model takes "
-                             f"{list(expected)} (tokens, hidden) per image")
+                             f"{list(expected)} (tokens, hidden) per image", param=field)
         digest = hashlib.sha256(b"features:" + str(list(features.shape)).encode())
         digest.update(features.numpy().tobytes())
         return ImageItem(content_hash=digest.hexdigest(), offset=0, num_tokens=expected[0], features=features)
@@ -97,7 +97,7 @@ def load_features(data: bytes, name: str, field: str) -> torch.Tensor:
 
             tensors = load_safetensors(data)
             if len(tensors) != 1:
-                raise InputError(f"{field}: {name} holds {len(tensors)} tensors; save exactly one")
+                raise InputError(f"{field}: {name} holds {len(tensors)} tensors; save exactly one", param=field)
             tensor = next(iter(tensors.values()))
         else:
             import io
@@ -106,7 +106,8 @@ def load_features(data: bytes, name: str, field: str) -> torch.Tensor:
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - corrupt files raise many types
-        raise InputError(f"{field}: cannot read features from {name} ({str(e).splitlines()[0] if str(e) else e})") from None
+        raise InputError(f"{field}: cannot read features from {name} ({str(e).splitlines()[0] if str(e) else e})",
+                         param=field) from None
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-        raise InputError(f"{field}: {name} must hold one floating-point tensor")
+        raise InputError(f"{field}: {name} must hold one floating-point tensor", param=field)
     return tensor.float().contiguous()

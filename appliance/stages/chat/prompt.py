@@ -54,7 +54,7 @@ def check_length(num_tokens: int, images: List[ImageItem], limit: int, where: st
     plural = "s" if len(images) != 1 else ""
     detail = f" ({num_tokens - image_tokens} text + {image_tokens} image tokens for {len(images)} image{plural})" \
         if images else ""
-    check_fits(num_tokens, limit, where, "shorten the messages or send fewer or smaller images", detail)
+    check_fits(num_tokens, limit, where, "shorten the messages or send fewer or smaller images", detail, param=where)
 
 
 @register_stage
@@ -126,14 +126,15 @@ class ChatPrompt(Stage):
         messages, urls = template_messages(chat, parts)
         if urls and self.images is None:
             raise InputError(f"{at(where, urls[0][1])}: model {self.cfg.model.name} takes no images; "
-                             "send text only or choose a vision-language model")
+                             "send text only or choose a vision-language model", param=urls[0][1])
         if self.images is not None and len(urls) > self.images.vl.limit_per_prompt:
             raise InputError(f"{where}: {len(urls)} images in one request; this model allows "
-                             f"{self.images.vl.limit_per_prompt} (model.vision_language.limit_per_prompt)")
+                             f"{self.images.vl.limit_per_prompt} (model.vision_language.limit_per_prompt)",
+                             param=where)
         rendering = record.get("rendering") or CHAT_COMPLETION
         text = render_text(self.tokenizer, messages, rendering, tools)
         if rendering.fit_context:
-            check_text_fits(text, self.longest_token, self.max_len, where)
+            check_text_fits(text, self.longest_token, self.max_len, where, param=where)
         ids = encode_rendered(self.tokenizer, text, rendering.add_special_tokens)
         if self.images is not None:
             check_image_tokens(ids, self.images.vl.image_token_id, len(urls), where)

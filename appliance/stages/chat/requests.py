@@ -105,11 +105,11 @@ def read_batch_file(path: str, defaults: Optional[Dict[str, Any]] = None) -> Lis
                 seen[request.custom_id] = line
                 requests.append(request)
     except UnicodeDecodeError:
-        raise InputError(f"input: {path} is not UTF-8 text; a batch file is JSON lines") from None
+        raise InputError(f"input: {path} is not UTF-8 text; a batch file is JSON lines", param="input") from None
     except OSError as e:
-        raise InputError(f"input: cannot read {path} ({e.strerror or e})") from None
+        raise InputError(f"input: cannot read {path} ({e.strerror or e})", param="input") from None
     if not requests:
-        raise InputError(f"input: {path} holds no requests; write one JSON request per line")
+        raise InputError(f"input: {path} holds no requests; write one JSON request per line", param="input")
     return requests
 
 
@@ -129,20 +129,21 @@ def check_batch_output(source: str, output: Any, overwrite: bool = False) -> str
     """The output path for a batch run: required, not the input, not existing unless `overwrite` (the
     answers then replace it whole, once all are written: `write_atomic`), in a writable directory."""
     if output is None or str(output) == "":
-        raise InputError("output: required with a .jsonl input; pass output=answers.jsonl")
+        raise InputError("output: required with a .jsonl input; pass output=answers.jsonl", param="output")
     output = str(output)
     if os.path.realpath(output) == os.path.realpath(source):
-        raise InputError(f"output: {output} is the input file; choose another output path")
+        raise InputError(f"output: {output} is the input file; choose another output path", param="output")
     if os.path.isdir(output):
-        raise InputError(f"output: {output} is a directory; expected a file path such as answers.jsonl")
+        raise InputError(f"output: {output} is a directory; expected a file path such as answers.jsonl", param="output")
     if os.path.lexists(output) and not overwrite:
-        raise InputError(f"output: {output} exists; pass overwrite=true to replace it, or choose another name")
+        raise InputError(f"output: {output} exists; pass overwrite=true to replace it, or choose another name",
+                         param="output")
     directory = os.path.dirname(os.path.abspath(output))
     try:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".appliance-probe-"):
             pass
     except OSError as e:
-        raise InputError(f"output: cannot write to directory {directory} ({e.strerror or e})") from None
+        raise InputError(f"output: cannot write to directory {directory} ({e.strerror or e})", param="output") from None
     return output
 
 
@@ -151,7 +152,7 @@ def plan_run(record: Record, media_dir: Optional[str], defaults: Optional[Dict[s
     """(requests, output path or None, allowed media directory, source name) for one run record."""
     source, output = record.get("input"), record.get("output")
     if source is not None and not isinstance(source, str):
-        raise InputError(f"input: expected one path (an image or a .jsonl batch file), got {source!r}")
+        raise InputError(f"input: expected one path (an image or a .jsonl batch file), got {source!r}", param="input")
     if source is None or source == "":
         _no_output(output)
         return [single_request(None, record)], None, media_dir, "prompt"
@@ -159,12 +160,13 @@ def plan_run(record: Record, media_dir: Optional[str], defaults: Optional[Dict[s
         _no_output(output)
         return [single_request(source, record)], None, media_dir, "input"
     if not os.path.isfile(source):
-        raise InputError(f"input: {source} is not a file; pass an image or a .jsonl batch file")
+        raise InputError(f"input: {source} is not a file; pass an image or a .jsonl batch file", param="input")
     allowed = media_dir or os.path.dirname(os.path.abspath(source))
     if source.lower().endswith(".jsonl"):
         stray = question_keys(record)
         if stray:
-            raise InputError(f"{stray[0]}: not used with a .jsonl input; each request carries its own messages")
+            raise InputError(f"{stray[0]}: not used with a .jsonl input; each request carries its own messages",
+                             param=stray[0])
         output = check_batch_output(source, output, bool(record.get("overwrite")))
         return read_batch_file(source, defaults), output, allowed, source
     _no_output(output)
@@ -174,7 +176,7 @@ def plan_run(record: Record, media_dir: Optional[str], defaults: Optional[Dict[s
 
 def _no_output(output: Any) -> None:
     if output not in (None, ""):
-        raise InputError("output: only used with a .jsonl input; a single prompt prints its answer")
+        raise InputError("output: only used with a .jsonl input; a single prompt prints its answer", param="output")
 
 
 @register_stage

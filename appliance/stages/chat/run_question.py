@@ -27,27 +27,29 @@ def read_prompt_file(path: str) -> str:
         with open(path, encoding="utf-8") as f:
             return f.read()
     except UnicodeDecodeError:
-        raise InputError(f"prompt_file: {path} is not UTF-8 text; save the question as UTF-8") from None
+        raise InputError(f"prompt_file: {path} is not UTF-8 text; save the question as UTF-8",
+                         param="prompt_file") from None
     except OSError as e:
-        raise InputError(f"prompt_file: cannot read {path} ({e.strerror or e})") from None
+        raise InputError(f"prompt_file: cannot read {path} ({e.strerror or e})", param="prompt_file") from None
 
 
 def run_prompt(record: Dict[str, Any], image: bool) -> str:
     """The question text of a single-prompt run (`image`: the run has an image input)."""
     if given(record, "prompt") and given(record, "prompt_file"):
-        raise InputError("prompt_file: given with prompt=; pass the question one way, not both")
+        raise InputError("prompt_file: given with prompt=; pass the question one way, not both",
+                         param="prompt_file")
     if given(record, "prompt_file"):
         prompt = read_prompt_file(str(record["prompt_file"]))
-        source = f"prompt_file: {record['prompt_file']}"
+        field, source = "prompt_file", f"prompt_file: {record['prompt_file']}"
     else:
-        prompt, source = record.get("prompt"), "prompt:"
+        prompt, field, source = record.get("prompt"), "prompt", "prompt:"
     if prompt is None:
         if not image:
-            raise InputError(f"input: missing; {INPUT_FORMS}")
+            raise InputError(f"input: missing; {INPUT_FORMS}", param="input")
         raise InputError('prompt: required with an image input; pass prompt="What is in the image?" or '
-                         "prompt_file=question.txt")
+                         "prompt_file=question.txt", param="prompt")
     if not str(prompt).strip():
-        raise InputError(f"{source} the question is empty; ask something")
+        raise InputError(f"{source} the question is empty; ask something", param=field)
     return str(prompt)
 
 

@@ -96,7 +96,7 @@ def check_image_tokens(ids: Sequence[int], image_token_id: int, num_images: int,
     found = sum(1 for t in ids if t == image_token_id)
     if found > num_images:
         raise InputError(f"{where}: the message text contains the image placeholder token "
-                         f"({found - num_images} extra); send images as image_url parts, not as text")
+                         f"({found - num_images} extra); send images as image_url parts, not as text", param=where)
     if found < num_images:
         raise ConfigError(f"model.path: the chat template wrote {found} image placeholders for {num_images} "
                           "images; it must render each {'type': 'image'} part as the <image> token")

@@ -47,13 +47,14 @@ def open_raster(path: str, label: Optional[str] = None, fetch=None) -> Iterator[
             if remote:
                 where = f"{fetch.field}: {name}" if fetch else name  # serve mode: the request's field leads
                 raise InputError(f"{where}: cannot be opened ({first_line(e)}); the URL must answer HTTP range "
-                                 "requests with a GeoTIFF (for s3://, set AWS_* credentials in the environment)"
-                                 ) from None
+                                 "requests with a GeoTIFF (for s3://, set AWS_* credentials in the environment)",
+                                 param=fetch.field if fetch else None) from None
             if _looks_like_tiff(path):
                 raise InputError(
-                    f"{name}: is truncated or corrupt ({first_line(e)}); re-download or re-export it"
+                    f"{name}: is truncated or corrupt ({first_line(e)}); re-download or re-export it", param=name
                 ) from None
-            raise InputError(f"{name}: cannot be read as a GeoTIFF ({first_line(e)}); expected a .tif scene") from None
+            raise InputError(f"{name}: cannot be read as a GeoTIFF ({first_line(e)}); expected a .tif scene",
+                             param=name) from None
         with dataset:
             yield dataset
 
@@ -67,7 +68,8 @@ def _open_remote(url: str, name: str, fetch) -> rasterio.DatasetReader:
     except RasterioError as e:
         if errors:
             raise errors[-1] from None
-        raise InputError(f"{fetch.field}: {name}: cannot be read as a GeoTIFF ({first_line(e)})") from None
+        raise InputError(f"{fetch.field}: {name}: cannot be read as a GeoTIFF ({first_line(e)})",
+                         param=fetch.field) from None
 
 
 def _looks_like_tiff(path: str) -> bool:
@@ -87,11 +89,11 @@ def probe_geotiff(path: str, label: Optional[str] = None, fetch=None) -> None:
             _check_header(ds, label or shown(path))
         return
     if not os.path.exists(path):
-        raise InputError(f"{path}: no such file")
+        raise InputError(f"{path}: no such file", param=path)
     if not os.path.isfile(path):
-        raise InputError(f"{path}: is not a file; expected a GeoTIFF scene")
+        raise InputError(f"{path}: is not a file; expected a GeoTIFF scene", param=path)
     if not os.access(path, os.R_OK):
-        raise InputError(f"{path}: is not readable (permission denied)")
+        raise InputError(f"{path}: is not readable (permission denied)", param=path)
     with open_raster(path, label) as ds:
         _check_header(ds, label or path)
         _check_blocks_inside(ds, path)
@@ -99,9 +101,11 @@ def probe_geotiff(path: str, label: Optional[str] = None, fetch=None) -> None:
 
 def _check_header(ds, name: str) -> None:
     if ds.driver != "GTiff":
-        raise InputError(f"{name}: is a {ds.driver} file, not a GeoTIFF; convert it (gdal_translate -of GTiff)")
+        raise InputError(f"{name}: is a {ds.driver} file, not a GeoTIFF; convert it (gdal_translate -of GTiff)",
+                         param=file_param(name))
     if ds.width < 1 or ds.height < 1 or ds.count < 1:
-        raise InputError(f"{name}: is empty ({ds.width}x{ds.height} pixels, {ds.count} bands)")
+        raise InputError(f"{name}: is empty ({ds.width}x{ds.height} pixels, {ds.count} bands)",
+                         param=file_param(name))
 
 
 def _check_blocks_inside(ds, path: str) -> None:
@@ -124,8 +128,14 @@ def _check_blocks_inside(ds, path: str) -> None:
             if int(offset) + int(length) > size:
                 raise InputError(
                     f"{path}: is truncated or corrupt (block {r},{c} of band {band} ends at byte "
-                    f"{int(offset) + int(length)}, the file has {size}); re-download or re-export it"
+                    f"{int(offset) + int(length)}, the file has {size}); re-download or re-export it", param=path
                 )
+
+
+def file_param(name: str) -> Optional[str]:
+    """The `param` of an error about the file `name`: its local name (a server maps the files it was sent
+    to the request's fields, `serving/engine_process/pool_worker.py`); a URL names no field."""
+    return None if is_remote(name) else name
 
 
 def first_line(e: BaseException) -> str:

@@ -37,14 +37,15 @@ def as_path_list(value: Any) -> List[Any]:
     if isinstance(value, (ListConfig, DictConfig)):
         value = OmegaConf.to_container(value)
     if value is None or value == "" or value == []:
-        raise InputError("input: no scene given; pass input=scene.tif or input=[a.tif,b.tif]")
+        raise InputError("input: no scene given; pass input=scene.tif or input=[a.tif,b.tif]", param="input")
     items = value if isinstance(value, (list, tuple)) else [value]
 
     def path(v) -> bool:
         return isinstance(v, (str, os.PathLike)) and bool(str(v))
 
     if not all(path(v) or (isinstance(v, (list, tuple)) and v and all(path(p) for p in v)) for v in items):
-        raise InputError(f"input: expected a path, a list of paths, or lists of per-band paths, got {value!r}")
+        raise InputError(f"input: expected a path, a list of paths, or lists of per-band paths, got {value!r}",
+                         param="input")
     return [[str(p) for p in v] if isinstance(v, (list, tuple)) else str(v) for v in items]
 
 
@@ -57,17 +58,17 @@ def plan_outputs(inputs: Sequence[str], output: Optional[str], suffix: str = ".m
         for src in inputs:
             if is_remote(src):
                 raise InputError(f"output: {shown(src)} is remote, so its mask cannot go beside it; give "
-                                 "output=DIR or output=mask.tif")
+                                 "output=DIR or output=mask.tif", param="output")
             if _inside(src, PACKAGE_DIR):
                 raise InputError(f"output: not given, and the mask of {src} would go beside it, inside the "
-                                 f"appliance package; pass output=PATH (a .tif file or a directory)")
+                                 f"appliance package; pass output=PATH (a .tif file or a directory)", param="output")
         pairs = [(src, named(src, os.path.dirname(src))) for src in inputs]
     else:
         output = str(output)
         is_file = output.lower().endswith(TIFF_SUFFIXES) and not os.path.isdir(output)
         if is_file and len(inputs) > 1:
             raise InputError(
-                f"output: {len(inputs)} inputs need an output directory, got the file name {output}"
+                f"output: {len(inputs)} inputs need an output directory, got the file name {output}", param="output"
             )
         pairs = [(inputs[0], output)] if is_file else [(src, named(src, output)) for src in inputs]
     seen = {}
@@ -75,7 +76,8 @@ def plan_outputs(inputs: Sequence[str], output: Optional[str], suffix: str = ".m
         key = os.path.normpath(os.path.abspath(dst))
         if key in seen:
             raise InputError(
-                f"output: {seen[key]} and {src} would both write {dst}; give them distinct names or run them apart"
+                f"output: {seen[key]} and {src} would both write {dst}; give them distinct names or run them apart",
+                param="output"
             )
         seen[key] = src
     return pairs
@@ -90,11 +92,11 @@ def check_output(src: str, dst: str, overwrite: bool, inputs: Sequence[str]) -> 
     dst_abs = os.path.realpath(dst)
     for other in inputs:
         if os.path.realpath(other) == dst_abs:
-            raise InputError(f"output: {dst} is an input scene; choose another output path")
+            raise InputError(f"output: {dst} is an input scene; choose another output path", param="output")
     if os.path.isdir(dst):
-        raise InputError(f"output: {dst} is a directory; expected a file path for the mask of {src}")
+        raise InputError(f"output: {dst} is a directory; expected a file path for the mask of {src}", param="output")
     if os.path.exists(dst) and not overwrite:
-        raise InputError(f"output: {dst} exists; pass overwrite=true to replace it")
+        raise InputError(f"output: {dst} exists; pass overwrite=true to replace it", param="output")
 
 
 def check_writable_dir(directory: str) -> None:
@@ -105,7 +107,7 @@ def check_writable_dir(directory: str) -> None:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".appliance-probe-"):
             pass
     except OSError as e:
-        raise InputError(f"output: cannot write to directory {directory} ({e.strerror or e})") from None
+        raise InputError(f"output: cannot write to directory {directory} ({e.strerror or e})", param="output") from None
 
 
 @dataclass

@@ -13,7 +13,7 @@ from rasterio.errors import RasterioError
 from rasterio.windows import Window
 
 from appliance.errors import InputError
-from appliance.stages.geo.geotiff import first_line, open_raster
+from appliance.stages.geo.geotiff import file_param, first_line, open_raster
 from appliance.stages.geo.scene import SceneInfo
 
 
@@ -51,11 +51,12 @@ class SceneReader:
                     invalid |= ds.read_masks(bands[0], window=window) == 0
             except RasterioError as e:
                 label = scene.labels[positions[0]] if scene.labels else file
+                param = file_param(label)
                 if scene.fetch is not None:  # serve mode: the request's field leads (the error's param)
-                    label = f"{scene.fetch.field}: {label}"
+                    label, param = f"{scene.fetch.field}: {label}", scene.fetch.field
                 raise InputError(
                     f"{label}: cannot read the window of rows {y}..{y + height - 1}, columns {x}..{x + width - 1} "
-                    f"({first_line(e)}); the file may be truncated, corrupt or no longer reachable"
+                    f"({first_line(e)}); the file may be truncated, corrupt or no longer reachable", param=param
                 ) from None
         invalid |= np.isnan(data).any(axis=0)
         for band, value in enumerate(scene.nodata):

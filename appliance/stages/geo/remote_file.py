@@ -66,7 +66,7 @@ class RangeFile(io.RawIOBase):
             first, size = self._get(0, 0)
             if size < 0:
                 raise InputError(f"{reads.field}: the server did not say the file's size (Content-Range); it must "
-                                 "answer HTTP range requests")
+                                 "answer HTTP range requests", param=reads.field)
             self.remote.size = size
             self._keep(0, first)
             reads.files[url] = self.remote
@@ -137,7 +137,7 @@ class RangeFile(io.RawIOBase):
         self.remote.fetched += len(data)
         if self.remote.fetched > reads.policy.max_bytes:
             raise InputError(f"{reads.field}: reading the scene took more than {reads.policy.max_bytes} bytes "
-                             "from its host; the limit is server.limits.max_media_bytes")
+                             "from its host; the limit is server.limits.max_media_bytes", param=reads.field)
         return data, size
 
     def _keep(self, index: int, data: bytes) -> None:

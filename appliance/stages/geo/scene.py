@@ -16,7 +16,7 @@ from rasterio.enums import MaskFlags
 
 from appliance.errors import InputError
 from appliance.stages.geo.aoi import Aoi, aoi_window
-from appliance.stages.geo.geotiff import open_raster, probe_geotiff
+from appliance.stages.geo.geotiff import file_param, open_raster, probe_geotiff
 from appliance.stages.geo.sources import SceneSpec, shown
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def _multi_band(spec: SceneSpec, model_bands: Sequence[str], requested) -> List[
         try:
             indexes = select_bands(requested, ds.descriptions, model_bands)
         except InputError as e:
-            raise InputError(f"{label}: {e}") from None
+            raise InputError(f"{label}: {e}", param=file_param(label)) from None
         return [_band(ds, file, label, i) for i in indexes]
 
 
@@ -181,7 +181,7 @@ def _per_band(spec: SceneSpec, model_bands: Sequence[str], requested) -> List[_B
     """Band 1 of each file, in the model's order; every file on the first one's grid."""
     if requested:
         raise InputError("raster_read.bands picks bands of one multi-band file; per-band inputs are already "
-                         "in the model's band order: drop the bands option")
+                         "in the model's band order: drop the bands option", param="raster_read.bands")
     bands = []
     for position, (file, name) in enumerate(zip(spec.files, model_bands)):
         label = spec.label(position)
@@ -189,7 +189,7 @@ def _per_band(spec: SceneSpec, model_bands: Sequence[str], requested) -> List[_B
         with open_raster(file, label, spec.fetch) as ds:
             if ds.count != 1:
                 raise InputError(f"{label}: has {ds.count} bands; a per-band input is one single-band file per "
-                                 f"model band ({name} here)")
+                                 f"model band ({name} here)", param=file_param(label))
             bands.append(_band(ds, file, label, 1))
     first = bands[0]
     for band in bands[1:]:
@@ -197,7 +197,7 @@ def _per_band(spec: SceneSpec, model_bands: Sequence[str], requested) -> List[_B
         if grid != reference:
             raise InputError(f"{band.label}: is on a different grid from {first.label} ({grid} vs {reference}); "
                              "per-band inputs must share one grid (CRS, pixel size, origin, size): resample them "
-                             "first, e.g. gdalwarp -tr / -te")
+                             "first, e.g. gdalwarp -tr / -te", param=file_param(band.label))
     return bands
 
 

@@ -60,7 +60,7 @@ def served_scene_spec(value: Any, geo, policy, field: str, s3_buckets: Sequence[
             check_served_href(file, field, s3_buckets)
     except InputError as e:  # the item's own problems name the item: the client's field leads
         reads.close()
-        if str(e).startswith(f"{field}: "):
+        if e.param == field:
             raise
         raise InputError(f"{field}: {e}", param=field, status=e.status) from None
     except BaseException:

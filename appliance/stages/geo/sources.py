@@ -50,7 +50,7 @@ def gdal_path(href: str) -> str:
         return "/vsis3/" + href.split("://", 1)[1]
     if kind:
         raise InputError(f"input: unsupported URL scheme {kind}:// in {shown(href)}; give a local path, an "
-                         "https:// or http:// URL or an s3://bucket/key")
+                         "https:// or http:// URL or an s3://bucket/key", param="input")
     return href
 
 
@@ -96,7 +96,7 @@ def scene_spec(value: Any, stac_bands: Optional[Sequence[str]], model_bands: Seq
         files = tuple(str(v) for v in value)
         if len(files) != len(model_bands):
             raise InputError(f"{field}: {len(files)} per-band files given but the model takes {len(model_bands)} "
-                             f"bands ({', '.join(model_bands)}), one file each in that order")
+                             f"bands ({', '.join(model_bands)}), one file each in that order", param=field)
         return SceneSpec(name=files[0], files=files, per_band=True, links=tuple(shown(f) for f in files))
     href = str(value)
     if is_stac_item(href):

@@ -122,7 +122,7 @@ class MaskWriter:
         except (RasterioError, OSError) as e:
             reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
             raise InputError(f"output: writing {self.output_path} failed ({reason}); free space or choose "
-                             "another directory; nothing was written") from None
+                             "another directory; nothing was written", param="output") from None
 
     def abort(self) -> None:
         dataset = getattr(self, "dataset", None)
@@ -227,7 +227,8 @@ class RasterWrite(Stage):
                 write_item(item, target)
             except OSError as e:
                 raise InputError(f"output: writing {target} failed ({e.strerror or e}); the mask {path} was "
-                                 "written; free space or pass pipeline.stages.raster_write.stac=false") from None
+                                 "written; free space or pass pipeline.stages.raster_write.stac=false",
+                                 param="output") from None
         out = {k: v for k, v in record.items() if k != "strip"}
         out["display"] = text
         return out
