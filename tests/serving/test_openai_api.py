@@ -231,3 +231,19 @@ def test_continuous_usage_is_on_every_chunk_from_the_first_and_only_with_include
     assert every[-1].choices == [] and every[-1].usage.completion_tokens == every[-2].usage.completion_tokens
     assert len({c.usage.prompt_tokens for c in every}) == 1
     assert all(c.usage is None for c in chunks(include_usage=False, continuous_usage_stats=True))
+
+
+def test_a_completion_stream_opens_with_its_first_token_as_vllms(client):
+    """vLLM's completion streams have no opening chunk: with continuous usage the first reports the first
+    token (completion_tokens 1, its text); a chat's first is the role chunk with 0 completion tokens."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.completions.create(model="llava-tiny", prompt="The shape is", max_tokens=4, temperature=0,
+                                            stream=True, stream_options=options, extra_body={"ignore_eos": True}))
+    first, tokens = chunks[0], [c for c in chunks if c.choices]
+    assert first.choices[0].text and first.usage.completion_tokens == 1
+    counts = [c.usage.completion_tokens for c in tokens]  # a token whose text is incomplete waits for the next
+    assert counts == sorted(set(counts)) and counts[-1] == 4
+    whole = client.completions.create(model="llava-tiny", prompt="The shape is", max_tokens=4, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].text for c in tokens) == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4

@@ -92,7 +92,7 @@ class GenerateRoutes:
                     return JSONResponse(answer.whole(choices))
 
     async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[bytes]:
-        """The SSE body, one write per wake-up: the role chunk goes out with the first event (continuous
+        """The SSE body, one write per wake-up: a chat's role chunk goes out with the first event (continuous
         usage needs its prompt count), and whatever events are already queued (the last tokens, the usage
         chunk, [DONE]) share the last write."""
         pending: List[bytes] = []
@@ -167,16 +167,16 @@ class Answer:
         return shape.Choice(event.index, content or "", reason, event.logprobs, calls)
 
     def opening(self, first_event) -> List[Dict[str, Any]]:
-        """A role chunk per choice; with continuous usage, the prompt's count and no completion tokens yet."""
+        """As vLLM's streams open: a chat's role chunk per choice (with continuous usage, the prompt's count
+        and no completion tokens yet); none for a completion, whose first chunk carries its first token."""
         self.opened = True
+        if self.kind != "chat":
+            return []
         usage = None if self.request.include_usage else ...
         if self.continuous_usage and isinstance(first_event, Tokens):
             usage = shape.usage(first_event.prompt_tokens, 0)
-        if self.kind == "chat":
-            return [shape.chat_chunk(self.uid, self.model, self.created, i, {"role": "assistant", "content": ""},
-                                     usage_=usage) for i in range(self.choices)]
-        return [shape.text_chunk(self.uid, self.model, self.created, i, "", usage_=usage)
-                for i in range(self.choices)]
+        return [shape.chat_chunk(self.uid, self.model, self.created, i, {"role": "assistant", "content": ""},
+                                 usage_=usage) for i in range(self.choices)]
 
     def chunks(self, event: Tokens) -> List[Dict[str, Any]]:
         usage = shape.usage(event.prompt_tokens, event.completion_tokens)
