@@ -6,6 +6,8 @@ work against ours unchanged:
                       "add_special_tokens"?, "return_token_strs"?: false}
       -> {"count", "max_model_len", "tokens", "token_strs"}
     POST /detokenize {"model"?, "tokens"} -> {"prompt"}
+    GET /tokenizer_info -> {"tokenizer_class", "chat_template"?, the tokenizer's settings: "bos_token",
+                            "eos_token", "pad_token", "model_max_length", ...}
 
 A body with `messages` is a chat (vLLM tells the two apart the same way). The chat's tokens are those a
 chat completion with the same messages would run: images count as the placeholder tokens they expand
@@ -15,8 +17,14 @@ answer carries `max_model_len` to compare against.
 
 The pydantic models are the one definition of the bodies: they validate (strict: no type coercion, no
 unknown field) and the server's OpenAPI document is generated from them (`serving/http/openapi.py`).
-`TokenizeResponse` and `DetokenizeResponse` describe the answers (built as plain dicts in the engine
-process), for the same document and for the tests that check real answers against them.
+`TokenizeResponse`, `DetokenizeResponse` and `TokenizerInfoResponse` describe the answers (built as plain
+dicts in the engine process), for the same document and for the tests that check real answers against them.
+
+`/tokenizer_info` answers as vLLM's (behind its `--enable-tokenizer-info-endpoint`): the tokenizer's
+`init_kwargs` as JSON (a special token as its text), its class and the chat template the server renders
+with; lm-eval's `tokenizer_backend=remote` reads `eos_token`, `bos_token`, `pad_token` and
+`chat_template` from it. File locations on the server are left out (vLLM drops `vocab_file` and
+`merges_file`; we drop `name_or_path` too).
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -78,6 +86,15 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+class TokenizerInfoResponse(BaseModel):
+    """The tokenizer's settings; which keys there are besides `tokenizer_class` depends on the tokenizer."""
+    model_config = ConfigDict(extra="allow")
+
+    tokenizer_class: str = Field(description="the tokenizer's class name")
+    chat_template: Optional[str] = Field(default=None, description="the Jinja chat template chats are rendered "
+                                                                   "with (left out when there is none)")
+
+
 # What an error says a field should be, where pydantic's own words would not help a client.
 EXPECTED = {"prompt": "a string (or send messages for a chat)",
             "tokens": "a list of token ids (integers >= 0)",
@@ -127,6 +144,35 @@ def tokenize_response(tokens: List[int], max_model_len: int, token_strs: Optiona
 
 def detokenize_response(prompt: str) -> Dict[str, Any]:
     return {"prompt": prompt}
+
+
+SERVER_PATHS = ("vocab_file", "merges_file", "name_or_path")  # where the tokenizer's files lie on the server
+
+
+def tokenizer_info_response(tokenizer) -> Dict[str, Any]:
+    """vLLM's `/tokenizer_info` answer for a Hugging Face tokenizer."""
+    info = {key: _json_value(value) for key, value in (getattr(tokenizer, "init_kwargs", None) or {}).items()
+            if key not in SERVER_PATHS}
+    info["tokenizer_class"] = type(tokenizer).__name__
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        info["chat_template"] = template
+    else:
+        info.pop("chat_template", None)
+    return info
+
+
+def _json_value(value: Any) -> Any:
+    """A setting as JSON: a special token (`AddedToken`) as its text, a mapping's keys as strings."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {str(key): _json_value(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(item) for item in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 def _object(body: Any) -> Dict[str, Any]:

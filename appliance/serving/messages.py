@@ -33,6 +33,11 @@ class DetokenizeJob:
 
 
 @dataclass
+class TokenizerInfoJob:
+    """`GET /tokenizer_info`: the engine process's tokenizer described."""
+
+
+@dataclass
 class PoolJob:
     input_path: Any             # a GeoTIFF on the server (spooled upload or an allowed file), or per-band files
     input_url: Any              # or a URL / per-band URLs, read by windows (stages/geo/served.py)

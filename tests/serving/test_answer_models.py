@@ -85,7 +85,7 @@ def test_the_documents_answer_schemas_are_the_models(llava_server):
     document = httpx.get(f"{llava_server.base}/openapi.json", timeout=10).json()
     components = document["components"]["schemas"]
     served = [(method, path) for method, path in ANSWERS if path in document["paths"]]
-    assert len(served) == 6  # all but /pooling
+    assert len(served) == 7  # all but /pooling
     for method, path in served:
         operation = document["paths"][path][method]
         assert operation["responses"]["4XX"]["content"]["application/json"]["schema"] == ref(ErrorResponse)

@@ -106,3 +106,28 @@ def test_a_pooling_server_has_no_tokenize_routes(flood_server):
     for path in ("/tokenize", "/detokenize"):
         answer = httpx.post(f"{flood_server.base}{path}", json={"prompt": "x"}, headers=headers, timeout=10)
         assert answer.status_code == 404 and "no such route" in error(answer)["message"]
+
+
+def test_tokenizer_info_is_vllms_and_serves_lm_evals_remote_tokenizer(llava_server, tokenizer):
+    """vLLM's `GET /tokenizer_info` shape, and what lm-eval's RemoteTokenizer does with it: it reads the
+    special tokens and the chat template, then finds each special token's id through /tokenize."""
+    from appliance.protocol.tokenize import TokenizerInfoResponse
+
+    answer = httpx.get(f"{llava_server.base}/tokenizer_info", timeout=60)
+    assert answer.status_code == 200, answer.text
+    info = answer.json()
+    TokenizerInfoResponse.model_validate(info)
+    assert info["tokenizer_class"] == type(tokenizer).__name__
+    assert (info["eos_token"], info["bos_token"], info["pad_token"]) == (
+        tokenizer.eos_token, tokenizer.bos_token, tokenizer.pad_token)
+    assert info["chat_template"] == tokenizer.chat_template and info["model_max_length"] == 256
+    assert info["added_tokens_decoder"][str(tokenizer.eos_token_id)] == tokenizer.eos_token
+    assert not {"name_or_path", "vocab_file", "merges_file"} & set(info), "no server paths"
+    eos = post(llava_server, "/tokenize", prompt=info["eos_token"], add_special_tokens=False).json()["tokens"]
+    assert eos[0] == tokenizer.eos_token_id
+
+
+def test_a_pooling_server_has_no_tokenizer_info(flood_server):
+    answer = httpx.get(f"{flood_server.base}/tokenizer_info", headers={"Authorization": f"Bearer {API_KEY}"},
+                       timeout=30)
+    assert answer.status_code == 404 and "/pooling" in answer.json()["error"]["message"]

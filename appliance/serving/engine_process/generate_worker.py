@@ -12,7 +12,7 @@ prompt's first answer and its siblings (`LLMEngine.add_request(sibling=...)`): t
 once and its KV blocks shared through the prefix cache. Events carry the answer's choice index; the
 request ends when every answer has.
 
-`/tokenize` and `/detokenize` jobs go to `Tokenizing` (tokenizing.py) and never enter the engine.
+`/tokenize`, `/detokenize` and `/tokenizer_info` jobs go to `Tokenizing` (tokenizing.py) and never enter the engine.
 """
 import logging
 import os
@@ -30,7 +30,8 @@ from appliance.serving.engine_process.request_metrics import RequestMetrics
 from appliance.serving.engine_process.sessions import Answer, Session, engine_id, request_of
 from appliance.serving.engine_process.tokenizing import Tokenizing
 from appliance.serving.engine_process.worker import Worker
-from appliance.serving.messages import Admitted, DetokenizeJob, Done, Failed, GenerateJob, TokenizeJob
+from appliance.serving.messages import (Admitted, DetokenizeJob, Done, Failed, GenerateJob, TokenizeJob,
+                                       TokenizerInfoJob)
 
 log = logging.getLogger(__name__)
 # Answers one request may ask for (prompts x n): each is a sequence in the engine, and the queue limit
@@ -45,7 +46,7 @@ class GenerateWorker(Worker):
         self.unprepared: List[Tuple[str, GenerateJob]] = []
         self.unprepared_lock = threading.Lock()
         self.preparers = 0
-        self.tokenizing = Tokenizing(self)  # /tokenize and /detokenize: beside the engine, not in it
+        self.tokenizing = Tokenizing(self)  # /tokenize, /detokenize, /tokenizer_info: beside the engine
 
     def start(self) -> None:
         self.stage = self.online.engine  # the pipeline's `engine` stage: it adds requests as `appliance run` does
@@ -76,7 +77,7 @@ class GenerateWorker(Worker):
 
     # ---- requests -------------------------------------------------------------------------------
     def admit(self, uid: str, arrival: float, job: GenerateJob) -> None:
-        if isinstance(job, (TokenizeJob, DetokenizeJob)):
+        if isinstance(job, (TokenizeJob, DetokenizeJob, TokenizerInfoJob)):
             self.tokenizing.admit(uid, job)
             return
         self.sessions[uid] = Session(job.request, arrival)

@@ -1,4 +1,5 @@
-"""`/tokenize` and `/detokenize` jobs of a generating server, beside the engine but never in it.
+"""`/tokenize`, `/detokenize` and `/tokenizer_info` jobs of a generating server, beside the engine, never
+in it.
 
 They run in the worker's thread pool and touch no engine state: a chat goes through the online head
 (`chat_prompt`) exactly as a chat completion is prepared, so its images are loaded, preprocessed and
@@ -7,9 +8,9 @@ the pipeline's one tokenizer. The answer is posted to the loop, which sends it a
 """
 from typing import Any, Dict, List, Set
 
-from appliance.protocol.tokenize import detokenize_response, tokenize_response
+from appliance.protocol.tokenize import detokenize_response, tokenize_response, tokenizer_info_response
 from appliance.serving.engine_process.records import ChatRecord, as_record
-from appliance.serving.messages import DetokenizeJob, TokenizeJob
+from appliance.serving.messages import DetokenizeJob, TokenizeJob, TokenizerInfoJob
 from appliance.stages.chat.template import ChatRendering
 
 
@@ -35,7 +36,12 @@ class Tokenizing:
         if uid not in self.pending:  # aborted while it waited for a thread
             return
         try:
-            result = self._tokenize(uid, job) if isinstance(job, TokenizeJob) else self._detokenize(job)
+            if isinstance(job, TokenizeJob):
+                result = self._tokenize(uid, job)
+            elif isinstance(job, TokenizerInfoJob):
+                result = tokenizer_info_response(self.worker.stage.engine.tokenizer)
+            else:
+                result = self._detokenize(job)
             self.worker.post("tokenized", uid, result)
         except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
             self.worker.post("failed", uid, self.worker.failure(e, "tokenizing"))

@@ -5,13 +5,13 @@ dicts (no model is built per request), and LitServe adds them with neither a bod
 so FastAPI can infer neither; `install` adds both to the document, once, from
 the models that validate the requests (`protocol.openai_models`, `protocol.pooling.PoolingBody`,
 `protocol.tokenize`) and the models that describe the answers (`protocol.openai_answers`, errors
-included, `protocol.pooling.PoolingResponse`, `protocol.tokenize`'s `TokenizeResponse` and
-`DetokenizeResponse`). An answer's model is a component (`#/components/schemas/ChatCompletion`); a
-request's schema stays inline, its nested models components. A streamed answer is `text/event-stream`,
-one schema per event (as OpenAPI 3.1 reads a stream): its `data` is a chunk model's JSON
-(`contentSchema`), an error's, or `[DONE]`. `/v1/pool` takes and answers GeoTIFF bytes, which no model
-describes. LitServe's own routes (`GET /`, its health and info) are left out: the Gate answers them 404
-(http/errors.py). For clients, docs (`/docs`) and the schema-driven fuzz tests.
+included, `protocol.pooling.PoolingResponse`, `protocol.tokenize`'s `TokenizeResponse`,
+`DetokenizeResponse`, `TokenizerInfoResponse`). An answer's model is a component
+(`#/components/schemas/ChatCompletion`); a request's schema stays inline, its nested models components.
+A streamed answer is `text/event-stream`, one schema per event (as OpenAPI 3.1 reads a stream): its
+`data` is a chunk model's JSON (`contentSchema`), an error's, or `[DONE]`. `/v1/pool` takes and answers
+GeoTIFF bytes, which no model describes. LitServe's own routes (`GET /`, its health and info) are left
+out: the Gate answers them 404 (http/errors.py). For clients, docs (`/docs`) and the schema-driven fuzz tests.
 """
 from typing import Any, Dict
 
@@ -20,7 +20,7 @@ from appliance.protocol.openai_answers import (ChatCompletion, ChatCompletionChu
 from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest
 from appliance.protocol.pooling import PoolingBody, PoolingResponse
 from appliance.protocol.tokenize import (DetokenizeBody, DetokenizeResponse, TokenizeChatBody,
-                                         TokenizeCompletionBody, TokenizeResponse)
+                                         TokenizeCompletionBody, TokenizerInfoResponse, TokenizeResponse)
 from appliance.serving.http.errors import LITSERVE_ROUTES
 
 JSON, SSE = "application/json", "text/event-stream"
@@ -38,6 +38,7 @@ ANSWERS = {  # (method, path) -> the 200 answer's model by content type (a strea
     ("post", "/pooling"): {JSON: PoolingResponse},
     ("post", "/tokenize"): {JSON: TokenizeResponse},
     ("post", "/detokenize"): {JSON: DetokenizeResponse},
+    ("get", "/tokenizer_info"): {JSON: TokenizerInfoResponse},
     ("get", "/v1/models"): {JSON: ModelList},
     ("get", "/v1/models/{model_id}"): {JSON: ModelCard},
 }

@@ -1,4 +1,4 @@
-"""vLLM's `POST /tokenize` and `POST /detokenize` (generating pipelines only).
+"""vLLM's `POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info` (generating pipelines only).
 
 The bodies are parsed here (appliance/protocol/tokenize.py); the work happens in the engine process,
 which holds the tokenizer, the chat template and the image preprocessing (a chat's images count as
@@ -12,7 +12,7 @@ from appliance.protocol.tokenize import parse_detokenize, parse_tokenize
 from appliance.serving.http.errors import parse_body
 from appliance.serving.http.frontend import Frontend
 from appliance.serving.http.routes_generate import check_model
-from appliance.serving.messages import DetokenizeJob, TokenizeJob
+from appliance.serving.messages import DetokenizeJob, TokenizeJob, TokenizerInfoJob
 
 
 class TokenizeRoutes:
@@ -29,3 +29,6 @@ class TokenizeRoutes:
         parsed = await parse_body(request, parse_detokenize)
         check_model(parsed.model, self.frontend.model_name)
         return await self.frontend.answer_once(request, new_id("tok"), DetokenizeJob(parsed.tokens))
+
+    async def tokenizer_info(self, request: Request):
+        return await self.frontend.answer_once(request, new_id("tok"), TokenizerInfoJob())

@@ -1,7 +1,7 @@
 """The routes of `appliance serve`, as a LitSpec: LitServe adds them to its FastAPI app.
 
 The pipeline's kind decides the API: a generating engine gets OpenAI's `/v1/chat/completions`,
-`/v1/completions` and `/v1/models`, and vLLM's `/tokenize` and `/detokenize`; a pooling engine gets
+`/v1/completions` and `/v1/models`, and vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info`; a pooling engine gets
 vLLM's `/pooling` and the raw `/v1/pool`; a pipeline without an engine gets `POST /predict`. Every
 server has `/health`, `/ready`, `/version` and `/metrics`. The handlers read their own bodies and
 answer Starlette responses; what they need of the engine goes through the `Frontend` (frontend.py),
@@ -43,6 +43,7 @@ class ApplianceSpec(LitSpec):
             tokenizing = TokenizeRoutes(self.frontend, cfg)
             self.add_endpoint("/tokenize", tokenizing.tokenize, ["POST"])
             self.add_endpoint("/detokenize", tokenizing.detokenize, ["POST"])
+            self.add_endpoint("/tokenizer_info", tokenizing.tokenizer_info, ["GET"])
         elif kind == "pool":
             routes = PoolRoutes(self.frontend, cfg, spool_dir)
             self.add_endpoint("/v1/models", ops.models, ["GET"])
