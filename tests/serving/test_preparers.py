@@ -8,6 +8,7 @@ import time
 from types import SimpleNamespace
 
 from appliance.serving.engine_process.generate_worker import GenerateWorker
+from appliance.serving.engine_process.inbox import Prepared
 from tests.conftest import assert_user_error, run_cli
 
 
@@ -29,13 +30,13 @@ class RecordingWorker(GenerateWorker):
                 self.prepared_by[uid] = threading.current_thread().name
             self.groups.append([uid for uid, _ in group])
         self.release.wait(30)
-        return [("prepared", ([1, 2, 3], None))] * len(group)
+        return [Prepared(uid, [([1, 2, 3], None)]) for uid, _ in group]
 
     def posted(self):
         items = []
         while not self.inbox.empty():
             items.append(self.inbox.get())
-        return [(kind, uid) for kind, uid, _, _ in items]
+        return [(type(message).__name__, message.uid) for message in items]
 
 
 def admit(worker, uid):
@@ -58,7 +59,7 @@ def test_one_preparer_takes_every_request_waiting_and_hands_them_over_together()
     assert worker.preparers == 1 and [uid for uid, _ in worker.unprepared] == ["b", "c", "d"]
     worker.release.set()
     worker.pool.shutdown(wait=True)
-    assert worker.posted() == [("prepared", uid) for uid in "abcd"]
+    assert worker.posted() == [("Prepared", uid) for uid in "abcd"]
     assert worker.groups == [["a"], ["b", "c", "d"]]  # prepared as one group
     assert len(set(worker.prepared_by.values())) == 1 and worker.preparers == 0
 
@@ -86,3 +87,22 @@ def test_preprocess_workers_default():
 def test_a_negative_preprocess_workers_is_a_cli_error():
     result = run_cli("serve", "pipeline=llava_chat", "server.preprocess_workers=-1")
     assert_user_error(result, "server.preprocess_workers: -1; allowed: 0")
+
+
+def test_every_inbox_message_has_one_handler_in_the_worker_kinds_that_receive_it():
+    """The dispatch table, checked: each message type maps to a method of the worker that handles it."""
+    from appliance.serving.engine_process import inbox
+    from appliance.serving.engine_process.plain_worker import PlainWorker
+    from appliance.serving.engine_process.pool_worker import PoolWorker
+
+    cfg = SimpleNamespace(server=SimpleNamespace(preprocess_workers=1))
+    kinds = {kind: kind(cfg, online=None, metrics=None, shared=None).message_handlers()
+             for kind in (GenerateWorker, PoolWorker, PlainWorker)}
+    expected = {GenerateWorker: {inbox.Arrived, inbox.Unanswerable, inbox.Prepared, inbox.Tokenized},
+                PoolWorker: {inbox.Arrived, inbox.Unanswerable, inbox.TileReady, inbox.Finished},
+                PlainWorker: {inbox.Arrived, inbox.Unanswerable, inbox.Finished}}
+    for kind, handlers in kinds.items():
+        assert set(handlers) == expected[kind], kind
+        assert all(handler.__self__.__class__ is kind for handler in handlers.values())
+    messages = {value for value in vars(inbox).values() if isinstance(value, type) and value.__module__ == inbox.__name__}
+    assert messages == set().union(*expected.values())  # no message nobody handles

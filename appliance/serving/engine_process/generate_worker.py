@@ -18,13 +18,14 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from appliance.engine.sampling_params import SamplingParams
 from appliance.errors import InputError
 from appliance.pipeline import Pipeline
 from appliance.protocol.openai_responses import echo_text, token_decoder
 from appliance.serving.engine_process.answer_events import AnswerEvents
+from appliance.serving.engine_process.inbox import Prepared, Tokenized, Unanswerable
 from appliance.serving.engine_process.records import ChatRecord, as_record
 from appliance.serving.engine_process.request_metrics import RequestMetrics
 from appliance.serving.engine_process.sessions import Answer, Session, engine_id, request_of
@@ -47,6 +48,9 @@ class GenerateWorker(Worker):
         self.unprepared_lock = threading.Lock()
         self.preparers = 0
         self.tokenizing = Tokenizing(self)  # /tokenize, /detokenize, /tokenizer_info: beside the engine
+
+    def message_handlers(self) -> Dict[type, Callable[[Any], None]]:
+        return {**super().message_handlers(), Prepared: self.on_prepared, Tokenized: self.on_tokenized}
 
     def start(self) -> None:
         self.stage = self.online.engine  # the pipeline's `engine` stage: it adds requests as `appliance run` does
@@ -99,13 +103,12 @@ class GenerateWorker(Worker):
                     self.preparers -= 1
                     return
             group = [(uid, job) for uid, job in batch if uid in self.sessions]  # aborted ones: nobody waits
-            for (uid, _), (kind, payload) in zip(group, self._prepare_group(group)):
-                self.post(kind, uid, payload)
+            for message in self._prepare_group(group):
+                self.post(message)
 
-    def _prepare_group(self, group: List[Tuple[str, GenerateJob]]) -> List[Tuple[str, Any]]:
-        """Per request, ("prepared", [(token ids, images) per prompt]) for the engine or ("failed", the
-        Failed event). The chat requests go through the online head together, as a batch file's do in
-        `appliance run` (one failing fails only itself)."""
+    def _prepare_group(self, group: List[Tuple[str, GenerateJob]]) -> List[Union[Prepared, Unanswerable]]:
+        """Per request, its prompts for the engine or its failure. The chat requests go through the online
+        head together, as a batch file's do in `appliance run` (one failing fails only itself)."""
         chats = [(uid, job) for uid, job in group if job.request.kind == "chat"]
         outputs = self.head.run_each([self._record(uid, job) for uid, job in chats])
         heads = {uid: out for (uid, _), out in zip(chats, outputs)}
@@ -122,9 +125,9 @@ class GenerateWorker(Worker):
                 field = "messages" if job.request.kind == "chat" else "prompt"
                 for prompt, _ in prompts:
                     self.stage.check_fits(len(prompt), job.request.sampling.get("max_tokens"), field)
-                results.append(("prepared", prompts))
+                results.append(Prepared(uid, prompts))
             except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
-                results.append(("failed", self.failure(e, "preparing the request")))
+                results.append(Unanswerable(uid, self.failure(e, "preparing the request")))
         return results
 
     @staticmethod
@@ -133,7 +136,8 @@ class GenerateWorker(Worker):
         return as_record(ChatRecord(request.messages, request.sampling, "messages", job.media_dir, uid, request.model,
                                     tools=request.tools, describe_tools=is_auto(request.tool_calling)))
 
-    def on_prepared(self, uid: str, prompts: List[Tuple[List[int], Optional[list]]]) -> None:
+    def on_prepared(self, message: Prepared) -> None:
+        uid, prompts = message.uid, message.prompts
         session = self.sessions.get(uid)
         if session is None:  # aborted while it was being prepared
             return
@@ -156,9 +160,9 @@ class GenerateWorker(Worker):
     def _detokenize(self, ids: List[int]) -> str:
         return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def on_tokenized(self, uid: str, result: Dict[str, Any]) -> None:
-        if self.tokenizing.forget(uid):
-            self.emit(uid, Done(result))
+    def on_tokenized(self, message: Tokenized) -> None:
+        if self.tokenizing.forget(message.uid):
+            self.emit(message.uid, Done(message.result))
 
     def _add_answers(self, uid: str, session: Session, prompts: List[Tuple[List[int], Optional[list]]]) -> None:
         """n engine requests per prompt: its first answer, then the others as its siblings."""

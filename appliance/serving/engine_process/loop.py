@@ -19,6 +19,7 @@ from litserve.loops.base import LitLoop
 
 from appliance.heap import settle_heap
 from appliance.serving import pipes
+from appliance.serving.engine_process.inbox import Arrived
 from appliance.serving.messages import Failed
 from appliance.serving.state import DEAD, READY
 from appliance.serving.stop_signals import follow_parent
@@ -95,7 +96,7 @@ class EngineLoop(LitLoop):
                 uid, arrival, message = pipes.receive(requests.fileno())
             except (EOFError, OSError):  # the server is shutting down
                 return
-            worker.post("request", uid, message, arrival)
+            worker.post(Arrived(uid, message, arrival))
 
     @staticmethod
     def _send(events, batch) -> None:

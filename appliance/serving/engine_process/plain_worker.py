@@ -2,14 +2,18 @@
 record in the worker pool, and answers with the JSON-readable fields of the records it yields."""
 import math
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 from appliance.pipeline import Pipeline, Record
 from appliance.serving.messages import Done, PredictJob
+from appliance.serving.engine_process.inbox import Finished, Unanswerable
 from appliance.serving.engine_process.worker import Worker
 
 
 class PlainWorker(Worker):
+    def message_handlers(self) -> Dict[type, Callable[[Any], None]]:
+        return {**super().message_handlers(), Finished: self.on_finished}
+
     def start(self) -> None:
         self.pipeline = Pipeline(self.online.head, ready=True)
         self.requests: Dict[str, float] = {}  # uid -> arrival
@@ -22,16 +26,16 @@ class PlainWorker(Worker):
     def _run(self, uid: str, record: Record) -> None:
         try:
             results = [jsonable(out) for out in self.pipeline.run([record])]
-            self.post("finished", uid, {"results": results})
+            self.post(Finished(uid, {"results": results}))
         except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
-            self.post("failed", uid, self.failure(e, "running the pipeline"))
+            self.post(Unanswerable(uid, self.failure(e, "running the pipeline")))
 
-    def on_finished(self, uid: str, result: Dict[str, Any]) -> None:
-        arrival = self.requests.pop(uid, None)
+    def on_finished(self, message: Finished) -> None:
+        arrival = self.requests.pop(message.uid, None)
         if arrival is not None:
             self.metrics.e2e.observe(time.monotonic() - arrival)
             self.metrics.success("stop").inc()
-            self.emit(uid, Done(result))
+            self.emit(message.uid, Done(message.result))
         self.shared.set_running(len(self.requests))
 
     def abort(self, uid: str) -> None:

@@ -16,13 +16,14 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, Optional, Tuple
 
 import torch
 
 from appliance.errors import InputError, UserError
 from appliance.pipeline import Pipeline, Record, Stage
 from appliance.serving.messages import Done, Failed, PoolJob
+from appliance.serving.engine_process.inbox import Finished, TileReady, Unanswerable
 from appliance.serving.engine_process.records import SceneRecord, as_record
 from appliance.serving.engine_process.worker import Worker
 
@@ -43,7 +44,7 @@ class PoolSession:
     def send(self, seq: int, item: torch.Tensor) -> None:
         if self.cancelled.is_set():
             raise RequestCancelled()
-        self.worker.post("tile", self.uid, (seq, item))
+        self.worker.post(TileReady(self.uid, seq, item))
 
     def receive(self) -> Tuple[int, Any]:
         seq, output = self.results.get()
@@ -93,6 +94,9 @@ class EngineBridge(Stage):
 
 
 class PoolWorker(Worker):
+    def message_handlers(self) -> Dict[type, Callable[[Any], None]]:
+        return {**super().message_handlers(), TileReady: self.on_tile, Finished: self.on_finished}
+
     def start(self) -> None:
         stage = self.online.engine
         self.engine = stage.engine
@@ -137,7 +141,7 @@ class PoolWorker(Worker):
             last: Optional[Record] = None
             for last in self.stages.replaced(self.engine_index, bridge).run([record]):
                 pass
-            self.post("finished", session.uid, {"display": (last or {}).get("display")})
+            self.post(Finished(session.uid, {"display": (last or {}).get("display")}))
         except RequestCancelled:
             pass
         except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
@@ -150,24 +154,23 @@ class PoolWorker(Worker):
                     message = message.replace(path, field)
                 param = fields.get(e.param, e.param)  # an error about one of its files names that file
                 e = InputError(message, param, e.status) if isinstance(e, InputError) else type(e)(message, param)
-            self.post("failed", session.uid, self.failure(e, "running the scene"))
+            self.post(Unanswerable(session.uid, self.failure(e, "running the scene")))
         finally:
             reads = getattr(source, "fetch", None)  # a URL's RemoteReads: its kept connections end here
             if reads is not None:
                 reads.close()
 
-    def on_tile(self, uid: str, payload: Tuple[int, torch.Tensor]) -> None:
-        if uid not in self.sessions:
+    def on_tile(self, message: TileReady) -> None:
+        if message.uid not in self.sessions:
             return  # aborted: its remaining tiles never reach the engine
-        seq, item = payload
-        self.tiles[self.engine.add_request([item])] = (uid, seq)
+        self.tiles[self.engine.add_request([message.tile])] = (message.uid, message.seq)
 
-    def on_finished(self, uid: str, result: Dict[str, Any]) -> None:
-        session = self.sessions.pop(uid, None)
+    def on_finished(self, message: Finished) -> None:
+        session = self.sessions.pop(message.uid, None)
         if session is not None:
             self.metrics.e2e.observe(time.monotonic() - session.arrival)
             self.metrics.pool_request("success").inc()
-            self.emit(uid, Done(result))
+            self.emit(message.uid, Done(message.result))
 
     def abort(self, uid: str) -> None:
         if self.forget(uid):

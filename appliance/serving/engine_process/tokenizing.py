@@ -9,6 +9,7 @@ the pipeline's one tokenizer. The answer is posted to the loop, which sends it a
 from typing import Any, Dict, List, Set
 
 from appliance.protocol.tokenize import detokenize_response, tokenize_response, tokenizer_info_response
+from appliance.serving.engine_process.inbox import Tokenized, Unanswerable
 from appliance.serving.engine_process.records import ChatRecord, as_record
 from appliance.serving.messages import DetokenizeJob, TokenizeJob, TokenizerInfoJob
 from appliance.stages.chat.template import ChatRendering
@@ -42,9 +43,9 @@ class Tokenizing:
                 result = tokenizer_info_response(self.worker.stage.engine.tokenizer)
             else:
                 result = self._detokenize(job)
-            self.worker.post("tokenized", uid, result)
+            self.worker.post(Tokenized(uid, result))
         except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
-            self.worker.post("failed", uid, self.worker.failure(e, "tokenizing"))
+            self.worker.post(Unanswerable(uid, self.worker.failure(e, "tokenizing")))
 
     def _tokenize(self, uid: str, job: TokenizeJob) -> Dict[str, Any]:
         request, stage = job.request, self.worker.stage

@@ -3,14 +3,16 @@
 A `Worker` owns the engine (through the pipeline's `engine` stage), the online stages around it and a
 thread pool that prepares requests (fetch, decode, template, tile) so that no engine step waits for
 one. Everything that touches the engine runs on the loop's thread; pool threads talk to it only through
-`post` (the inbox), and the loop answers clients only through `emit` (events, sent once per turn).
+`post` (the inbox: inbox.py's messages, each handled by the method `handlers()` names), and the loop
+answers clients only through `emit` (events, sent once per turn).
 """
 import logging
 import queue
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from appliance.errors import ConfigError, InputError, UserError
+from appliance.serving.engine_process.inbox import Arrived, Unanswerable
 from appliance.serving.messages import Abort, Failed
 from appliance.serving.metrics import EngineMetrics
 from appliance.serving.split import OnlinePipeline
@@ -25,15 +27,20 @@ class Worker:
         self.online = online
         self.metrics = metrics
         self.shared = shared
-        self.inbox: "queue.SimpleQueue[Tuple[str, str, float, Any]]" = queue.SimpleQueue()
+        self.inbox: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.handlers = self.message_handlers()
         self.workers = cfg.server.preprocess_workers or self.default_workers()  # server.serve checked it
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="prepare")
         self.events: List[Tuple[str, Any]] = []
 
     # ---- plumbing -------------------------------------------------------------------------------
-    def post(self, kind: str, uid: str, payload: Any = None, arrival: float = 0.0) -> None:
-        """Thread-safe: hand the loop something to do on its thread."""
-        self.inbox.put((kind, uid, arrival, payload))
+    def post(self, message: Any) -> None:
+        """Thread-safe: hand the loop one of inbox.py's messages, handled on its thread."""
+        self.inbox.put(message)
+
+    def message_handlers(self) -> Dict[type, Callable[[Any], None]]:
+        """Which method handles each message type this worker receives; a worker kind adds its own."""
+        return {Arrived: self.on_arrived, Unanswerable: self.on_unanswerable}
 
     def emit(self, uid: str, event: Any) -> None:
         self.events.append((uid, event))
@@ -43,31 +50,29 @@ class Worker:
         return events
 
     def drain_inbox(self, timeout: float) -> None:
-        """Handle everything posted; wait up to `timeout` for the first item when there is none."""
+        """Handle everything posted; wait up to `timeout` for the first message when there is none."""
         try:
-            item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+            message = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
             try:
-                self.handle(*item)
+                self.handlers[type(message)](message)
             except Exception as e:  # noqa: BLE001 - a bug with one request must not stop the engine
-                self.emit(item[1], self.failure(e, f"handling a {item[0]} message"))
+                self.emit(message.uid, self.failure(e, f"handling {type(message).__name__}"))
             try:
-                item = self.inbox.get_nowait()
+                message = self.inbox.get_nowait()
             except queue.Empty:
                 return
 
-    def handle(self, kind: str, uid: str, arrival: float, payload: Any) -> None:
-        if kind == "request":
-            if isinstance(payload, Abort):
-                self.abort(uid)
-            else:
-                self.admit(uid, arrival, payload)
-        elif kind == "failed":
-            self.fail(uid, payload)
+    def on_arrived(self, message: Arrived) -> None:
+        if isinstance(message.message, Abort):
+            self.abort(message.uid)
         else:
-            getattr(self, f"on_{kind}")(uid, payload)
+            self.admit(message.uid, message.arrival, message.message)
+
+    def on_unanswerable(self, message: Unanswerable) -> None:
+        self.fail(message.uid, message.failure)
 
     def fail(self, uid: str, failure: Failed) -> None:
         if self.forget(uid):

@@ -1,0 +1,54 @@
+"""What the engine loop's inbox holds: one dataclass per kind of message. Each is handled on the loop's
+thread by the worker method its `handlers()` table names (worker.py and the worker kinds), so every
+sender (`worker.post(Message(...))`) and every receiver is found by the class name.
+
+Senders: loop.py's receiver thread (`Arrived`); the worker's pool threads (the rest).
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from appliance.serving.messages import Failed
+
+
+@dataclass(frozen=True)
+class Arrived:
+    """A job, or an `Abort`, from the HTTP process (loop.py's receiver). Every worker kind."""
+    uid: str
+    message: Any
+    arrival: float
+
+
+@dataclass(frozen=True)
+class Unanswerable:
+    """Preparing or running the request failed on a pool thread; `failure` is its answer. Every kind."""
+    uid: str
+    failure: Failed
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A generate request's prompts, ready for the engine: (token ids, images or None) per prompt."""
+    uid: str
+    prompts: List[Tuple[List[int], Optional[list]]]
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """The answer to a /tokenize, /detokenize or /tokenizer_info job (generate workers)."""
+    uid: str
+    result: Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TileReady:
+    """One tile of a pooling request's scene, for the engine; `seq` orders it within the request."""
+    uid: str
+    seq: int
+    tile: Any
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A pooling or plain request ran to its end on its pool thread; `result` is its answer."""
+    uid: str
+    result: Dict[str, Any]
