@@ -1,6 +1,5 @@
 """`appliance VERB [key=value ...]`: the command line. Every verb takes Hydra overrides."""
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -11,6 +10,7 @@ from omegaconf import OmegaConf
 from appliance import __version__
 from appliance.errors import ConfigError, UserError
 from appliance.heap import settle_heap
+from appliance.logs import SERVE_LEVEL, setup_logging
 
 VERBS = {
     "run": "run the pipeline offline on `input=...` and write or print its results",
@@ -150,8 +150,7 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
     from appliance.config.compose import compose
 
     cfg = compose(overrides)
-    level = cfg.log_level or ("INFO" if verb == "serve" else "WARNING")
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging(cfg.log_level or (SERVE_LEVEL if verb == "serve" else "WARNING"), cfg.log_format)
     if verb == "config":
         print(OmegaConf.to_yaml(cfg, resolve=True), end="")  # free texts as given (free_text.py)
         return 0
@@ -173,7 +172,9 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
         return _run(cfg, pipeline)
     _check_servable(cfg, pipeline)
     from appliance.serving.server import serve
+    from appliance.serving.startup import check_stats_interval
 
+    check_stats_interval(cfg.server.stats_interval_s)
     return serve(cfg, pipeline)
 
 

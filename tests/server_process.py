@@ -6,8 +6,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import List
 
 import httpx
 import pytest
@@ -25,10 +27,16 @@ def free_port() -> int:
 class Server:
     base: str
     proc: subprocess.Popen
+    lines: List[str] = field(default_factory=list)  # what it printed so far, read as it comes (a pipe nobody
+    # read would fill with request log lines and stall the server)
 
     def output(self) -> str:
-        """What the server printed (read after it stopped)."""
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        """What the server printed so far; all of it once `server_process` stopped it."""
+        return "".join(self.lines)
+
+    def read_output(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
 
 
 @contextlib.contextmanager
@@ -48,11 +56,15 @@ def server_process(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=N
         start_new_session=True,
     )
     server = Server(f"http://127.0.0.1:{port}", proc)
+    reader = threading.Thread(target=server.read_output, name="server-output", daemon=True)
+    reader.start()
     probe = "/ready" if ready else "/health"
     try:
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
+            if proc.poll() is not None:
+                reader.join(timeout=10)
+                pytest.fail(f"the server exited during start-up:\n{server.output()}")
             try:
                 if httpx.get(f"{server.base}{probe}", timeout=2).status_code == 200:
                     break
@@ -64,6 +76,7 @@ def server_process(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=N
         yield server
     finally:
         stop(proc)
+        reader.join(timeout=10)  # the pipe ends with the server's last process
 
 
 def stop(proc: subprocess.Popen, timeout: float = 60) -> None:

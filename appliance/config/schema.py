@@ -92,6 +92,11 @@ class MetricsNames(str, Enum):
     vllm = "vllm"            # vLLM's `vllm:<name>` for the series vLLM has (its dashboards, KEDA triggers)
 
 
+class LogFormat(str, Enum):
+    text = "text"  # TIME LEVEL LOGGER: MESSAGE
+    json = "json"  # one JSON object per line (time, level, logger, message, a request line's fields)
+
+
 @dataclass
 class ServerLimits:
     max_request_bytes: int = 20 * 1024 * 1024  # an HTTP request body (413 above)
@@ -120,6 +125,9 @@ class ServerConfig:
     drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
     stream_interval: int = 1  # tokens per streamed chunk after the first (vLLM's --stream-interval): >1 saves CPU
     metrics_names: MetricsNames = MetricsNames.appliance  # how /metrics names its series (docs/serving.md)
+    access_log: bool = True  # one INFO line per request (method, path, status, duration, id, tokens or tiles)
+    # the engine's throughput and queue line every this many seconds while there is traffic; 0: never
+    stats_interval_s: float = 10.0
     limits: ServerLimits = field(default_factory=ServerLimits)
 
 
@@ -148,7 +156,8 @@ class AppConfig:
     prompt_file: Optional[str] = field(default=None, metadata={**FREE_TEXT, **LOCAL_PATHS})
     system: Optional[str] = field(default=None, metadata=FREE_TEXT)  # chat: a system message before the question
     overwrite: bool = False
-    log_level: Optional[str] = None  # None: INFO for `serve` (its start-up and ready lines), WARNING otherwise
+    log_level: Optional[str] = None  # None: INFO for `serve` (start-up, ready, request and stats lines), else WARNING
+    log_format: LogFormat = LogFormat.text  # every process's lines: text, or json for log collectors
     plugins: List[str] = field(default_factory=list)  # modules imported first: they may register stages
 
 

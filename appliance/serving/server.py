@@ -76,7 +76,8 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     spec = ApplianceSpec(cfg, container, shared, spool, online, requests_tx, events_rx)
     gate = {"routes": spec.route_paths(), "metrics": spec.frontend.http_metrics,
             "max_bytes": int(cfg.server.limits.max_request_bytes),
-            "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")}
+            "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"),
+            "access_log": bool(cfg.server.access_log)}
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
     # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere
     # (where the Gate answers 404: http/errors.py).
@@ -101,11 +102,11 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     failures = []
 
     def run() -> None:
-        # uvicorn logs at warning, so its access log never prints; access_log=False also stops it formatting
-        # each request's line before the logger drops it.
+        # uvicorn logs at warning and its access log is off (the Gate writes ours: server.access_log);
+        # log_config=None keeps its handlers and format out: its records reach ours (appliance/logs.py).
         try:
             server.run(host=cfg.server.host, port=cfg.server.port, num_api_servers=1, generate_client_file=False,
-                       log_level="warning", access_log=False, api_server_worker_type="process")
+                       log_level="warning", access_log=False, log_config=None, api_server_worker_type="process")
         except BaseException as e:  # noqa: BLE001 - raised again in the main thread
             failures.append(e)
 

@@ -70,3 +70,9 @@ def check_media_dir(path: Optional[str]) -> None:
 def url(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
+
+
+def check_stats_interval(seconds: float) -> None:
+    """`server.stats_interval_s`: 0 (no stats line) or a positive number of seconds."""
+    if seconds < 0:
+        raise ConfigError(f"server.stats_interval_s: {seconds:g}; allowed: 0 (no stats line) or more seconds")

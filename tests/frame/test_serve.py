@@ -128,6 +128,6 @@ def test_start_up_lines_are_info_and_one_says_ready_with_the_url(tmp_path):
         pass
     lines = server.output().splitlines()
     starting = next(i for i, line in enumerate(lines) if "starting pipeline" in line)
-    ready = next(i for i, line in enumerate(lines) if line.startswith("INFO") and "ready:" in line)
-    assert lines[starting].startswith("INFO ") and starting < ready
+    ready = next(i for i, line in enumerate(lines) if " INFO appliance.serving.server: ready:" in line)
+    assert " INFO appliance.serving.server: starting" in lines[starting] and starting < ready
     assert f"on {server.base} " in lines[ready] + " "

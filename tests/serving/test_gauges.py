@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 
 from appliance.serving.engine_process.generate_worker import GenerateWorker
+from appliance.serving.engine_process.stats_log import StatsLog, generate_line
 from appliance.serving.engine_process.request_metrics import GAUGES_INTERVAL_S, RequestMetrics
 
 
@@ -43,6 +44,7 @@ def stub_worker():
     worker = GenerateWorker(cfg, online=None, metrics=metrics, shared=shared)
     worker.engine = StubEngine()
     worker.observe = RequestMetrics(metrics, worker.engine)
+    worker.stats_log = StatsLog(0, ("prompt_tokens", "generation_tokens"), generate_line)  # no stats line
     worker.several = set()
     worker.sessions = {uid: SimpleNamespace(in_engine=True) for uid in "abcd"}  # 3 running, 1 waiting
     return worker

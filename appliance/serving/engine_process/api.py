@@ -26,7 +26,11 @@ class EngineAPI(ls.LitAPI):
 
     def setup(self, device) -> None:
         """The worker for the pipeline's kind; loads no weights (the engine loop does, so the HTTP server
-        answers /health while they load). `device`: the engine places itself (engine.device, TP ranks)."""
+        answers /health while they load). `device`: the engine places itself (engine.device, TP ranks).
+        This spawned process inherits no logging: it sets up the same format as the others first."""
+        from appliance.logs import SERVE_LEVEL, setup_logging
+
+        setup_logging(self.cfg.log_level or SERVE_LEVEL, self.cfg.log_format)
         from appliance.stages.build import load_stages
         from appliance.serving.engine_process.generate_worker import GenerateWorker
         from appliance.serving.metrics import EngineMetrics, MetricNames

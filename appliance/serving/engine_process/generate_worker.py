@@ -27,8 +27,9 @@ from appliance.protocol.openai_responses import echo_text, token_decoder
 from appliance.serving.engine_process.answer_events import AnswerEvents
 from appliance.serving.engine_process.inbox import Prepared, Tokenized, Unanswerable
 from appliance.serving.engine_process.records import ChatRecord, as_record
-from appliance.serving.engine_process.request_metrics import RequestMetrics
+from appliance.serving.engine_process.request_metrics import RequestMetrics, kv_usage, waiting
 from appliance.serving.engine_process.sessions import Answer, Session, engine_id, request_of
+from appliance.serving.engine_process.stats_log import StatsLog, generate_line
 from appliance.serving.engine_process.tokenizing import Tokenizing
 from appliance.serving.engine_process.worker import Worker
 from appliance.serving.messages import (Admitted, DetokenizeJob, Done, Failed, GenerateJob, TokenizeJob,
@@ -69,6 +70,8 @@ class GenerateWorker(Worker):
         self.answer_events = AnswerEvents(self.emit, token_decoder(self.engine.tokenizer),
                                           int(self.cfg.server.stream_interval))
         self.observe = RequestMetrics(self.metrics, self.engine)
+        self.stats_log = StatsLog(self.cfg.server.stats_interval_s, ("prompt_tokens", "generation_tokens"),
+                                  generate_line)
         ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
         self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
         cfg, blocks = self.engine.cfg, self.engine.stats()["kv_blocks_total"]
@@ -155,6 +158,7 @@ class GenerateWorker(Worker):
             self.several.add(uid)
         max_tokens = {**self.stage.options.sampling, **session.request.sampling}.get("max_tokens")
         self.observe.admitted(session, max_tokens, max(len(prompt) for prompt, _ in prompts))
+        self.stats_log.add("prompt_tokens", prompt_tokens)
         self.emit(uid, Admitted(prompt_tokens))
 
     def _detokenize(self, ids: List[int]) -> str:
@@ -220,6 +224,7 @@ class GenerateWorker(Worker):
                     self._deliver(request_of(out.request_id), session, out, now)
             if new_tokens:  # counted once a step: a multiprocess counter's increment writes a mapped file
                 self.metrics.generation_tokens.inc(new_tokens)
+                self.stats_log.add("generation_tokens", new_tokens)
             if self.metrics.vllm_step_tokens is not None and outputs:
                 self.metrics.vllm_step_tokens.observe(started_prompts + new_tokens)
         self.publish()
@@ -241,10 +246,16 @@ class GenerateWorker(Worker):
             self.observe.finished(session, answer, out.finish_reason, now)
 
     def publish(self) -> None:
-        """The running count the HTTP side reads (every turn), then the Prometheus gauges."""
+        """The running count the HTTP side reads (every turn), then the Prometheus gauges, and the stats
+        line when it is due."""
         stats = self.engine.stats()
-        self.shared.set_running(self.running_requests(stats["num_running"]))
+        running = self.running_requests(stats["num_running"])
+        self.shared.set_running(running)
         self.observe.publish(stats, self.sessions)
+        now = time.monotonic()
+        if self.stats_log.due(now):
+            self.stats_log.write(now, {"running": running, "waiting": waiting(stats, self.sessions),
+                                       "kv_cache_usage": kv_usage(stats)})
 
     def running_requests(self, sequences: int) -> int:
         """Requests with an answer running: the HTTP side's admission subtracts them from its open

@@ -25,6 +25,7 @@ from appliance.pipeline import Pipeline, Record, Stage
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.engine_process.inbox import Finished, TileReady, Unanswerable
 from appliance.serving.engine_process.records import SceneRecord, as_record
+from appliance.serving.engine_process.stats_log import StatsLog, pool_line
 from appliance.serving.engine_process.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class PoolSession:
         self.results: "queue.Queue[Tuple[int, Any]]" = queue.Queue()
         self.cancelled = threading.Event()
         self.started = False  # set by the pool thread that runs it
+        self.tiles = 0  # run by the engine so far (the request log's count)
 
     def send(self, seq: int, item: torch.Tensor) -> None:
         if self.cancelled.is_set():
@@ -106,6 +108,7 @@ class PoolWorker(Worker):
         self.engine_index = len(self.online.head)
         self.sessions: Dict[str, PoolSession] = {}
         self.tiles: Dict[str, Tuple[str, int]] = {}  # engine request id -> (uid, seq)
+        self.stats_log = StatsLog(self.cfg.server.stats_interval_s, ("tiles",), pool_line)
         item = warmup_item(self.cfg, self.online)
         if item is not None:
             self.engine.encode([item[None]])  # one forward, so the first request pays no start-up costs
@@ -170,7 +173,7 @@ class PoolWorker(Worker):
         if session is not None:
             self.metrics.e2e.observe(time.monotonic() - session.arrival)
             self.metrics.pool_request("success").inc()
-            self.emit(message.uid, Done(message.result))
+            self.emit(message.uid, Done({**message.result, "tiles": session.tiles}))
 
     def abort(self, uid: str) -> None:
         if self.forget(uid):
@@ -197,15 +200,22 @@ class PoolWorker(Worker):
 
     def step(self) -> None:
         if self.engine.has_unfinished():
-            for out in self.engine.step():
+            outputs = self.engine.step()
+            self.stats_log.add("tiles", len(outputs))
+            for out in outputs:
                 owner = self.tiles.pop(out.request_id, None)
-                if owner is not None and owner[0] in self.sessions:
-                    self.sessions[owner[0]].results.put((owner[1], out.output[0]))
+                session = self.sessions.get(owner[0]) if owner is not None else None
+                if session is not None:
+                    session.results.put((owner[1], out.output[0]))
+                    session.tiles += 1
                     self.metrics.tiles.inc()
         running = sum(session.started for session in self.sessions.values())
         self.shared.set_running(running)
         self.metrics.running.set(running)
         self.metrics.waiting.set(len(self.sessions) - running)
+        now = time.monotonic()
+        if self.stats_log.due(now):
+            self.stats_log.write(now, {"running": running, "waiting": len(self.sessions) - running})
 
     def fail_all(self, failure: Failed) -> None:
         for uid in list(self.sessions):

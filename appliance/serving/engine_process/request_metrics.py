@@ -75,11 +75,8 @@ class RequestMetrics:
             return
         self.gauges_due = now + GAUGES_INTERVAL_S
         self.metrics.running.set(stats["num_running"])
-        # queued in the engine (an answer of a request asking n of them counts alone), or still preparing
-        preparing = sum(not s.in_engine for s in sessions.values())
-        self.metrics.waiting.set(stats["num_waiting"] + preparing)
-        total = stats["kv_blocks_total"]
-        self.metrics.kv_usage.set((total - stats["kv_blocks_free"]) / total if total else 0.0)
+        self.metrics.waiting.set(waiting(stats, sessions))
+        self.metrics.kv_usage.set(kv_usage(stats))
         for counter, key in ((self.metrics.preemptions, "num_preemptions"),
                              (self.metrics.prefix_queries, "prefix_cache_query_tokens"),
                              (self.metrics.prefix_hits, "prefix_cache_hit_tokens"),
@@ -93,3 +90,14 @@ class RequestMetrics:
         if delta > 0:
             counter.inc(delta)
         self.counted[key] = value
+
+
+def waiting(stats: dict, sessions: Dict[str, Session]) -> int:
+    """Queued in the engine (an answer of a request asking n of them counts alone), or still preparing."""
+    return stats["num_waiting"] + sum(not s.in_engine for s in sessions.values())
+
+
+def kv_usage(stats: dict) -> float:
+    """The fraction of the KV cache's blocks in use (0-1)."""
+    total = stats["kv_blocks_total"]
+    return (total - stats["kv_blocks_free"]) / total if total else 0.0

@@ -148,6 +148,7 @@ class Frontend:
 
     async def answer_once(self, request, uid: str, job: Any):
         """Submit a job whose one event is the answer (`Done`) or its failure, and answer the client."""
+        request.state.request_id = uid  # for the request log (access_log.py)
         channel = self.open(uid, request)
         try:
             self.submit(channel, job)

@@ -1,17 +1,20 @@
 """The HTTP process's front door, a plain ASGI middleware (LitServer(middlewares=[(Gate, ...)]), server.py).
 
-For every request it checks the API key and the body limit, and counts the answer by route and status;
-LitServe's own routes (`GET /`, its health and info) get the 404 of an unknown route.
+For every request it checks the API key and the body limit, counts the answer by route and status, and
+(with `server.access_log`, on by default) writes the request's log line once the answer ended
+(access_log.py); LitServe's own routes (`GET /`, its health and info) get the 404 of an unknown route.
 A plain ASGI class, not Starlette's BaseHTTPMiddleware, which buffers streams and hides client
 disconnects from the routes.
 """
 import hmac
 import json
+import time
 from typing import Callable, Iterable, Optional
 
 from appliance.protocol.openai_responses import error_body
 from starlette.requests import Request
 
+from appliance.serving.http.access_log import AccessLog
 from appliance.serving.http.errors import LITSERVE_ROUTES, APIError, no_such_route
 
 OPEN_PATHS = ("/health", "/ready", "/version", "/metrics", "/docs", "/openapi.json")
@@ -27,19 +30,21 @@ async def send_error(send, status: int, message: str, headers: Iterable = ()) ->
 
 class Gate:
     def __init__(self, app, routes: Iterable[str], metrics: Callable, max_bytes: int,
-                 api_key: Optional[str] = None):
+                 api_key: Optional[str] = None, access_log: bool = True):
         """`routes`: our routes' paths (counted by path; any other path counts as "other"); `metrics`:
         returns the process's HttpMetrics (made on first use, in the HTTP process); `api_key`: required
-        on every route but the open ones (probes, metrics, docs)."""
+        on every route but the open ones (probes, metrics, docs); `access_log`: one line per request."""
         self.app = app
         self.routes = frozenset(routes)
         self.metrics = metrics
         self.max_bytes = max_bytes
         self.key = api_key.encode() if api_key else None
+        self.access = AccessLog() if access_log else None  # off: not even the clock is read
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        began = time.perf_counter() if self.access is not None else 0.0
         status = None  # the answer's, once it started
 
         async def counted(message):
@@ -52,8 +57,11 @@ class Gate:
             if await self._admit(scope, counted):
                 await self.app(scope, self._limited(receive), counted)
         finally:
+            status = 500 if status is None else status
             route = scope["path"] if scope["path"] in self.routes else "other"
-            self.metrics().request(route, 500 if status is None else status)
+            self.metrics().request(route, status)
+            if self.access is not None:
+                self.access.write(scope, status, began)
 
     async def _admit(self, scope, send) -> bool:
         """LitServe's routes, the API key and the declared body size; False once a refusal was sent."""

@@ -49,10 +49,11 @@ class GenerateRoutes:
 
     async def _handle(self, request: Request, kind: str):
         parse = parse_chat if kind == "chat" else parse_completion
+        uid = shape.new_id("chatcmpl" if kind == "chat" else "cmpl")
+        request.state.request_id = uid  # the request log's id, a refused body's too (access_log.py)
         parsed = await parse_body(request, lambda body: parse(body, self.defaults))
         check_model(parsed.model, self.frontend.model_name)
         parsed.tool_calling = self._with_parser(parsed.tool_calling)
-        uid = shape.new_id("chatcmpl" if kind == "chat" else "cmpl")
         channel = self.frontend.open(uid, request)
         streaming = False
         try:
@@ -60,12 +61,13 @@ class GenerateRoutes:
             first = await self.frontend.next_event(channel)
             if isinstance(first, Failed):
                 return error_response(first.status, first.message, first.param)
+            request.state.prompt_tokens = first.prompt_tokens
             answer = Answer(uid, kind, parsed, self.frontend.model_name)
             if parsed.stream:
                 streaming = True
-                return EventStreamResponse(self._stream(answer, channel), headers=SSE_HEADERS,
+                return EventStreamResponse(self._stream(answer, channel, request.state), headers=SSE_HEADERS,
                                            media_type="text/event-stream")
-            return await self._collect(answer, channel)
+            return await self._collect(answer, channel, request.state)
         except ClientGone:
             return JSONResponse({}, status_code=499)  # nobody reads it; the request was aborted
         finally:
@@ -80,7 +82,8 @@ class GenerateRoutes:
             raise APIError(400, f"tool_choice: {NO_PARSER}", param="tool_choice")
         return dataclasses.replace(calling, parser=self.tool_parser)
 
-    async def _collect(self, answer: "Answer", channel: Channel) -> JSONResponse:
+    async def _collect(self, answer: "Answer", channel: Channel, state) -> JSONResponse:
+        """`state`: the request's (request.state), where the request log finds the token counts."""
         choices: List[Tokens] = []
         while True:
             event = await self.frontend.next_event(channel)
@@ -89,13 +92,15 @@ class GenerateRoutes:
             if isinstance(event, Tokens):
                 choices.append(event)
                 if event.final:
+                    state.completion_tokens = event.completion_tokens
                     return JSONResponse(answer.whole(choices))
 
-    async def _stream(self, answer: "Answer", channel: Channel) -> AsyncIterator[bytes]:
+    async def _stream(self, answer: "Answer", channel: Channel, state) -> AsyncIterator[bytes]:
         """The SSE body, one write per wake-up: a chat's role chunk goes out with the first event (continuous
         usage needs its prompt count), and whatever events are already queued (the last tokens, the usage
-        chunk, [DONE]) share the last write."""
+        chunk, [DONE]) share the last write. `state`: as `_collect`'s; the tokens sent, however it ends."""
         pending: List[bytes] = []
+        completion_tokens = 0
         try:
             while True:
                 try:
@@ -108,6 +113,7 @@ class GenerateRoutes:
                     pending.append(sse(shape.error_body(event.status, event.message, event.param)))
                     break
                 if isinstance(event, Tokens):
+                    completion_tokens = event.completion_tokens
                     pending.extend(sse(chunk) for chunk in answer.chunks(event))
                     if event.final:
                         break
@@ -119,6 +125,7 @@ class GenerateRoutes:
         except ClientGone:
             pass  # nobody reads it: end the body
         finally:
+            state.completion_tokens = completion_tokens
             self.frontend.close(channel)
 
 

@@ -45,6 +45,8 @@ class PoolRoutes:
         self.s3_buckets = list(cfg.server.get("allowed_s3_buckets") or [])
 
     async def pooling(self, request: Request):
+        uid = new_id("pool")
+        request.state.request_id = uid  # the request log's id, a refused body's too (access_log.py)
         parsed = await parse_body(request, parse_pooling)
         check_model(parsed.model, self.frontend.model_name)
         try:
@@ -54,7 +56,6 @@ class PoolRoutes:
                     check_served_href(href, "data.data", self.s3_buckets)
         except InputError as e:
             raise APIError.from_input(e) from None
-        uid = new_id("pool")
         input_path, url, spooled = None, None, []
         if parsed.data_format == "path":
             names = parsed.data if isinstance(parsed.data, list) else [parsed.data]
@@ -86,6 +87,8 @@ class PoolRoutes:
         return JSONResponse(pooling_response(uid, parsed.out_data_format, data))
 
     async def raw(self, request: Request):
+        uid = new_id("pool")
+        request.state.request_id = uid
         unknown = sorted(set(request.query_params) - set(RAW_QUERY))
         if unknown:  # a typo (`quicklok`) must not silently give the default
             raise APIError(400, f"{unknown[0]}: unknown query parameter; allowed: {', '.join(RAW_QUERY)}",
@@ -98,7 +101,6 @@ class PoolRoutes:
         if quicklook not in ("true", "false", "1", "0"):
             raise APIError(400, f"quicklook: {quicklook!r}; allowed: true, false", param="quicklook")
         quicklook = quicklook in ("true", "1")
-        uid = new_id("pool")
         input_path, output = self._spool(uid, ".in.tif"), self._spool(uid, ".out.tif")
         spooled = [input_path, output, output + ".aux.xml", quicklook_path(output), stac_path(output)]
         try:
@@ -136,6 +138,7 @@ class PoolRoutes:
                 if isinstance(event, Failed):
                     return error_response(event.status, event.message, event.param)
                 if isinstance(event, Done):
+                    request.state.tiles = event.result.get("tiles")  # for the request log
                     answered = True
                     return None
         except ClientGone:

@@ -53,6 +53,14 @@ class ApplianceSpec(LitSpec):
         else:
             self.add_endpoint("/predict", PredictRoute(self.frontend, cfg).predict, ["POST"])
 
+    def setup(self, server) -> None:
+        """LitServe's hook, in the main process, after `run()` configured LitServe's logging in its own
+        format and before it forks the HTTP process: send LitServe's records to ours again, in both."""
+        super().setup(server)
+        from appliance.logs import adopt_library_loggers
+
+        adopt_library_loggers()
+
     @property
     def stream(self) -> bool:
         """True: our routes write their own bodies, SSE streams among them. (LitServe adds gzip to an API
