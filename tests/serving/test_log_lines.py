@@ -88,3 +88,19 @@ def test_a_pool_stats_line_and_interval_zero_means_never(caplog):
     never = StatsLog(0, ("tiles",), pool_line)
     never.add("tiles", 8)
     assert not never.due(never.since + 1e9)
+
+
+def test_litserves_and_uvicorns_loggers_go_to_ours():
+    """LitServer.run() configures LitServe's logger (its own handler and format, not propagating), as
+    uvicorn's default log config does its loggers; the spec's setup hook undoes both."""
+    import litserve
+
+    from appliance.logs import adopt_library_loggers
+
+    litserve.configure_logging("INFO")
+    logging.getLogger("uvicorn.error").addHandler(logging.NullHandler())
+    adopt_library_loggers()
+    for name in ("litserve", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        assert logger.handlers == [] and logger.propagate
+    assert logging.getLogger("litserve").level == logging.WARNING
