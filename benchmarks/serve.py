@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/serve.py                       # all three parts
     .venv/bin/python benchmarks/serve.py --parts llama --concurrency 1,4,16,64
     .venv/bin/python benchmarks/serve.py --quick               # a smoke run
+    .venv/bin/python benchmarks/serve.py --parts llava --concurrency 64 --access-log on,off  # the request log's cost
 
 Parts (each starts its own `appliance serve` process on 127.0.0.1, drives it with the official `openai`
 client from this process, and runs the offline path on the same requests):
@@ -29,6 +30,9 @@ client from this process, and runs the offline path on the same requests):
   the light one shows what the server can do.
 - pool: the demo flood model over `/pooling` (base64 in and out), scenes/s at concurrency 1 and 4,
   beside `appliance run`'s pipeline on the same scenes.
+With `--access-log on,off` every part runs twice, its servers first with the request log (one INFO line
+per request: `server.access_log`, on by default) and then without it, printed one after the other under
+a `server.access_log=...` heading: what the request log costs at each level.
 By default the client shares the host's cores with the server and the offline baselines. With
 `--client-cpus 0` the client (this process) runs on CPU 0 only, and the server and every offline baseline
 on the other CPUs, as when clients are other machines: served/offline is then the cost of serving
@@ -294,7 +298,7 @@ def llama_part(args, tmp):
     probes = {}
     for round_ in range(args.rounds):
         measured = {}
-        with Server("pipeline=llava_chat", f"model.path={model}", "model.name=bench-llama",
+        with Server(args.access_log_override, "pipeline=llava_chat", f"model.path={model}", "model.name=bench-llama",
                     "model.architecture=LlamaForCausalLM", "model.vision_language=null", "engine.max_num_seqs=64",
                     "engine.kv_cache_memory_bytes=536870912", "engine.enable_prefix_caching=false",
                     f"server.stream_interval={args.stream_interval}", cwd=tmp, cpus=args.server_cpus) as server:
@@ -405,8 +409,8 @@ def llava_part(args, tmp):
     before_round = offline()
     for _ in range(args.rounds):
         measured = {}
-        with Server("pipeline=llava_chat", f"server.stream_interval={args.stream_interval}", cwd=tmp,
-                    cpus=args.server_cpus) as server:
+        with Server(args.access_log_override, "pipeline=llava_chat", f"server.stream_interval={args.stream_interval}",
+                    cwd=tmp, cpus=args.server_cpus) as server:
             for c in levels:
                 before = server.cpu_seconds()
                 wall, timings = asyncio.run(run(server, c))
@@ -475,8 +479,8 @@ def pool_part(args, tmp):
     bodies = [{"data": {"data": base64.b64encode(p.read_bytes()).decode(), "data_format": "b64_json",
                         "out_data_format": "b64_json"}} for p in scenes]
     results = {}
-    with Server("pipeline=prithvi_flood", "server.limits.max_request_bytes=104857600", cwd=tmp,
-                cpus=args.server_cpus) as server:
+    with Server(args.access_log_override, "pipeline=prithvi_flood", "server.limits.max_request_bytes=104857600",
+                cwd=tmp, cpus=args.server_cpus) as server:
         async def run(c):
             gate = asyncio.Semaphore(c)
             async with httpx.AsyncClient(timeout=600) as client:
@@ -518,6 +522,8 @@ def main():
                     help="llama, llava: the server's stream_interval (tokens per streamed chunk after the first)")
     ap.add_argument("--llava-client", choices=["openai", "light"], default="openai",
                     help="llava: the official client, or a minimal one that costs the client ~0.1 ms per request")
+    ap.add_argument("--access-log", default="on", type=access_log_settings,
+                    help="on, off, or on,off: run every part with each setting of server.access_log in turn")
     ap.add_argument("--quick", action="store_true", help="concurrency 1,4; 4 scenes")
     ap.add_argument("--client-cpus", default=None,
                     help="CPUs for the client, e.g. 0 or 0-1; the server and the offline baselines get the rest")
@@ -533,10 +539,22 @@ def main():
         os.sched_setaffinity(0, client)
         print(f"client on CPUs {sorted(client)}; server and offline baselines on CPUs {sorted(args.server_cpus)}")
     print(f"load average before: {os.getloadavg()}")
-    with tempfile.TemporaryDirectory() as tmp:
-        for part in args.parts.split(","):
-            {"llama": llama_part, "llava": llava_part, "pool": pool_part}[part](args, tmp)
+    for setting in args.access_log:
+        args.access_log_override = f"server.access_log={'true' if setting == 'on' else 'false'}"
+        if len(args.access_log) > 1:
+            print(f"\n=== {args.access_log_override}")
+        with tempfile.TemporaryDirectory() as tmp:
+            for part in args.parts.split(","):
+                {"llama": llama_part, "llava": llava_part, "pool": pool_part}[part](args, tmp)
     print(f"\nload average after: {os.getloadavg()}")
+
+
+def access_log_settings(text: str) -> list:
+    """'on', 'off' or 'on,off' -> the settings to run, in order."""
+    settings = text.split(",")
+    if not settings or any(s not in ("on", "off") for s in settings):
+        raise argparse.ArgumentTypeError(f"{text!r}: on, off, or both as on,off")
+    return settings
 
 
 def cpu_list(text: str) -> set:
