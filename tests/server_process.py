@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 import httpx
 import pytest
@@ -27,6 +27,7 @@ def free_port() -> int:
 class Server:
     base: str
     proc: subprocess.Popen
+    reader: Optional[threading.Thread] = None
     lines: List[str] = field(default_factory=list)  # what it printed so far, read as it comes (a pipe nobody
     # read would fill with request log lines and stall the server)
 
@@ -37,6 +38,11 @@ class Server:
     def read_output(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line)
+
+    def output_at_exit(self, timeout: float = 60) -> str:
+        """Everything it printed, once it exited and its processes closed their output."""
+        self.reader.join(timeout)
+        return self.output()
 
 
 @contextlib.contextmanager
@@ -56,7 +62,7 @@ def server_process(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=N
         start_new_session=True,
     )
     server = Server(f"http://127.0.0.1:{port}", proc)
-    reader = threading.Thread(target=server.read_output, name="server-output", daemon=True)
+    reader = server.reader = threading.Thread(target=server.read_output, name="server-output", daemon=True)
     reader.start()
     probe = "/ready" if ready else "/health"
     try:

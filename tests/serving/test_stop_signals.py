@@ -72,7 +72,7 @@ def signal_and_check_refusal(server, how, sig, times, refused_request):
 def check_exit(server, sig, times, requests: int) -> None:
     """Exit 0, one ready line, the stop line with its counts, and no traceback."""
     assert server.proc.wait(timeout=120) == 0
-    output = server.output()
+    output = server.output_at_exit()
     assert "Traceback" not in output and "Error:" not in output, output
     assert "Killing" not in output, output  # every process stopped when told, none was killed
     assert sum("ready: pipeline" in line for line in output.splitlines()) == 1, output
