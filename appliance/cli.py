@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from appliance import __version__
 from appliance.errors import ConfigError, UserError
-from appliance.heap import settle_heap
+from appliance.gc_tuning import settle_heap
 from appliance.logs import SERVE_LEVEL, setup_logging
 
 VERBS = {
@@ -181,7 +181,7 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
 def _check_servable(cfg, pipeline) -> None:
     """A pipeline whose online stages the server cannot feed (its stage graph needs what only the offline
     sources make) is for `appliance run` only: say so, with the reason after."""
-    from appliance.serving.split import split_online
+    from appliance.serving.online_stages import split_online
 
     try:
         split_online(pipeline, cfg)

@@ -33,7 +33,7 @@ class Stage:
     produces: Tuple[str, ...] = ()
     # False for a stage of the offline verb only: a source that expands the run record (input files) or a
     # sink that prints or writes the run's answers. `appliance serve` takes requests from HTTP bodies and
-    # shapes answers itself, and runs only the online stages (appliance/serving/split.py).
+    # shapes answers itself, and runs only the online stages (appliance/serving/online_stages.py).
     online: ClassVar[bool] = True
 
     def __init__(self, options: Any, cfg: DictConfig):

@@ -15,7 +15,7 @@ change. Cases, interleaved per round (best and median reported):
                 round, so GDAL's /vsicurl/ cache starts cold); goal: <= 1.2x local bands;
 - served item:  the same item read the way `appliance serve`'s /pooling reads it: the SSRF-safe
                 fetcher's range GETs over the request's kept-alive connections
-                (stages/geo/served.py), the online stages fed the record the pool worker builds;
+                (stages/geo/served_scenes.py), the online stages fed the record the pool worker builds;
 - local multi:  the same bands as one 6-band file (today's input);
 - gtiff write:  local bands, raster_write.format=gtiff (no COG pass);
 and the COG pass alone: GDAL's COG driver copying the finished draft (`cog.translate_to_cog`).
@@ -43,7 +43,7 @@ from appliance.pipeline import Pipeline  # noqa: E402
 from appliance.serving.engine_process.records import SceneRecord, as_record  # noqa: E402
 from appliance.stages.build import build_pipeline  # noqa: E402
 from appliance.stages.geo.cog import translate_to_cog  # noqa: E402
-from appliance.stages.geo.served import served_scene_spec  # noqa: E402
+from appliance.stages.geo.served_scenes import served_scene_spec  # noqa: E402
 from tests.geo.conftest import GEO, make_cfg, synthetic  # noqa: E402  (registers the fake engine)
 from tests.geo.hls import file_sizes, split_bands, stac_item  # noqa: E402
 

@@ -326,7 +326,7 @@ def offline_engine(model, requests, max_seqs) -> float:
     from appliance.config.schema import EngineConfig
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
-    from appliance.heap import settle_heap
+    from appliance.gc_tuning import settle_heap
 
     engine = LLMEngine(str(model), EngineConfig(kv_cache_memory_bytes=512 * 2 ** 20, max_num_seqs=max_seqs,
                                                 enable_prefix_caching=False))
@@ -445,7 +445,7 @@ def offline_pipeline(overrides):
     from omegaconf import OmegaConf
 
     from appliance.config.compose import compose
-    from appliance.heap import settle_heap
+    from appliance.gc_tuning import settle_heap
     from appliance.stages.build import build_pipeline
 
     cfg = compose(overrides)

@@ -37,7 +37,7 @@ from appliance.serving.http.frontend import Frontend  # noqa: E402
 from appliance.serving.messages import Admitted, Tokens  # noqa: E402
 from appliance.serving.http.middleware import Gate  # noqa: E402
 from appliance.serving.http.routes_generate import GenerateRoutes  # noqa: E402
-from appliance.stages.engine import sampling_defaults  # noqa: E402
+from appliance.stages.engine_stage import sampling_defaults  # noqa: E402
 from appliance.serving.http.errors import APIError, api_error_handler  # noqa: E402
 from appliance.serving.state import READY, SharedState  # noqa: E402
 

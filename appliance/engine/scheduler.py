@@ -156,5 +156,5 @@ class Scheduler:
 
 def answer_room(prompt_tokens: int, max_model_len: int) -> int:
     """Tokens an answer may take after the prompt. The rule for "the prompt fits": room for at least one
-    (the last prompt position produces the first token's logits); stages/engine.py words it for users."""
+    (the last prompt position produces the first token's logits); stages/engine_stage.py words it for users."""
     return max_model_len - prompt_tokens

@@ -2,7 +2,7 @@
 
 Three processes, and the folder says where each file runs:
 
-- the main process (`server.py`, `split.py`, `litserve_adapter.py`): checks the pipeline, starts
+- the main process (`server.py`, `online_stages.py`, `litserve_adapter.py`): checks the pipeline, starts
   LitServe, drains on SIGTERM, exits 1 when the engine dies;
 - the HTTP process (`http/`): routes, the middleware, admission, one event channel per request;
 - the engine process (`engine_process/`): the LitAPI and its loop, the workers that prepare requests

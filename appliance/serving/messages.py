@@ -40,7 +40,7 @@ class TokenizerInfoJob:
 @dataclass
 class PoolJob:
     input_path: Any             # a GeoTIFF on the server (spooled upload or an allowed file), or per-band files
-    input_url: Any              # or a URL / per-band URLs, read by windows (stages/geo/served.py)
+    input_url: Any              # or a URL / per-band URLs, read by windows (stages/geo/served_scenes.py)
     output_path: str            # where the output GeoTIFF is written (atomically)
     field: str                  # how errors name the input (`data.data`, `body`)
     quicklook: bool = False     # also write <output stem>.quicklook.png

@@ -22,11 +22,11 @@ from typing import Iterator, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from appliance.errors import ConfigError
-from appliance.heap import settle_heap
+from appliance.gc_tuning import settle_heap
 from appliance.pipeline import Pipeline
 from appliance.progress import silence
 from appliance.serving import litserve_adapter
-from appliance.serving.split import OnlinePipeline, split_online
+from appliance.serving.online_stages import OnlinePipeline, split_online
 from appliance.serving.startup import check_media_dir, claim_port, url
 from appliance.serving.stop_signals import STOP_SIGNALS, start_deaf_thread
 from appliance.serving.state import DEAD, READY, SharedState

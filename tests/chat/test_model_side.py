@@ -1,10 +1,10 @@
-"""One tokenizer and one context rule per chat pipeline: the engine's (`stages/engine.py`)."""
+"""One tokenizer and one context rule per chat pipeline: the engine's (`stages/engine_stage.py`)."""
 import pytest
 
 from appliance.config.compose import compose
 from appliance.errors import ConfigError, InputError
 from appliance.stages.build import build_pipeline
-from appliance.stages.engine import check_fits
+from appliance.stages.engine_stage import check_fits
 from tests.chat.conftest import text_overrides
 
 

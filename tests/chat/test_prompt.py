@@ -233,7 +233,7 @@ def test_a_text_refused_before_tokenizing_never_fits(model, request):
     from hypothesis import given, settings, strategies as st
     from transformers import AutoTokenizer
 
-    from appliance.stages.engine import check_text_fits, longest_token
+    from appliance.stages.engine_stage import check_text_fits, longest_token
 
     tokenizer = AutoTokenizer.from_pretrained(request.getfixturevalue(model))
     longest, limit = longest_token(tokenizer), 4

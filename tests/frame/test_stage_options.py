@@ -13,7 +13,7 @@ from appliance.config.compose import compose, conf_dir, group_options
 from appliance.errors import ConfigError
 from appliance.pipeline import STAGES, NoOptions
 from appliance.stages.build import load_stages
-from appliance.stages.engine import sampling_defaults
+from appliance.stages.engine_stage import sampling_defaults
 from tests.conftest import assert_config_error
 
 FLOOD = ["pipeline=prithvi_flood"]

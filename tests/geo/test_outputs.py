@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from appliance.errors import InputError
-from appliance.stages.geo.inputs import as_path_list, plan_outputs
+from appliance.stages.geo.raster_inputs import as_path_list, plan_outputs
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from rasterio.warp import transform_bounds
 from appliance.errors import InputError
 from appliance.fetch import FetchPolicy
 from appliance.stages.geo.scene import inspect_scene
-from appliance.stages.geo.served import check_served_href, served_scene_spec
+from appliance.stages.geo.served_scenes import check_served_href, served_scene_spec
 from tests.conftest import run_cli
 from tests.fetch.conftest import wait_for
 from tests.geo.conftest import GEO, synthetic

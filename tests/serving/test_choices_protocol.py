@@ -6,7 +6,7 @@ from appliance.errors import InputError
 from appliance.protocol.openai_requests import parse_chat, parse_completion
 from appliance.protocol.openai_responses import Choice, TokenLogprob, answer_logprobs, chat_completion, \
     completion_logprobs, echo_text, prompt_token_logprobs, text_completion, with_echo
-from appliance.stages.engine import answer_sampling
+from appliance.stages.engine_stage import answer_sampling
 
 PROMPTS = [
     ("one text", "hi", ["hi"]),

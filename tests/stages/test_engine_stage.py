@@ -35,7 +35,7 @@ def test_batch_progress_counts_answers_and_tokens_per_second(monkeypatch):
     import io
     import sys
 
-    from appliance.stages.engine import EngineStageOptions, answers_progress
+    from appliance.stages.engine_stage import EngineStageOptions, answers_progress
 
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)

@@ -9,7 +9,7 @@ ends of the two pipes (both travel with the process they are handed to).
 import litserve as ls
 
 from appliance.serving.engine_process.loop import EngineLoop
-from appliance.serving.split import OnlinePipeline
+from appliance.serving.online_stages import OnlinePipeline
 from appliance.serving.state import SharedState
 
 

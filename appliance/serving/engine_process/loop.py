@@ -17,7 +17,7 @@ import threading
 import traceback
 from litserve.loops.base import LitLoop
 
-from appliance.heap import settle_heap
+from appliance.gc_tuning import settle_heap
 from appliance.serving import pipes
 from appliance.serving.engine_process.inbox import Arrived
 from appliance.serving.messages import Failed

@@ -129,7 +129,7 @@ class PoolWorker(Worker):
         try:
             if job.input_url is not None or isinstance(source, list) or job.upload:
                 from appliance.fetch import FetchPolicy
-                from appliance.stages.geo.served import local_scene_spec, served_scene_spec, upload_scene_spec
+                from appliance.stages.geo.served_scenes import local_scene_spec, served_scene_spec, upload_scene_spec
 
                 if job.input_url is not None:
                     policy = FetchPolicy.from_server_config(self.cfg.server)

@@ -15,7 +15,7 @@ from appliance.errors import ConfigError, InputError, UserError
 from appliance.serving.engine_process.inbox import Arrived, Unanswerable
 from appliance.serving.messages import Abort, Failed
 from appliance.serving.metrics import EngineMetrics
-from appliance.serving.split import OnlinePipeline
+from appliance.serving.online_stages import OnlinePipeline
 from appliance.serving.state import SharedState
 
 log = logging.getLogger(__name__)

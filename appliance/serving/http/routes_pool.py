@@ -5,7 +5,7 @@
 Inputs spool to files in the server's spool directory (a base64 body is decoded there, a raw body
 streams there under the body limit); a path is used in place, inside `server.allowed_local_media_dir`
 only; a URL (a GeoTIFF, a STAC item, or per-band files) is never downloaded whole: the engine process
-reads it by windows through the SSRF-safe fetcher (stages/geo/served.py). The engine process writes
+reads it by windows through the SSRF-safe fetcher (stages/geo/served_scenes.py). The engine process writes
 the output atomically; the spooled input and output are deleted once answered.
 Outputs asked for as paths go to `server.output_dir`, named after the request id.
 """
@@ -29,7 +29,7 @@ from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.http.routes_generate import check_model
 from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.quicklook import quicklook_path
-from appliance.stages.geo.served import check_served_href
+from appliance.stages.geo.served_scenes import check_served_href
 from appliance.stages.geo.stac_out import stac_path
 
 RAW_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")

@@ -29,7 +29,7 @@ from appliance.stages.chat.images import ImageSide
 from appliance.stages.chat.template import (ChatRendering, check_image_tokens, encode_rendered,
                                             expand_placeholders, render_text, template_messages)
 from appliance.stages.chat.tool_prompt import with_tools
-from appliance.stages.engine import (check_fits, check_text_fits, model_context, model_longest_token,
+from appliance.stages.engine_stage import (check_fits, check_text_fits, model_context, model_longest_token,
                                      model_tokenizer, prompt_token_ids)
 
 

@@ -27,7 +27,7 @@ from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.protocol.openai_requests import parse_chat, parse_completion
 from appliance.stages.chat.run_question import question_keys, run_prompt, system_message
-from appliance.stages.engine import sampling_defaults
+from appliance.stages.engine_stage import sampling_defaults
 from appliance.vision.image_load import is_remote_image
 
 CHAT_URL, COMPLETION_URL = "/v1/chat/completions", "/v1/completions"

@@ -26,7 +26,7 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.protocol.openai_responses import (Choice, answer_logprobs, chat_completion, echo_text, new_id,
                                                  prompt_token_logprobs, text_completion, token_decoder, usage,
                                                  with_echo)
-from appliance.stages.engine import model_tokenizer
+from appliance.stages.engine_stage import model_tokenizer
 
 
 def batch_line(custom_id: str, body: Dict[str, Any]) -> Dict[str, Any]:

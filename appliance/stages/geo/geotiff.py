@@ -15,7 +15,7 @@ from rasterio.enums import Interleaving
 from rasterio.errors import NotGeoreferencedWarning, RasterioError
 
 from appliance.errors import InputError
-from appliance.stages.geo.sources import gdal_path, is_remote, scheme, shown
+from appliance.stages.geo.scene_sources import gdal_path, is_remote, scheme, shown
 
 MAX_BLOCKS_CHECKED = 200_000  # the block-table check costs time per block: bounded for huge scenes
 

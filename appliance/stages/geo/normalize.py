@@ -11,7 +11,7 @@ import torch
 
 from appliance.errors import ConfigError
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.stages.geo.read import geo_contract
+from appliance.stages.geo.raster_read import geo_contract
 
 
 @dataclass

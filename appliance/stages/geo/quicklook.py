@@ -10,7 +10,7 @@ from rasterio.enums import Resampling
 from appliance.output_files import AtomicFile
 from appliance.stages.geo.geotiff import open_raster
 from appliance.stages.geo.legend import legend_entries, with_legend
-from appliance.stages.geo.reader import open_scene
+from appliance.stages.geo.window_reader import open_scene
 from appliance.stages.geo.scene import _norm
 
 # Class colours (RGB), shared by the mask's GeoTIFF colour table and the quicklook's overlay; class i

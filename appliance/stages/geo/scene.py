@@ -2,7 +2,7 @@
 
 `select_bands` is the pure band-selection rule; `inspect_scene` builds the `SceneInfo` a run carries
 from a `SceneSpec` (one multi-band file or one file per band, local or remote, cut to an area of
-interest), from headers opened and probed by `geotiff.py`. `reader.py` reads its windows.
+interest), from headers opened and probed by `geotiff.py`. `window_reader.py` reads its windows.
 """
 import logging
 import os
@@ -17,7 +17,7 @@ from rasterio.enums import MaskFlags
 from appliance.errors import InputError
 from appliance.stages.geo.aoi import Aoi, aoi_window
 from appliance.stages.geo.geotiff import file_param, open_raster, probe_geotiff
-from appliance.stages.geo.sources import SceneSpec, shown
+from appliance.stages.geo.scene_sources import SceneSpec, shown
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import urllib.request
 from typing import Dict, List, Optional, Sequence
 
 from appliance.errors import ConfigError, InputError
-from appliance.stages.geo.sources import SceneSpec, is_remote, resolve_href, scheme, shown
+from appliance.stages.geo.scene_sources import SceneSpec, is_remote, resolve_href, scheme, shown
 
 MAX_ITEM_BYTES = 16 << 20
 ITEM_TIMEOUT_S = 30

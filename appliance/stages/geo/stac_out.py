@@ -23,7 +23,7 @@ from rasterio.warp import transform_bounds
 
 from appliance.output_files import AtomicFile
 from appliance.stages.geo.quicklook import class_colour
-from appliance.stages.geo.sources import is_remote
+from appliance.stages.geo.scene_sources import is_remote
 from appliance.stages.geo.stitch import NODATA_CLASS
 
 STAC_SUFFIX = ".stac.json"

@@ -14,7 +14,7 @@ import rasterio
 from appliance.errors import ConfigError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.plan import TilePlan, TileWindow, plan_tiles
-from appliance.stages.geo.reader import SceneReader, open_scene
+from appliance.stages.geo.window_reader import SceneReader, open_scene
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.cog import overview_resampling, translate_to_cog
 from appliance.stages.geo.geotiff import open_raster, probe_geotiff
 from appliance.stages.geo.quicklook import class_colour, quicklook_path, write_quicklook
-from appliance.stages.geo.read import geo_contract
+from appliance.stages.geo.raster_read import geo_contract
 from appliance.stages.geo.stac_out import mask_item, stac_path, write_item
 from appliance.stages.geo.stitch import NODATA_CLASS
 

@@ -1,6 +1,6 @@
 """`raster_inputs`: one run record in, one record per input scene out, all validated first.
 
-A scene (`sources.scene_spec`) is a GeoTIFF path or URL, a STAC item (`.json`, path or URL), or a list
+A scene (`scene_sources.scene_spec`) is a GeoTIFF path or URL, a STAC item (`.json`, path or URL), or a list
 of per-band GeoTIFFs in the model's band order: `input=[a.tif, b.tif]` is two scenes,
 `input=[[b02.tif, b03.tif, ...]]` one scene from per-band files. Its stem names the mask: the file's,
 the first band file's, or the item file's.
@@ -24,8 +24,8 @@ from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.geotiff import probe_geotiff
-from appliance.stages.geo.read import geo_contract
-from appliance.stages.geo.sources import is_remote, scene_spec, shown, stem
+from appliance.stages.geo.raster_read import geo_contract
+from appliance.stages.geo.scene_sources import is_remote, scene_spec, shown, stem
 from appliance.stages.geo.stac_in import load_item
 
 TIFF_SUFFIXES = (".tif", ".tiff")

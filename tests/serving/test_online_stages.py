@@ -4,7 +4,7 @@ import pytest
 from appliance.config.compose import compose
 from appliance.errors import ConfigError
 from appliance.stages.build import build_pipeline
-from appliance.serving.split import split_online
+from appliance.serving.online_stages import split_online
 
 
 def test_online_stages_around_the_engine():

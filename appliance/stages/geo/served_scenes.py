@@ -1,5 +1,5 @@
 """Scenes named by a server request (`appliance serve`'s `/pooling`): a GeoTIFF URL, a STAC item URL, or
-a list of per-band URLs, by the CLI's own rules (`sources.scene_spec`), with what a public server adds:
+a list of per-band URLs, by the CLI's own rules (`scene_sources.scene_spec`), with what a public server adds:
 
 - http(s) files and STAC items are read through the SSRF-safe fetcher (`remote_file.py`: every range
   request re-resolves nothing, re-checks redirects, is time- and size-bounded), never GDAL's /vsicurl/,
@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from appliance.errors import InputError
 from appliance.stages.geo.remote_file import RemoteReads
-from appliance.stages.geo.sources import SceneSpec, scene_spec, scheme, shown
+from appliance.stages.geo.scene_sources import SceneSpec, scene_spec, scheme, shown
 from appliance.stages.geo.stac_in import parse_item
 
 

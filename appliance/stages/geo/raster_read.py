@@ -1,6 +1,6 @@
 """`raster_read`: validate each scene's header for the model and attach a `SceneInfo`.
 
-Pixels are read later, one tile window at a time, by the `tile` stage (`reader.py`). `input_path` is a
+Pixels are read later, one tile window at a time, by the `tile` stage (`window_reader.py`). `input_path` is a
 `SceneSpec` (from `raster_inputs`) or a GeoTIFF path (a server request); a record's `aoi` / `aoi_crs`
 cut the scene to an area of interest.
 """

@@ -7,7 +7,7 @@ from tests.conftest import REPO
 
 PROBE = textwrap.dedent("""
     import gc, weakref
-    from appliance.heap import settle_heap
+    from appliance.gc_tuning import settle_heap
 
     class Node:
         pass
@@ -31,7 +31,7 @@ def test_the_heap_is_frozen_and_its_garbage_collected_first():
 
 CHURN = textwrap.dedent("""
     import gc, weakref
-    from appliance.heap import YOUNG_THRESHOLD, settle_heap
+    from appliance.gc_tuning import YOUNG_THRESHOLD, settle_heap
 
     class Node:
         pass
