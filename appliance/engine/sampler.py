@@ -95,38 +95,35 @@ class Sampler:
     @staticmethod
     def score(logits: torch.Tensor, targets: List[int], top_n: int) -> List[Dict[int, float]]:
         """Per row: {target: its logprob, then the top N}, from the raw logits (prompt_logprobs)."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        chosen = logprobs.gather(1, torch.tensor(targets, device=logprobs.device)[:, None]).squeeze(1).tolist()
-        if top_n:
-            top_vals, top_ids = (t.tolist() for t in logprobs.topk(top_n, dim=-1))
-        else:
-            top_vals = top_ids = [[] for _ in targets]
-        out = []
-        for target, lp, ids, vals in zip(targets, chosen, top_ids, top_vals):
-            entry = {target: lp}
-            for tid, value in zip(ids, vals):
-                entry.setdefault(tid, value)
-            out.append(entry)
-        return out
+        return logprob_entries(torch.log_softmax(logits.float(), dim=-1), targets, [top_n] * len(targets))
 
     @staticmethod
     def _logprobs(logits, tokens, params) -> List[Optional[Dict[int, float]]]:
         want = [p.logprobs for p in params]
         if all(n is None for n in want):
             return [None] * len(params)
-        logprobs = torch.log_softmax(logits, dim=-1)  # of the raw logits, as the HF reference reports them
-        n_max = max(n or 0 for n in want)
-        top_vals, top_ids = logprobs.topk(n_max, dim=-1) if n_max else (None, None)
-        chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None]).squeeze(1).tolist()
-        # One device -> host copy each for the whole batch, not one per row.
-        top_ids, top_vals = (top_ids.tolist(), top_vals.tolist()) if n_max else ([], [])
-        out = []
-        for i, n in enumerate(want):
-            if n is None:
-                out.append(None)
-                continue
-            entry = {tokens[i]: chosen[i]}
-            for tid, lp in zip(top_ids[i][:n] if n else (), top_vals[i][:n] if n else ()):
-                entry.setdefault(tid, lp)
-            out.append(entry)
-        return out
+        # of the raw logits, as the HF reference reports them
+        return logprob_entries(torch.log_softmax(logits, dim=-1), tokens, want)
+
+
+def logprob_entries(logprobs: torch.Tensor, tokens: List[int], top_ns: List[Optional[int]]
+                    ) -> List[Optional[Dict[int, float]]]:
+    """The logprobs entry of each row of `logprobs` [R, V]: {its token: logprob, then the row's top N in
+    order, the token not repeated}; None for a row whose N is None (it asked for none)."""
+    n_max = max((n or 0 for n in top_ns), default=0)
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None]).squeeze(1).tolist()
+    # One device -> host copy each for the whole batch, not one per row.
+    if n_max:
+        top_vals, top_ids = (t.tolist() for t in logprobs.topk(n_max, dim=-1))
+    else:
+        top_vals = top_ids = [[] for _ in tokens]
+    out: List[Optional[Dict[int, float]]] = []
+    for token, lp, n, ids, vals in zip(tokens, chosen, top_ns, top_ids, top_vals):
+        if n is None:
+            out.append(None)
+            continue
+        entry = {token: lp}
+        for tid, value in zip(ids[:n], vals[:n]):
+            entry.setdefault(tid, value)
+        out.append(entry)
+    return out

@@ -1,9 +1,11 @@
 """Sampling parameters, stop conditions, abort and incremental detokenization through the engine."""
 import pytest
+import torch
 
 from appliance.config.schema import EngineConfig
 from appliance.engine.detokenizer import IncrementalDetokenizer
 from appliance.engine.llm_engine import LLMEngine
+from appliance.engine.sampler import Sampler, logprob_entries
 from appliance.engine.sampling_params import SamplingParams
 from tests.engine.helpers import assert_no_block_leaks, random_prompts
 
@@ -262,3 +264,17 @@ def test_prompt_logprobs_match_transformers(llama_dir, engine_config):
     if engine_config.get("num_kv_blocks") == 6:
         assert engine.stats()["num_preemptions"] > 0
     assert_no_block_leaks(engine)
+
+
+def test_logprob_entries_put_the_token_first_then_the_top_n_once():
+    """One entry shape for sampled tokens and prompt tokens (sampler.logprob_entries)."""
+    logprobs = torch.log_softmax(torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0]]), dim=-1)
+    lp = logprobs.tolist()
+    entries = logprob_entries(logprobs, [2, 3], [2, None])
+    assert entries[1] is None  # that row asked for no logprobs
+    assert list(entries[0].items()) == [(2, lp[0][2]), (0, lp[0][0]), (1, lp[0][1])]
+    # the token among the top N is not repeated; N=0 is the token alone
+    assert list(logprob_entries(logprobs, [3, 0], [1, 0])[0].items()) == [(3, lp[0][3]), (0, lp[0][0])]
+    assert logprob_entries(logprobs, [0, 3], [2, 2])[1] == {3: lp[1][3], 2: lp[1][2]}
+    assert logprob_entries(logprobs, [3, 0], [0, 0]) == [{3: lp[0][3]}, {0: lp[1][0]}]
+    assert Sampler.score(logprobs.exp().log(), [2, 3], 2)[0] == pytest.approx(entries[0])
