@@ -47,7 +47,7 @@ class TorchAttentionBackend:
             if q_len == 1:
                 continue
             ctx_len, start = ctx.context_lens[i], ctx.query_start[i]
-            # 4-D [1, H, L, D] throughout: torch runs 3-D inputs on its 3-4x slower math kernel on CPU.
+            # 4-D [1, H, L, D] throughout: torch runs 3-D inputs on its slower math kernel on CPU.
             qs = q[start:start + q_len].transpose(0, 1)[None]
             if q_len == ctx_len:  # whole prompt in this step: its K/V are this step's rows, no gather
                 ks, vs = k[start:start + q_len].transpose(0, 1)[None], v[start:start + q_len].transpose(0, 1)[None]

@@ -31,9 +31,9 @@ from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, kernel_problem
 
 # Rows a step where our few-row bf16-weight GEMM (torch's weight layout) runs, on CPUs whose weights stay
-# unpacked (docs/engine.md, CPU kernels). With AMX, oneDNN's tiles win from a few rows on; without bf16
-# units torch multiplies bf16 at ~40 GFLOP/s (ours 90-140 from 8 rows), but its one-row product streams
-# the weight faster than ours.
+# unpacked (docs/engine.md, CPU kernels; measured: docs/benchmarks.md). With AMX, oneDNN's tiles win from a
+# few rows on; without bf16 units torch emulates bf16 and ours multiplies faster from two rows on, but
+# torch's one-row product streams the weight faster than ours.
 BF16_WEIGHT_ROWS_NATIVE = range(1, 3)
 BF16_WEIGHT_ROWS_EMULATED = range(2, 129)
 INT8_WEIGHT_ROWS = 32  # rows up to which our int8 GEMM was measured to beat torch's kernel (docs/engine.md)
@@ -140,13 +140,12 @@ def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str]
 def int8_plan(host: Host, ours: bool) -> Int8Plan:
     """How int8 weights multiply on `host`, with our CPU kernels running (`ours`) or not. Where bf16
     weights pack (AVX512-BF16, no AMX) and AVX512-VNNI multiplies bytes, every step takes our packed int8
-    GEMM (a step of 1-8 rows takes 0.14-0.74x the time of the bf16 GEMM: half the bytes; prefill sizes
-    0.54-0.80x: twice the products an instruction). Else torch's int8 kernel up to a number of rows, dense
-    GEMMs on converted tiles past it, and with ours, steps of up to INT8_WEIGHT_ROWS rows on our int8 GEMM.
-    With bf16 matrix units (AMX), torch's kernel loses past a few rows (at 4096x11008: 1.3 ms for one
-    row, 2.6x faster than bf16, but 18.6 ms for 32, 4.4x slower), and bf16 tiles ride the units.
-    Without them bf16 is emulated: the kernel beats fp32 tiles up to ~200 rows (32 rows: 79 against
-    289 ms; 256: 771 against 687 ms, on an AVX2 EPYC), and fp32 tiles beat bf16 ones."""
+    GEMM, faster than the bf16 GEMM at every size (half the bytes to read at decode sizes, twice the
+    products an instruction at prefill sizes). Else torch's int8 kernel up to a number of rows, dense GEMMs
+    on converted tiles past it, and with ours, steps of up to INT8_WEIGHT_ROWS rows on our int8 GEMM.
+    With bf16 matrix units (AMX), torch's kernel beats a bf16 GEMM at one row but loses to it a few rows
+    on, and bf16 tiles ride the units. Without them bf16 is emulated: the kernel beats fp32 tiles up to
+    about 200 rows, and fp32 tiles beat bf16 ones. Figures: docs/benchmarks.md."""
     flags = host.cpu_flags
     if ours and "avx512_bf16" in flags and "amx_bf16" not in flags and "avx512_vnni" in flags:
         return Int8Plan(0, torch.bfloat16, packed=True)

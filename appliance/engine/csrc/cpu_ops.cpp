@@ -1,4 +1,4 @@
-// Our CPU kernels (cpu_kernels.c) as torch operators, `torch.ops.appliance.*`, each checking its
+// Our CPU kernels (cpu_kernels.h) as torch operators, `torch.ops.appliance.*`, each checking its
 // arguments before the C code runs: devices, dtypes, ranks, shapes and strides, and every block, slot and
 // position id the kernel will index with. A failed check raises a Python exception (TORCH_CHECK_VALUE:
 // ValueError, TORCH_CHECK_INDEX: IndexError) and the kernel never runs; nothing here is an assert, so

@@ -1,8 +1,9 @@
 // GEMMs on bf16 weights: for few rows (decode) on torch's layout, where torch emulates bf16 on CPUs
 // without bf16 units (AVX2/FMA, few_rows.h; VDPBF16PS where the CPU has AVX512-BF16); on CPUs with
-// AVX512-BF16, on weights prepacked for VDPBF16PS: oneDNN streams a decode step's weights at half the
-// memory bandwidth; this kernel is 1.3-2x faster there and on par at prefill sizes (a target attribute and
-// a run-time check: the library still runs on AVX2 alone).
+// AVX512-BF16, on weights prepacked for VDPBF16PS: oneDNN streams a decode step's weights well below the
+// memory bandwidth, which bounds a decode step; this kernel streams them faster and keeps up at prefill
+// sizes (figures: docs/benchmarks.md; a target attribute and a run-time check: the library still runs on
+// AVX2 alone).
 #include "cpu_kernels.h"
 #include "few_rows.h"
 #include "group_panels.h"

@@ -1,6 +1,6 @@
 // The fp32 GEMM on prepacked weights (AVX2/FMA): MKL streams the weights of few-row (decode) GEMMs at a
-// fraction of the memory bandwidth; this kernel is 1.4-3x faster there and on par or better at prefill
-// sizes.
+// fraction of the memory bandwidth, and a decode step is bound by reading them; this kernel streams them
+// near the memory's rate and keeps up with MKL at prefill sizes (figures: docs/benchmarks.md).
 #include "cpu_kernels.h"
 #include "kernel_common.h"
 

@@ -1,5 +1,5 @@
-// GEMMs on int8 weights: for few rows (decode) on torch's layout, where torch's kernel is 1.4-1.6x slower
-// (AVX2/FMA, few_rows.h); on CPUs with AVX512-VNNI, on weights packed for VPDPBUSD (activations as int8
+// GEMMs on int8 weights: for few rows (decode) on torch's layout, where torch's kernel reads the weights
+// below the memory's rate (AVX2/FMA, few_rows.h); on CPUs with AVX512-VNNI, on weights packed for VPDPBUSD (activations as int8
 // per row and 512 k): half the bytes of bf16 and twice its multiplies an instruction (a target attribute
 // and a run-time check: the library still runs on AVX2 alone).
 #include "cpu_kernels.h"
