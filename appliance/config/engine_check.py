@@ -4,6 +4,7 @@ import importlib.util
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 from appliance.errors import ConfigError
@@ -42,33 +43,34 @@ def check_engine(cfg) -> None:
 
 
 def _auto_dtype(model, device: str) -> str:
-    """engine.dtype=auto as the engine will settle it from the checkpoint (memory_plan's rule; on CPU
-    the host decides between bfloat16 and float32 for a half precision checkpoint, so it stays `auto`
-    here, as it does when the checkpoint cannot be read yet)."""
+    """engine.dtype=auto as the engine will settle it from the checkpoint (memory_plan's rule); `auto`
+    where the host decides (a half precision checkpoint on CPU) or the checkpoint cannot be read yet."""
     from appliance.engine.checkpoint_facts import hf_checkpoint_facts
+    from appliance.engine.memory_plan import auto_dtype_without_host
 
     try:
         own = hf_checkpoint_facts(model.path).dtype if getattr(model, "path", None) else None
     except (OSError, ValueError):  # files missing or unreadable: reported where they are read
         own = None
-    if own is None:
-        return "auto"
-    name = str(own).replace("torch.", "")
-    if name == "float32" or device.startswith("cuda"):
-        return name
-    return "auto"
+    settled = auto_dtype_without_host(own, device) if own is not None else None
+    return "auto" if settled is None else str(settled).replace("torch.", "")
 
 
 def model_head_dim(model) -> Optional[int]:
-    """The language model's head dim from `model.path`'s config.json, or None when it cannot be read."""
+    """The language model's head dim from `model.path`'s config.json (attention_geometry's rule), or None
+    when it cannot be read."""
+    from appliance.engine.attention_geometry import head_dim_of
+
     path = getattr(model, "path", None)
     try:
         config = json.loads((Path(path) / "config.json").read_text()) if path else None
     except (OSError, ValueError):
         return None
     text = (config or {}).get("text_config") or config or {}
-    heads = text.get("num_attention_heads")
-    return text.get("head_dim") or (text["hidden_size"] // heads if heads and text.get("hidden_size") else None)
+    try:
+        return head_dim_of(SimpleNamespace(**text))
+    except (AttributeError, TypeError, ZeroDivisionError):  # no head_dim and no hidden size or heads
+        return None
 
 
 def _limits():

@@ -2,31 +2,13 @@
 of each kind (decode, prefill, mixed) through the backend and through the torch backend on the same
 K/V pool, compared. Kernel libraries decide at call time whether they have a kernel (and on a GPU the
 answer depends on the card, the torch build and the wheels), so this is asked before any request."""
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from appliance.engine.attention import TorchAttentionBackend
+from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.context import StepContext, StepInput
-
-
-@dataclass(frozen=True)
-class AttentionGeometry:
-    """One rank's attention shape: what a backend's kernels must accept."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-
-    @classmethod
-    def of(cls, hf_config, world_size: int, block_size: int) -> "AttentionGeometry":
-        text = hf_config.get_text_config()
-        heads = text.num_attention_heads
-        kv = getattr(text, "num_key_value_heads", None) or heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-        return cls(max(heads // world_size, 1), max(kv // world_size, 1), head_dim, block_size)
 
 
 def _pool_blocks(seqs, block_size: int) -> int:

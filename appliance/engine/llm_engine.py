@@ -7,7 +7,7 @@ from typing import Dict, Iterable, List, Optional, Sequence as Seq, Union
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from appliance.engine.attention_probe import AttentionGeometry
+from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.block_manager import BlockManager
 from appliance.engine.checkpoint_facts import hf_checkpoint_facts
 from appliance.engine.config import DType, EngineConfig, EngineKind, engine_config_from
@@ -15,9 +15,8 @@ from appliance.engine.detokenizer import IncrementalDetokenizer
 from appliance.engine.executor import check_executor, make_executor
 from appliance.engine.host import Host
 from appliance.engine.kernel_plan import plan_kernels
-from appliance.engine.memory_plan import KVShape, plan_memory
-from appliance.engine.model_runner import architecture
-from appliance.engine.models import get_model_class
+from appliance.engine.memory_plan import plan_memory
+from appliance.engine.models import get_model_class, model_architecture
 from appliance.engine.models.base import MultimodalCausalLM
 from appliance.engine.multimodal import image_token_id
 from appliance.engine.multimodal import mm_ranges as mm_ranges_of
@@ -60,19 +59,21 @@ class LLMEngine:
             raise ValueError("LLMEngine serves engine.kind=generate; use PoolEngine for kind=pool")
         hf_config = AutoConfig.from_pretrained(model_path)
         self.hf_config = hf_config
+        self.architecture = model_architecture(None, hf_config, model_path)
         self.image_token_id = image_token_id(hf_config)  # None for a text model
         self.max_model_len = max_model_len(hf_config.get_text_config(), cfg.max_model_len)
         # dtype and KV budget settled (or the model refused) before any weight or tokenizer loads.
         host = host or Host.read(cfg.device)
-        plan = plan_memory(cfg, hf_checkpoint_facts(model_path), host, f"model {model_path}",
-                           KVShape.of(hf_config, cfg.tensor_parallel_size, cfg.block_size), self.max_model_len)
+        geometry = AttentionGeometry.of(hf_config, cfg.tensor_parallel_size, cfg.block_size)
+        plan = plan_memory(cfg, hf_checkpoint_facts(model_path), host, f"model {model_path}", geometry,
+                           self.max_model_len)
         cfg = dataclasses.replace(cfg, dtype=DType(plan.dtype_name), kv_cache_memory_bytes=plan.kv_cache_memory_bytes)
         log.info("engine.dtype: %s (%s)", plan.dtype_name, plan.dtype_reason)
         self.cfg = cfg
         check_executor(cfg)
         # Which kernel runs each family, decided here once for every rank; its probes run on rank 0's device.
         device = torch.device(cfg.device)
-        self.kernels = plan_kernels(cfg, host, AttentionGeometry.of(hf_config, cfg.tensor_parallel_size, cfg.block_size),
+        self.kernels = plan_kernels(cfg, host, geometry,
                                     device if cfg.tensor_parallel_size == 1 else rank_device(device, 0))
         log.info("%s", self.kernels.describe())
         self.tokenizer = tokenizer or load_tokenizer(model_path)
@@ -80,7 +81,7 @@ class LLMEngine:
         blocks = self.executor.num_kv_blocks
         log.info("KV cache: %d tokens (%d blocks of %d; %.2f GiB per rank; %s)", blocks * cfg.block_size, blocks,
                  cfg.block_size, plan.kv_cache_memory_bytes / 2 ** 30, plan.kv_reason)
-        model_cls = get_model_class(architecture(hf_config, model_path))
+        model_cls = get_model_class(self.architecture)
         # The model's rule for an image item, its config arithmetic done once; None: it takes no images.
         self.check_image_item = model_cls.image_item_check(hf_config) \
             if issubclass(model_cls, MultimodalCausalLM) else None
@@ -153,7 +154,7 @@ class LLMEngine:
         the items' ranges key the prefix cache. Raises ValueError before anything is scheduled."""
         token = self.image_token_id
         if token is None:
-            raise ValueError(f"mm_data was given but {self.hf_config.architectures} is not a multimodal model")
+            raise ValueError(f"mm_data was given but {self.architecture} is not a multimodal model")
         n_placeholders = ids.count(token)
         if n_placeholders != sum(item.num_tokens for item in mm_data):
             raise ValueError(f"the prompt holds {n_placeholders} image tokens ({token}) but mm_data covers "
@@ -162,7 +163,7 @@ class LLMEngine:
         if not mm_data:
             return mm_ranges
         if self.check_image_item is None:
-            raise ValueError(f"mm_data was given but {self.hf_config.architectures[0]} takes no images")
+            raise ValueError(f"mm_data was given but {self.architecture} takes no images")
         end = 0
         for i, item in enumerate(mm_data):
             self.check_image_item(item)

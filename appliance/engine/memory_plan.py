@@ -28,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.checkpoint_facts import CheckpointFacts
 from appliance.engine.config import DType, EngineConfig
 from appliance.engine.host import NATIVE_BF16_FLAGS, Host
@@ -38,31 +39,6 @@ RUNTIME_RESERVE_BYTES = 1 * GIB  # per process: torch and its threads, a step's 
 CPU_KV_SHARE = 0.5
 CPU_KV_CAP_BYTES = 4 * GIB
 CUDA_MEMORY_UTILIZATION = 0.9
-
-
-@dataclass(frozen=True)
-class KVShape:
-    """One rank's KV cache geometry."""
-
-    layers: int
-    kv_heads: int  # on this rank
-    head_dim: int
-    block_size: int
-
-    @classmethod
-    def of(cls, hf_config, world_size: int, block_size: int) -> "KVShape":
-        text = hf_config.get_text_config()
-        heads = text.num_attention_heads
-        kv = getattr(text, "num_key_value_heads", None) or heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-        return cls(text.num_hidden_layers, max(kv // world_size, 1), head_dim, block_size)
-
-    def block_bytes(self, dtype: torch.dtype) -> int:
-        return 2 * self.layers * self.block_size * self.kv_heads * self.head_dim * dtype.itemsize
-
-    def bytes_for(self, tokens: int, dtype: torch.dtype) -> int:
-        """Whole blocks for `tokens` tokens."""
-        return -(-tokens // self.block_size) * self.block_bytes(dtype)
 
 
 @dataclass(frozen=True)
@@ -78,9 +54,9 @@ class MemoryPlan:
 
 
 def plan_memory(cfg: EngineConfig, facts: CheckpointFacts, host: Host, source: str,
-                kv: Optional[KVShape] = None, max_model_len: int = 0) -> MemoryPlan:
-    """The engine's dtype and KV budget; ConfigError when the model cannot fit. `kv` is None for a
-    pool engine (weights only)."""
+                kv: Optional[AttentionGeometry] = None, max_model_len: int = 0) -> MemoryPlan:
+    """The engine's dtype and KV budget; ConfigError when the model cannot fit. `kv`: one rank's
+    attention geometry with its layers (None for a pool engine: weights only)."""
     if cfg.memory_budget_bytes is not None:
         host = host.within(cfg.memory_budget_bytes)
     sizing = _Sizing(cfg, facts, host, kv, max_model_len)
@@ -96,10 +72,9 @@ def choose_dtype(cfg: EngineConfig, facts: CheckpointFacts, host: Host, fits=lam
     if requested != DType.auto.value:
         return getattr(torch, requested), f"engine.dtype={requested}"
     own = str(facts.dtype).replace("torch.", "")
-    if facts.dtype == torch.float32 or facts.dtype.itemsize > 2:
-        return torch.float32, f"auto: the checkpoint's {own}"
-    if str(cfg.device).startswith("cuda"):
-        return facts.dtype, f"auto: the checkpoint's {own}"
+    settled = auto_dtype_without_host(facts.dtype, str(cfg.device))
+    if settled is not None:
+        return settled, f"auto: the checkpoint's {own}"
     units = sorted(set(NATIVE_BF16_FLAGS) & host.cpu_flags)
     if units:
         return torch.bfloat16, f"auto: the checkpoint's {own}, as bfloat16 on this CPU ({', '.join(units)})"
@@ -110,10 +85,21 @@ def choose_dtype(cfg: EngineConfig, facts: CheckpointFacts, host: Host, fits=lam
                             f"{' or '.join(NATIVE_BF16_FLAGS)}): float32 does not fit")
 
 
+def auto_dtype_without_host(own: torch.dtype, device: str) -> Optional[torch.dtype]:
+    """What `auto` makes of a checkpoint in `own` dtype on `device` where the host has no say: float32
+    (or wider) runs as float32, anything on CUDA as itself; None for a half precision checkpoint on CPU,
+    where the host's bf16 units (and its memory) decide (`choose_dtype`)."""
+    if own == torch.float32 or own.itemsize > 2:
+        return torch.float32
+    if device.startswith("cuda"):
+        return own
+    return None
+
+
 class _Sizing:
     """Memory arithmetic for one engine on one machine."""
 
-    def __init__(self, cfg: EngineConfig, facts: CheckpointFacts, host: Host, kv: Optional[KVShape],
+    def __init__(self, cfg: EngineConfig, facts: CheckpointFacts, host: Host, kv: Optional[AttentionGeometry],
                  max_model_len: int):
         self.cfg, self.facts, self.host, self.kv, self.max_model_len = cfg, facts, host, kv, max_model_len
         self.world = max(1, cfg.tensor_parallel_size)

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 import torch
 
 from appliance.engine import cpu_kernels, hugepages
+from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.attention_select import make_backend
 from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput
@@ -27,22 +28,13 @@ from appliance.engine.kernel_plan import KernelPlan
 from appliance.engine.linear import pack_for_cpu, quantize_int8, use_bf16_kernel
 from appliance.engine.loader import iter_weights
 from appliance.engine.materialize import build_on_meta, materialize
-from appliance.engine.models import MODEL_REGISTRY, get_model_class
+from appliance.engine.models import get_model_class, model_architecture
 from appliance.engine.models.base import CausalLM, MultimodalCausalLM
 from appliance.engine.parallel import ParallelState
 from appliance.engine.sampler import Sampler, SamplerOutput
 from appliance.engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
-
-
-def architecture(hf_config, model_path: str) -> str:
-    """The checkpoint's architecture name (config.json `architectures`), which picks the model class."""
-    names = getattr(hf_config, "architectures", None)
-    if not names:
-        raise ValueError(f"{model_path}/config.json names no architecture (`architectures`); the engine "
-                         f"runs: {', '.join(sorted(MODEL_REGISTRY))}")
-    return names[0]
 
 
 class ModelRunner:
@@ -56,7 +48,7 @@ class ModelRunner:
         self.device = device or torch.device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype)
         self.block_size = cfg.block_size
-        model_cls = get_model_class(architecture(hf_config, model_path))
+        model_cls = get_model_class(model_architecture(None, hf_config, model_path))
         self.attn_backend = make_backend(plan.attention)
         # Built without memory, given storage in the final dtype, filled once from the checkpoint.
         model = build_on_meta(lambda: model_cls(hf_config, self.tp, self.attn_backend, max_model_len))
@@ -81,8 +73,8 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> int:
         layers = self.model.attention_layers()
         a = layers[0]
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        bytes_per_block = 2 * len(layers) * self.block_size * a.num_kv_heads * a.head_dim * elem
+        geometry = AttentionGeometry(a.num_heads, a.num_kv_heads, a.head_dim, self.block_size, len(layers))
+        bytes_per_block = geometry.block_bytes(self.dtype)
         n = self.cfg.num_kv_blocks or self.cfg.kv_cache_memory_bytes // bytes_per_block
         if n < 1:
             raise ValueError(f"engine.kv_cache_memory_bytes={self.cfg.kv_cache_memory_bytes} holds no KV "

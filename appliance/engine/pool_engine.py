@@ -76,11 +76,11 @@ class PoolEngine:
         """Build the registered model for `model.architecture` with its `from_config(model, engine)`, in
         the dtype `plan_memory` settles (or refused before loading when it cannot fit); `host`: the
         machine to size for (default: this one)."""
-        from appliance.engine.models import get_model_class
+        from appliance.engine.models import get_model_class, model_architecture
         cfg = engine_config_from(app_cfg.engine)
         if getattr(cfg.kind, "value", cfg.kind) != EngineKind.pool.value:
             raise ValueError("PoolEngine serves engine.kind=pool; use LLMEngine for kind=generate")
-        model_cls = get_model_class(app_cfg.model.architecture, EngineKind.pool)
+        model_cls = get_model_class(model_architecture(app_cfg.model.architecture), EngineKind.pool)
         model = app_cfg.model
         if getattr(model, "checkpoint", None) or getattr(model, "path", None):
             plan = plan_memory(cfg, model_checkpoint_facts(model), host or Host.read(cfg.device),

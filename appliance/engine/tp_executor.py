@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from appliance.engine.config import EngineConfig
 from appliance.engine.kernel_plan import KernelPlan
 from appliance.engine.model_runner import ModelRunner
-from appliance.engine.models import MODEL_REGISTRY
+from appliance.engine.models import MODEL_REGISTRY, model_architecture
 from appliance.engine.parallel import ParallelState, make_group, rank_device
 from appliance.engine.sampler import SamplerOutput
 from appliance.engine.scheduler import SchedulerOutput
@@ -95,7 +95,7 @@ class TPExecutor:
                               timeout=datetime.timedelta(seconds=self.startup_timeout_s))
         ctx = mp.get_context("spawn")
         self.procs, self.conns = [], []
-        arch = (getattr(hf_config, "architectures", None) or [None])[0]
+        arch = model_architecture(None, hf_config, model_path)
         entry = (arch, MODEL_REGISTRY[arch]) if arch in MODEL_REGISTRY else None
         for rank in range(1, world):
             parent, child = ctx.Pipe()

@@ -9,7 +9,7 @@ import torch
 
 from appliance.engine import cpu_kernels
 from appliance.engine.attention import CpuAttentionBackend, TorchAttentionBackend
-from appliance.engine.attention_probe import AttentionGeometry
+from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.attention_select import make_backend, select_backend
 from appliance.engine.xformers_attention import XformersAttentionBackend
 from tests.engine.fake_fmha import fake_fmha

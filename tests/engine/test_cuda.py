@@ -10,7 +10,7 @@ import torch
 
 from appliance.config.schema import EngineConfig
 from appliance.engine.attention_select import select_backend
-from appliance.engine.attention_probe import AttentionGeometry
+from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.llm_engine import LLMEngine
 from tests.conftest import REPO, run_cli
 from tests.engine.helpers import assert_no_block_leaks, check_logprobs_close, random_prompts

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from appliance.engine.config import EngineConfig
-from appliance.engine.models import MODEL_REGISTRY, get_model_class
+from appliance.engine.models import MODEL_REGISTRY, get_model_class, model_architecture
 from appliance.engine.models.base import CausalLM
 
 BLOCK = ("import sys, pkgutil, importlib\n"
@@ -68,6 +68,21 @@ def test_registry_refuses_clearly(architecture, kind, message):
 ])
 def test_registry_classes_by_kind(architecture, kind, expected):
     assert get_model_class(architecture, kind).__name__ == expected
+
+
+@pytest.mark.parametrize("declared, names, expected", [
+    ("LlamaForCausalLM", ["MistralForCausalLM"], "MistralForCausalLM"),  # the checkpoint's counts
+    (None, ["LlamaForCausalLM", "Other"], "LlamaForCausalLM"),  # its first
+    ("PrithviSegmentation", None, "PrithviSegmentation"),  # no config.json read: model.architecture
+])
+def test_which_architecture_counts(declared, names, expected):
+    hf_config = None if names is None else type("Config", (), {"architectures": names})()
+    assert model_architecture(declared, hf_config, "/m") == expected
+
+
+def test_a_config_json_naming_no_architecture_is_refused():
+    with pytest.raises(ValueError, match="/m/config.json names no architecture .*LlamaForCausalLM"):
+        model_architecture("LlamaForCausalLM", type("Config", (), {"architectures": None})(), "/m")
 
 
 @pytest.mark.parametrize("architectures, message", [

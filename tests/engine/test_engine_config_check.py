@@ -3,6 +3,7 @@ names the constraint in one line before any weight loads; `auto` is never refuse
 import json
 
 import pytest
+import torch
 
 from appliance.config.compose import compose
 from appliance.errors import ConfigError
@@ -35,6 +36,30 @@ def test_xformers_config_that_cannot_run_is_refused(overrides, fragments):
 def test_head_dim_comes_from_the_model(head_dim_80):
     with pytest.raises(ConfigError, match="head dim 80: xformers' triton_splitk.FwOp"):
         compose(XF + [f"model.path={head_dim_80}"])
+
+
+def checkpoint(path, dtype: str) -> str:
+    """A model directory whose config.json declares `dtype` (head dim 64, as xformers takes it)."""
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 512,
+                                                  "num_attention_heads": 8, "torch_dtype": dtype}))
+    save_file({"w": torch.zeros(2, dtype=getattr(torch, dtype))}, str(path / "model.safetensors"))
+    return str(path)
+
+
+@pytest.mark.parametrize("own, refused", [("float32", True), ("float64", True), ("float16", False),
+                                          ("bfloat16", False)])
+def test_auto_dtype_is_checked_as_the_engine_will_settle_it(tmp_path, own, refused):
+    """On CUDA, engine.dtype=auto runs the checkpoint's half precision as it is, and fp32 (or wider) as
+    fp32, which xformers refuses (memory_plan's rule)."""
+    overrides = XF + ["engine.dtype=auto", f"model.path={checkpoint(tmp_path / 'm', own)}"]
+    if refused:
+        with pytest.raises(ConfigError, match="engine.dtype=float32"):
+            compose(overrides)
+    else:
+        compose(overrides)
 
 
 @pytest.mark.parametrize("overrides", [

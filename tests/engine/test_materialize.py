@@ -8,7 +8,7 @@ from torch.overrides import TorchFunctionMode
 
 from appliance.config.schema import EngineConfig
 from appliance.engine import loader
-from appliance.engine.attention_probe import AttentionGeometry
+from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.host import Host
 from appliance.engine.kernel_plan import plan_kernels
 from appliance.engine.layers import RotaryEmbedding

@@ -3,10 +3,12 @@ on made-up machines (`Host`), and the machine facts read from /proc text (host.p
 import pytest
 import torch
 
+from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.checkpoint_facts import CheckpointFacts, file_checkpoint_facts, hf_checkpoint_facts
 from appliance.engine.config import EngineConfig
 from appliance.engine.host import Host, cgroup_room, parse_cpu_flags, parse_meminfo
-from appliance.engine.memory_plan import CPU_KV_CAP_BYTES, GIB, RUNTIME_RESERVE_BYTES, KVShape, plan_memory
+from appliance.engine.memory_plan import CPU_KV_CAP_BYTES, GIB, RUNTIME_RESERVE_BYTES, auto_dtype_without_host, \
+    plan_memory
 from appliance.errors import ConfigError
 from tests.servers import LLAVA_TINY
 
@@ -14,7 +16,8 @@ AVX2 = frozenset({"avx2", "fma"})
 AMX = frozenset({"avx2", "avx512f", "amx_bf16", "amx_tile"})
 ZEN4 = frozenset({"avx2", "avx512f", "avx512_bf16"})
 B7 = 6_900_000_000  # a LLaVA-1.5-7B's weights (elements)
-LLAVA_7B_KV = KVShape(layers=32, kv_heads=32, head_dim=128, block_size=16)  # 512 KiB a token in bf16
+# 512 KiB a token in bf16
+LLAVA_7B_KV = AttentionGeometry(num_heads=32, num_kv_heads=32, head_dim=128, block_size=16, num_layers=32)
 
 
 def host(flags, available_gib, total_gib=None):
@@ -50,6 +53,21 @@ def test_dtype_rule(requested, ckpt, elements, flags, gib, device, expected):
     assert p.dtype_reason.startswith("auto" if requested == "auto" else f"engine.dtype={requested}")
 
 
+@pytest.mark.parametrize("own, device, expected", [
+    (torch.float32, "cpu", torch.float32),
+    (torch.float64, "cuda", torch.float32),  # wider than fp32: fp32, even on a card
+    (torch.float16, "cuda:1", torch.float16),  # a card runs the checkpoint's own half precision
+    (torch.bfloat16, "cuda", torch.bfloat16),
+    (torch.bfloat16, "cpu", None),  # half precision on CPU: the host's bf16 units decide
+    (torch.float16, "cpu", None),
+])
+def test_what_auto_settles_without_the_host(own, device, expected):
+    """The part of the dtype rule the config check applies before the engine reads the host."""
+    assert auto_dtype_without_host(own, device) == expected
+    if expected is not None:  # and the engine's full rule agrees, on any host
+        assert plan(ckpt=own, device=device, elements=1_000_000, machine=host(AVX2, 60)).dtype == expected
+
+
 def test_the_reason_names_the_units_or_their_absence():
     assert "amx_bf16" in plan(machine=host(AMX, 22)).dtype_reason
     reason = plan(elements=1_000_000, machine=host(AVX2, 22)).dtype_reason
@@ -67,7 +85,7 @@ def test_cpu_kv_default_is_half_of_what_is_left_capped():
 
 
 def test_cpu_kv_default_never_exceeds_what_the_sequences_can_use():
-    tiny = KVShape(layers=2, kv_heads=2, head_dim=16, block_size=16)  # 2 KiB a token in fp32
+    tiny = AttentionGeometry(num_heads=2, num_kv_heads=2, head_dim=16, block_size=16, num_layers=2)  # 2 KiB/token fp32
     p = plan(ckpt=torch.float32, elements=1_000_000, kv=tiny, max_model_len=512, max_num_seqs=8)
     assert p.kv_cache_memory_bytes == 8 * tiny.bytes_for(512, torch.float32)
 
@@ -80,7 +98,7 @@ def test_cpu_kv_default_holds_at_least_one_full_sequence():
 
 def test_tensor_parallel_ranks_share_the_host():
     one, two = plan(machine=host(AMX, 20)), plan(machine=host(AMX, 20), tensor_parallel_size=2,
-                                                  kv=KVShape(32, 16, 128, 16))
+                                                  kv=AttentionGeometry(32, 16, 128, 16, num_layers=32))
     spare = 20 * GIB - B7 * 2 - 2 * RUNTIME_RESERVE_BYTES
     assert two.kv_cache_memory_bytes == spare // 2 // 2 and two.kv_cache_memory_bytes < one.kv_cache_memory_bytes
 

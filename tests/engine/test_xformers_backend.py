@@ -9,7 +9,8 @@ import torch
 
 from appliance.config.schema import EngineConfig
 from appliance.engine import kernel_plan, model_runner
-from appliance.engine.attention_probe import AttentionGeometry, probe_backend, probe_steps
+from appliance.engine.attention_geometry import AttentionGeometry
+from appliance.engine.attention_probe import probe_backend, probe_steps
 from appliance.engine.llm_engine import LLMEngine
 from appliance.engine.xformers_attention import XformersAttentionBackend, key_rows
 from tests.engine.fake_fmha import reference_fmha

@@ -6,6 +6,7 @@ for a generate architecture, the part of it that pool mode runs: engine.kind=poo
 checkpoint runs its vision tower (`pipeline=llava_encode`).
 """
 import importlib
+from typing import Optional
 
 from appliance.engine.models.base import CausalLM, PoolModel
 
@@ -22,6 +23,22 @@ POOL_PARTS = {
 }
 
 KINDS = ("generate", "pool")
+
+
+def model_architecture(declared: Optional[str], hf_config=None, model_path: str = "") -> Optional[str]:
+    """The registry key that picks the model class, from `model.architecture` (`declared`) and the
+    checkpoint's config.json (`hf_config`, read from `model_path`). A checkpoint in HF layout names its
+    own (`architectures[0]`) and that one counts, whatever `declared` says (a vision-language model's
+    config must agree with it: vl_config.py); `declared` counts only where the engine reads no
+    config.json (pool mode builds its model with the class's `from_config`). ValueError when the
+    config.json names none."""
+    if hf_config is None:
+        return declared
+    names = getattr(hf_config, "architectures", None)
+    if not names:
+        raise ValueError(f"{model_path}/config.json names no architecture (`architectures`); the engine "
+                         f"runs: {', '.join(sorted(MODEL_REGISTRY))}")
+    return names[0]
 
 
 def get_model_class(architecture: str, kind: str = "generate"):

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from appliance.engine.attention import PagedAttention
+from appliance.engine.attention_geometry import head_dim_of, kv_heads_of
 from appliance.engine.context import StepContext
 from appliance.engine.embedding import ParallelLMHead, VocabParallelEmbedding
 from appliance.engine.layers import RMSNorm, RotaryEmbedding, SiluAndMul, rope_parameters
@@ -13,15 +14,11 @@ from appliance.engine.models.base import CausalLM
 from appliance.engine.parallel import ParallelState
 
 
-def head_dim_of(cfg) -> int:
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-
-
 class LlamaAttention(nn.Module):
     def __init__(self, cfg, tp: ParallelState, backend, rotary: RotaryEmbedding):
         super().__init__()
         head_dim = head_dim_of(cfg)
-        num_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        num_kv = kv_heads_of(cfg)
         bias = getattr(cfg, "attention_bias", False)
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, head_dim, cfg.num_attention_heads, num_kv, tp, bias)
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * head_dim, cfg.hidden_size, tp, bias)
