@@ -19,9 +19,17 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# The browser tests (tests/ui) drive Debian's chromium through Playwright (its own browser download
+# cannot work offline): installed here where we are root with apt-get; elsewhere those tests skip, saying why.
 $(VENV)/.test-installed: $(VENV)/.installed
-	@echo "== installing the test extras (pytest, HTTP clients, Helm SDK, fuzzers): quiet until pip is done"
+	@echo "== installing the test extras (pytest, HTTP clients, Helm SDK, fuzzers, Playwright): quiet until pip is done"
 	$(BIN)/pip install --quiet -e '.[test]'
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "== installing Debian's chromium for the browser tests (apt-get; a few minutes)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	elif [ ! -x /usr/bin/chromium ]; then \
+		echo "== /usr/bin/chromium is missing and apt-get cannot run here: the browser tests (tests/ui) will skip"; \
+	fi
 	touch $@
 
 # Our CPU kernels, compiled once into the installed package (docs/engine.md); the engine would otherwise

@@ -47,6 +47,8 @@ SLOW = (
     "tests/reliability/test_engine_faults.py",
     "tests/reliability/test_geo_faults.py",
     "tests/reliability/test_fuzz.py",
+    "tests/ui/test_chat_key_and_stop.py",  # two servers of its own
+    "tests/ui/test_page_routes.py::test_server_ui_false_answers_404_at_the_root_and_keeps_the_docs",
 )
 
 

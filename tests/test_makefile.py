@@ -23,3 +23,14 @@ def test_demo_announces_the_install_and_each_step_before_running_it(tmp_path):
     flood, chat = first("appliance run pipeline=prithvi_flood"), first("appliance run pipeline=llava_chat")
     assert install < first("demo 1/2: flood-map the bundled sample scene") < flood, plan
     assert flood < first("demo 2/2: ask the embedded tiny LLaVA") < chat, plan
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_test_installs_chromium_for_the_browser_tests_before_running_them(tmp_path):
+    venv = tmp_path / "venv"
+    plan = subprocess.run(["make", "-n", "test", f"VENV={venv}"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout
+    extras, chromium, pytest_run = (plan.index("pip install --quiet -e '.[test]'"),
+                                    plan.index("apt-get install -y -qq chromium"), plan.index("-m pytest"))
+    assert extras < chromium < pytest_run
+    assert "[ ! -x /usr/bin/chromium ]" in plan and "DEBIAN_FRONTEND=noninteractive" in plan

@@ -7,6 +7,7 @@ from starlette.responses import JSONResponse
 
 from appliance.errors import InputError
 from appliance.protocol.openai_responses import error_body
+from appliance.serving.ui.routes import PAGE_PATHS
 
 
 class APIError(Exception):
@@ -51,9 +52,10 @@ def no_such_route(request: Request) -> str:
 
 
 def _route_paths(request: Request) -> list:
-    """The documented routes of the app serving `request` (the pipeline decides which there are)."""
+    """The documented routes of the app serving `request` (the pipeline decides which there are); the page's
+    files are not API routes."""
     return sorted({route.path for route in request.app.routes if getattr(route, "include_in_schema", True)
-                   and route.path not in LITSERVE_ROUTES})
+                   and route.path not in LITSERVE_ROUTES + PAGE_PATHS})
 
 
 async def parse_body(request: Request, parse):

@@ -16,8 +16,9 @@ from starlette.requests import Request
 
 from appliance.serving.http.access_log import AccessLog
 from appliance.serving.http.errors import LITSERVE_ROUTES, APIError, no_such_route
+from appliance.serving.ui.routes import PAGE_PATHS, aliased
 
-OPEN_PATHS = ("/health", "/ready", "/version", "/metrics", "/docs", "/openapi.json")
+OPEN_PATHS = ("/health", "/ready", "/version", "/metrics", "/docs", "/openapi.json", *PAGE_PATHS)
 
 
 async def send_error(send, status: int, message: str, headers: Iterable = ()) -> None:
@@ -44,6 +45,8 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        asked = scope["path"]
+        scope = aliased(scope, self.routes)  # `/` and `/docs`: our pages (appliance/serving/ui/routes.py)
         began = time.perf_counter() if self.access is not None else 0.0
         status = None  # the answer's, once it started
 
@@ -61,7 +64,7 @@ class Gate:
             route = scope["path"] if scope["path"] in self.routes else "other"
             self.metrics().request(route, status)
             if self.access is not None:
-                self.access.write(scope, status, began)
+                self.access.write(scope if scope["path"] == asked else {**scope, "path": asked}, status, began)
 
     async def _admit(self, scope, send) -> bool:
         """LitServe's routes, the API key and the declared body size; False once a refusal was sent."""

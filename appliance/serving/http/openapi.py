@@ -11,7 +11,8 @@ included, `protocol.pooling.PoolingResponse`, `protocol.tokenize`'s `TokenizeRes
 A streamed answer is `text/event-stream`, one schema per event (as OpenAPI 3.1 reads a stream): its
 `data` is a chunk model's JSON (`contentSchema`), an error's, or `[DONE]`. `/v1/pool` takes and answers
 GeoTIFF bytes, which no model describes. LitServe's own routes (`GET /`, its health and info) are left
-out: the Gate answers them 404 (http/errors.py). For clients, docs (`/docs`) and the schema-driven fuzz tests.
+out: the Gate answers them 404 (http/errors.py); so are the pages' files (appliance/serving/ui), which
+are no API. For clients, the docs page (`/docs`) and the schema-driven fuzz tests.
 """
 from typing import Any, Dict
 
@@ -22,6 +23,7 @@ from appliance.protocol.pooling import PoolingBody, PoolingResponse
 from appliance.protocol.tokenize import (DetokenizeBody, DetokenizeResponse, TokenizeChatBody,
                                          TokenizeCompletionBody, TokenizerInfoResponse, TokenizeResponse)
 from appliance.serving.http.errors import LITSERVE_ROUTES
+from appliance.serving.ui.routes import PAGE_PATHS
 
 JSON, SSE = "application/json", "text/event-stream"
 REF = "#/components/schemas/{model}"
@@ -51,7 +53,8 @@ def install(app) -> None:
 
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:
-            served = [route for route in app.routes if getattr(route, "path", None) not in LITSERVE_ROUTES]
+            served = [route for route in app.routes
+                      if getattr(route, "path", None) not in LITSERVE_ROUTES + PAGE_PATHS]
             schema = get_openapi(title="appliance", version="1", routes=served)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for path, item in schema.get("paths", {}).items():

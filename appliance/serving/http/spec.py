@@ -3,7 +3,8 @@
 The pipeline's kind decides the API: a generating engine gets OpenAI's `/v1/chat/completions`,
 `/v1/completions` and `/v1/models`, and vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info`; a pooling engine gets
 vLLM's `/pooling` and the raw `/v1/pool`; a pipeline without an engine gets `POST /predict`. Every
-server has `/health`, `/ready`, `/version` and `/metrics`. The handlers read their own bodies and
+server has `/health`, `/ready`, `/version` and `/metrics`, and the pages for people: `/docs` and, with
+`server.ui`, the kind's page at `/` (appliance/serving/ui). The handlers read their own bodies and
 answer Starlette responses; what they need of the engine goes through the `Frontend` (frontend.py),
 never through LitServe's request queue, so LitServe's `decode_request` / `encode_response` hooks are
 not used.
@@ -15,6 +16,7 @@ from appliance.serving.http.routes_generate import GenerateRoutes
 from appliance.serving.http.routes_ops import OpsRoutes, PredictRoute
 from appliance.serving.http.routes_pool import PoolRoutes
 from appliance.serving.http.routes_tokenize import TokenizeRoutes
+from appliance.serving.ui.routes import page_routes
 
 
 MAIN_ROUTE = {"generate": "/v1/chat/completions", "pool": "/pooling", "plain": "/predict"}
@@ -34,6 +36,8 @@ class ApplianceSpec(LitSpec):
         for path, handler in (("/health", ops.health), ("/ready", ops.ready), ("/version", ops.version),
                               ("/metrics", ops.metrics)):
             self.add_endpoint(path, handler, ["GET"])
+        for path, page_file in page_routes(kind, bool(cfg.server.ui)):
+            self.add_endpoint(path, page_file.answer, ["GET", "HEAD"])
         if kind == "generate":
             routes = GenerateRoutes(self.frontend, cfg, dict(online.engine.options.sampling))
             self.add_endpoint("/v1/models", ops.models, ["GET"])

@@ -1,0 +1,70 @@
+// Requests to this server. URLs are relative, so the page works under any path prefix a proxy adds. With
+// server.api_key set, a 401 makes the page ask for the key (askKey), kept in sessionStorage (never in a
+// URL) and sent as a bearer token. A failed request throws ServerError with the server's own message.
+
+const KEY = "appliance.apiKey";
+
+export class ServerError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+// The message of an error answer: OpenAI's {"error": {"message"}}, else the body's text.
+export async function errorMessage(response) {
+  const text = await response.text();
+  try {
+    const body = JSON.parse(text);
+    const message = body?.error?.message ?? body?.detail;
+    if (message) return typeof message === "string" ? message : JSON.stringify(message);
+  } catch {
+    // not JSON: the text itself
+  }
+  return text.trim() || `HTTP ${response.status} ${response.statusText}`;
+}
+
+export function makeClient(askKey) {
+  // fetch with the key; on 401 ask for it (again, if the one given was wrong) until the user cancels.
+  async function request(path, init = {}) {
+    let reason = null;
+    for (;;) {
+      const headers = new Headers(init.headers ?? {});
+      const key = sessionStorage.getItem(KEY);
+      if (key) headers.set("Authorization", `Bearer ${key}`);
+      const response = await fetch(path, { ...init, headers });
+      if (response.status !== 401) {
+        if (!response.ok) throw new ServerError(response.status, await errorMessage(response));
+        return response;
+      }
+      reason = await errorMessage(response);
+      const given = await askKey(reason, Boolean(key));
+      if (!given) throw new ServerError(401, reason);
+      sessionStorage.setItem(KEY, given);
+    }
+  }
+  return { request };
+}
+
+// The JSON data of each server-sent event of a streamed answer, until [DONE].
+export async function* sseData(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = block
+        .split("\n")
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).trimStart())
+        .join("\n");
+      if (data === "[DONE]") return;
+      if (data) yield JSON.parse(data);
+    }
+  }
+}

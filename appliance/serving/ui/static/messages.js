@@ -1,0 +1,43 @@
+// One message of the conversation as an element: who speaks, the images, the text (as text), the error
+// the server gave, and under an answer its figures: time to first token, tokens/s, tokens in and out,
+// finish reason.
+
+import { el } from "./dom.js";
+
+export function statsLine(stats) {
+  const parts = [];
+  if (stats.ttft_s !== null) parts.push(`first token ${stats.ttft_s.toFixed(2)} s`);
+  if (stats.tokens_per_s !== null) parts.push(`${stats.tokens_per_s.toFixed(1)} tokens/s`);
+  if (stats.prompt_tokens !== null) parts.push(`${stats.prompt_tokens} tokens in, ${stats.completion_tokens} out`);
+  parts.push(`finish: ${stats.finish_reason ?? "none"}`);
+  return parts.join(" · ");
+}
+
+// actions: {edit, regenerate} callbacks or null; returns {node, text, stats, error} for live updates.
+export function messageView(message, speaker, actions) {
+  const text = el("div", { class: "text", text: message.text });
+  const stats = el("p", { class: "stats", text: message.stats ? statsLine(message.stats) : "" });
+  const error = el("p", { class: "error", role: "alert", text: message.error ?? "", hidden: !message.error });
+  const images = (message.images ?? []).map((image) =>
+    el(
+      "figure",
+      { class: "thumbnail" },
+      image.url ? el("img", { src: image.url, alt: image.name }) : null,
+      el("figcaption", { text: image.url ? image.name : `${image.name} (not kept: storage full)` }),
+    ),
+  );
+  const buttons = [];
+  if (actions?.edit) buttons.push(el("button", { type: "button", text: "Edit", onclick: actions.edit }));
+  if (actions?.regenerate) buttons.push(el("button", { type: "button", text: "Regenerate", onclick: actions.regenerate }));
+  const node = el(
+    "article",
+    { class: `message ${message.role}` },
+    el("h2", { class: "speaker", text: speaker }),
+    images.length ? el("div", { class: "images" }, ...images) : null,
+    text,
+    error,
+    message.role === "assistant" ? stats : null,
+    buttons.length ? el("div", { class: "actions" }, ...buttons) : null,
+  );
+  return { node, text, stats, error };
+}

@@ -1,0 +1,47 @@
+// The status strip: the server's own state from /ready and /metrics (both open without the API key),
+// refreshed every few seconds: ready or draining, requests running and waiting, KV cache use, tokens/s.
+
+import { el } from "./dom.js";
+
+const EVERY_MS = 3000;
+const SERIES = /^(?:appliance_|vllm:)(num_requests_running|num_requests_waiting|kv_cache_usage_perc|generation_tokens_total)(?:\{[^}]*\})?\s+(\S+)$/gm;
+
+function readMetrics(text) {
+  const values = {};
+  for (const [, name, value] of text.matchAll(SERIES)) values[name] = Number(value);
+  return values;
+}
+
+export function startStatus(strip) {
+  let previous = null; // {tokens, at}: the last reading, for tokens/s
+
+  async function refresh() {
+    const parts = [];
+    try {
+      const ready = await fetch("ready").then((r) => r.json());
+      parts.push(el("span", { class: `state ${ready.status}`, text: ready.status }));
+      const values = readMetrics(await fetch("metrics").then((r) => r.text()));
+      parts.push(el("span", { text: `running ${values.num_requests_running ?? 0}` }));
+      parts.push(el("span", { text: `waiting ${values.num_requests_waiting ?? 0}` }));
+      if (values.kv_cache_usage_perc !== undefined) {
+        parts.push(el("span", { text: `KV ${(100 * values.kv_cache_usage_perc).toFixed(0)}%` }));
+      }
+      const tokens = values.generation_tokens_total;
+      if (tokens !== undefined) {
+        const now = performance.now();
+        if (previous) {
+          const rate = (tokens - previous.tokens) / ((now - previous.at) / 1000);
+          parts.push(el("span", { text: `${rate.toFixed(1)} tok/s` }));
+        }
+        previous = { tokens, at: now };
+      }
+    } catch {
+      parts.length = 0;
+      parts.push(el("span", { class: "state unreachable", text: "server unreachable" }));
+    }
+    strip.replaceChildren(...parts);
+  }
+
+  refresh();
+  return setInterval(refresh, EVERY_MS);
+}

@@ -1,0 +1,198 @@
+"""The chat page of a generate pipeline (`GET /` of `pipeline=llava_chat`) in a real browser, against the
+shared tiny-LLaVA server (tests/servers.py): it loads clean, a chat with the sample image shows streamed
+the answer the API gives for the same body, errors show the server's own message, and model output, file
+names and server messages stay text. Screenshots at desktop and phone width go to the test's tmp dir."""
+import json
+
+import httpx
+import pytest
+
+from tests.servers import SAMPLE_IMAGE
+from tests.ui.conftest import PHONE
+from tests.ui.prefix_proxy import prefix_proxy
+
+MARKUP = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+
+
+def other_problems(page, status):
+    """The page's problems but the answers of `status` the test provoked (and the console lines on them)."""
+    return [p for p in page.problems if f"HTTP {status}" not in p and f"status of {status}" not in p]
+
+
+def open_settings(page, **values):
+    page.click("#toggle-settings")
+    for name, value in values.items():
+        page.fill(f"#{name}", str(value))
+
+
+def send(page, text, *files):
+    if files:
+        page.set_input_files("#picker", list(files))
+        page.wait_for_selector("#thumbnails .thumbnail")
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+
+
+def last_answer(page):
+    """The last answer's text and figures, once it has ended (its figures line is written then)."""
+    answer = page.locator(".message.assistant").last
+    answer.locator(".stats:not(:empty), .error:not([hidden])").first.wait_for(timeout=120_000)
+    return answer
+
+
+def test_the_page_loads_with_no_error_and_shows_model_and_status(llava_server, open_page):
+    page = open_page(f"{llava_server.base}/")
+    page.wait_for_selector("#status .state.ready")
+    assert page.text_content("#model") == httpx.get(f"{llava_server.base}/v1/models").json()["data"][0]["id"]
+    unlabelled = page.evaluate("""[...document.querySelectorAll('input, textarea, button')]
+        .filter(c => !(c.labels?.length || c.getAttribute('aria-label') || c.textContent.trim())).map(c => c.id)""")
+    assert unlabelled == []
+    assert page.problems == []
+
+
+def test_a_chat_with_the_sample_image_streams_the_answer_the_api_gives(llava_server, open_page, tmp_path):
+    page = open_page(f"{llava_server.base}/")
+    open_settings(page, temperature=0, max_tokens=32)
+    with page.expect_response("**/v1/chat/completions") as answered:
+        send(page, "What color is the shape?", SAMPLE_IMAGE)
+    response = answered.value
+    answer = last_answer(page)
+    body = json.loads(response.request.post_data)
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert response.headers["content-type"].startswith("text/event-stream")
+    parts = body["messages"][0]["content"]
+    assert parts[0]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert parts[1]["text"] == "What color is the shape?"
+
+    api = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=120,
+                     json={**body, "stream": False, "stream_options": None}).json()
+    shown = answer.locator(".text").text_content()
+    assert shown == api["choices"][0]["message"]["content"] and shown.strip()
+    usage = api["usage"]
+    stats = answer.locator(".stats").text_content()
+    assert f"{usage['prompt_tokens']} tokens in, {usage['completion_tokens']} out" in stats, stats
+    assert f"finish: {api['choices'][0]['finish_reason']}" in stats and "first token" in stats, stats
+    assert page.locator(".message.user figcaption").text_content() == SAMPLE_IMAGE.name
+    assert page.problems == []
+
+    desktop, phone = tmp_path / "chat-desktop.png", tmp_path / "chat-phone.png"
+    page.screenshot(path=desktop)
+    page.set_viewport_size(PHONE)
+    page.click("[data-closes=settings]")  # at phone width the panels cover the conversation
+    page.click("[data-closes=conversations]")
+    page.screenshot(path=phone)
+    for path in (desktop, phone):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_regenerate_edit_and_new_conversation(llava_server, open_page):
+    page = open_page(f"{llava_server.base}/")
+    open_settings(page, temperature=0, max_tokens=8)
+    send(page, "Say something.")
+    first = last_answer(page).locator(".text").text_content()
+    page.click(".message.assistant .actions >> text=Regenerate")
+    page.wait_for_selector(".message.assistant .stats:not(:empty)")
+    assert page.locator(".message.assistant").count() == 1
+    assert last_answer(page).locator(".text").text_content() == first  # temperature 0: the same answer
+
+    page.click(".message.user .actions >> text=Edit")
+    assert page.input_value("#prompt") == "Say something." and page.is_visible("#edit-banner")
+    send(page, "Say something else.")
+    last_answer(page)
+    assert page.locator(".message.user .text").all_text_contents() == ["Say something else."]
+
+    page.click("#new-chat")
+    assert page.locator(".message").count() == 0
+    assert page.locator("#conversation-list li").count() == 2  # the first is kept (localStorage)
+    page.reload()
+    page.click("#conversation-list .open >> text=Say something.")  # titled by its first question
+    assert page.locator(".message.user .text").all_text_contents() == ["Say something else."]
+    assert page.locator(".message.assistant").count() == 1
+    assert page.problems == []
+
+
+def test_a_server_error_shows_the_server_own_message(llava_server, open_page):
+    page = open_page(f"{llava_server.base}/")
+    open_settings(page, temperature=-1)
+    send(page, "Hello")
+    error = last_answer(page).locator(".error")
+    direct = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=60,
+                        json={"messages": [{"role": "user", "content": "Hello"}], "temperature": -1})
+    assert direct.status_code == 400
+    assert error.text_content() == f"400: {direct.json()['error']['message']}"
+    assert other_problems(page, 400) == []
+
+
+def test_markup_in_answers_file_names_and_server_messages_shows_as_text(llava_server, open_page, tmp_path):
+    page = open_page(f"{llava_server.base}/")
+    chunks = [{"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+              for piece in (MARKUP[:20], MARKUP[20:])]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    stream = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"content-type": "text/event-stream"}, body=stream))
+    send(page, MARKUP, {"name": f"{MARKUP}.png", "mimeType": "image/png", "buffer": SAMPLE_IMAGE.read_bytes()})
+    answer = last_answer(page)
+    assert answer.locator(".text").text_content() == MARKUP
+    assert page.locator(".message.user .text").text_content() == MARKUP
+    assert page.locator(".message.user figcaption").text_content() == f"{MARKUP}.png"
+
+    page.unroute("**/v1/chat/completions")
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=400, content_type="application/json",
+        body=json.dumps({"error": {"message": MARKUP, "type": "BadRequestError", "param": None, "code": 400}})))
+    send(page, "again")
+    assert last_answer(page).locator(".error").text_content() == f"400: {MARKUP}"
+
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("#messages script, #messages img[src=x]").count() == 0
+    assert other_problems(page, 400) == []
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc"])
+def test_the_docs_page_lists_every_route_of_openapi_json_offline(llava_server, open_page, path):
+    page = open_page(f"{llava_server.base}{path}")
+    page.wait_for_selector(".operation")
+    document = httpx.get(f"{llava_server.base}/openapi.json").json()
+    operations = sum(len(item) for item in document["paths"].values())
+    assert page.locator(".operation").count() == operations
+    assert "/v1/chat/completions" in page.locator(".operation code").all_text_contents()
+    assert page.problems == []
+
+
+def test_the_page_works_under_a_path_prefix(llava_server, open_page):
+    with prefix_proxy(llava_server.base, "/apps/chat") as base:
+        page = open_page(f"{base}/")
+        requests = []
+        page.on("request", lambda request: requests.append(request.url))
+        page.wait_for_selector("#status .state.ready")
+        open_settings(page, temperature=0, max_tokens=8)
+        send(page, "What color is the shape?", SAMPLE_IMAGE)
+        answer = last_answer(page)
+        assert answer.locator(".error").is_hidden() and answer.locator(".text").text_content()
+        page.click("text=API docs")
+        page.wait_for_selector(".operation")
+        assert page.url == f"{base}/docs"
+    assert requests and all(url.startswith(f"{base}/") for url in requests), requests
+    assert page.problems == []
+
+
+def test_a_json_schema_setting_asks_for_structured_output(llava_server, open_page):
+    page = open_page(f"{llava_server.base}/")
+    open_settings(page, temperature=0, max_tokens=48, json_schema="{not json")
+    send(page, "Describe the shape.")
+    assert page.text_content("#notice").startswith("JSON schema (settings): not valid JSON")
+    assert page.locator(".message").count() == 0 and page.input_value("#prompt") == "Describe the shape."
+
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "orange", "blue"]}}, "required": ["color"]}
+    page.fill("#json_schema", json.dumps(schema))
+    with page.expect_request("**/v1/chat/completions") as sent:
+        page.press("#prompt", "Enter")
+    body = json.loads(sent.value.post_data)
+    assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    shown = last_answer(page).locator(".text").text_content()
+    api = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=120,
+                     json={**body, "stream": False, "stream_options": None}).json()
+    assert shown == api["choices"][0]["message"]["content"]  # held to the schema (tests/serving cover how)
+    assert shown.lstrip().startswith("{")
+    assert page.problems == []

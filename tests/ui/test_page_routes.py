@@ -1,0 +1,69 @@
+"""The pages' routes over plain HTTP: security headers on every page file, open without the API key
+while the API stays closed, `server.ui=false` answers 404 at `/` (the docs page stays), the files are
+small and name only relative URLs (the page works under a path prefix), and /openapi.json lists no page."""
+import re
+
+import httpx
+import pytest
+
+from appliance.serving.ui.routes import ASSETS, CSP, STATIC
+from tests.conftest import FRAME_CONF
+from tests.server_process import server_process
+from tests.servers import error
+
+PAGES = ["/", "/index.html", "/docs", "/docs.html", *ASSETS]
+
+
+def test_every_page_file_has_the_security_headers(llava_server):
+    for path in PAGES:
+        answer = httpx.get(f"{llava_server.base}{path}")
+        assert answer.status_code == 200, path
+        assert answer.headers["content-security-policy"] == CSP
+        assert "frame-ancestors 'none'" in CSP and "script-src 'self';" in CSP and "unsafe" not in CSP
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        kind = {"js": "text/javascript", "css": "text/css"}.get(path.rsplit(".", 1)[-1], "text/html")
+        assert answer.headers["content-type"].startswith(kind), path
+
+
+def test_openapi_json_lists_only_api_routes(llava_server):
+    paths = httpx.get(f"{llava_server.base}/openapi.json").json()["paths"]
+    assert "/v1/chat/completions" in paths
+    assert not set(paths) & {"/", "/index.html", "/docs.html", *ASSETS}
+
+
+def test_a_pool_server_with_a_key_serves_its_page_without_the_key_and_keeps_the_api_closed(flood_server):
+    page = httpx.get(f"{flood_server.base}/")
+    assert page.status_code == 200 and "no page of its own yet" in page.text
+    assert all(httpx.get(f"{flood_server.base}{path}").status_code == 200 for path in ASSETS)
+    assert httpx.get(f"{flood_server.base}/v1/models").status_code == 401
+
+
+def test_server_ui_false_answers_404_at_the_root_and_keeps_the_docs(tmp_path):
+    with server_process("server.ui=false", cwd=tmp_path, conf_dir=FRAME_CONF) as server:
+        for path in ("/", "/index.html"):
+            root = httpx.get(f"{server.base}{path}")
+            assert root.status_code == 404 and "no such route" in error(root)["message"]
+        assert httpx.get(f"{server.base}/docs").status_code == 200
+    with server_process(cwd=tmp_path, conf_dir=FRAME_CONF) as server:  # on by default
+        assert "no page of its own yet" in httpx.get(f"{server.base}/").text
+
+
+def test_the_page_files_are_small_and_name_only_relative_urls():
+    files = [path for path in STATIC.iterdir() if path.is_file()]
+    assert sum(path.stat().st_size for path in files) <= 150_000
+    for path in files:
+        text = path.read_text()
+        assert not re.search(r"https?://", text), f"{path.name} names another origin"
+        assert not re.search(r"""(?:src|href)=["']/|fetch\(["'`]/""", text), f"{path.name} names an absolute path"
+        assert "innerHTML" not in text and "eval(" not in text, path.name
+
+
+@pytest.mark.parametrize("path", ["/ui/nope.js", "/ui/../conf"])
+def test_only_the_shipped_files_are_served(llava_server, path):
+    assert httpx.get(f"{llava_server.base}{path}").status_code == 404
+
+
+def test_a_pool_server_page_loads_clean_in_a_browser_without_the_key(flood_server, open_page):
+    page = open_page(f"{flood_server.base}/")
+    page.wait_for_selector("#status .state.ready")  # /ready and /metrics are open
+    assert page.problems == []
