@@ -1,6 +1,6 @@
 """Per-request sampling settings."""
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from appliance.engine.structured_output import StructuredOutput
 from appliance.errors import PROBLEMS_JOIN
@@ -81,3 +81,9 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def over_defaults(defaults: Dict[str, Any], request: Dict[str, Any]) -> Dict[str, Any]:
+    """A request's sampling settings over the pipeline's defaults (the engine stage's `sampling`): each
+    setting the request gives wins, the others keep the default. The one rule, offline and served."""
+    return {**defaults, **request}

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Type, Union
 
 from pydantic import ValidationError
 
-from appliance.engine.sampling_params import SamplingError, SamplingParams
+from appliance.engine.sampling_params import SamplingError, SamplingParams, over_defaults
 from appliance.errors import InputError
 from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest, GenerateBody
 from appliance.protocol.openai_tools import ToolCalling
@@ -147,7 +147,7 @@ def _common(parsed: GenerateBody, kind: str, defaults: Dict[str, Any], at: str,
                               include_usage=bool(options and options.include_usage),
                               continuous_usage=bool(options and options.continuous_usage_stats))
     try:  # the ranges SamplingParams owns, and the request's fields together with the pipeline's defaults
-        SamplingParams(**{**defaults, **sampling})
+        SamplingParams(**over_defaults(defaults, sampling))
     except SamplingError as e:
         raise InputError(f"{at + ': ' if at else ''}{e}", param=located(at, e.field, "").param) from None
     return request

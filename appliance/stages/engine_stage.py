@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from appliance.config.schema import EngineKind
 from appliance.config.typed import typed_dataclass
-from appliance.engine.sampling_params import SamplingParams
+from appliance.engine.sampling_params import SamplingParams, over_defaults
 from appliance.engine.scheduler import answer_room
 from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, register_stage
@@ -117,6 +117,18 @@ def model_context(stage: Stage) -> int:
             raise ConfigError(str(e)) from None
 
     return stage.shared.get("max_model_len", compute)
+
+
+def release_in_order(pending: Deque[Tuple[Any, Record]], outputs: Dict[Any, Any], input_field: str,
+                     output_field: str) -> Iterator[Record]:
+    """Pooling's rule, offline and served: records leave in the order they came, each as soon as its own
+    output and those of every record before it are in; the input tensor is dropped (done with: freed now)
+    and the output added. `pending`: (key, record) in arrival order; `outputs`: key -> output."""
+    while pending and pending[0][0] in outputs:
+        key, record = pending.popleft()
+        out = {k: v for k, v in record.items() if k != input_field}
+        out[output_field] = outputs.pop(key)
+        yield out
 
 
 def check_fits(prompt_tokens: int, limit: int, where: str, fix: str, detail: str = "",
@@ -223,11 +235,7 @@ class EngineStage(Stage):
         return {out.request_id: out.output[0] for out in self.engine.step()}
 
     def _release(self, pending: Deque[Tuple[str, Record]], results: Dict[str, Any]) -> Iterator[Record]:
-        while pending and pending[0][0] in results:
-            request_id, record = pending.popleft()
-            out = {**record, self.options.output: results.pop(request_id)}
-            out.pop(self.options.input)  # the input tensor is done with; free it now
-            yield out
+        return release_in_order(pending, results, self.options.input, self.options.output)
 
     def _generate(self, records: Iterator[Record]) -> Iterator[Record]:
         pending: Deque[Tuple[List[str], Record]] = deque()
@@ -270,7 +278,7 @@ class EngineStage(Stage):
         `answer`: which of a request's `n` answers to this prompt (`answer_sampling`); `sibling`: the
         id of its first answer, added just before (the prompt is then computed once)."""
         try:
-            params = SamplingParams(**answer_sampling({**self.options.sampling, **(sampling or {})}, answer))
+            params = SamplingParams(**answer_sampling(over_defaults(self.options.sampling, sampling or {}), answer))
         except (TypeError, ValueError) as e:
             raise InputError(f"sampling: {e}", param="sampling") from None
         try:

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
-from appliance.engine.sampling_params import SamplingParams
+from appliance.engine.sampling_params import SamplingParams, over_defaults
 from appliance.errors import InputError
 from appliance.pipeline import Pipeline
 from appliance.protocol.openai_responses import echo_text, token_decoder
@@ -156,7 +156,7 @@ class GenerateWorker(Worker):
         self.unstarted[uid] = session
         if len(session.answers) > 1:
             self.several.add(uid)
-        max_tokens = {**self.stage.options.sampling, **session.request.sampling}.get("max_tokens")
+        max_tokens = over_defaults(self.stage.options.sampling, session.request.sampling).get("max_tokens")
         self.observe.admitted(session, max_tokens, max(len(prompt) for prompt, _ in prompts))
         self.stats_log.add("prompt_tokens", prompt_tokens)
         self.emit(uid, Admitted(prompt_tokens))

@@ -27,6 +27,7 @@ from appliance.serving.engine_process.inbox import Finished, TileReady, Unanswer
 from appliance.serving.engine_process.records import SceneRecord, as_record
 from appliance.serving.engine_process.stats_log import StatsLog, pool_line
 from appliance.serving.engine_process.worker import Worker
+from appliance.stages.engine_stage import release_in_order
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +89,7 @@ class EngineBridge(Stage):
         while not self.session.results.empty():
             seq, output = self.session.receive()
             done[seq] = output
-        while pending and pending[0][0] in done:
-            seq, record = pending.popleft()
-            out = {k: v for k, v in record.items() if k != self.input}
-            out[self.output] = done.pop(seq)
-            yield out
+        yield from release_in_order(pending, done, self.input, self.output)
 
 
 class PoolWorker(Worker):
@@ -129,11 +126,12 @@ class PoolWorker(Worker):
         try:
             if job.input_url is not None or isinstance(source, list) or job.upload:
                 from appliance.fetch import FetchPolicy
-                from appliance.stages.geo.served_scenes import local_scene_spec, served_scene_spec, upload_scene_spec
+                from appliance.stages.geo.served_scenes import (allowed_s3_buckets, local_scene_spec,
+                                                                served_scene_spec, upload_scene_spec)
 
                 if job.input_url is not None:
                     policy = FetchPolicy.from_server_config(self.cfg.server)
-                    buckets = list(self.cfg.server.get("allowed_s3_buckets") or [])
+                    buckets = allowed_s3_buckets(self.cfg.server)
                     source = served_scene_spec(job.input_url, self.cfg.model.geo, policy, job.field, buckets)
                 elif job.upload:
                     source = upload_scene_spec(source, job.field)

@@ -29,7 +29,7 @@ from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.http.routes_generate import check_model
 from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.quicklook import quicklook_path
-from appliance.stages.geo.served_scenes import check_served_href
+from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
 from appliance.stages.geo.stac_out import stac_path
 
 RAW_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")
@@ -42,7 +42,7 @@ class PoolRoutes:
         self.spool = spool_dir
         self.media_dir = cfg.server.allowed_local_media_dir
         self.output_dir = cfg.server.output_dir
-        self.s3_buckets = list(cfg.server.get("allowed_s3_buckets") or [])
+        self.s3_buckets = allowed_s3_buckets(cfg.server)
 
     async def pooling(self, request: Request):
         uid = new_id("pool")

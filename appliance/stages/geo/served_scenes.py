@@ -15,12 +15,17 @@ link (the spool file is gone once answered).
 """
 import urllib.parse
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, List, Sequence
 
 from appliance.errors import InputError
 from appliance.stages.geo.remote_file import RemoteReads
 from appliance.stages.geo.scene_sources import SceneSpec, scene_spec, scheme, shown
 from appliance.stages.geo.stac_in import parse_item
+
+
+def allowed_s3_buckets(server_cfg) -> List[str]:
+    """`server.allowed_s3_buckets`: the buckets a request may name (none unless the operator lists them)."""
+    return list(server_cfg.get("allowed_s3_buckets") or [])
 
 
 def check_served_href(href: str, field: str, s3_buckets: Sequence[str]) -> None:
