@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from appliance.vision.anyres import anyres_preprocess  # noqa: E402
 from appliance.vision.clip_preprocess import ClipPreprocessConfig, clip_preprocess  # noqa: E402
-from appliance.vision.pool import PreprocessPool  # noqa: E402
+from appliance.vision.preprocess_executor import PreprocessExecutor  # noqa: E402
 
 MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 CLIP = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}, "resample": 3,
@@ -91,13 +91,13 @@ def main(argv=None) -> None:
                  rate(lambda ims: [clip_preprocess(im, clip_cfg) for im in ims], images, args.rounds), hf_rate))
     rows.append(("clip", "ours, resize_backend=torch (not exact), inline",
                  rate(lambda ims: [clip_preprocess(im, fast_cfg) for im in ims], images, args.rounds), hf_rate))
-    with PreprocessPool(args.workers, "thread") as pool:
+    with PreprocessExecutor(args.workers, "thread") as pool:
         rows.append(("clip", f"transformers in thread pool x{args.workers}",
                      rate(lambda ims: pool.map(hf_one, ims), images, args.rounds), hf_rate))
         rows.append(("clip", f"ours in thread pool x{args.workers}",
                      rate(lambda ims: pool.map(clip_preprocess, ims, [clip_cfg] * len(ims)), images, args.rounds),
                      hf_rate))
-    with PreprocessPool(args.workers, "process") as pool:
+    with PreprocessExecutor(args.workers, "process") as pool:
         pool.map(clip_preprocess, images[:args.workers], [clip_cfg] * args.workers)  # start the workers
         rows.append(("clip", f"ours in process pool x{args.workers}",
                      rate(lambda ims: pool.map(clip_preprocess, ims, [clip_cfg] * len(ims)), images, args.rounds),

@@ -11,7 +11,7 @@ Failures: a worker that raises, at start-up or in any step, sends its traceback 
 at once (so the peers' collectives fail instead of waiting). Rank 0 looks at the pipes before each
 step and whenever a step fails; on CUDA, where the forward only queues work, it also waits for the
 step's kernels while watching the workers, and aborts the NCCL group if one failed. Either way the
-engine raises WorkerDiedError naming the rank and its error, within the timeout.
+engine raises RankDiedError naming the rank and its error, within the timeout.
 """
 import dataclasses
 import datetime
@@ -37,11 +37,11 @@ STARTUP_TIMEOUT_S = 300.0  # spawning, importing torch and loading weights can b
 REPORT_WAIT_S = 2.0  # after a failed collective, how long a worker's own report may take to arrive
 
 
-class WorkerDiedError(RuntimeError):
+class RankDiedError(RuntimeError):
     pass
 
 
-def worker_main(rank: int, world: int, port: int, model_path: str, cfg: EngineConfig, max_model_len: int,
+def rank_main(rank: int, world: int, port: int, model_path: str, cfg: EngineConfig, max_model_len: int,
                 plan: KernelPlan, timeout_s: float, conn, model_entry=None) -> None:
     from transformers import AutoConfig
 
@@ -99,7 +99,7 @@ class TPExecutor:
         entry = (arch, MODEL_REGISTRY[arch]) if arch in MODEL_REGISTRY else None
         for rank in range(1, world):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker_main, daemon=True, name=f"tp-rank{rank}",
+            p = ctx.Process(target=rank_main, daemon=True, name=f"tp-rank{rank}",
                             args=(rank, world, store.port, model_path, cfg, max_model_len, plan, timeout_s, child,
                                   entry))
             p.start()
@@ -141,8 +141,8 @@ class TPExecutor:
     def num_kv_blocks(self) -> int:
         return self.runner.num_kv_blocks
 
-    def check_workers(self, wait_s: float = 0.0) -> None:
-        """Raise WorkerDiedError if a worker reported an error or died (waiting up to `wait_s` for a
+    def check_ranks(self, wait_s: float = 0.0) -> None:
+        """Raise RankDiedError if a worker reported an error or died (waiting up to `wait_s` for a
         report that may still be on its way)."""
         deadline = time.monotonic() + wait_s
         while True:
@@ -169,8 +169,8 @@ class TPExecutor:
 
     def run(self, out: SchedulerOutput, masks=None) -> SamplerOutput:
         if self.closed:
-            raise WorkerDiedError("the tensor-parallel engine is shut down; create a new one")
-        self.check_workers()
+            raise RankDiedError("the tensor-parallel engine is shut down; create a new one")
+        self.check_ranks()
         step = self.runner.prepare(out)  # rank 0 also computes the step's image embeddings, if any
         wire = step
         if step.mm_embeds is not None and step.mm_embeds.device.type != "cpu":
@@ -182,10 +182,10 @@ class TPExecutor:
             logits = self.runner.execute(step)
             self._await_device(deadline)
             return self.runner.sample(logits, out, masks)
-        except WorkerDiedError:
+        except RankDiedError:
             raise
         except (RuntimeError, OSError) as e:
-            self.check_workers(REPORT_WAIT_S)  # prefer the worker's own error, or naming the dead rank
+            self.check_ranks(REPORT_WAIT_S)  # prefer the worker's own error, or naming the dead rank
             self._fail(f"tensor-parallel step failed: {e}")
 
     def _await_device(self, deadline: float) -> None:
@@ -197,7 +197,7 @@ class TPExecutor:
         with self.runner.on_device():
             done = torch.cuda.Event()
             done.record()
-        if not wait_watching(done.query, self.check_workers, deadline):
+        if not wait_watching(done.query, self.check_ranks, deadline):
             self._fail(f"tensor-parallel step did not finish within {self.timeout_s:g} s")
 
     def _fail(self, msg: str, report: str = ""):
@@ -209,7 +209,7 @@ class TPExecutor:
                 pass
         self.shutdown(graceful=False)
         detail = f"\nworker traceback:\n{report}" if report else ""
-        raise WorkerDiedError(msg + "; the engine is shut down, create a new one" + detail)
+        raise RankDiedError(msg + "; the engine is shut down, create a new one" + detail)
 
     def shutdown(self, graceful: bool = True) -> None:
         self.closed = True

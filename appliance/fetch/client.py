@@ -6,7 +6,7 @@ goes to those vetted addresses. Timeouts: connect and each read on the socket, e
 by the total deadline, which is checked between reads too. The byte cap is checked from
 Content-Length before reading and while streaming (reading stops at max_bytes + 1).
 
-With a `ConnectionPool` (pool.py: one request's), a hop whose (scheme, host, port) already has a kept
+With a `KeptConnections` (kept_connections.py: one request's), a hop whose (scheme, host, port) already has a kept
 connection reuses it after its vetted addresses are judged again under this policy (no second lookup:
 the socket is already connected to one of them); a kept connection the server closed while idle is
 replaced by a fresh, fully checked one. Without a pool every hop opens its own connection and closes it.
@@ -30,7 +30,7 @@ from appliance.errors import InputError
 from appliance.fetch.addresses import Address, first_refused, resolve
 from appliance.fetch.connection import PinnedHTTPConnection, PinnedHTTPSConnection
 from appliance.fetch.policy import FetchPolicy
-from appliance.fetch.pool import ConnectionPool
+from appliance.fetch.kept_connections import KeptConnections
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 CHUNK_BYTES = 1 << 16
@@ -45,7 +45,7 @@ Fetcher = Callable[[str, FetchPolicy, str], bytes]
 
 
 def fetch_bytes(url: str, policy: FetchPolicy, field: str, *, ssl_context: Optional[ssl.SSLContext] = None,
-                connections: Optional[ConnectionPool] = None) -> bytes:
+                connections: Optional[KeptConnections] = None) -> bytes:
     """The body of `url` (at most policy.max_bytes of it), or an InputError naming `field`."""
     chunks: list[bytes] = []
     _Transfer(url, policy, field, ssl_context, connections=connections).run(chunks.append)
@@ -54,7 +54,7 @@ def fetch_bytes(url: str, policy: FetchPolicy, field: str, *, ssl_context: Optio
 
 def fetch_range(url: str, start: int, end: int, policy: FetchPolicy, field: str, *,
                 ssl_context: Optional[ssl.SSLContext] = None,
-                connections: Optional[ConnectionPool] = None) -> tuple[bytes, int]:
+                connections: Optional[KeptConnections] = None) -> tuple[bytes, int]:
     """Bytes `start..end` (inclusive) of `url` and the file's total size (from Content-Range), by one
     ranged GET under the same rules; a host that does not answer 206 is an InputError. For readers that
     take a file a window at a time (GeoTIFFs, appliance/stages/geo/remote_file.py), which pass the
@@ -117,7 +117,7 @@ class _Transfer:
     """One fetch: the policy, the field for messages, and the deadline shared by every hop."""
 
     def __init__(self, url: str, policy: FetchPolicy, field: str, ssl_context: Optional[ssl.SSLContext],
-                 byte_range: Optional[tuple[int, int]] = None, connections: Optional[ConnectionPool] = None):
+                 byte_range: Optional[tuple[int, int]] = None, connections: Optional[KeptConnections] = None):
         self.url, self.policy, self.field, self.ssl_context = url, policy, field, ssl_context
         self.connections = connections
         self.deadline = time.monotonic() + policy.total_timeout_s

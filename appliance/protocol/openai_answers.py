@@ -94,7 +94,7 @@ class ChatCompletionChoice(BaseModel):
     finish_reason: FinishReason
 
 
-class Answer(BaseModel):
+class AnswerBase(BaseModel):
     """What every completion answer and chunk starts with."""
     model_config = ANSWER
     id: str
@@ -102,7 +102,7 @@ class Answer(BaseModel):
     model: str
 
 
-class ChatCompletion(Answer):
+class ChatCompletion(AnswerBase):
     object: Literal["chat.completion"]
     choices: List[ChatCompletionChoice] = Field(min_length=1, description="in index order")
     usage: Usage
@@ -139,7 +139,7 @@ class ChatCompletionChunkChoice(BaseModel):
     finish_reason: FinishReason
 
 
-class ChatCompletionChunk(Answer):
+class ChatCompletionChunk(AnswerBase):
     """One event of a streamed chat completion: one choice's new text, or (the last, with
     `stream_options.include_usage`) no choice and the usage."""
     object: Literal["chat.completion.chunk"]
@@ -168,13 +168,13 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReason
 
 
-class Completion(Answer):
+class Completion(AnswerBase):
     object: Literal["text_completion"]
     choices: List[CompletionChoice] = Field(min_length=1, description="in index order")
     usage: Usage
 
 
-class CompletionChunk(Answer):
+class CompletionChunk(AnswerBase):
     """One event of a streamed completion: one choice's new text, or (the last, with
     `stream_options.include_usage`) no choice and the usage."""
     object: Literal["text_completion"]

@@ -4,7 +4,7 @@ import threading
 import pytest
 
 from appliance.stages.chat.prompt import ImageJobs
-from appliance.vision.pool import PreprocessPool
+from appliance.vision.preprocess_executor import PreprocessExecutor
 
 
 def where(tag):
@@ -13,7 +13,7 @@ def where(tag):
 
 @pytest.fixture
 def pool():
-    with PreprocessPool(workers=2) as p:
+    with PreprocessExecutor(workers=2) as p:
         yield p
 
 

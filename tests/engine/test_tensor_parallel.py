@@ -1,5 +1,5 @@
 """TP=2 over gloo gives TP=1's greedy tokens; a worker that dies, hangs or raises makes rank 0 raise
-WorkerDiedError (naming the rank and its error) instead of hanging; the NCCL and device wiring."""
+RankDiedError (naming the rank and its error) instead of hanging; the NCCL and device wiring."""
 import datetime
 import os
 import signal
@@ -14,7 +14,7 @@ from appliance.engine import parallel, tp_executor
 from appliance.engine.llm_engine import LLMEngine
 from appliance.engine.parallel import make_group, rank_device
 from appliance.engine.sampling_params import SamplingParams
-from appliance.engine.tp_executor import WorkerDiedError, wait_watching
+from appliance.engine.tp_executor import RankDiedError, wait_watching
 from tests.engine import tp_faults
 from tests.engine.helpers import assert_no_block_leaks, check_logprobs_close, random_prompts
 
@@ -60,11 +60,11 @@ def test_killed_worker_raises_clear_error(sharded_tied_dir):
     worker.join(timeout=10)
     engine.add_request([5, 6, 7, 8], GREEDY)
     start = time.monotonic()
-    with pytest.raises(WorkerDiedError, match="rank 1"):
+    with pytest.raises(RankDiedError, match="rank 1"):
         while engine.has_unfinished():
             engine.step()
     assert time.monotonic() - start < 30
-    with pytest.raises(WorkerDiedError, match="shut down"):
+    with pytest.raises(RankDiedError, match="shut down"):
         engine.step()
 
 
@@ -75,7 +75,7 @@ def test_hung_worker_times_out(sharded_tied_dir):
     try:
         engine.add_request([5, 6, 7, 8], GREEDY)
         start = time.monotonic()
-        with pytest.raises(WorkerDiedError, match="step failed"):
+        with pytest.raises(RankDiedError, match="step failed"):
             while engine.has_unfinished():
                 engine.step()
         assert time.monotonic() - start < 30
@@ -92,21 +92,21 @@ def test_indivisible_tp_size_is_a_clear_error(sharded_tied_dir):
 
 @pytest.mark.parametrize("worker", ["worker_raising_before_step_3", "worker_raising_mid_forward"])
 def test_worker_that_raises_mid_run_reaches_rank_0(sharded_tied_dir, monkeypatch, worker):
-    monkeypatch.setattr(tp_executor, "worker_main", getattr(tp_faults, worker))
+    monkeypatch.setattr(tp_executor, "rank_main", getattr(tp_faults, worker))
     timeout_s = 60
     engine = LLMEngine(sharded_tied_dir, EngineConfig(num_kv_blocks=64, tensor_parallel_size=2),
                        tp_timeout_s=timeout_s)
     worker_proc = engine.executor.procs[0]
     engine.add_request([5, 6, 7, 8], GREEDY)
     start = time.monotonic()
-    with pytest.raises(WorkerDiedError, match="tensor-parallel rank 1 failed: RuntimeError: injected fault") as err:
+    with pytest.raises(RankDiedError, match="tensor-parallel rank 1 failed: RuntimeError: injected fault") as err:
         while engine.has_unfinished():
             engine.step()
     assert time.monotonic() - start < timeout_s / 2  # the report, not the collective timeout
     assert "worker traceback" in str(err.value) and "tp_faults.py" in str(err.value)
     worker_proc.join(timeout=10)
     assert not worker_proc.is_alive()
-    with pytest.raises(WorkerDiedError, match="shut down"):
+    with pytest.raises(RankDiedError, match="shut down"):
         engine.step()
 
 
@@ -149,9 +149,9 @@ def test_waiting_for_the_device_watches_the_workers():
     def check():
         calls.append(1)
         if len(calls) == 3:
-            raise WorkerDiedError("tensor-parallel rank 1 failed: boom")
+            raise RankDiedError("tensor-parallel rank 1 failed: boom")
 
-    with pytest.raises(WorkerDiedError, match="boom"):
+    with pytest.raises(RankDiedError, match="boom"):
         wait_watching(lambda: False, check, time.monotonic() + 10, check_every_s=0.001)
     assert wait_watching(lambda: False, lambda: None, time.monotonic() + 0.05) is False
     assert wait_watching(lambda: True, check, time.monotonic()) is True

@@ -1,10 +1,10 @@
-"""Worker entry points for the tensor-parallel failure tests: `worker_main` with a fault injected in
+"""Worker entry points for the tensor-parallel failure tests: `rank_main` with a fault injected in
 the spawned process (a monkeypatch in the test's process does not reach it)."""
 import itertools
 
 from appliance.engine.model_runner import ModelRunner
 from appliance.engine.parallel import ParallelState
-from appliance.engine.tp_executor import worker_main
+from appliance.engine.tp_executor import rank_main
 
 
 def _fail_on_call(cls, name: str, n: int, rank: int) -> None:
@@ -22,10 +22,10 @@ def _fail_on_call(cls, name: str, n: int, rank: int) -> None:
 def worker_raising_before_step_3(rank, *args):
     """Raises as its 3rd step starts: rank 0 is then waiting in that step's first collective."""
     _fail_on_call(ModelRunner, "execute", 3, rank)
-    worker_main(rank, *args)
+    rank_main(rank, *args)
 
 
 def worker_raising_mid_forward(rank, *args):
     """Raises at its 7th all-reduce: inside the forward of the second step, after some collectives."""
     _fail_on_call(ParallelState, "all_reduce", 7, rank)
-    worker_main(rank, *args)
+    rank_main(rank, *args)

@@ -6,7 +6,7 @@ test_metrics.py and tests/reliability."""
 import time
 from types import SimpleNamespace
 
-from appliance.serving.engine_process.generate_worker import GenerateWorker
+from appliance.serving.engine_process.generate_driver import GenerateDriver
 from appliance.serving.engine_process.stats_log import StatsLog, generate_line
 from appliance.serving.engine_process.request_metrics import GAUGES_INTERVAL_S, RequestMetrics
 
@@ -41,7 +41,7 @@ def stub_worker():
         "running", "waiting", "kv_usage", "preemptions", "prefix_queries", "prefix_hits", "encoder_hits",
         "encoder_queries")})
     shared = SimpleNamespace(running=[], set_running=lambda n: shared.running.append(n))
-    worker = GenerateWorker(cfg, online=None, metrics=metrics, shared=shared)
+    worker = GenerateDriver(cfg, online=None, metrics=metrics, shared=shared)
     worker.engine = StubEngine()
     worker.observe = RequestMetrics(metrics, worker.engine)
     worker.stats_log = StatsLog(0, ("prompt_tokens", "generation_tokens"), generate_line)  # no stats line
@@ -62,7 +62,7 @@ def test_a_busy_engine_writes_its_gauges_at_most_once_an_interval_and_the_runnin
     worker.publish()
     assert worker.metrics.running.values == [3, 4] and worker.metrics.kv_usage.values == [0.4, 0.5]
     assert worker.metrics.prefix_queries.values == [32]  # the mirror caught up with the engine's count
-    worker.pool.shutdown()
+    worker.executor.shutdown()
 
 
 def test_an_idle_engine_writes_its_gauges_at_once():
@@ -74,7 +74,7 @@ def test_an_idle_engine_writes_its_gauges_at_once():
     worker.publish()  # the last request just finished: /metrics must show the engine idle now
     assert worker.metrics.running.values == [3, 0] and worker.metrics.waiting.values == [1, 0]
     assert worker.metrics.kv_usage.values == [0.4, 0.0]
-    worker.pool.shutdown()
+    worker.executor.shutdown()
 
 
 class SeveralAnswersEngine(StubEngine):
@@ -94,4 +94,4 @@ def test_the_running_count_is_of_requests_once_a_request_has_several_answers():
     worker.several.add("a")
     worker.publish()
     assert worker.shared.running == [3, 2]
-    worker.pool.shutdown()
+    worker.executor.shutdown()

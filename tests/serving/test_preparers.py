@@ -7,12 +7,12 @@ import threading
 import time
 from types import SimpleNamespace
 
-from appliance.serving.engine_process.generate_worker import GenerateWorker
+from appliance.serving.engine_process.generate_driver import GenerateDriver
 from appliance.serving.engine_process.inbox import Prepared
 from tests.conftest import assert_user_error, run_cli
 
 
-class RecordingWorker(GenerateWorker):
+class RecordingDriver(GenerateDriver):
     """The generate worker's admission and preparers, with `_prepare_group` recording instead of
     preparing; the first group blocks until released, so requests pile up behind it."""
 
@@ -51,37 +51,37 @@ def wait_until(condition, seconds=10):
 
 
 def test_one_preparer_takes_every_request_waiting_and_hands_them_over_together():
-    worker = RecordingWorker(workers=1)
+    worker = RecordingDriver(workers=1)
     admit(worker, "a")  # the preparer starts on it and blocks
     wait_until(lambda: "a" in worker.prepared_by)
     for uid in "bcd":
         admit(worker, uid)
-    assert worker.preparers == 1 and [uid for uid, _ in worker.unprepared] == ["b", "c", "d"]
+    assert worker.active_preparers == 1 and [uid for uid, _ in worker.unprepared] == ["b", "c", "d"]
     worker.release.set()
-    worker.pool.shutdown(wait=True)
+    worker.executor.shutdown(wait=True)
     assert worker.posted() == [("Prepared", uid) for uid in "abcd"]
     assert worker.groups == [["a"], ["b", "c", "d"]]  # prepared as one group
-    assert len(set(worker.prepared_by.values())) == 1 and worker.preparers == 0
+    assert len(set(worker.prepared_by.values())) == 1 and worker.active_preparers == 0
 
 
 def test_no_more_preparers_than_workers_and_aborted_requests_are_skipped():
-    worker = RecordingWorker(workers=2)
+    worker = RecordingDriver(workers=2)
     admit(worker, "a")
     admit(worker, "b")  # two preparers, both blocked
     wait_until(lambda: len(worker.prepared_by) == 2)
     admit(worker, "c")
     admit(worker, "d")
-    assert worker.preparers == 2
+    assert worker.active_preparers == 2
     del worker.sessions["c"]  # aborted while waiting
     worker.release.set()
-    worker.pool.shutdown(wait=True)
+    worker.executor.shutdown(wait=True)
     assert sorted(uid for _, uid in worker.posted()) == ["a", "b", "d"]
-    assert "c" not in worker.prepared_by and worker.preparers == 0
+    assert "c" not in worker.prepared_by and worker.active_preparers == 0
 
 
 def test_preprocess_workers_default():
-    assert RecordingWorker(workers=0).workers == min(4, len(os.sched_getaffinity(0)))
-    assert RecordingWorker(workers=3).workers == 3
+    assert RecordingDriver(workers=0).preparer_threads == min(4, len(os.sched_getaffinity(0)))
+    assert RecordingDriver(workers=3).preparer_threads == 3
 
 
 def test_a_negative_preprocess_workers_is_a_cli_error():
@@ -92,15 +92,15 @@ def test_a_negative_preprocess_workers_is_a_cli_error():
 def test_every_inbox_message_has_one_handler_in_the_worker_kinds_that_receive_it():
     """The dispatch table, checked: each message type maps to a method of the worker that handles it."""
     from appliance.serving.engine_process import inbox
-    from appliance.serving.engine_process.plain_worker import PlainWorker
-    from appliance.serving.engine_process.pool_worker import PoolWorker
+    from appliance.serving.engine_process.plain_driver import PlainDriver
+    from appliance.serving.engine_process.pool_driver import PoolDriver
 
     cfg = SimpleNamespace(server=SimpleNamespace(preprocess_workers=1))
     kinds = {kind: kind(cfg, online=None, metrics=None, shared=None).message_handlers()
-             for kind in (GenerateWorker, PoolWorker, PlainWorker)}
-    expected = {GenerateWorker: {inbox.Arrived, inbox.Unanswerable, inbox.Prepared, inbox.Tokenized},
-                PoolWorker: {inbox.Arrived, inbox.Unanswerable, inbox.TileReady, inbox.Finished},
-                PlainWorker: {inbox.Arrived, inbox.Unanswerable, inbox.Finished}}
+             for kind in (GenerateDriver, PoolDriver, PlainDriver)}
+    expected = {GenerateDriver: {inbox.Arrived, inbox.Unanswerable, inbox.Prepared, inbox.Tokenized},
+                PoolDriver: {inbox.Arrived, inbox.Unanswerable, inbox.TileReady, inbox.Finished},
+                PlainDriver: {inbox.Arrived, inbox.Unanswerable, inbox.Finished}}
     for kind, handlers in kinds.items():
         assert set(handlers) == expected[kind], kind
         assert all(handler.__self__.__class__ is kind for handler in handlers.values())

@@ -9,7 +9,7 @@ from appliance.protocol.openai_answers import ChatCompletion, ChatCompletionChun
 from appliance.protocol.openai_requests import parse_chat
 from appliance.protocol.openai_responses import TokenLogprob
 from appliance.serving.http.errors import APIError
-from appliance.serving.http.routes_generate import Answer, GenerateRoutes
+from appliance.serving.http.routes_generate import AnswerShaper, GenerateRoutes
 from appliance.serving.messages import Tokens
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -42,13 +42,13 @@ def test_auto_without_a_parser_is_refused_naming_the_setting():
 
 def test_a_hermes_answer_whole_and_streamed():
     text = "".join(PIECES)
-    whole = Answer("chatcmpl-1", "chat", auto_request(False), "m").whole([Tokens(text, 5, 20, None, "stop", 0, True)])
+    whole = AnswerShaper("chatcmpl-1", "chat", auto_request(False), "m").whole([Tokens(text, 5, 20, None, "stop", 0, True)])
     message = ChatCompletion.model_validate(whole).choices[0].message
     assert message.content == "Checking." and whole["choices"][0]["finish_reason"] == "tool_calls"
     (call,) = message.tool_calls
     assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Oslo"}')
 
-    answer = Answer("chatcmpl-2", "chat", auto_request(True, logprobs=True), "m")
+    answer = AnswerShaper("chatcmpl-2", "chat", auto_request(True, logprobs=True), "m")
     events = [Tokens(piece, 5, i + 1, [TokenLogprob(piece, -0.5, ())], "stop" if i == len(PIECES) - 1 else None,
                      0, i == len(PIECES) - 1) for i, piece in enumerate(PIECES)]
     chunks = [ChatCompletionChunk.model_validate(c) for e in events for c in answer.chunks(e)]

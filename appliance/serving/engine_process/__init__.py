@@ -1,2 +1,2 @@
 """What runs in the engine process (LitServe's inference worker): the LitAPI, the engine loop, and the
-workers that prepare requests in a thread pool and step the one engine for all of them."""
+drivers whose preparer threads prepare requests, and that step the one engine for all of them."""

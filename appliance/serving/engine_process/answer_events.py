@@ -6,13 +6,13 @@ as the protocol answers them.
 from typing import Any, Callable, List, Optional
 
 from appliance.protocol.openai_responses import TokenLogprob, answer_logprobs, prompt_token_logprobs, with_echo
-from appliance.serving.engine_process.sessions import Answer, Session
+from appliance.serving.engine_process.sessions import ChoiceState, Session
 from appliance.serving.messages import Tokens
 
 
 class AnswerEvents:
     def __init__(self, emit: Callable[[str, Any], None], decode, stream_interval: int):
-        self.emit = emit  # Worker.emit: the event goes out with the turn's others
+        self.emit = emit  # Driver.emit: the event goes out with the turn's others
         self.decode = decode  # token id -> text, for logprobs
         self.stream_interval = stream_interval
 
@@ -23,7 +23,7 @@ class AnswerEvents:
             session.echo_logprobs[number] = prompt_token_logprobs(out.prompt_token_ids, out.prompt_logprobs,
                                                                   session.request.top_logprobs, self.decode)
 
-    def output(self, uid: str, session: Session, answer: Answer, out, final: bool) -> None:
+    def output(self, uid: str, session: Session, answer: ChoiceState, out, final: bool) -> None:
         """The answer's output of this step, once its counts include it; `final`: the request's last."""
         if session.request.stream:
             self._stream(uid, session, answer, out, final)
@@ -31,7 +31,7 @@ class AnswerEvents:
             logprobs = answer_logprobs(out.token_ids, out.logprobs, session.request.top_logprobs, self.decode)
             self._emit(uid, session, answer, out.text, logprobs, out.finish_reason, final)
 
-    def _stream(self, uid: str, session: Session, answer: Answer, out, final: bool) -> None:
+    def _stream(self, uid: str, session: Session, answer: ChoiceState, out, final: bool) -> None:
         """Send the step's new output, or hold it back: after the first chunk, an answer gets one chunk
         per `server.stream_interval` tokens (and its last one when it finishes)."""
         answer.unsent_text += out.new_text
@@ -48,7 +48,7 @@ class AnswerEvents:
                    out.finish_reason if out.finished else None, final)
         answer.unsent_text, answer.unsent_tokens, answer.unsent_logprobs = "", 0, []
 
-    def _emit(self, uid: str, session: Session, answer: Answer, text: str,
+    def _emit(self, uid: str, session: Session, answer: ChoiceState, text: str,
               logprobs: Optional[List[TokenLogprob]], finish_reason: Optional[str], final: bool) -> None:
         """One answer's Tokens event; its first starts with the prompt when the request echoes."""
         if session.request.echo and not answer.echoed:

@@ -1,5 +1,5 @@
 """The LitAPI of `appliance serve`: it carries the pipeline's online stages (built, not set up) into
-LitServe's inference worker, where `setup` makes the worker for the pipeline's kind and the
+LitServe's inference worker, where `setup` makes the driver for the pipeline's kind and the
 `EngineLoop` loads the engine and runs it.
 
 LitServe pickles the API into its spawned worker: it holds the config, the online stages (what they
@@ -22,26 +22,26 @@ class EngineAPI(ls.LitAPI):
         self.shared = shared
         self.requests = requests  # the pipe's end jobs and aborts arrive on, from the HTTP process
         self.events = events      # the pipe's end the loop sends each turn's events on
-        self.worker = None
+        self.driver = None
 
     def setup(self, device) -> None:
-        """The worker for the pipeline's kind; loads no weights (the engine loop does, so the HTTP server
+        """The driver for the pipeline's kind; loads no weights (the engine loop does, so the HTTP server
         answers /health while they load). `device`: the engine places itself (engine.device, TP ranks).
         This spawned process inherits no logging: it sets up the same format as the others first."""
         from appliance.logs import SERVE_LEVEL, setup_logging
 
         setup_logging(self.cfg.log_level or SERVE_LEVEL, self.cfg.log_format)
         from appliance.stages.build import load_stages
-        from appliance.serving.engine_process.generate_worker import GenerateWorker
+        from appliance.serving.engine_process.generate_driver import GenerateDriver
         from appliance.serving.metrics import EngineMetrics, MetricNames
-        from appliance.serving.engine_process.plain_worker import PlainWorker
-        from appliance.serving.engine_process.pool_worker import PoolWorker
+        from appliance.serving.engine_process.plain_driver import PlainDriver
+        from appliance.serving.engine_process.pool_driver import PoolDriver
 
         load_stages(self.cfg.plugins)  # a plugin may register models, not only the stages unpickled here
-        kind = {"generate": GenerateWorker, "pool": PoolWorker, "plain": PlainWorker}[self.online.kind]
+        kind = {"generate": GenerateDriver, "pool": PoolDriver, "plain": PlainDriver}[self.online.kind]
         metrics = EngineMetrics(self.cfg.server.served_model_name or self.cfg.model.name,
                                 MetricNames(self.cfg.server.metrics_names))
-        self.worker = kind(self.cfg, self.online, metrics, self.shared)
+        self.driver = kind(self.cfg, self.online, metrics, self.shared)
 
     async def authorize(self) -> None:
         """LitServe's auth hook, which every route depends on. The API key is checked before it, by the

@@ -1,8 +1,8 @@
 """What the engine loop's inbox holds: one dataclass per kind of message. Each is handled on the loop's
-thread by the worker method its `handlers()` table names (worker.py and the worker kinds), so every
-sender (`worker.post(Message(...))`) and every receiver is found by the class name.
+thread by the driver method its `message_handlers()` table names (driver.py and the driver kinds), so
+every sender (`driver.post(Message(...))`) and every receiver is found by the class name.
 
-Senders: loop.py's receiver thread (`Arrived`); the worker's pool threads (the rest).
+Senders: loop.py's receiver thread (`Arrived`); the driver's preparer threads (the rest).
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -12,7 +12,7 @@ from appliance.serving.messages import Failed
 
 @dataclass(frozen=True)
 class Arrived:
-    """A job, or an `Abort`, from the HTTP process (loop.py's receiver). Every worker kind."""
+    """A job, or an `Abort`, from the HTTP process (loop.py's receiver). Every driver kind."""
     uid: str
     message: Any
     arrival: float
@@ -20,7 +20,7 @@ class Arrived:
 
 @dataclass(frozen=True)
 class Unanswerable:
-    """Preparing or running the request failed on a pool thread; `failure` is its answer. Every kind."""
+    """Preparing or running the request failed on a preparer thread; `failure` is its answer. Every kind."""
     uid: str
     failure: Failed
 
@@ -49,6 +49,6 @@ class TileReady:
 
 @dataclass(frozen=True)
 class Finished:
-    """A pooling or plain request ran to its end on its pool thread; `result` is its answer."""
+    """A pooling or plain request ran to its end on its preparer thread; `result` is its answer."""
     uid: str
     result: Dict[str, Any]

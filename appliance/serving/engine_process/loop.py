@@ -1,9 +1,9 @@
-"""The engine loop: LitServe's inference worker runs it, one per server, and it never returns.
+"""The engine loop: LitServe's inference worker (the engine process) runs it, one per server, and it never returns.
 
-Each turn: hand the worker what arrived (new requests and aborts from the HTTP process, prepared
-requests and tiles from the worker pool), run one engine step if there is work, and send the turn's
+Each turn: hand the driver what arrived (new requests and aborts from the HTTP process, prepared
+requests and tiles from its preparer threads), run one engine step if there is work, and send the turn's
 events to the HTTP process as one message on the events pipe. A receiver thread moves what arrives on the
-requests pipe into the worker's inbox, so the loop sleeps on one queue when idle and never waits on IPC
+requests pipe into the driver's inbox, so the loop sleeps on one queue when idle and never waits on IPC
 while the engine runs. (LitServe's own request queue and transport go unused: see server.py.)
 
 The model loads here, not in `LitAPI.setup` (which LitServe awaits before it starts the HTTP server), so
@@ -36,11 +36,11 @@ class EngineLoop(LitLoop):
         # watcher raises SystemExit in this thread, which closes the engine (and its TP ranks).
         signal.signal(signal.SIGTERM, _exit)
         follow_parent(lambda: _thread.interrupt_main(signal.SIGTERM), "engine")
-        shared, worker = lit_api.shared, lit_api.worker
+        shared, driver = lit_api.shared, lit_api.driver
         try:
-            for stage in worker.online.stages():
+            for stage in driver.online.stages():
                 stage.setup()
-            worker.start()
+            driver.start()
             settle_heap()  # the model, tokenizer and warm-up state live as long as the loop
         except SystemExit:
             raise
@@ -50,53 +50,53 @@ class EngineLoop(LitLoop):
             raise
         stopped = False
         try:
-            self._serve(lit_api, worker)
+            self._serve(lit_api, driver)
         except SystemExit:  # the main process stops the server
             stopped = True
         finally:
-            worker.close()
+            driver.close()
         if stopped:
             # Threads still preparing requests that the HTTP process already answered (a second stop
             # signal cuts them) would hold the interpreter's exit; the engine and its ranks are closed.
             logging.shutdown()
             os._exit(0)
 
-    def _serve(self, lit_api, worker) -> None:
+    def _serve(self, lit_api, driver) -> None:
         shared, events = lit_api.shared, lit_api.events
-        threading.Thread(target=self._receive, args=(lit_api.requests, worker), name="request-receiver",
+        threading.Thread(target=self._receive, args=(lit_api.requests, driver), name="request-receiver",
                          daemon=True).start()
         shared.set_phase(READY)
         log.info("engine loop ready")
         try:
             while True:
-                worker.drain_inbox(0 if worker.busy() else IDLE_WAIT_S)
+                driver.drain_inbox(0 if driver.busy() else IDLE_WAIT_S)
                 try:
-                    worker.step()
+                    driver.step()
                 except Exception as e:  # noqa: BLE001
                     if is_fatal(e):
                         raise
                     log.exception("engine step failed; failing the requests it held")
-                    worker.fail_stepping(Failed(500, f"the engine failed while running this request "
+                    driver.fail_stepping(Failed(500, f"the engine failed while running this request "
                                                 f"({type(e).__name__}: {e}); the server goes on"))
-                self._send(events, worker.take_events())
+                self._send(events, driver.take_events())
         except SystemExit:
             raise
         except BaseException as e:
             log.error("the engine loop stopped:\n%s", traceback.format_exc())
             shared.set_phase(DEAD)
-            worker.fail_all(Failed(503, f"the engine stopped ({type(e).__name__}: {e}); the server is "
+            driver.fail_all(Failed(503, f"the engine stopped ({type(e).__name__}: {e}); the server is "
                                         "shutting down, retry on another replica"))
-            self._send(events, worker.take_events())
+            self._send(events, driver.take_events())
             raise
 
     @staticmethod
-    def _receive(requests, worker) -> None:
+    def _receive(requests, driver) -> None:
         while True:
             try:
                 uid, arrival, message = pipes.receive(requests.fileno())
             except (EOFError, OSError):  # the server is shutting down
                 return
-            worker.post(Arrived(uid, message, arrival))
+            driver.post(Arrived(uid, message, arrival))
 
     @staticmethod
     def _send(events, batch) -> None:
@@ -111,6 +111,6 @@ def _exit(signum, frame):
 
 def is_fatal(error: BaseException) -> bool:
     """A tensor-parallel rank that died takes the engine with it; other step errors fail only requests."""
-    from appliance.engine.tp_executor import WorkerDiedError
+    from appliance.engine.tp_executor import RankDiedError
 
-    return isinstance(error, WorkerDiedError)
+    return isinstance(error, RankDiedError)

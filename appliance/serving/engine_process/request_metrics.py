@@ -1,12 +1,12 @@
 """What the generation loop tells Prometheus: one observation per event of a request's life (admitted,
 first step, each output token, finished) and, every turn, the gauges and counters that mirror the
 engine's own. `RequestMetrics` keeps only the timestamps those observations need; the requests
-themselves belong to `GenerateWorker`.
+themselves belong to `GenerateDriver`.
 """
 import time
 from typing import Dict, Iterable, Optional
 
-from appliance.serving.engine_process.sessions import Answer, Session, engine_id
+from appliance.serving.engine_process.sessions import ChoiceState, Session, engine_id
 
 # While the engine runs, how often its gauges are written: each write goes to a memory-mapped file
 # (prometheus-client's multiprocess mode) and costs the loop CPU, the loop turns many times a second
@@ -39,7 +39,7 @@ class RequestMetrics:
             session.started_at = began
             self.metrics.queue.observe(began - session.arrival)
 
-    def tokens(self, session: Session, answer: Answer, now: float) -> None:
+    def tokens(self, session: Session, answer: ChoiceState, now: float) -> None:
         """An answer got tokens this step (before its counts are updated): the request's first token
         (TTFT) or the time since the answer's last one (ITL)."""
         if session.completion_tokens == 0:
@@ -49,7 +49,7 @@ class RequestMetrics:
             self.metrics.itl.observe(now - answer.last_token_at)
         answer.last_token_at = now
 
-    def finished(self, session: Session, last: Answer, reason: str, now: float) -> None:
+    def finished(self, session: Session, last: ChoiceState, reason: str, now: float) -> None:
         """vLLM's request-level series: latency split into queue, prefill and decode, token counts,
         `n` and the longest answer's tokens (success once a request, under its last answer's
         reason; time per token of that answer)."""

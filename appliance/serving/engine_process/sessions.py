@@ -1,5 +1,5 @@
 """What the engine loop keeps about each generation request it serves: a `Session` per request, an
-`Answer` per choice (one engine request each: a request asking `n` answers to each of its prompts
+`ChoiceState` per choice (one engine request each: a request asking `n` answers to each of its prompts
 holds n per prompt), and how engine request ids name them."""
 from dataclasses import dataclass, field
 from typing import Dict, List
@@ -9,7 +9,7 @@ from appliance.protocol.openai_responses import TokenLogprob
 
 
 @dataclass
-class Answer:
+class ChoiceState:
     """One choice of a request: one engine request."""
     index: int                       # prompt number * n + answer number
     prompt: int                      # its prompt's number
@@ -32,7 +32,7 @@ class Session:
     completion_tokens: int = 0       # every answer's
     started_at: float = 0.0          # the start of the first engine step that ran it
     first_token_at: float = 0.0      # of any answer
-    answers: Dict[str, Answer] = field(default_factory=dict)  # by engine id
+    answers: Dict[str, ChoiceState] = field(default_factory=dict)  # by engine id
     unfinished: int = 0              # answers still running
     # echo: each prompt's text, and (with logprobs) its scored tokens, which its first answer brings
     echo_texts: List[str] = field(default_factory=list)

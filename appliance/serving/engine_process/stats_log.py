@@ -1,10 +1,10 @@
 """The engine's periodic line (vLLM's "Avg prompt throughput ..."): every `server.stats_interval_s`
-(0: never) the engine loop's worker writes, on the `appliance.stats` logger at INFO, what its engine did
+(0: never) the engine loop's driver writes, on the `appliance.stats` logger at INFO, what its engine did
 in the interval and its queue now; an interval with nothing done and nothing running or waiting writes
 nothing, so an idle server stays quiet.
 
 Generate engines: prompt and generation tokens/s, requests running and waiting, KV-cache use. Pool
-engines: tiles/s, requests running and waiting. The worker counts into the line (`add`) as it counts
+engines: tiles/s, requests running and waiting. The driver counts into the line (`add`) as it counts
 for /metrics, and checks once a loop turn whether the line is due (`due`); the gauges are read only then.
 """
 import logging
@@ -17,7 +17,7 @@ Describe = Callable[[Dict[str, int], float, Dict[str, Any]], Tuple[str, Dict[str
 
 class StatsLog:
     def __init__(self, interval_s: float, counts: Iterable[str], describe: Describe):
-        """`counts`: what the worker adds up between lines; `describe(counts, seconds, gauges)`: the
+        """`counts`: what the driver adds up between lines; `describe(counts, seconds, gauges)`: the
         line's message and its fields (for log_format=json)."""
         self.interval_s = float(interval_s)
         self.describe = describe

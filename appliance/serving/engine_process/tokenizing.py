@@ -1,7 +1,7 @@
 """`/tokenize`, `/detokenize` and `/tokenizer_info` jobs of a generating server, beside the engine, never
 in it.
 
-They run in the worker's thread pool and touch no engine state: a chat goes through the online head
+They run on the driver's preparer threads and touch no engine state: a chat goes through the online head
 (`chat_prompt`) exactly as a chat completion is prepared, so its images are loaded, preprocessed and
 counted as the placeholder tokens they expand to (what clients budget with); a text is encoded with
 the pipeline's one tokenizer. The answer is posted to the loop, which sends it as a `Done` event.
@@ -16,14 +16,14 @@ from appliance.stages.chat.template import ChatRendering
 
 
 class Tokenizing:
-    def __init__(self, worker):
-        """`worker`: the GenerateWorker (its pool, inbox, online head and engine stage)."""
-        self.worker = worker
+    def __init__(self, driver):
+        """`driver`: the GenerateDriver (its threads, inbox, online head and engine stage)."""
+        self.driver = driver
         self.pending: Set[str] = set()  # uids whose answer is still wanted
 
     def admit(self, uid: str, job) -> None:
         self.pending.add(uid)
-        self.worker.pool.submit(self._run, uid, job)
+        self.driver.pool.submit(self._run, uid, job)
 
     def forget(self, uid: str) -> bool:
         """Drop the job (its thread finishes, its answer is not sent); False if it was not pending."""
@@ -33,29 +33,29 @@ class Tokenizing:
         return False
 
     def _run(self, uid: str, job) -> None:
-        """In a pool thread."""
+        """In a preparer thread."""
         if uid not in self.pending:  # aborted while it waited for a thread
             return
         try:
             if isinstance(job, TokenizeJob):
                 result = self._tokenize(uid, job)
             elif isinstance(job, TokenizerInfoJob):
-                result = tokenizer_info_response(self.worker.stage.engine.tokenizer)
+                result = tokenizer_info_response(self.driver.stage.engine.tokenizer)
             else:
                 result = self._detokenize(job)
-            self.worker.post(Tokenized(uid, result))
+            self.driver.post(Tokenized(uid, result))
         except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
-            self.worker.post(Unanswerable(uid, self.worker.failure(e, "tokenizing")))
+            self.driver.post(Unanswerable(uid, self.driver.failure(e, "tokenizing")))
 
     def _tokenize(self, uid: str, job: TokenizeJob) -> Dict[str, Any]:
-        request, stage = job.request, self.worker.stage
+        request, stage = job.request, self.driver.stage
         tokenizer = stage.engine.tokenizer
         if request.messages is not None:
             rendering = ChatRendering(request.add_generation_prompt, request.continue_final_message,
                                       request.add_special_tokens, fit_context=False)
             record = as_record(ChatRecord(request.messages, {}, "messages", job.media_dir, uid, request.model,
                                           rendering))
-            (prepared,) = self.worker.head.run_each([record])
+            (prepared,) = self.driver.head.run_each([record])
             if isinstance(prepared, Exception):
                 raise prepared
             tokens = list(prepared["prompt"])
@@ -65,5 +65,5 @@ class Tokenizing:
         return tokenize_response(tokens, stage.engine.max_model_len, strings)
 
     def _detokenize(self, job: DetokenizeJob) -> Dict[str, Any]:
-        tokens: List[int] = self.worker.stage.prompt_ids(job.tokens, "tokens")  # ids outside the vocabulary: 400
-        return detokenize_response(self.worker.stage.engine.tokenizer.decode(tokens))
+        tokens: List[int] = self.driver.stage.prompt_ids(job.tokens, "tokens")  # ids outside the vocabulary: 400
+        return detokenize_response(self.driver.stage.engine.tokenizer.decode(tokens))

@@ -62,7 +62,7 @@ class GenerateRoutes:
             if isinstance(first, Failed):
                 return error_response(first.status, first.message, first.param)
             request.state.prompt_tokens = first.prompt_tokens
-            answer = Answer(uid, kind, parsed, self.frontend.model_name)
+            answer = AnswerShaper(uid, kind, parsed, self.frontend.model_name)
             if parsed.stream:
                 streaming = True
                 return EventStreamResponse(self._stream(answer, channel, request.state), headers=SSE_HEADERS,
@@ -82,7 +82,7 @@ class GenerateRoutes:
             raise APIError(400, f"tool_choice: {NO_PARSER}", param="tool_choice")
         return dataclasses.replace(calling, parser=self.tool_parser)
 
-    async def _collect(self, answer: "Answer", channel: Channel, state) -> JSONResponse:
+    async def _collect(self, answer: "AnswerShaper", channel: Channel, state) -> JSONResponse:
         """`state`: the request's (request.state), where the request log finds the token counts."""
         choices: List[Tokens] = []
         while True:
@@ -95,7 +95,7 @@ class GenerateRoutes:
                     state.completion_tokens = event.completion_tokens
                     return JSONResponse(answer.whole(choices))
 
-    async def _stream(self, answer: "Answer", channel: Channel, state) -> AsyncIterator[bytes]:
+    async def _stream(self, answer: "AnswerShaper", channel: Channel, state) -> AsyncIterator[bytes]:
         """The SSE body, one write per wake-up: a chat's role chunk goes out with the first event (continuous
         usage needs its prompt count), and whatever events are already queued (the last tokens, the usage
         chunk, [DONE]) share the last write. `state`: as `_collect`'s; the tokens sent, however it ends."""
@@ -143,7 +143,7 @@ class EventStreamResponse(StreamingResponse):
             pass
 
 
-class Answer:
+class AnswerShaper:
     """Shapes one request's events into OpenAI bodies and chunks."""
 
     def __init__(self, uid: str, kind: str, request: GenerateRequest, model: str):

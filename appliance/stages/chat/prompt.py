@@ -1,7 +1,7 @@
 """`chat_prompt`: chat messages -> `prompt` (token ids), `mm_data` (ImageItems), `mm_ranges`.
 
 For each request: render the messages with the checkpoint's chat template, count the images against
-`model.vision_language.limit_per_prompt`, load and preprocess every image in a `PreprocessPool` (all
+`model.vision_language.limit_per_prompt`, load and preprocess every image in a `PreprocessExecutor` (all
 requests' images are submitted before the first is awaited, so decoding and resizing overlap with the
 template work and each other; a run with a single image, such as a server's group of one request,
 prepares it in the calling thread: `ImageJobs`), expand each single `<image>` token into the model's count of
@@ -80,7 +80,7 @@ class ChatPrompt(Stage):
             ImageSide.from_config(self.cfg)  # config.json, preprocessor_config.json, declared facts
 
     def setup(self) -> None:
-        from appliance.vision.pool import PreprocessPool
+        from appliance.vision.preprocess_executor import PreprocessExecutor
 
         if not self.cfg.model.path:
             raise ConfigError("model.path: required for chat (an HF directory with the tokenizer and chat template)")
@@ -88,7 +88,7 @@ class ChatPrompt(Stage):
         self.images = ImageSide.from_config(self.cfg) if self.multimodal else None
         self.max_len = model_context(self)
         self.longest_token = model_longest_token(self)
-        self.pool = PreprocessPool(workers=self.options.workers)
+        self.pool = PreprocessExecutor(workers=self.options.workers)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         jobs: List[Tuple[Record, List[int], List[Future]]] = []

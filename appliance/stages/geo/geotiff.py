@@ -134,7 +134,7 @@ def _check_blocks_inside(ds, path: str) -> None:
 
 def file_param(name: str) -> Optional[str]:
     """The `param` of an error about the file `name`: its local name (a server maps the files it was sent
-    to the request's fields, `serving/engine_process/pool_worker.py`); a URL names no field."""
+    to the request's fields, `serving/engine_process/pool_driver.py`); a URL names no field."""
     return None if is_remote(name) else name
 
 

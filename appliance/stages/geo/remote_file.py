@@ -11,7 +11,7 @@ size), plus, when reads go on in file order (a row of a COG's blocks), a growing
 one request's state: GDAL opens a file three times in a run (probe, describe, read), and the chunks,
 the file's size and the bytes fetched live here, per URL, so its header crosses the network once and
 `server.limits.max_media_bytes` bounds what one file may cost the request in all. Its `connections`
-(fetch/pool.py) keep one request's connections alive between range GETs, so a scene costs a handful of
+(fetch/kept_connections.py) keep one request's connections alive between range GETs, so a scene costs a handful of
 TCP connections, not one per GET; `close()` at the end of the request closes them.
 `opener_for` serves exactly one URL and answers GDAL's sidecar probes (.aux.xml, .msk, ...) as missing
 files.
@@ -24,7 +24,7 @@ from typing import Callable, Dict, List
 from appliance.errors import InputError
 from appliance.fetch.client import fetch_range
 from appliance.fetch.policy import FetchPolicy
-from appliance.fetch.pool import ConnectionPool
+from appliance.fetch.kept_connections import KeptConnections
 
 CHUNK_BYTES = 64 << 10  # small beside a COG block: a window's reads fetch little beyond its blocks
 CACHED_CHUNKS = 128  # 8 MiB a file
@@ -49,7 +49,7 @@ class RemoteReads:
     policy: FetchPolicy
     field: str
     files: Dict[str, _Remote] = field(default_factory=dict)
-    connections: ConnectionPool = field(default_factory=ConnectionPool)
+    connections: KeptConnections = field(default_factory=KeptConnections)
 
     def close(self) -> None:
         self.connections.close()

@@ -8,7 +8,7 @@ import torch
 from appliance.errors import ConfigError, InputError
 from appliance.vision.clip_preprocess import ClipPreprocessConfig, clip_preprocess
 from appliance.vision.image_load import load_image
-from appliance.vision.pool import PreprocessPool
+from appliance.vision.preprocess_executor import PreprocessExecutor
 
 from .helpers import CLIP_336, photo_like
 
@@ -32,7 +32,7 @@ def test_thread_pool_from_asyncio_keeps_the_loop_free():
         tick_task.cancel()
         return results, ticks
 
-    with PreprocessPool(workers=2) as pool:
+    with PreprocessExecutor(workers=2) as pool:
         results, ticks = asyncio.run(main(pool))
     assert ticks > 1  # the loop kept running while the workers resized
     for image, result in zip(images, results):
@@ -40,7 +40,7 @@ def test_thread_pool_from_asyncio_keeps_the_loop_free():
 
 
 def test_user_errors_come_back_unchanged():
-    with PreprocessPool(workers=1) as pool:
+    with PreprocessExecutor(workers=1) as pool:
         with pytest.raises(InputError, match="not an image"):
             pool.submit(load_image, b"junk").result()
 
@@ -48,7 +48,7 @@ def test_user_errors_come_back_unchanged():
 @pytest.mark.slow
 def test_process_pool_gives_the_same_result():
     image = photo_like(320, 240)
-    with PreprocessPool(workers=1, kind="process") as pool:
+    with PreprocessExecutor(workers=1, kind="process") as pool:
         start = time.monotonic()
         result = pool.submit(clip_preprocess, image, CFG).result(timeout=120)
     assert torch.equal(result, clip_preprocess(image, CFG)), time.monotonic() - start
@@ -56,6 +56,6 @@ def test_process_pool_gives_the_same_result():
 
 def test_bad_pool_settings():
     with pytest.raises(ConfigError, match="allowed: thread, process"):
-        PreprocessPool(kind="fiber")
+        PreprocessExecutor(kind="fiber")
     with pytest.raises(ConfigError, match="workers"):
-        PreprocessPool(workers=-1)
+        PreprocessExecutor(workers=-1)

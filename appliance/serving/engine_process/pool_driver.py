@@ -1,13 +1,13 @@
 """Pooling requests (GeoTIFF scenes) on the engine loop: tiles of every request share engine batches.
 
 Each request runs the pipeline's online stages (`raster_read -> tile -> normalize -> engine -> stitch ->
-raster_write`) in a pool thread, with the `engine` stage replaced by an `EngineBridge`: tiles go to the
+raster_write`) in a preparer thread, with the `engine` stage replaced by an `EngineBridge`: tiles go to the
 loop's inbox (at most `2 x engine.max_batch_size` of one request in flight, so memory stays bounded), the
 loop adds them to the one `PoolEngine`, and each step's outputs go back to their requests' threads,
 which stitch and write as offline. An abort stops the request's thread at its next tile and drops its
 tiles from the engine; the writer's cleanup removes its temp file.
 
-A request is running once a pool thread has taken it, waiting until then: the HTTP side's queue bound
+A request is running once a preparer thread has taken it, waiting until then: the HTTP side's queue bound
 (`server.limits.max_queued_requests`) counts the waiting ones, so excess scenes get 429, not a place in
 an ever longer line.
 """
@@ -26,7 +26,7 @@ from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.engine_process.inbox import Finished, TileReady, Unanswerable
 from appliance.serving.engine_process.records import SceneRecord, as_record
 from appliance.serving.engine_process.stats_log import StatsLog, pool_line
-from appliance.serving.engine_process.worker import Worker
+from appliance.serving.engine_process.driver import Driver
 from appliance.stages.engine_stage import release_in_order
 
 log = logging.getLogger(__name__)
@@ -37,17 +37,17 @@ class RequestCancelled(Exception):
 
 
 class PoolSession:
-    def __init__(self, uid: str, arrival: float, job: PoolJob, worker: "PoolWorker"):
-        self.uid, self.arrival, self.job, self.worker = uid, arrival, job, worker
+    def __init__(self, uid: str, arrival: float, job: PoolJob, driver: "PoolDriver"):
+        self.uid, self.arrival, self.job, self.driver = uid, arrival, job, driver
         self.results: "queue.Queue[Tuple[int, Any]]" = queue.Queue()
         self.cancelled = threading.Event()
-        self.started = False  # set by the pool thread that runs it
+        self.started = False  # set by the preparer thread that runs it
         self.tiles = 0  # run by the engine so far (the request log's count)
 
     def send(self, seq: int, item: torch.Tensor) -> None:
         if self.cancelled.is_set():
             raise RequestCancelled()
-        self.worker.post(TileReady(self.uid, seq, item))
+        self.driver.post(TileReady(self.uid, seq, item))
 
     def receive(self) -> Tuple[int, Any]:
         seq, output = self.results.get()
@@ -92,7 +92,7 @@ class EngineBridge(Stage):
         yield from release_in_order(pending, done, self.input, self.output)
 
 
-class PoolWorker(Worker):
+class PoolDriver(Driver):
     def message_handlers(self) -> Dict[type, Callable[[Any], None]]:
         return {**super().message_handlers(), TileReady: self.on_tile, Finished: self.on_finished}
 
@@ -114,10 +114,10 @@ class PoolWorker(Worker):
     def admit(self, uid: str, arrival: float, job: PoolJob) -> None:
         session = PoolSession(uid, arrival, job, self)
         self.sessions[uid] = session
-        self.pool.submit(self._run, session)
+        self.executor.submit(self._run, session)
 
     def _run(self, session: PoolSession) -> None:
-        """In a pool thread: the scene's description (URLs: read by windows, never downloaded whole), then
+        """In a preparer thread: the scene's description (URLs: read by windows, never downloaded whole), then
         the online stages with the bridge; post the result."""
         job = session.job
         session.started = True

@@ -7,7 +7,7 @@ thread pool matched or beat the process pool, and neither beat inline throughput
 the cores. A process pool needs a picklable, module-level function
 and picklable arguments (PIL images, configs and tensors are).
 
-    pool = PreprocessPool(workers=2)
+    pool = PreprocessExecutor(workers=2)
     tensor = await pool.run(clip_preprocess, image, cfg)        # from asyncio: the loop stays free
     future = pool.submit(anyres_preprocess, image, cfg)         # from threads: a concurrent Future
     pool.close()
@@ -33,7 +33,7 @@ def _init_worker(torch_threads: int) -> None:
     torch.set_num_threads(torch_threads)
 
 
-class PreprocessPool:
+class PreprocessExecutor:
     """A small executor wrapper; one per server, shared by all requests (it holds no request state)."""
 
     def __init__(self, workers: Optional[int] = None, kind: str = "thread", torch_threads: int = 1):
@@ -62,7 +62,7 @@ class PreprocessPool:
     def close(self, wait: bool = True) -> None:
         self._executor.shutdown(wait=wait, cancel_futures=not wait)
 
-    def __enter__(self) -> "PreprocessPool":
+    def __enter__(self) -> "PreprocessExecutor":
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,5 +1,5 @@
 """Pipelines without an engine stage (`POST /predict`): each request runs the whole pipeline on its
-record in the worker pool, and answers with the JSON-readable fields of the records it yields."""
+record on a preparer thread, and answers with the JSON-readable fields of the records it yields."""
 import math
 import time
 from typing import Any, Callable, Dict
@@ -7,10 +7,10 @@ from typing import Any, Callable, Dict
 from appliance.pipeline import Pipeline, Record
 from appliance.serving.messages import Done, PredictJob
 from appliance.serving.engine_process.inbox import Finished, Unanswerable
-from appliance.serving.engine_process.worker import Worker
+from appliance.serving.engine_process.driver import Driver
 
 
-class PlainWorker(Worker):
+class PlainDriver(Driver):
     def message_handlers(self) -> Dict[type, Callable[[Any], None]]:
         return {**super().message_handlers(), Finished: self.on_finished}
 
@@ -21,7 +21,7 @@ class PlainWorker(Worker):
     def admit(self, uid: str, arrival: float, job: PredictJob) -> None:
         self.requests[uid] = arrival
         self.shared.set_running(len(self.requests))
-        self.pool.submit(self._run, uid, job.record)
+        self.executor.submit(self._run, uid, job.record)
 
     def _run(self, uid: str, record: Record) -> None:
         try:

@@ -1,4 +1,4 @@
-"""`ConnectionPool`: the kept-alive connections of one request's fetches, so a reader that makes hundreds
+"""`KeptConnections`: the kept-alive connections of one request's fetches, so a reader that makes hundreds
 of range GETs to one host (a GeoTIFF read by windows) pays for one TCP (and TLS) handshake, not one each.
 
 A pool belongs to one request and is closed when the request ends: nothing is shared between requests
@@ -18,7 +18,7 @@ from typing import Hashable, Optional
 MAX_IDLE_PER_HOST = 4  # one reader uses one; a few more if GDAL reads from several threads
 
 
-class ConnectionPool:
+class KeptConnections:
     def __init__(self, max_idle_per_host: int = MAX_IDLE_PER_HOST):
         self.max_idle_per_host = max_idle_per_host
         self._idle: dict[Hashable, list[http.client.HTTPConnection]] = defaultdict(list)
@@ -50,7 +50,7 @@ class ConnectionPool:
         for connection in idle:
             connection.close()
 
-    def __enter__(self) -> "ConnectionPool":
+    def __enter__(self) -> "KeptConnections":
         return self
 
     def __exit__(self, *exc) -> None:

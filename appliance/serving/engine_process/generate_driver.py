@@ -1,6 +1,6 @@
 """Generation requests on the engine loop: chat and completion requests in, token events out.
 
-A request's life: `admit` queues it for a preparer, a pool thread that prepares every waiting request as
+A request's life: `admit` queues it for a preparer, a preparer thread that prepares every waiting request as
 one group (chat: through the online head together, i.e. `chat_prompt`: templates, images, placeholders;
 completion: tokenize) and hands them over together, `on_prepared` adds it to the `LLMEngine` on the
 loop's thread, every `step` hands the engine's outputs to `AnswerEvents` (answer_events.py: each step's
@@ -28,10 +28,10 @@ from appliance.serving.engine_process.answer_events import AnswerEvents
 from appliance.serving.engine_process.inbox import Prepared, Tokenized, Unanswerable
 from appliance.serving.engine_process.records import ChatRecord, as_record
 from appliance.serving.engine_process.request_metrics import RequestMetrics, kv_usage, waiting
-from appliance.serving.engine_process.sessions import Answer, Session, engine_id, request_of
+from appliance.serving.engine_process.sessions import ChoiceState, Session, engine_id, request_of
 from appliance.serving.engine_process.stats_log import StatsLog, generate_line
 from appliance.serving.engine_process.tokenizing import Tokenizing
-from appliance.serving.engine_process.worker import Worker
+from appliance.serving.engine_process.driver import Driver
 from appliance.serving.messages import (Admitted, DetokenizeJob, Done, Failed, GenerateJob, TokenizeJob,
                                        TokenizerInfoJob)
 
@@ -41,13 +41,13 @@ log = logging.getLogger(__name__)
 MAX_ANSWERS = 1024
 
 
-class GenerateWorker(Worker):
+class GenerateDriver(Driver):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # Requests waiting for a preparer, and how many preparers run (at most self.workers).
+        # Requests waiting for a preparer, and how many preparers run (at most self.preparer_threads).
         self.unprepared: List[Tuple[str, GenerateJob]] = []
         self.unprepared_lock = threading.Lock()
-        self.preparers = 0
+        self.active_preparers = 0
         self.tokenizing = Tokenizing(self)  # /tokenize, /detokenize, /tokenizer_info: beside the engine
 
     def message_handlers(self) -> Dict[type, Callable[[Any], None]]:
@@ -78,7 +78,7 @@ class GenerateWorker(Worker):
         self.metrics.cache_config({"block_size": cfg.block_size, "num_gpu_blocks": blocks,
                                    "cache_dtype": cfg.dtype.value, "enable_prefix_caching": cfg.enable_prefix_caching})
 
-    def default_workers(self) -> int:
+    def default_preparer_threads(self) -> int:
         """One preparer per CPU this process may run on, at most 4: preparing is CPU work."""
         return min(4, len(os.sched_getaffinity(0)))
 
@@ -90,20 +90,20 @@ class GenerateWorker(Worker):
         self.sessions[uid] = Session(job.request, arrival)
         with self.unprepared_lock:
             self.unprepared.append((uid, job))
-            if self.preparers == self.workers:  # a busy preparer takes it with the others waiting
+            if self.active_preparers == self.preparer_threads:  # a busy preparer takes it with the others waiting
                 return
-            self.preparers += 1
-        self.pool.submit(self._prepare_waiting)
+            self.active_preparers += 1
+        self.executor.submit(self._prepare_waiting)
 
     def _prepare_waiting(self) -> None:
-        """In a pool thread: prepare every request waiting, hand them to the loop together, and again
+        """In a preparer thread: prepare every request waiting, hand them to the loop together, and again
         until none wait. Requests prepared together join the same engine step, and on one CPU one
         preparer in turn costs less than several trading the GIL (docs/serving.md)."""
         while True:
             with self.unprepared_lock:
                 batch, self.unprepared = self.unprepared, []
                 if not batch:
-                    self.preparers -= 1
+                    self.active_preparers -= 1
                     return
             group = [(uid, job) for uid, job in batch if uid in self.sessions]  # aborted ones: nobody waits
             for message in self._prepare_group(group):
@@ -178,7 +178,7 @@ class GenerateWorker(Worker):
                 index = number * request.n + answer
                 rid = self.stage.add_request(prompt, request.sampling, field, request_id=engine_id(uid, index),
                                              mm_data=mm_data, answer=answer, sibling=first)
-                session.answers[rid] = Answer(index, number, len(prompt))
+                session.answers[rid] = ChoiceState(index, number, len(prompt))
                 first = first or rid
 
     def abort(self, uid: str) -> None:

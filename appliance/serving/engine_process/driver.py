@@ -1,10 +1,11 @@
 """The engine loop's side of the server: requests in, engine steps, events out.
 
-A `Worker` owns the engine (through the pipeline's `engine` stage), the online stages around it and a
-thread pool that prepares requests (fetch, decode, template, tile) so that no engine step waits for
-one. Everything that touches the engine runs on the loop's thread; pool threads talk to it only through
-`post` (the inbox: inbox.py's messages, each handled by the method `handlers()` names), and the loop
-answers clients only through `emit` (events, sent once per turn).
+A `Driver` (one kind per pipeline kind: generate_driver.py, pool_driver.py, plain_driver.py) owns the
+engine (through the pipeline's `engine` stage), the online stages around it and the preparer threads
+that prepare requests (fetch, decode, template, tile) so that no engine step waits for one. Everything
+that touches the engine runs on the loop's thread; preparer threads talk to it only through `post` (the
+inbox: inbox.py's messages, each handled by the method `message_handlers()` names), and the loop answers
+clients only through `emit` (events, sent once per turn).
 """
 import logging
 import queue
@@ -21,7 +22,7 @@ from appliance.serving.state import SharedState
 log = logging.getLogger(__name__)
 
 
-class Worker:
+class Driver:
     def __init__(self, cfg, online: OnlinePipeline, metrics: EngineMetrics, shared: SharedState):
         self.cfg = cfg
         self.online = online
@@ -29,8 +30,8 @@ class Worker:
         self.shared = shared
         self.inbox: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.handlers = self.message_handlers()
-        self.workers = cfg.server.preprocess_workers or self.default_workers()  # server.serve checked it
-        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="prepare")
+        self.preparer_threads = cfg.server.preprocess_workers or self.default_preparer_threads()  # server.serve checked it
+        self.executor = ThreadPoolExecutor(self.preparer_threads, thread_name_prefix="prepare")
         self.events: List[Tuple[str, Any]] = []
 
     # ---- plumbing -------------------------------------------------------------------------------
@@ -39,7 +40,7 @@ class Worker:
         self.inbox.put(message)
 
     def message_handlers(self) -> Dict[type, Callable[[Any], None]]:
-        """Which method handles each message type this worker receives; a worker kind adds its own."""
+        """Which method handles each message type this driver receives; a driver kind adds its own."""
         return {Arrived: self.on_arrived, Unanswerable: self.on_unanswerable}
 
     def emit(self, uid: str, event: Any) -> None:
@@ -89,9 +90,9 @@ class Worker:
         log.exception("request failed while %s", where)
         return Failed(500, f"internal error while {where} ({type(error).__name__}); see the server log")
 
-    # ---- what a worker kind defines -------------------------------------------------------------
-    def default_workers(self) -> int:
-        """Pool threads when `server.preprocess_workers` is 0. Four: a GeoTIFF request's thread waits
+    # ---- what a driver kind defines -------------------------------------------------------------
+    def default_preparer_threads(self) -> int:
+        """Preparer threads when `server.preprocess_workers` is 0. Four: a GeoTIFF request's thread waits
         for its tiles most of the time, and concurrent requests' tiles should share engine batches."""
         return 4
 
@@ -124,7 +125,7 @@ class Worker:
         self.fail_all(failure)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)
         for stage in reversed(self.online.stages()):
             stage.close()
 
