@@ -23,7 +23,7 @@ class Tokenizing:
 
     def admit(self, uid: str, job) -> None:
         self.pending.add(uid)
-        self.driver.pool.submit(self._run, uid, job)
+        self.driver.executor.submit(self._run, uid, job)
 
     def forget(self, uid: str) -> bool:
         """Drop the job (its thread finishes, its answer is not sent); False if it was not pending."""
