@@ -19,8 +19,10 @@ DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 360, "height": 740}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser():
+    """One Chromium for the browser tests, stopped after them: Playwright's sync API holds an event loop
+    running in the main thread while it lives, where later tests' `asyncio.run` would fail."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (make test installs it)")
     if shutil.which(CHROMIUM) is None:
         pytest.skip(f"{CHROMIUM} is missing: `apt-get install chromium` (make test does it where it runs as root)")
