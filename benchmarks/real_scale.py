@@ -10,6 +10,10 @@ built once into a directory, then measured against transformers on the same file
                       # text prompts only (hosts too slow for image prefills at 7B): one stream's decode
                       # and 8 streams' tok/s, in one process and served, bf16 weights against int8, with
                       # the int8 run's logprob drift
+    .venv/bin/python benchmarks/real_scale.py DIR --runs served --decode-only --quick --quantization int8 \
+        --text-streams 64 --access-log on,off
+                      # the request log's cost at 7B: 64 text streams served with server.access_log on, then
+                      # off, each with the HTTP process's CPU time per request
 
 Built (skipped when DIR/<shape>/BUILT exists):
 - `llava/`: llava-hf's LLaVA-1.5-7B config and checkpoint key layout (transformers 4.x names:
@@ -30,7 +34,10 @@ Measured, each in its own process, one after another (never two 7B models in mem
   peak RSS;
 - ours served: `appliance serve` to /ready, then the same through the official `openai` client
   (streaming; tokens from the server's usage counts; no `decoding_tok_s`: questions arriving during a
-  prefill start decoding while later ones still prefill), peak RSS of the engine process;
+  prefill start decoding while later ones still prefill), peak RSS of the engine process; with
+  `--decode-only`, `--text-streams N` text streams at once (8 by default), and the HTTP process's CPU
+  time per request over them (`http_cpu_ms`); with `--access-log on,off`, once per setting of
+  `server.access_log`;
 - transformers: `from_pretrained` (bf16) to ready, TTFT and decode of one image question via
   `generate`, peak RSS;
 - the flood pipeline (`appliance run`'s stages in process): load, tiles/s on the scene, peak RSS.
@@ -53,6 +60,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
+
+from serve import access_log_settings  # noqa: E402 - benchmarks/ is on the path only from here
 
 TINY_LLAVA = REPO / "appliance" / "assets" / "models" / "llava_tiny"
 SHAPES = {
@@ -463,14 +472,15 @@ def run_child(kind: str, root: Path, args) -> dict:
 
 # ---- served ------------------------------------------------------------------------------------------
 
-def served(root: Path, args) -> dict:
+def served(root: Path, args, access_log: str = "on") -> dict:
     import asyncio
 
     from serve import Server
 
     # Queued image questions wait for the prefills ahead of them: minutes each on a CPU.
     overrides = ["pipeline=llava_chat", "model=llava_1_5_7b", f"model.path={root / 'llava'}",
-                 f"engine.quantization={args.quantization}", "server.limits.request_timeout_s=7200"]
+                 f"engine.quantization={args.quantization}", "server.limits.request_timeout_s=7200",
+                 f"server.access_log={'true' if access_log == 'on' else 'false'}"]
     if args.dtype != "auto":
         overrides.append(f"engine.dtype={args.dtype}")
     env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
@@ -479,7 +489,7 @@ def served(root: Path, args) -> dict:
         with Server(*overrides, cwd=REPO, env=env, startup_s=1800) as server:
             out["ready_s"] = time.perf_counter() - start
             if args.decode_only:
-                out.update(asyncio.run(drive_served_text(server.port, args)))
+                out.update(asyncio.run(drive_served_text(server, args)))
             elif not args.startup_only:
                 out.update(asyncio.run(drive_served(server.port, args)))
             out["rss_gib"] = max(peak_rss_gib(pid) for pid in server.pids())
@@ -526,13 +536,14 @@ async def drive_served(port: int, args) -> dict:
     return out
 
 
-async def drive_served_text(port: int, args) -> dict:
-    """`decode_only` through the server: the same token-id prompts over `/v1/completions` (streaming)."""
+async def drive_served_text(server, args) -> dict:
+    """`decode_only` through the server: the same token-id prompts over `/v1/completions` (streaming),
+    then `args.text_streams` at once, with the HTTP process's CPU time per request over those."""
     import asyncio
 
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=3600)
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0, timeout=3600)
     tokens = 8 if args.quick else 32
 
     async def one(number: int):
@@ -549,9 +560,11 @@ async def drive_served_text(port: int, args) -> dict:
 
     arrivals, used = await one(0)
     out = {"ttft_s": arrivals[0], "decode_ms": 1000 * (arrivals[-1] - arrivals[0]) / max(1, used - 1)}
-    t0 = time.perf_counter()
-    results = await asyncio.gather(*[one(number) for number in range(1, 9)])
-    out["tok_s_8"] = sum(u for _, u in results) / (time.perf_counter() - t0)
+    streams = args.text_streams
+    t0, http_before = time.perf_counter(), server.cpu_seconds()["http"]
+    results = await asyncio.gather(*[one(number) for number in range(1, streams + 1)])
+    out[f"tok_s_{streams}"] = sum(u for _, u in results) / (time.perf_counter() - t0)
+    out["http_cpu_ms"] = 1000 * (server.cpu_seconds()["http"] - http_before) / streams
     await client.close()
     return out
 
@@ -561,6 +574,8 @@ async def drive_served_text(port: int, args) -> dict:
 def table(rows) -> str:
     cols = ["ready_s", "warmup_s", "rss_ready_gib", "ttft_s", "decode_ms", "tok_s_8", "decoding_tok_s_8", "tok_s_32",
             "decoding_tok_s_32", "rss_gib", "tiles_s"]
+    cols += sorted({k for _, r in rows for k in r if k.startswith("tok_s_") and k not in cols}) + ["http_cpu_ms"]
+    cols = [c for c in cols if any(c in r for _, r in rows)]  # a column no run measured says nothing
     header = ["run", "dtype", *cols]
     lines = [[name, r.get("dtype", ""), *[_fmt(r.get(c)) for c in cols]] for name, r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
@@ -587,6 +602,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
     ap.add_argument("--runs", default="ours,served,transformers,flood")
     ap.add_argument("--concurrency", default="8,32", help="image questions at once (ours, served)")
+    ap.add_argument("--text-streams", type=int, default=8, help="with --decode-only: text streams at once (served)")
+    ap.add_argument("--access-log", default=["on"], type=access_log_settings,
+                    help="server.access_log of the served runs: on, off, or each in turn as on,off")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     args = ap.parse_args()
     root = args.dir / args.shape
@@ -603,12 +621,16 @@ def main() -> None:
     quantizations = args.quantization.split(",")
     for run in args.runs.split(","):
         for quantization in quantizations if run in ("ours", "served") else ["none"]:
-            started = time.perf_counter()
-            args.quantization = quantization
-            result = served(root, args) if run == "served" else run_child(run, root, args)
-            short = {k: v for k, v in result.items() if k not in ("token_ids", "logprobs")}
-            print(f"{run}: {json.dumps(short)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
-            rows.append((run + (" int8" if quantization == "int8" else ""), result))
+            for access_log in args.access_log if run == "served" else ["on"]:
+                started = time.perf_counter()
+                args.quantization = quantization
+                result = served(root, args, access_log) if run == "served" else run_child(run, root, args)
+                short = {k: v for k, v in result.items() if k not in ("token_ids", "logprobs")}
+                name = (run + (" int8" if quantization == "int8" else "")
+                        + (f" log {access_log}" if run == "served" and len(args.access_log) > 1 else ""))
+                print(f"{name}: {json.dumps(short)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
+                      flush=True)
+                rows.append((name, result))
     flags = " ".join(f for f in NATIVE_FLAGS if f in host.cpu_flags) or "none of " + " ".join(NATIVE_FLAGS)
     mode = (", quick" if args.quick else "") + (", start-up only" if args.startup_only else "")
     print(f"\nreal_scale ({args.shape}{mode}); "
