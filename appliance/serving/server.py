@@ -88,7 +88,7 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
                            (FastAPIHTTPException, http_exception_handler)):
         server.app.add_exception_handler(error, handler)
-    openapi.install(server.app)
+    openapi.install(server.app, spec.routes)
     litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
     address = url(cfg.server.host, cfg.server.port)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s), address=(cfg.server.host, cfg.server.port),

@@ -9,10 +9,21 @@ import httpx
 from appliance.protocol.openai_answers import (ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk,
                                                ErrorResponse, ModelCard, ModelList)
 from appliance.protocol.pooling import PoolingResponse
-from appliance.protocol.tokenize import DetokenizeResponse, TokenizeResponse
-from appliance.serving.http.openapi import ANSWERS, REF
+from appliance.protocol.tokenize import DetokenizeResponse, TokenizeResponse, TokenizerInfoResponse
+from appliance.serving.http.openapi import REF
 from tests.servers import API_KEY, SAMPLE_SCENE, data_url, image_question
 
+# What the chat server's document must say each route answers (a stream: one event's data).
+JSON, SSE = "application/json", "text/event-stream"
+CHAT_ANSWERS = {
+    ("post", "/v1/chat/completions"): {JSON: ChatCompletion, SSE: ChatCompletionChunk},
+    ("post", "/v1/completions"): {JSON: Completion, SSE: CompletionChunk},
+    ("post", "/tokenize"): {JSON: TokenizeResponse},
+    ("post", "/detokenize"): {JSON: DetokenizeResponse},
+    ("get", "/tokenizer_info"): {JSON: TokenizerInfoResponse},
+    ("get", "/v1/models"): {JSON: ModelList},
+    ("get", "/v1/models/{model_id}"): {JSON: ModelCard},
+}
 STREAM = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 
 
@@ -84,13 +95,11 @@ def test_a_pooling_answer_is_the_model(flood_server):
 def test_the_documents_answer_schemas_are_the_models(llava_server):
     document = httpx.get(f"{llava_server.base}/openapi.json", timeout=10).json()
     components = document["components"]["schemas"]
-    served = [(method, path) for method, path in ANSWERS if path in document["paths"]]
-    assert len(served) == 7  # all but /pooling
-    for method, path in served:
+    for method, path in CHAT_ANSWERS:
         operation = document["paths"][path][method]
         assert operation["responses"]["4XX"]["content"]["application/json"]["schema"] == ref(ErrorResponse)
         content = operation["responses"]["200"]["content"]
-        for kind, model in ANSWERS[method, path].items():
+        for kind, model in CHAT_ANSWERS[method, path].items():
             schema = content[kind]["schema"]
             if kind == "text/event-stream":  # one event: its data a chunk's JSON (or an error's, or [DONE])
                 schema = schema["properties"]["data"]["else"]["contentSchema"]["anyOf"][0]

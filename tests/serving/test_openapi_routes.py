@@ -34,3 +34,12 @@ def test_every_route_in_the_flood_servers_document_answers(flood_server):
     assert {("post", "/pooling"), ("post", "/v1/pool"), ("get", "/metrics")} <= asked
     assert not {path for _, path in asked} & {"/", "/litserve/health", "/litserve/info"}
 
+
+
+def test_the_raw_pool_route_is_documented_as_bytes(flood_server):
+    operation = httpx.get(f"{flood_server.base}/openapi.json", timeout=10).json()["paths"]["/v1/pool"]["post"]
+    binary = {"type": "string", "format": "binary"}
+    assert operation["requestBody"]["content"] == {"image/tiff": {"schema": binary}}
+    assert operation["parameters"] == [{"name": "quicklook", "in": "query", "required": False,
+                                        "schema": {"type": "boolean"}}]
+    assert set(operation["responses"]["200"]["content"]) == {"image/tiff", "image/png"}

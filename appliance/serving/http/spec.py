@@ -4,14 +4,24 @@ The pipeline's kind decides the API: a generating engine gets OpenAI's `/v1/chat
 `/v1/completions` and `/v1/models`, and vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info`; a pooling engine gets
 vLLM's `/pooling` and the raw `/v1/pool`; a pipeline without an engine gets `POST /predict`. Every
 server has `/health`, `/ready`, `/version` and `/metrics`, and the pages for people: `/docs` and, with
-`server.ui`, the kind's page at `/` (appliance/serving/ui). The handlers read their own bodies and
-answer Starlette responses; what they need of the engine goes through the `Frontend` (frontend.py),
-never through LitServe's request queue, so LitServe's `decode_request` / `encode_response` hooks are
-not used.
+`server.ui`, the kind's page at `/` (appliance/serving/ui). `routes` is the table of them all, each
+`Route` with the schemas the OpenAPI document shows (openapi.py reads the same table). The handlers
+read their own bodies and answer Starlette responses; what they need of the engine goes through the
+`Frontend` (frontend.py), never through LitServe's request queue, so LitServe's `decode_request` /
+`encode_response` hooks are not used.
 """
+from typing import List
+
 from litserve.specs.base import LitSpec
 
+from appliance.protocol.openai_answers import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
+from appliance.protocol.openai_answers import ModelCard, ModelList
+from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest
+from appliance.protocol.pooling import PoolingBody, PoolingResponse
+from appliance.protocol.tokenize import (DetokenizeBody, DetokenizeResponse, TokenizeChatBody,
+                                         TokenizeCompletionBody, TokenizerInfoResponse, TokenizeResponse)
 from appliance.serving.http.frontend import Frontend
+from appliance.serving.http.route_table import BYTES, GET, JSON, POST, SSE, Route
 from appliance.serving.http.routes_generate import GenerateRoutes
 from appliance.serving.http.routes_ops import OpsRoutes, PredictRoute
 from appliance.serving.http.routes_pool import PoolRoutes
@@ -33,29 +43,38 @@ class ApplianceSpec(LitSpec):
         self.api_path = MAIN_ROUTE[kind]
         self.frontend = Frontend(cfg_container, shared, requests, events)
         ops = OpsRoutes(self.frontend, cfg)
-        for path, handler in (("/health", ops.health), ("/ready", ops.ready), ("/version", ops.version),
-                              ("/metrics", ops.metrics)):
-            self.add_endpoint(path, handler, ["GET"])
-        for path, page_file in page_routes(kind, bool(cfg.server.ui)):
-            self.add_endpoint(path, page_file.answer, ["GET", "HEAD"])
+        self.routes: List[Route] = [
+            Route("/health", GET, ops.health), Route("/ready", GET, ops.ready),
+            Route("/version", GET, ops.version), Route("/metrics", GET, ops.metrics),
+            *(Route(path, ("GET", "HEAD"), page_file.answer, documented=False)
+              for path, page_file in page_routes(kind, bool(cfg.server.ui)))]
+        models = [Route("/v1/models", GET, ops.models, answers={JSON: ModelList}),
+                  Route("/v1/models/{model_id:path}", GET, ops.model, answers={JSON: ModelCard})]
         if kind == "generate":
-            routes = GenerateRoutes(self.frontend, cfg, dict(online.engine.options.sampling))
-            self.add_endpoint("/v1/models", ops.models, ["GET"])
-            self.add_endpoint("/v1/models/{model_id:path}", ops.model, ["GET"])
-            self.add_endpoint("/v1/chat/completions", routes.chat, ["POST"])
-            self.add_endpoint("/v1/completions", routes.completions, ["POST"])
+            generating = GenerateRoutes(self.frontend, cfg, dict(online.engine.options.sampling))
             tokenizing = TokenizeRoutes(self.frontend, cfg)
-            self.add_endpoint("/tokenize", tokenizing.tokenize, ["POST"])
-            self.add_endpoint("/detokenize", tokenizing.detokenize, ["POST"])
-            self.add_endpoint("/tokenizer_info", tokenizing.tokenizer_info, ["GET"])
+            self.routes += [
+                *models,
+                Route("/v1/chat/completions", POST, generating.chat, body={JSON: ChatCompletionRequest},
+                      answers={JSON: ChatCompletion, SSE: ChatCompletionChunk}),
+                Route("/v1/completions", POST, generating.completions, body={JSON: CompletionRequest},
+                      answers={JSON: Completion, SSE: CompletionChunk}),
+                Route("/tokenize", POST, tokenizing.tokenize, body={JSON: (TokenizeCompletionBody, TokenizeChatBody)},
+                      answers={JSON: TokenizeResponse}),
+                Route("/detokenize", POST, tokenizing.detokenize, body={JSON: DetokenizeBody},
+                      answers={JSON: DetokenizeResponse}),
+                Route("/tokenizer_info", GET, tokenizing.tokenizer_info, answers={JSON: TokenizerInfoResponse})]
         elif kind == "pool":
-            routes = PoolRoutes(self.frontend, cfg, spool_dir)
-            self.add_endpoint("/v1/models", ops.models, ["GET"])
-            self.add_endpoint("/v1/models/{model_id:path}", ops.model, ["GET"])
-            self.add_endpoint("/pooling", routes.pooling, ["POST"])
-            self.add_endpoint("/v1/pool", routes.raw, ["POST"])
+            pooling = PoolRoutes(self.frontend, cfg, spool_dir)
+            self.routes += [
+                *models,
+                Route("/pooling", POST, pooling.pooling, body={JSON: PoolingBody}, answers={JSON: PoolingResponse}),
+                Route("/v1/pool", POST, pooling.raw, body={"image/tiff": BYTES}, query={"quicklook": {"type": "boolean"}},
+                      answers={"image/tiff": BYTES, "image/png": BYTES})]
         else:
-            self.add_endpoint("/predict", PredictRoute(self.frontend, cfg).predict, ["POST"])
+            self.routes.append(Route("/predict", POST, PredictRoute(self.frontend, cfg).predict))
+        for route in self.routes:
+            self.add_endpoint(route.path, route.handler, list(route.methods))
 
     def setup(self, server) -> None:
         """LitServe's hook, in the main process, after `run()` configured LitServe's logging in its own
@@ -73,4 +92,4 @@ class ApplianceSpec(LitSpec):
         return True
 
     def route_paths(self):
-        return [path for path, _, _ in self.endpoints]
+        return [route.path for route in self.routes]
