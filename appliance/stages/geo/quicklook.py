@@ -1,7 +1,8 @@
 """A small PNG: the mask's non-background classes over an RGB composite, both read decimated, with a
-legend of the classes' colours below (legend.py)."""
+legend of the classes' colours below (legend.py). Its colours, band choice, stretch and decimated reads
+are shared with the scene report's previews (scene_report.py)."""
 import os
-from typing import Sequence
+from typing import Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -48,19 +49,35 @@ def stretch(rgb: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return out
 
 
-def write_quicklook(scene, mask_path: str, png_path: str, max_size: int, class_names: Sequence[str]) -> None:
-    """The picture is at most `max_size` pixels on its longer side; the legend adds a band below."""
-    factor = min(1.0, max_size / max(scene.width, scene.height))
-    shape = (max(1, round(scene.height * factor)), max(1, round(scene.width * factor)))
+def preview_shape(width: int, height: int, max_size: int) -> Tuple[int, int]:
+    """(rows, columns) of a picture of the scene at most `max_size` pixels on its longer side, never
+    larger than the scene."""
+    factor = min(1.0, max_size / max(width, height))
+    return max(1, round(height * factor)), max(1, round(width * factor))
+
+
+def mask_classes(mask: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(class per pixel, nodata per pixel) of mask bands [B, h, w]: uint8 classes with 255 nodata, or float
+    probabilities per class with NaN nodata (class = argmax)."""
+    if mask.dtype == np.uint8:
+        return mask[0], mask[0] == 255
+    nodata = np.isnan(mask).any(axis=0)
+    return np.nan_to_num(mask).argmax(axis=0), nodata
+
+
+def read_previews(scene, mask_path: str, shape: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scene's RGB bands (DN, [3, h, w]) and the mask's classes and nodata at `shape`, both read
+    decimated (nearest), never whole."""
     with open_scene(scene) as reader:
         rgb = reader.read_decimated(rgb_bands(scene), shape)
     with open_raster(mask_path) as mask_ds:
         mask = mask_ds.read(out_shape=(mask_ds.count, *shape), resampling=Resampling.nearest)
-    if mask.dtype == np.uint8:
-        classes, nodata = mask[0], mask[0] == 255
-    else:
-        nodata = np.isnan(mask).any(axis=0)
-        classes = np.nan_to_num(mask).argmax(axis=0)
+    return (rgb, *mask_classes(mask))
+
+
+def write_quicklook(scene, mask_path: str, png_path: str, max_size: int, class_names: Sequence[str]) -> None:
+    """The picture is at most `max_size` pixels on its longer side; the legend adds a band below."""
+    rgb, classes, nodata = read_previews(scene, mask_path, preview_shape(scene.width, scene.height, max_size))
     image = stretch(rgb, ~nodata).transpose(1, 2, 0).astype(np.float32)
     for cls in np.unique(classes[~nodata]):
         if cls == 0:
