@@ -108,6 +108,14 @@ class ServerLimits:
 
 
 @dataclass
+class ServerScenes:
+    """`/v1/scenes` jobs (pooling servers; docs/serving.md): how long finished ones are kept, and their previews."""
+    keep_s: float = 900.0  # a finished (done or failed) scene and its files are deleted this long after it ended
+    max_kept: int = 16  # at most this many finished scenes are kept; the oldest go first
+    preview_size: int = 1024  # longer side of scene.png and mask.png in pixels (never upscaled)
+
+
+@dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -130,6 +138,7 @@ class ServerConfig:
     # the engine's throughput and queue line every this many seconds while there is traffic; 0: never
     stats_interval_s: float = 10.0
     limits: ServerLimits = field(default_factory=ServerLimits)
+    scenes: ServerScenes = field(default_factory=ServerScenes)
 
 
 @dataclass

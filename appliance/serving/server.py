@@ -27,7 +27,7 @@ from appliance.pipeline import Pipeline
 from appliance.progress import silence
 from appliance.serving import litserve_adapter
 from appliance.serving.online_stages import OnlinePipeline, split_online
-from appliance.serving.startup import check_media_dir, claim_port, url
+from appliance.serving.startup import check_media_dir, check_scenes, claim_port, url
 from appliance.serving.stop_signals import STOP_SIGNALS, start_deaf_thread
 from appliance.serving.state import DEAD, READY, SharedState
 
@@ -43,6 +43,7 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
         raise ConfigError(f"server.preprocess_workers: {cfg.server.preprocess_workers}; allowed: 0 (the default "
                           "for the pipeline's kind) or more")
     check_media_dir(cfg.server.allowed_local_media_dir)
+    check_scenes(cfg.server.scenes)
     online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
     silence(online.stages())
     from appliance.serving.metrics import multiprocess_dir

@@ -76,3 +76,11 @@ def check_stats_interval(seconds: float) -> None:
     """`server.stats_interval_s`: 0 (no stats line) or a positive number of seconds."""
     if seconds < 0:
         raise ConfigError(f"server.stats_interval_s: {seconds:g}; allowed: 0 (no stats line) or more seconds")
+
+
+def check_scenes(scenes) -> None:
+    """`server.scenes`: every setting a positive number."""
+    for key in ("keep_s", "max_kept", "preview_size"):
+        value = getattr(scenes, key)
+        if not value > 0:
+            raise ConfigError(f"server.scenes.{key}: {value}; must be a positive number")

@@ -131,3 +131,10 @@ def test_start_up_lines_are_info_and_one_says_ready_with_the_url(tmp_path):
     ready = next(i for i, line in enumerate(lines) if " INFO appliance.serving.server: ready:" in line)
     assert " INFO appliance.serving.server: starting" in lines[starting] and starting < ready
     assert f"on {server.base} " in lines[ready] + " "
+
+
+@pytest.mark.parametrize("setting", ["server.scenes.preview_size=0", "server.scenes.keep_s=-1",
+                                     "server.scenes.max_kept=0"])
+def test_scene_settings_must_be_positive(tmp_path, setting):
+    result = run_cli("serve", setting, conf_dir=FRAME_CONF, cwd=tmp_path)
+    assert_user_error(result, setting.split("=")[0] + ":", "must be a positive number")
