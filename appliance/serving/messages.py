@@ -47,6 +47,8 @@ class PoolJob:
     bands: Optional[List[int]] = None  # 1-based band indexes to feed the model, in its band order
     aoi: Any = None             # stages.geo.aoi.Aoi: the window of the scene to run
     upload: bool = False        # input_path holds the request's own bytes (spooled): the mask calls it `upload`
+    report_dir: Optional[str] = None  # also write scene.png and mask.png there; Done.result["scene"]: the summary
+    progress: bool = False      # send TileProgress events while the scene runs (scene jobs)
 
 
 @dataclass
@@ -84,8 +86,18 @@ class Tokens:
 
 
 @dataclass
+class TileProgress:
+    """Tiles of a pool request's scene run by the engine so far, of its planned total: sent for jobs with
+    `progress` only, once when the total is known, then at most once per engine step when it changed."""
+    tiles_done: int
+    tiles_total: int
+    final = False
+
+
+@dataclass
 class Done:
-    """A pool or predict request's result."""
+    """A pool or predict request's result; a pool job with `report_dir` has its scene summary under
+    `result["scene"]` (stages/geo/scene_report.py)."""
     result: Dict[str, Any] = field(default_factory=dict)
     final = True
 

@@ -41,10 +41,12 @@ class Tokenized:
 
 @dataclass(frozen=True)
 class TileReady:
-    """One tile of a pooling request's scene, for the engine; `seq` orders it within the request."""
+    """One tile of a pooling request's scene, for the engine; `seq` orders it within the request, `total`
+    is the scene's planned tile count (None when the tile records do not say)."""
     uid: str
     seq: int
     tile: Any
+    total: Optional[int] = None
 
 
 @dataclass(frozen=True)

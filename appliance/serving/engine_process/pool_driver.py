@@ -7,6 +7,11 @@ loop adds them to the one `PoolEngine`, and each step's outputs go back to their
 which stitch and write as offline. An abort stops the request's thread at its next tile and drops its
 tiles from the engine; the writer's cleanup removes its temp file.
 
+A scene job (`/v1/scenes`) asks for more: with `progress`, `TileProgress` events (once when the tile
+plan is known, then at most once per engine step, when its count changed); with `report_dir`, the
+scene report (stages/geo/scene_report.py) written by its thread after the mask, its summary in the
+answer. `/pooling` and `/v1/pool` jobs ask for neither.
+
 A request is running once a preparer thread has taken it, waiting until then: the HTTP side's queue bound
 (`server.limits.max_queued_requests`) counts the waiting ones, so excess scenes get 429, not a place in
 an ever longer line.
@@ -22,7 +27,7 @@ import torch
 
 from appliance.errors import InputError, UserError
 from appliance.pipeline import Pipeline, Record, Stage
-from appliance.serving.messages import Done, Failed, PoolJob
+from appliance.serving.messages import Done, Failed, PoolJob, TileProgress
 from appliance.serving.engine_process.inbox import Finished, TileReady, Unanswerable
 from appliance.serving.engine_process.records import SceneRecord, as_record
 from appliance.serving.engine_process.stats_log import StatsLog, pool_line
@@ -43,11 +48,13 @@ class PoolSession:
         self.cancelled = threading.Event()
         self.started = False  # set by the preparer thread that runs it
         self.tiles = 0  # run by the engine so far (the request log's count)
+        self.tiles_total: Optional[int] = None  # the scene's planned tiles, once its first tile arrived
+        self.reported: Optional[int] = None  # `tiles` as the last TileProgress said (progress jobs)
 
-    def send(self, seq: int, item: torch.Tensor) -> None:
+    def send(self, seq: int, item: torch.Tensor, total: Optional[int]) -> None:
         if self.cancelled.is_set():
             raise RequestCancelled()
-        self.driver.post(TileReady(self.uid, seq, item))
+        self.driver.post(TileReady(self.uid, seq, item, total))
 
     def receive(self) -> Tuple[int, Any]:
         seq, output = self.results.get()
@@ -73,7 +80,7 @@ class EngineBridge(Stage):
         pending: Deque[Tuple[int, Record]] = deque()
         done: Dict[int, Any] = {}
         for seq, record in enumerate(records):
-            self.session.send(seq, record[self.input])
+            self.session.send(seq, record[self.input], getattr(record.get("tile"), "count", None))  # a TileRef
             pending.append((seq, record))
             while len(pending) - len(done) >= self.in_flight:
                 yield from self._release(pending, done, wait=True)
@@ -142,7 +149,10 @@ class PoolDriver(Driver):
             last: Optional[Record] = None
             for last in self.stages.replaced(self.engine_index, bridge).run([record]):
                 pass
-            self.post(Finished(session.uid, {"display": (last or {}).get("display")}))
+            result = {"display": (last or {}).get("display")}
+            if job.report_dir is not None:
+                result["scene"] = self._report(session, last)
+            self.post(Finished(session.uid, result))
         except RequestCancelled:
             pass
         except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
@@ -161,10 +171,30 @@ class PoolDriver(Driver):
             if reads is not None:
                 reads.close()
 
+    def _report(self, session: PoolSession, last: Optional[Record]) -> Dict[str, Any]:
+        """The scene report of the mask just written (previews into the job's report_dir); its summary."""
+        from appliance.stages.geo.scene_report import write_scene_report
+
+        if session.cancelled.is_set():  # aborted while the mask was written: its files are being removed
+            raise RequestCancelled()
+        job = session.job
+        return write_scene_report(last["scene"], job.output_path, job.report_dir,
+                                  self.cfg.server.scenes.preview_size)
+
     def on_tile(self, message: TileReady) -> None:
-        if message.uid not in self.sessions:
+        session = self.sessions.get(message.uid)
+        if session is None:
             return  # aborted: its remaining tiles never reach the engine
         self.tiles[self.engine.add_request([message.tile])] = (message.uid, message.seq)
+        if session.tiles_total is None and message.total is not None:
+            session.tiles_total = message.total
+            self.report_progress(session)
+
+    def report_progress(self, session: PoolSession) -> None:
+        """A progress job's TileProgress, when the total is known and the count changed since the last."""
+        if session.job.progress and session.tiles_total is not None and session.tiles != session.reported:
+            session.reported = session.tiles
+            self.emit(session.uid, TileProgress(session.tiles, session.tiles_total))
 
     def on_finished(self, message: Finished) -> None:
         session = self.sessions.pop(message.uid, None)
@@ -200,13 +230,17 @@ class PoolDriver(Driver):
         if self.engine.has_unfinished():
             outputs = self.engine.step()
             self.stats_log.add("tiles", len(outputs))
+            advanced: Dict[str, PoolSession] = {}
             for out in outputs:
                 owner = self.tiles.pop(out.request_id, None)
                 session = self.sessions.get(owner[0]) if owner is not None else None
                 if session is not None:
                     session.results.put((owner[1], out.output[0]))
                     session.tiles += 1
+                    advanced[session.uid] = session
                     self.metrics.tiles.inc()
+            for session in advanced.values():
+                self.report_progress(session)
         running = sum(session.started for session in self.sessions.values())
         self.shared.set_running(running)
         self.metrics.running.set(running)
