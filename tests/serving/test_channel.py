@@ -61,3 +61,15 @@ def test_a_cancelled_reader_leaves_the_channel_usable():
         channel.stop_watching()
 
     asyncio.run(main())
+
+
+def test_a_channel_without_a_client_has_no_watcher_but_keeps_its_deadline():
+    """A scene job's channel (/v1/scenes): no connection to watch, only the deadline ends it early."""
+    async def main():
+        detached = Channel("r5", None, timeout_s=0.01)
+        assert all(task is asyncio.current_task() for task in asyncio.all_tasks())  # nothing watches
+        detached.put("progress")
+        assert await detached.get() == "progress"
+        assert await asyncio.wait_for(detached.get(), 1) == Channel.TIMED_OUT
+
+    asyncio.run(main())

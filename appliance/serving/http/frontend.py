@@ -3,7 +3,9 @@
 Routes call `open` (503 while draining or while the engine is dead, 429 when the queue is full), then
 `submit` a job to the engine loop and read the request's events with `next_event`. The channel `open`
 makes also watches for the client going away and for the request's deadline, and queues either as an
-event, so that reading an event is one await on one queue (per streamed token). `close` ends a request:
+event, so that reading an event is one await on one queue (per streamed token). A job that outlives its
+request (a `/v1/scenes` job: its POST is answered at once) gets a channel with no client to watch; its
+deadline still applies. `close` ends a request:
 an unfinished one is aborted in the engine, which frees its KV blocks (or stops its tiles) within one
 step.
 
@@ -41,14 +43,15 @@ class Channel:
     GONE, TIMED_OUT = "client gone", "timed out"
 
     def __init__(self, uid: str, request, timeout_s: float):
-        """`request`: the client's, its body already read (what is left to receive is the disconnect)."""
+        """`request`: the client's, its body already read (what is left to receive is the disconnect); None
+        for a job no connection waits for."""
         self.uid = uid
         self.finished = False
         self._events: Deque[Any] = deque()
         self._reader: Optional[asyncio.Future] = None
         self._loop = asyncio.get_running_loop()
         self._deadline = self._loop.call_later(timeout_s, self.put, self.TIMED_OUT)
-        self._watcher = self._loop.create_task(self._watch(request))
+        self._watcher = self._loop.create_task(self._watch(request)) if request is not None else None
 
     def put(self, event: Any) -> None:
         self._events.append(event)
@@ -111,7 +114,8 @@ class Frontend:
 
     # ---- admission ------------------------------------------------------------------------------
     def open(self, uid: str, request) -> Channel:
-        """Admit a request whose body was read (`request`: the client's, watched for a disconnect)."""
+        """Admit a request whose body was read (`request`: the client's, watched for a disconnect; None: a
+        job not tied to a connection, which only its deadline or `close` ends early)."""
         if self.shared.phase == DEAD:
             raise APIError(503, "the engine has stopped; the server is shutting down, retry on another replica")
         if self.shared.draining:
