@@ -1,0 +1,125 @@
+"""`/v1/scenes`: scene jobs of pooling servers (serving/http/routes_scenes.py).
+
+    POST /v1/scenes   <GeoTIFF bytes> | {"url": "<GeoTIFF or STAC item URL>"}   -> 202, a Scene
+    GET  /v1/scenes                                                            -> a SceneList
+    GET  /v1/scenes/{id}                                                       -> a Scene
+    GET  /v1/scenes/{id}/{file}   mask.tif | item.json | scene.png | mask.png  -> the file
+    DELETE /v1/scenes/{id}                                                     -> a SceneDeleted
+
+`SceneBody` validates the JSON body (strict, no unknown field) and is its schema in `/openapi.json`; the
+answer models describe what the routes send as plain dicts (no model is built per request), as
+`openai_answers` does: always-sent fields required, unknown fields refused, so tests that validate real
+answers with them catch a drift either way. `SceneSummary` is what the engine process computes from the
+written mask (stages/geo/scene_report.py) and the HTTP side passes on as it is.
+"""
+from typing import Any, List, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import Annotated
+
+from appliance.errors import InputError
+from appliance.protocol.openai_answers import ANSWER, Byte, Count, ErrorInfo
+from appliance.protocol.validation import input_error
+
+SCENE_FILES = ("mask.tif", "item.json", "scene.png", "mask.png")  # a done scene's files, by public name
+Status = Literal["queued", "running", "done", "failed"]
+Colour = Annotated[List[Byte], Field(min_length=3, max_length=3, description="RGB")]
+Box = Annotated[List[float], Field(min_length=4, max_length=4)]
+
+
+class SceneBody(BaseModel):
+    """`POST /v1/scenes` as JSON (the other form is the GeoTIFF itself as the body)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    url: Annotated[str, Field(min_length=1)] = Field(
+        description="a GeoTIFF or a STAC item: http(s), or s3:// where the server allows the bucket; read by "
+                    "windows, never downloaded whole")
+
+
+EXPECTED = {"url": "a GeoTIFF or STAC item URL (http(s), or s3://bucket/key)"}
+
+
+def parse_scene_body(body: Any) -> str:
+    """The URL of a JSON `POST /v1/scenes`; InputError naming the field."""
+    if not isinstance(body, dict):
+        raise InputError(f'body: expected a JSON object {{"url": ...}}, got {type(body).__name__}')
+    try:
+        return SceneBody.model_validate(body).url
+    except ValidationError as e:
+        raise input_error(e, SceneBody, EXPECTED) from None
+
+
+# ---- the summary of a done scene ---------------------------------------------------------------
+
+class SceneClass(BaseModel):
+    model_config = ANSWER
+    index: Count = Field(description="the class's value in mask.tif and mask.png")
+    name: str
+    colour: Colour
+    pixels: Count
+    area_km2: Optional[float] = Field(description="null for a rotated geographic grid")
+    share: float = Field(description="pixels / valid_pixels (0.0 when nothing is valid)")
+
+
+class LonLatGrid(BaseModel):
+    model_config = ANSWER
+    size: Annotated[int, Field(ge=2)] = Field(description="n: the grid is n x n points")
+    lon: List[List[float]] = Field(description="[i][j]: at row i*height/(n-1), column j*width/(n-1)")
+    lat: List[List[float]]
+
+
+class PreviewSize(BaseModel):
+    model_config = ANSWER
+    width: Count
+    height: Count
+
+
+class SceneSummary(BaseModel):
+    """Computed from the written mask at full resolution, in the engine process."""
+    model_config = ANSWER
+    width: Count = Field(description="the mask's size in pixels")
+    height: Count
+    crs: Optional[str] = Field(description="e.g. EPSG:32633")
+    transform: Annotated[List[float], Field(min_length=6, max_length=6)] = Field(
+        description="[a, b, c, d, e, f]: x = a*col + b*row + c, y = d*col + e*row + f")
+    bounds: Box = Field(description="[left, bottom, right, top] in crs")
+    lonlat_bounds: Optional[Box] = Field(description="[west, south, east, north]")
+    lonlat_grid: Optional[LonLatGrid] = Field(description="lon/lat at n x n points of the pixel grid's corners, "
+                                                          "for bilinear placement on a map")
+    classes: List[SceneClass]
+    valid_pixels: Count
+    nodata_pixels: Count
+    nodata_colour: Colour
+    pixel_area_m2: Optional[float] = Field(description="null in a geographic CRS")
+    preview: PreviewSize = Field(description="the size of scene.png and mask.png")
+
+
+# ---- the scene object and the list -------------------------------------------------------------
+
+class Scene(BaseModel):
+    model_config = ANSWER
+    id: str
+    object: Literal["scene"]
+    created: int = Field(description="Unix time the scene was posted")
+    status: Status = Field(description="queued, running (a preparer took it), done or failed")
+    tiles_done: Count
+    tiles_total: Optional[Count] = Field(description="null until the scene is opened and its tiles planned")
+    error: Optional[ErrorInfo] = Field(description="failed: why, as an error answer says it")
+    result: Optional[SceneSummary] = Field(description="done: the summary")
+    files: List[Literal[SCENE_FILES]] = Field(description="done: the files GET /v1/scenes/{id}/{file} answers")
+
+
+class SceneList(BaseModel):
+    model_config = ANSWER
+    object: Literal["list"]
+    data: List[Scene] = Field(description="newest first")
+    max_request_bytes: Count = Field(description="the largest GeoTIFF body the server takes")
+    keep_s: float = Field(description="how long a finished scene is kept (server.scenes.keep_s)")
+    max_kept: Count = Field(description="how many finished scenes are kept at most (server.scenes.max_kept)")
+
+
+class SceneDeleted(BaseModel):
+    model_config = ANSWER
+    id: str
+    object: Literal["scene"]
+    deleted: Literal[True]

@@ -1,0 +1,141 @@
+"""The scene job registry of `/v1/scenes` (serving/http/scene_jobs.py) and its body (protocol/scenes.py),
+without a server: a clock the test moves, files in a temp directory."""
+import os
+
+import pytest
+
+from appliance.errors import InputError
+from appliance.protocol.scenes import SCENE_FILES, Scene, parse_scene_body
+from appliance.serving.http.scene_jobs import DONE, FAILED, QUEUED, RUNNING, SceneJobs
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def registry(tmp_path, clock, keep_s=60.0, max_kept=3) -> SceneJobs:
+    return SceneJobs(str(tmp_path / "scenes"), keep_s, max_kept, clock=clock)
+
+
+def write_outputs(job, names=SCENE_FILES):
+    for name in names:
+        with open(job.path(name), "wb") as f:
+            f.write(b"x")
+    with open(job.output_path + ".aux.xml", "wb") as f:
+        f.write(b"x")
+
+
+def test_a_job_moves_from_queued_to_running_to_done_and_its_counts_never_go_down(tmp_path, clock):
+    jobs = registry(tmp_path, clock)
+    job = jobs.add()
+    assert job.id.startswith("scene-") and os.path.isdir(job.dir)
+    assert (job.status, job.tiles_done, job.tiles_total) == (QUEUED, 0, None)
+    job.progress(0, 20)
+    assert (job.status, job.tiles_done, job.tiles_total) == (RUNNING, 0, 20)
+    job.progress(12, 20)
+    job.progress(9, 20)  # a late, smaller count
+    assert job.tiles_done == 12
+    write_outputs(job, ("mask.tif", "item.json", "scene.png"))
+    job.succeed({"width": 1}, clock())
+    assert (job.status, job.tiles_done, job.files) == (DONE, 20, ["mask.tif", "item.json", "scene.png"])
+    assert job.finished_at == clock.now
+
+
+def test_public_names_map_to_the_files_the_engine_writes(tmp_path, clock):
+    job = registry(tmp_path, clock).add("scene-abc")
+    assert job.path("mask.tif") == os.path.join(job.dir, "scene-abc.mask.tif")
+    assert job.path("item.json") == os.path.join(job.dir, "scene-abc.mask.stac.json")  # stac_out's naming
+    assert job.path("mask.png") == os.path.join(job.dir, "mask.png")
+    assert job.download_name("mask.tif") == "scene-abc.mask.tif"
+    assert job.download_name("item.json") == "scene-abc.mask.stac.json"
+
+
+def test_the_scene_object_is_the_model(tmp_path, clock):
+    jobs = registry(tmp_path, clock)
+    queued = jobs.add()
+    Scene.model_validate(queued.as_object())
+    failed = jobs.add()
+    failed.fail({"message": "body: not a GeoTIFF", "type": "BadRequestError", "param": "body", "code": 400}, clock())
+    scene = Scene.model_validate(failed.as_object())
+    assert scene.status == FAILED and scene.error.param == "body" and scene.files == []
+
+
+def test_finished_jobs_are_forgotten_keep_s_after_they_finished_with_their_files(tmp_path, clock):
+    jobs = registry(tmp_path, clock, keep_s=60)
+    done, running = jobs.add(), jobs.add()
+    write_outputs(done)
+    done.succeed(None, clock())
+    running.progress(1, 5)
+    clock.now += 59
+    jobs.prune()
+    assert jobs.get(done.id) is done
+    clock.now += 1
+    jobs.prune()
+    assert jobs.get(done.id) is None and not os.path.exists(done.dir)
+    clock.now += 1e6
+    jobs.prune()
+    assert jobs.get(running.id) is running and os.path.isdir(running.dir)  # running jobs are never pruned
+
+
+def test_at_most_max_kept_finished_jobs_stay_the_oldest_finished_go_first(tmp_path, clock):
+    jobs = registry(tmp_path, clock, max_kept=2)
+    first, second, third, running = jobs.add(), jobs.add(), jobs.add(), jobs.add()
+    for job in (second, first, third):  # finished in this order
+        clock.now += 1
+        job.succeed(None, clock())
+    jobs.prune()
+    assert [job.id for job in jobs.newest_first()] == [running.id, third.id, first.id]
+    assert not os.path.exists(second.dir)
+
+
+def test_forget_deletes_the_files_and_prune_deletes_directories_no_job_owns(tmp_path, clock):
+    jobs = registry(tmp_path, clock)
+    job = jobs.add()
+    write_outputs(job)
+    jobs.forget(job)
+    assert jobs.get(job.id) is None and not os.path.exists(job.dir)
+    stray = tmp_path / "scenes" / "scene-left-from-before"
+    stray.mkdir()
+    (stray / "scene.png").write_bytes(b"x")
+    kept = jobs.add()
+    jobs.prune()
+    assert not stray.exists() and os.path.isdir(kept.dir)
+
+
+def test_a_failed_jobs_outputs_and_any_jobs_input_are_removed(tmp_path, clock):
+    jobs = registry(tmp_path, clock)
+    job = jobs.add()
+    with open(job.input_path, "wb") as f:
+        f.write(b"scene")
+    write_outputs(job, ("mask.tif",))
+    jobs.remove_input(job)
+    assert not os.path.exists(job.input_path) and os.path.exists(job.path("mask.tif"))
+    jobs.remove_input(job)  # twice is fine
+    jobs.remove_outputs(job)
+    assert not os.path.exists(job.dir)
+
+
+@pytest.mark.parametrize("body,param,fragment", [
+    ({}, "url", "url: "),
+    ({"url": ""}, "url", "url: "),
+    ({"url": 5}, "url", "url: "),
+    ({"url": "https://example.com/a.tif", "aoi": [1, 2, 3, 4]}, "aoi", "aoi: unknown field"),
+    (["https://example.com/a.tif"], None, "body: expected a JSON object"),
+])
+def test_a_bad_json_body_names_its_field(body, param, fragment):
+    with pytest.raises(InputError) as info:
+        parse_scene_body(body)
+    assert info.value.param == param and str(info.value).startswith(fragment), str(info.value)
+
+
+def test_a_good_json_body_is_its_url():
+    assert parse_scene_body({"url": "s3://bucket/scene.tif"}) == "s3://bucket/scene.tif"
