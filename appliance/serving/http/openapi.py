@@ -7,10 +7,12 @@ so FastAPI can infer neither; `install` adds both to the document, once, from th
 is a component (`#/components/schemas/ChatCompletion`); a request's schema stays inline, its nested
 models components. A streamed answer is `text/event-stream`, one schema per event (as OpenAPI 3.1 reads
 a stream): its `data` is a chunk model's JSON (`contentSchema`), an error's, or `[DONE]`. Bytes (a
-GeoTIFF, a PNG) are binary strings. Only the table's documented routes are listed: not LitServe's own
+GeoTIFF, a PNG) are binary strings. Path parameters (`{id}`) are declared here, since the handlers take
+them from the request. Only the table's documented routes are listed: not LitServe's own
 (`GET /`, its health and info: the Gate answers them 404), nor the pages' files, which are no API.
 For clients, the docs page (`/docs`) and the schema-driven fuzz tests.
 """
+import re
 from typing import Any, Dict, Iterable
 
 from appliance.protocol.openai_answers import ErrorResponse
@@ -23,7 +25,8 @@ def install(app, routes: Iterable[Route]) -> None:
     """Make `app.openapi()` describe the documented `routes` (FastAPI caches the result)."""
     from fastapi.openapi.utils import get_openapi
 
-    documented = {route.openapi_path: route for route in routes if route.documented}
+    documented = {(route.openapi_path, method.lower()): route
+                  for route in routes if route.documented for method in route.methods}
     paths = {route.path for route in documented.values()}
 
     def openapi() -> Dict[str, Any]:
@@ -32,8 +35,8 @@ def install(app, routes: Iterable[Route]) -> None:
             schema = get_openapi(title="appliance", version="1", routes=served)
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for path, item in schema.get("paths", {}).items():
-                for operation in item.values():
-                    _describe(documented[path], operation, components)
+                for method, operation in item.items():
+                    _describe(documented[path, method], operation, components)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -43,18 +46,24 @@ def install(app, routes: Iterable[Route]) -> None:
 def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any]) -> None:
     errors = {"description": "an error (a stream that has started sends it as an event instead)",
               "content": {JSON: {"schema": _component(ErrorResponse, components)}}}
-    operation["responses"] = {"4XX": errors, "5XX": errors, **{
-        code: spec for code, spec in operation.get("responses", {}).items() if code == "200"}}
+    operation["responses"] = {"4XX": errors, "5XX": errors, **{  # FastAPI's default success: 200
+        route.status: spec for code, spec in operation.get("responses", {}).items() if code == "200"}}
+    parameters = [{"name": name, "in": "path", "required": True, "schema": route.params.get(name, {"type": "string"})}
+                  for name in re.findall(r"\{(\w+)\}", route.openapi_path)]
+    parameters += [{"name": name, "in": "query", "required": False, "schema": schema}
+                   for name, schema in route.query.items()]
+    if parameters:
+        operation["parameters"] = parameters
     if route.body:
         operation["requestBody"] = {"required": True, "content": {
             kind: {"schema": _body(schema, components)} for kind, schema in route.body.items()}}
-    if route.query:
-        operation["parameters"] = [{"name": name, "in": "query", "required": False, "schema": schema}
-                                   for name, schema in route.query.items()]
     if route.answers:
-        operation["responses"]["200"] = {"description": "the answer", "content": {
+        operation["responses"][route.status] = {"description": "the answer", "content": {
             kind: {"schema": _event(schema, components) if kind == SSE else _answer(schema, components)}
             for kind, schema in route.answers.items()}}
+    if route.headers:
+        operation["responses"][route.status]["headers"] = {
+            name: {"description": text, "schema": {"type": "string"}} for name, text in route.headers.items()}
 
 
 def _body(schema, components: Dict[str, Any]) -> Dict[str, Any]:

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from appliance.errors import InputError
 from appliance.fetch.local_files import allowed_path
 from appliance.protocol.openai_responses import new_id
-from appliance.protocol.pooling import parse_pooling, pooling_response
+from appliance.protocol.pooling import GEOTIFF_TYPES, parse_pooling, pooling_response
 from appliance.serving.http.errors import APIError, error_response, parse_body
 from appliance.serving.http.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PoolJob
@@ -32,7 +32,6 @@ from appliance.stages.geo.quicklook import quicklook_path
 from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
 from appliance.stages.geo.stac_out import stac_path
 
-RAW_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")
 RAW_QUERY = ("quicklook",)  # `/v1/pool`'s query parameters: any other is refused, as unknown JSON fields are
 
 
@@ -94,9 +93,9 @@ class PoolRoutes:
             raise APIError(400, f"{unknown[0]}: unknown query parameter; allowed: {', '.join(RAW_QUERY)}",
                            param=unknown[0])
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind not in RAW_TYPES:
+        if kind not in GEOTIFF_TYPES:
             raise APIError(415, f"Content-Type: {kind or 'missing'}; send the GeoTIFF as the body with "
-                                f"Content-Type: {RAW_TYPES[0]}")
+                                f"Content-Type: {GEOTIFF_TYPES[0]}")
         quicklook = request.query_params.get("quicklook", "false").lower()
         if quicklook not in ("true", "false", "1", "0"):
             raise APIError(400, f"quicklook: {quicklook!r}; allowed: true, false", param="quicklook")

@@ -2,7 +2,8 @@
 
 The pipeline's kind decides the API: a generating engine gets OpenAI's `/v1/chat/completions`,
 `/v1/completions` and `/v1/models`, and vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info`; a pooling engine gets
-vLLM's `/pooling` and the raw `/v1/pool`; a pipeline without an engine gets `POST /predict`. Every
+vLLM's `/pooling`, the raw `/v1/pool` and the scene jobs of `/v1/scenes`; a pipeline without an engine gets
+`POST /predict`. Every
 server has `/health`, `/ready`, `/version` and `/metrics`, and the pages for people: `/docs` and, with
 `server.ui`, the kind's page at `/` (appliance/serving/ui). `routes` is the table of them all, each
 `Route` with the schemas the OpenAPI document shows (openapi.py reads the same table). The handlers
@@ -17,7 +18,8 @@ from litserve.specs.base import LitSpec
 from appliance.protocol.openai_answers import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk
 from appliance.protocol.openai_answers import ModelCard, ModelList
 from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest
-from appliance.protocol.pooling import PoolingBody, PoolingResponse
+from appliance.protocol.pooling import GEOTIFF_TYPES, PoolingBody, PoolingResponse
+from appliance.protocol.scenes import SCENE_FILES, Scene, SceneBody, SceneDeleted, SceneList
 from appliance.protocol.tokenize import (DetokenizeBody, DetokenizeResponse, TokenizeChatBody,
                                          TokenizeCompletionBody, TokenizerInfoResponse, TokenizeResponse)
 from appliance.serving.http.frontend import Frontend
@@ -25,6 +27,7 @@ from appliance.serving.http.route_table import BYTES, GET, JSON, POST, SSE, Rout
 from appliance.serving.http.routes_generate import GenerateRoutes
 from appliance.serving.http.routes_ops import OpsRoutes, PredictRoute
 from appliance.serving.http.routes_pool import PoolRoutes
+from appliance.serving.http.routes_scenes import SceneRoutes
 from appliance.serving.http.routes_tokenize import TokenizeRoutes
 from appliance.serving.ui.routes import page_routes
 
@@ -70,7 +73,8 @@ class ApplianceSpec(LitSpec):
                 *models,
                 Route("/pooling", POST, pooling.pooling, body={JSON: PoolingBody}, answers={JSON: PoolingResponse}),
                 Route("/v1/pool", POST, pooling.raw, body={"image/tiff": BYTES}, query={"quicklook": {"type": "boolean"}},
-                      answers={"image/tiff": BYTES, "image/png": BYTES})]
+                      answers={"image/tiff": BYTES, "image/png": BYTES}),
+                *scene_routes(SceneRoutes(self.frontend, cfg, spool_dir))]
         else:
             self.routes.append(Route("/predict", POST, PredictRoute(self.frontend, cfg).predict))
         for route in self.routes:
@@ -93,3 +97,15 @@ class ApplianceSpec(LitSpec):
 
     def route_paths(self):
         return [route.path for route in self.routes]
+
+
+def scene_routes(scenes: SceneRoutes) -> List[Route]:
+    """`/v1/scenes`: a scene job is accepted (202) at once, then polled, then its files fetched."""
+    return [
+        Route("/v1/scenes", POST, scenes.create, body={**{kind: BYTES for kind in GEOTIFF_TYPES}, JSON: SceneBody},
+              status="202", answers={JSON: Scene}, headers={"Location": "the scene's URL, relative: scenes/{id}"}),
+        Route("/v1/scenes", GET, scenes.list, answers={JSON: SceneList}),
+        Route("/v1/scenes/{id}", GET, scenes.get, answers={JSON: Scene}),
+        Route("/v1/scenes/{id}", ("DELETE",), scenes.delete, answers={JSON: SceneDeleted}),
+        Route("/v1/scenes/{id}/{file}", GET, scenes.file, params={"file": {"type": "string", "enum": list(SCENE_FILES)}},
+              answers={kind: BYTES for kind in ("image/tiff", "application/geo+json", "image/png")})]

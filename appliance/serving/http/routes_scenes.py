@@ -1,0 +1,157 @@
+"""`/v1/scenes` of pooling pipelines: a scene posted as a job, answered 202 at once, polled for its tiles,
+its summary and files read once it is done (protocol/scenes.py has the shapes, docs/serving.md the API).
+
+A job is a `PoolJob` whose channel is tied to no connection (Frontend.open with no request): an asyncio
+task per job reads its events (TileProgress: the counts; Done: the summary and files; Failed, or the
+deadline: the error) and closes the channel; the job keeps a reference to its task. DELETE cancels the
+task, whose `close` aborts the job in the engine as a client leaving `/v1/pool` does, then deletes the
+files. Every route first prunes the finished jobs past `server.scenes.keep_s` / `max_kept`
+(scene_jobs.py).
+"""
+import asyncio
+import logging
+import os
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse
+
+from appliance.errors import InputError
+from appliance.protocol.openai_responses import error_body, new_id
+from appliance.protocol.pooling import GEOTIFF_TYPES
+from appliance.protocol.scenes import SCENE_FILES, parse_scene_body
+from appliance.serving.http.errors import APIError, read_json
+from appliance.serving.http.frontend import Frontend
+from appliance.serving.http.scene_jobs import DONE, SceneJob, SceneJobs
+from appliance.serving.messages import Done, Failed, PoolJob, TileProgress
+from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
+
+log = logging.getLogger(__name__)
+
+JSON_TYPE = "application/json"
+MEDIA = {"mask.tif": "image/tiff", "item.json": "application/geo+json", "scene.png": "image/png",
+         "mask.png": "image/png"}
+DOWNLOADS = ("mask.tif", "item.json")  # answered as attachments; the previews show inline
+
+
+class SceneRoutes:
+    def __init__(self, frontend: Frontend, cfg, spool_dir: str):
+        scenes = cfg.server.scenes
+        self.frontend = frontend
+        self.jobs = SceneJobs(os.path.join(spool_dir, "scenes"), float(scenes.keep_s), int(scenes.max_kept))
+        self.max_bytes = int(cfg.server.limits.max_request_bytes)
+        self.s3_buckets = allowed_s3_buckets(cfg.server)
+
+    # ---- routes ---------------------------------------------------------------------------------
+    async def create(self, request: Request):
+        self.jobs.prune()
+        scene_id = new_id("scene")
+        request.state.request_id = scene_id  # the request log's id (access_log.py)
+        if request.query_params:
+            name = sorted(request.query_params)[0]
+            raise APIError(400, f"{name}: unknown query parameter; POST /v1/scenes takes none", param=name)
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        url = None
+        if kind == JSON_TYPE:
+            url = self._url(await read_json(request))
+        elif kind not in GEOTIFF_TYPES:
+            raise APIError(415, f"Content-Type: {kind or 'missing'}; send the GeoTIFF as the body with "
+                                f"Content-Type: {GEOTIFF_TYPES[0]}, or {{\"url\": ...}} as {JSON_TYPE}")
+        job = self.jobs.add(scene_id)
+        try:
+            if url is None:
+                await self._spool(request, job)
+            channel = self.frontend.open(job.id, None)  # 429 / 503 as every route
+        except BaseException:
+            self.jobs.forget(job)
+            raise
+        self.frontend.submit(channel, PoolJob(
+            None if url else job.input_path, url, job.output_path, "url" if url else "body",
+            upload=url is None, report_dir=job.dir, progress=True))
+        job.task = asyncio.get_running_loop().create_task(self._follow(job, channel))
+        return JSONResponse(job.as_object(), status_code=202, headers={"Location": f"scenes/{job.id}"})
+
+    async def list(self, request: Request):
+        self.jobs.prune()
+        return JSONResponse({"object": "list", "data": [job.as_object() for job in self.jobs.newest_first()],
+                             "max_request_bytes": self.max_bytes, "keep_s": self.jobs.keep_s,
+                             "max_kept": self.jobs.max_kept})
+
+    async def get(self, request: Request):
+        self.jobs.prune()
+        return JSONResponse(self._job(request).as_object())
+
+    async def file(self, request: Request):
+        self.jobs.prune()
+        job = self._job(request)
+        name = request.path_params["file"]
+        if name not in SCENE_FILES:
+            raise APIError(404, f"file: {name!r}: no such file; a scene's files are {', '.join(SCENE_FILES)}",
+                           param="file")
+        if job.status != DONE:
+            raise APIError(409, f"scene {job.id!r} is {job.status}; its files exist once it is done")
+        if name not in job.files:
+            raise APIError(404, f"file: scene {job.id!r} has no {name} (it has {', '.join(job.files) or 'none'})",
+                           param="file")
+        return FileResponse(job.path(name), media_type=MEDIA[name],
+                            filename=job.download_name(name) if name in DOWNLOADS else None)
+
+    async def delete(self, request: Request):
+        self.jobs.prune()
+        job = self._job(request)
+        if job.task is not None and not job.task.done():
+            job.task.cancel()  # its `finally` closes the channel: the engine drops the job's tiles
+            await asyncio.gather(job.task, return_exceptions=True)
+        self.jobs.forget(job)
+        return JSONResponse({"id": job.id, "object": "scene", "deleted": True})
+
+    # ---- a job's events -------------------------------------------------------------------------
+    async def _follow(self, job: SceneJob, channel) -> None:
+        try:
+            while True:
+                event = await self.frontend.next_event(channel)
+                if isinstance(event, TileProgress):
+                    job.progress(event.tiles_done, event.tiles_total)
+                elif isinstance(event, Done):
+                    job.succeed(event.result.get("scene"), self.jobs.now())
+                    return
+                elif isinstance(event, Failed):
+                    job.fail(error_body(event.status, event.message, event.param)["error"], self.jobs.now())
+                    return
+        except APIError as e:  # the deadline passed: `close` aborts it
+            job.fail(error_body(e.status, e.message, e.param)["error"], self.jobs.now())
+        except Exception:  # noqa: BLE001 - a bug here must not leave the job running forever
+            log.exception("scene %s: reading its events failed", job.id)
+            job.fail(error_body(500, "the server failed while following this scene")["error"], self.jobs.now())
+        finally:
+            self.frontend.close(channel)
+            self.jobs.remove_input(job)
+            if job.status != DONE:
+                self.jobs.remove_outputs(job)
+
+    # ---- helpers --------------------------------------------------------------------------------
+    def _job(self, request: Request) -> SceneJob:
+        scene_id = request.path_params["id"]
+        job = self.jobs.get(scene_id)
+        if job is None:
+            raise APIError(404, f"scene {scene_id!r}: no such scene (finished scenes are kept "
+                                f"server.scenes.keep_s={self.jobs.keep_s:g} s)", param="id")
+        return job
+
+    def _url(self, body) -> str:
+        try:
+            url = parse_scene_body(body)
+            check_served_href(url, "url", self.s3_buckets)  # server policy before the job queues
+        except InputError as e:
+            raise APIError.from_input(e) from None
+        return url
+
+    @staticmethod
+    async def _spool(request: Request, job: SceneJob) -> None:
+        """The body to the job's input file, as it streams in (the Gate enforces the body limit)."""
+        size = 0
+        with open(job.input_path, "wb") as f:
+            async for chunk in request.stream():
+                size += len(chunk)
+                await asyncio.to_thread(f.write, chunk)
+        if size == 0:
+            raise APIError(400, "body: empty; send the GeoTIFF as the request body", param="body")
