@@ -276,3 +276,25 @@ def test_without_the_key_every_scene_route_is_401(server):
     for method, path in (("GET", ""), ("GET", "/scene-x"), ("GET", "/scene-x/mask.tif"), ("DELETE", "/scene-x")):
         answer = httpx.request(method, f"{server.base}/v1/scenes{path}", timeout=10)
         assert answer.status_code == 401, (method, path)
+
+
+def test_the_openapi_document_describes_the_scene_routes_with_the_models(server):
+    document = httpx.get(f"{server.base}/openapi.json", timeout=10).json()
+    paths, components = document["paths"], document["components"]["schemas"]
+    ref = "#/components/schemas/{}".format
+    assert paths["/v1/scenes"]["get"]["responses"]["200"]["content"]["application/json"]["schema"] == \
+        {"$ref": ref("SceneList")}
+    create = paths["/v1/scenes"]["post"]
+    assert create["responses"]["202"]["content"]["application/json"]["schema"] == {"$ref": ref("Scene")}
+    assert "200" not in create["responses"]
+    assert {"image/tiff", "application/json"} <= set(create["requestBody"]["content"])
+    assert paths["/v1/scenes/{id}"]["delete"]["responses"]["200"]["content"]["application/json"]["schema"] == \
+        {"$ref": ref("SceneDeleted")}
+    files = paths["/v1/scenes/{id}/{file}"]["get"]
+    assert set(files["responses"]["200"]["content"]) == {"image/tiff", "application/geo+json", "image/png"}
+    parameters = {p["name"]: p for p in files["parameters"]}
+    assert parameters["file"]["schema"]["enum"] == ["mask.tif", "item.json", "scene.png", "mask.png"]
+    assert parameters["id"]["in"] == "path" and parameters["id"]["required"]
+    own = SceneSummary.model_json_schema(ref_template="#/components/schemas/{model}")
+    own.pop("$defs", None)
+    assert components["SceneSummary"] == own
