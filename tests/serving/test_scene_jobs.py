@@ -1,12 +1,18 @@
-"""The scene job registry of `/v1/scenes` (serving/http/scene_jobs.py) and its body (protocol/scenes.py),
-without a server: a clock the test moves, files in a temp directory."""
+"""The scene job registry of `/v1/scenes` (serving/http/scene_jobs.py), its body (protocol/scenes.py) and
+how a job follows its events (routes_scenes.py), without a server: a clock the test moves, files in a temp
+directory, events handed out by a stand-in for the Frontend."""
+import asyncio
 import os
 
 import pytest
+from omegaconf import OmegaConf
 
 from appliance.errors import InputError
 from appliance.protocol.scenes import SCENE_FILES, Scene, parse_scene_body
+from appliance.serving.http.errors import APIError
+from appliance.serving.http.routes_scenes import SceneRoutes
 from appliance.serving.http.scene_jobs import DONE, FAILED, QUEUED, RUNNING, SceneJobs
+from appliance.serving.messages import Done, TileProgress
 
 
 class Clock:
@@ -139,3 +145,49 @@ def test_a_bad_json_body_names_its_field(body, param, fragment):
 
 def test_a_good_json_body_is_its_url():
     assert parse_scene_body({"url": "s3://bucket/scene.tif"}) == "s3://bucket/scene.tif"
+
+
+class Events:
+    """A Frontend stand-in for one job: hands out `events` in order (an exception is raised, as
+    `next_event` raises the deadline's 504) and records `close`."""
+
+    def __init__(self, events):
+        self.events, self.closed = list(events), []
+
+    async def next_event(self, channel):
+        event = self.events.pop(0)
+        if isinstance(event, Exception):
+            raise event
+        return event
+
+    def close(self, channel):
+        self.closed.append(channel)
+
+
+def scene_routes(tmp_path, events):
+    cfg = OmegaConf.create({"server": {"scenes": {"keep_s": 900.0, "max_kept": 16, "preview_size": 1024},
+                                       "limits": {"max_request_bytes": 1000}, "allowed_s3_buckets": []}})
+    return SceneRoutes(Events(events), cfg, str(tmp_path))
+
+
+def test_a_jobs_events_move_it_to_done_and_its_input_is_removed(tmp_path):
+    routes = scene_routes(tmp_path, [TileProgress(0, 2), TileProgress(2, 2), Done({"scene": {"width": 4}})])
+    job = routes.jobs.add()
+    with open(job.input_path, "wb") as f:
+        f.write(b"scene")
+    write_outputs(job, ("mask.tif", "item.json"))
+    asyncio.run(routes._follow(job, "channel"))
+    assert (job.status, job.tiles_done, job.tiles_total, job.result) == (DONE, 2, 2, {"width": 4})
+    assert job.files == ["mask.tif", "item.json"] and not os.path.exists(job.input_path)
+    assert routes.frontend.closed == ["channel"]
+
+
+def test_a_job_past_its_deadline_fails_with_the_504_and_keeps_no_files(tmp_path):
+    deadline = APIError(504, "the request took longer than server.limits.request_timeout_s=1 s and was stopped")
+    routes = scene_routes(tmp_path, [TileProgress(1, 9), deadline])
+    job = routes.jobs.add()
+    write_outputs(job, ("mask.tif",))
+    asyncio.run(routes._follow(job, "channel"))
+    assert job.status == FAILED and job.error["code"] == 504 and "request_timeout_s" in job.error["message"]
+    assert Scene.model_validate(job.as_object()).error.type
+    assert not os.path.exists(job.dir) and routes.frontend.closed == ["channel"]  # close aborts it in the engine
