@@ -3,7 +3,8 @@
 (Makefile); where either is missing these tests skip, saying which.
 
 `open_page` opens a URL in a fresh browser context and records what would show a broken page: console
-errors, failed requests, answers of 400 or more, and uncaught exceptions; `page_problems` returns them.
+errors, failed requests, answers of 400 or more, and uncaught exceptions (`page.problems`); and the URL of
+every request the page made, in order (`page.requested`).
 """
 import os
 import shutil
@@ -34,7 +35,8 @@ def browser():
 
 @pytest.fixture
 def open_page(browser):
-    """open_page(url, viewport=DESKTOP) -> a Page with `.problems`, a list of what went wrong while it ran."""
+    """open_page(url, viewport=DESKTOP) -> a Page with `.problems`, a list of what went wrong while it ran,
+    and `.requested`, the URLs it asked for from the start."""
     contexts = []
 
     def open_(url, viewport=DESKTOP):
@@ -42,6 +44,8 @@ def open_page(browser):
         contexts.append(context)
         page = context.new_page()
         page.problems = []
+        page.requested = []
+        page.on("request", lambda r: page.requested.append(r.url))
         page.on("console", lambda m: m.type == "error" and page.problems.append(f"console: {m.text}"))
         page.on("pageerror", lambda e: page.problems.append(f"exception: {e}"))
         page.on("requestfailed", lambda r: page.problems.append(f"failed: {r.url} {r.failure}"))

@@ -1,5 +1,5 @@
-"""The chat page against servers of its own: one with `server.api_key` (401, the page asks for the key,
-then the chat works) and one whose every step takes 10 ms (tests/serving/slow_llama.py), where Stop
+"""The chat page against servers of its own: one with `server.api_key` (401, the page asks for the key and
+shows nothing of the server's state until given it, then the status strip and the chat work) and one whose every step takes 10 ms (tests/serving/slow_llama.py), where Stop
 (Esc) ends the answer mid-stream and the server aborts the request."""
 import json
 
@@ -36,9 +36,12 @@ def test_with_an_api_key_the_page_asks_for_it_then_the_chat_works(keyed_server, 
     page.fill("#key-input", "wrong")
     page.click("#key-form button[type=submit]")
     page.wait_for_selector("#key-reason >> text=The key was refused")
+    assert page.text_content("#status") == ""
+    assert not [url for url in page.requested if url.endswith(("/ready", "/metrics"))], page.requested
     page.fill("#key-input", KEY)
     page.click("#key-form button[type=submit]")
     page.wait_for_selector("#model >> text=llava-tiny")
+    page.wait_for_selector("#status .state.ready")
     open_settings(page, temperature=0, max_tokens=8)
     with page.expect_request("**/v1/chat/completions") as sent:
         send(page, "Hello")

@@ -1,6 +1,8 @@
 """The pages' routes over plain HTTP: security headers on every page file, open without the API key
 while the API stays closed, `server.ui=false` answers 404 at `/` (the docs page stays), the files are
-small and name only relative URLs (the page works under a path prefix), and /openapi.json lists no page."""
+small and name only relative URLs (the page works under a path prefix), and /openapi.json lists no page.
+In a browser, the page of a pipeline without one of its own shows the server's state only where no key
+is needed."""
 import re
 
 import httpx
@@ -63,7 +65,17 @@ def test_only_the_shipped_files_are_served(llava_server, path):
     assert httpx.get(f"{llava_server.base}{path}").status_code == 404
 
 
-def test_a_pool_server_page_loads_clean_in_a_browser_without_the_key(flood_server, open_page):
+def test_a_pool_server_page_loads_without_the_key_and_shows_nothing_of_the_server(flood_server, open_page):
     page = open_page(f"{flood_server.base}/")
-    page.wait_for_selector("#status .state.ready")  # /ready and /metrics are open
-    assert page.problems == []
+    page.wait_for_load_state("networkidle")
+    assert f"HTTP 401: {flood_server.base}/v1/models" in page.problems  # the key is needed
+    assert page.text_content("#status") == ""
+    assert not [url for url in page.requested if url.endswith(("/ready", "/metrics"))], page.requested
+    assert [p for p in page.problems if "401" not in p] == []
+
+
+def test_a_plain_server_without_a_key_shows_its_state_on_its_page(tmp_path, open_page):
+    with server_process(cwd=tmp_path, conf_dir=FRAME_CONF) as server:
+        page = open_page(f"{server.base}/")
+        page.wait_for_selector("#status .state.ready")  # /v1/models answered 404: past the key check
+        assert [p for p in page.problems if "404" not in p] == []

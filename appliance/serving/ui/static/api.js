@@ -1,6 +1,7 @@
 // Requests to this server. URLs are relative, so the page works under any path prefix a proxy adds. With
 // server.api_key set, a 401 makes the page ask for the key (askKey), kept in sessionStorage (never in a
 // URL) and sent as a bearer token. A failed request throws ServerError with the server's own message.
+// `authorized` resolves at the first answer that is not a 401: the key was taken, or none is needed.
 
 const KEY = "appliance.apiKey";
 
@@ -25,6 +26,11 @@ export async function errorMessage(response) {
 }
 
 export function makeClient(askKey) {
+  let markAuthorized;
+  const authorized = new Promise((resolve) => {
+    markAuthorized = resolve;
+  });
+
   // fetch with the key; on 401 ask for it (again, if the one given was wrong) until the user cancels.
   async function request(path, init = {}) {
     let reason = null;
@@ -34,6 +40,7 @@ export function makeClient(askKey) {
       if (key) headers.set("Authorization", `Bearer ${key}`);
       const response = await fetch(path, { ...init, headers });
       if (response.status !== 401) {
+        markAuthorized();
         if (!response.ok) throw new ServerError(response.status, await errorMessage(response));
         return response;
       }
@@ -43,7 +50,7 @@ export function makeClient(askKey) {
       sessionStorage.setItem(KEY, given);
     }
   }
-  return { request };
+  return { request, authorized };
 }
 
 // The JSON data of each server-sent event of a streamed answer, until [DONE].

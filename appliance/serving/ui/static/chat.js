@@ -283,6 +283,6 @@ for (const [button, panel] of [["toggle-list", "conversations"], ["toggle-settin
 
 if (matchMedia("(min-width: 900px)").matches) byId("toggle-list").click(); // room for the list beside the chat
 
-startStatus(byId("status"));
+startStatus(byId("status"), client);
 startNew();
 loadModel();

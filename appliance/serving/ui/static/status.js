@@ -1,5 +1,8 @@
-// The status strip: the server's own state from /ready and /metrics (both open without the API key),
-// refreshed every few seconds: ready or draining, requests running and waiting, KV cache use, tokens/s.
+// The status strip: the server's own state from /ready and /metrics, refreshed every few seconds: ready
+// or draining, requests running and waiting, KV cache use, tokens/s. Both routes are open (probes and
+// Prometheus need them so), but with server.api_key set a page shows nothing of the server's state until
+// it was given the key: the strip stays empty until the page's client (api.js) has had an answer that
+// is not a 401, so a page makes one API request as it loads (the chat page's /v1/models).
 
 import { el } from "./dom.js";
 
@@ -12,7 +15,7 @@ function readMetrics(text) {
   return values;
 }
 
-export function startStatus(strip) {
+export async function startStatus(strip, client) {
   let previous = null; // {tokens, at}: the last reading, for tokens/s
 
   async function refresh() {
@@ -42,6 +45,8 @@ export function startStatus(strip) {
     strip.replaceChildren(...parts);
   }
 
+  strip.replaceChildren();
+  await client.authorized;
   refresh();
-  return setInterval(refresh, EVERY_MS);
+  setInterval(refresh, EVERY_MS);
 }
