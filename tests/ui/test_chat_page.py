@@ -195,4 +195,9 @@ def test_a_json_schema_setting_asks_for_structured_output(llava_server, open_pag
                      json={**body, "stream": False, "stream_options": None}).json()
     assert shown == api["choices"][0]["message"]["content"]  # held to the schema (tests/serving cover how)
     assert shown.lstrip().startswith("{")
+
+    page.fill("#json_schema", "{not json")  # Regenerate checks the settings as sending does
+    page.click(".message.assistant .actions >> text=Regenerate")
+    assert page.text_content("#notice").startswith("JSON schema (settings): not valid JSON")
+    assert last_answer(page).locator(".text").text_content() == shown
     assert page.problems == []

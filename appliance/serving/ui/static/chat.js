@@ -117,16 +117,22 @@ function apiMessages(messages) {
   return out;
 }
 
-function send() {
-  if (state.streaming || composer.empty) return;
-  let fields;
+// The request's fields from the settings, or null once the notice says which field is wrong.
+function requestFields() {
   try {
-    fields = settings.requestFields();
+    const fields = settings.requestFields();
+    notice("");
+    return fields;
   } catch (error) {
     notice(error.message);
-    return;
+    return null;
   }
-  notice("");
+}
+
+function send() {
+  if (state.streaming || composer.empty) return;
+  const fields = requestFields();
+  if (!fields) return;
   const conversation = state.current;
   if (state.editing !== null) conversation.messages.splice(state.editing);
   cancelEdit();
@@ -141,13 +147,8 @@ function send() {
 function regenerate() {
   const messages = state.current.messages;
   if (state.streaming || messages[messages.length - 1]?.role !== "assistant") return;
-  let fields;
-  try {
-    fields = settings.requestFields();
-  } catch (error) {
-    notice(error.message);
-    return;
-  }
+  const fields = requestFields();
+  if (!fields) return;
   messages.pop();
   answer(fields);
 }
