@@ -175,33 +175,60 @@ def test_helm_test_checks_in_the_workloads_pod(chart, profile):
     assert set(checker["resources"]["limits"]) == {"memory"}, "no GPU taken from the server's pods"
 
 
-def test_the_ingress_routes_to_the_services_http_port(chart):
+def test_the_ingress_routes_the_whole_server_under_its_prefix_through_nginx_rewrite(chart):
     values = profile_values("ingress")
     kinds = by_kind(manifests(chart, values))
     ingress = kinds["Ingress"]
-    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-buffering"] == "off", "SSE"
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/proxy-buffering"] == "off", "SSE"
     assert ingress["spec"]["ingressClassName"] == "nginx"
     assert ingress["spec"]["tls"] == values["ingress"]["tls"]
     (rule,) = ingress["spec"]["rules"]
     assert rule["host"] == "chat.example.com"
     service = kinds["Service"]
     assert [port["name"] for port in service["spec"]["ports"]] == ["http"]
-    paths = rule["http"]["paths"]
-    assert [(p["path"], p["pathType"]) for p in paths] == [("/v1", "Prefix"), ("/version", "Exact")]
-    for path in paths:
-        assert path["backend"] == {"service": {"name": service["metadata"]["name"], "port": {"name": "http"}}}
+    (path,) = rule["http"]["paths"]
+    assert path["backend"] == {"service": {"name": service["metadata"]["name"], "port": {"name": "http"}}}
+    assert (path["path"], path["pathType"]) == ("/chat(/|$)(.*)", "ImplementationSpecific")
+    # As ingress-nginx applies them: the regex picks what follows the prefix, the rewrite asks the server
+    # for that path, and the bare prefix reaches `/`, which the server redirects by X-Forwarded-Prefix.
+    assert annotations["nginx.ingress.kubernetes.io/use-regex"] == "true"
+    assert annotations["nginx.ingress.kubernetes.io/x-forwarded-prefix"] == "/chat"
+    target = annotations["nginx.ingress.kubernetes.io/rewrite-target"]
+    for asked, served in [("/chat", "/"), ("/chat/", "/"), ("/chat/index.html", "/index.html"),
+                          ("/chat/ui/chat.js", "/ui/chat.js"), ("/chat/v1/chat/completions", "/v1/chat/completions"),
+                          ("/chat/docs", "/docs"), ("/chat/openapi.json", "/openapi.json")]:
+        match = re.match(path["path"], asked)
+        assert match and match.expand(target.replace("$", "\\")) == served, asked
+    assert not re.match(path["path"], "/chatter") and not re.match(path["path"], "/v1/models")
     notes = render_files(chart, values)["appliance/templates/NOTES.txt"]
-    assert "https://chat.example.com/v1" in notes and "https://chat.example.com/version" in notes
+    assert "https://chat.example.com/chat/ " in notes
 
 
-def test_the_ingress_is_off_by_default_and_any_host_when_only_enabled(chart):
+def test_the_ingress_is_off_by_default_and_routes_every_path_of_any_host_when_only_enabled(chart):
     assert "Ingress" not in by_kind(manifests(chart, {}))
     ingress = by_kind(manifests(chart, {"ingress": {"enabled": True}}))["Ingress"]
     kubernetes_validate.validate(ingress, KUBERNETES, strict=True)
     assert "ingressClassName" not in ingress["spec"] and "tls" not in ingress["spec"], "the cluster's default class"
+    assert "annotations" not in ingress["metadata"], "no rewrite at /"
     assert ingress["spec"]["rules"] == [{"http": {"paths": [
         {"path": "/", "pathType": "Prefix",
          "backend": {"service": {"name": "demo-appliance", "port": {"name": "http"}}}}]}}]
+
+
+def test_the_ingress_routes_every_path_of_each_host(chart):
+    values = {"ingress": {"enabled": True, "className": "nginx", "hosts": ["a.example.com", "b.example.com"]}}
+    ingress = by_kind(manifests(chart, values))["Ingress"]
+    assert [rule["host"] for rule in ingress["spec"]["rules"]] == ["a.example.com", "b.example.com"]
+    assert {(p["path"], p["pathType"]) for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]} == {
+        ("/", "Prefix")}
+
+
+def test_a_prefix_with_dots_is_matched_literally(chart):
+    values = {"ingress": {"enabled": True, "className": "nginx", "path": "/apps/v1.2"}}
+    ingress = by_kind(manifests(chart, values))["Ingress"]
+    (path,) = ingress["spec"]["rules"][0]["http"]["paths"]
+    assert re.match(path["path"], "/apps/v1.2/docs") and not re.match(path["path"], "/apps/v1x2/docs")
 
 
 def test_batch_mode(chart):
@@ -307,6 +334,8 @@ def test_an_extra_config_pipeline_gets_its_engine_kind_from_its_defaults(chart):
      "autoscaling.enabled: only for mode=serve"),
     ({"mode": "batch", "batch": {"inputs": ["a.tif"], "volume": "v", "output": "o"}, "ingress": {"enabled": True}},
      "ingress.enabled: only for mode=serve (a batch Job has no Service to route to)"),
+    ({"ingress": {"enabled": True, "path": "/appliance"}},
+     "ingress.path=/appliance: a path prefix needs className: nginx"),
     ({"autoscaling": {"enabled": True, "metric": "cpu"}}, "autoscaling.metric=cpu: set resources.requests.cpu"),
     ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas 5 is above maxReplicas 2"),
     ({"overrides": ["server.metrics_names=vllm"]}, "overrides: server.metrics_names=vllm; set metrics.names instead"),

@@ -1,5 +1,6 @@
-"""A reverse proxy that mounts a server under a path prefix, as an Ingress with a rewrite does: it takes
-`/PREFIX/rest`, asks the server for `/rest`, and streams the answer back (HTTP/1.0: the body ends when
+"""A reverse proxy that mounts a server under a path prefix, as the chart's ingress-nginx Ingress does
+(path `PREFIX(/|$)(.*)`, rewrite to `/$2`, `X-Forwarded-Prefix: PREFIX`): it takes `/PREFIX/rest` or
+`/PREFIX`, asks the server for `/rest` or `/`, and streams the answer back (HTTP/1.0: the body ends when
 the connection closes, so server-sent events pass as they come). Anything else is a 404."""
 import contextlib
 import http.client
@@ -26,15 +27,19 @@ def handler_for(upstream: str, prefix: str):
             self.forward()
 
         def forward(self):
-            if not self.path.startswith(f"{prefix}/"):
+            path, _, query = self.path.partition("?")
+            if path != prefix and not path.startswith(f"{prefix}/"):
                 self.send_error(404)
                 return
+            rest = path[len(prefix):] or "/"
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length) if length else None
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+            headers["X-Forwarded-Prefix"] = prefix
             upstream_connection = http.client.HTTPConnection(target.hostname, target.port, timeout=300)
             try:
-                upstream_connection.request(self.command, self.path[len(prefix):], body=body, headers=headers)
+                upstream_connection.request(self.command, f"{rest}?{query}" if query else rest, body=body,
+                                            headers=headers)
                 answer = upstream_connection.getresponse()
                 self.send_response(answer.status)
                 for key, value in answer.getheaders():

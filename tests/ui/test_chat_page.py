@@ -162,7 +162,8 @@ def test_the_docs_page_lists_every_route_of_openapi_json_offline(llava_server, o
 
 def test_the_page_works_under_a_path_prefix(llava_server, open_page):
     with prefix_proxy(llava_server.base, "/apps/chat") as base:
-        page = open_page(f"{base}/")
+        page = open_page(base)  # no trailing slash: the server sends the browser to the page's own path
+        assert page.url == f"{base}/index.html"
         requests = []
         page.on("request", lambda request: requests.append(request.url))
         page.wait_for_selector("#status .state.ready")

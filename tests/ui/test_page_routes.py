@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from appliance.serving.ui.routes import ASSETS, CSP, STATIC
+from appliance.serving.ui.routes import ASSETS, CSP, INDEX, STATIC, prefix_redirect
 from tests.conftest import FRAME_CONF
 from tests.server_process import server_process
 from tests.servers import error
@@ -38,6 +38,30 @@ def test_a_pool_server_with_a_key_serves_its_page_without_the_key_and_keeps_the_
     assert page.status_code == 200 and "no page of its own yet" in page.text
     assert all(httpx.get(f"{flood_server.base}{path}").status_code == 200 for path in ASSETS)
     assert httpx.get(f"{flood_server.base}/v1/models").status_code == 401
+
+
+@pytest.mark.parametrize("path, prefix, served, expected", [
+    ("/", b"/appliance", True, "/appliance/index.html"),
+    ("/", b"/apps/chat/", True, "/apps/chat/index.html"),  # a prefix given with its slash
+    ("/", None, True, None),  # no proxy: the page is served at /
+    ("/", b"/", True, None),
+    ("/", b"//evil.example", True, None),  # not a plain path: ignored, the answer stays on this origin
+    ("/", b"https://evil.example/x", True, None),
+    ("/", b"/a b", True, None),
+    ("/index.html", b"/appliance", True, None),  # the page's own path: served
+    ("/docs", b"/appliance", True, None),
+    ("/", b"/appliance", False, None),  # server.ui=false: / stays a 404
+])
+def test_prefix_redirect(path, prefix, served, expected):
+    headers = [(b"x-forwarded-prefix", prefix)] if prefix is not None else []
+    routes = {INDEX} if served else set()
+    assert prefix_redirect({"path": path, "headers": headers}, routes) == expected
+
+
+def test_a_proxy_prefix_sends_the_root_to_the_page_under_it(llava_server):
+    answer = httpx.get(f"{llava_server.base}/", headers={"X-Forwarded-Prefix": "/appliance"})
+    assert answer.status_code == 307 and answer.headers["location"] == "/appliance/index.html"
+    assert httpx.get(f"{llava_server.base}/", headers={"X-Forwarded-Prefix": "//evil.example"}).status_code == 200
 
 
 def test_server_ui_false_answers_404_at_the_root_and_keeps_the_docs(tmp_path):

@@ -2,7 +2,9 @@
 
 For every request it checks the API key and the body limit, counts the answer by route and status, and
 (with `server.access_log`, on by default) writes the request's log line once the answer ended
-(access_log.py); LitServe's own routes (`GET /`, its health and info) get the 404 of an unknown route.
+(access_log.py). `/` asked through a proxy that names its path prefix is sent to the page's path under
+it (appliance/serving/ui/routes.py, `prefix_redirect`); LitServe's own routes (`GET /`, its health and
+info) get the 404 of an unknown route.
 A plain ASGI class, not Starlette's BaseHTTPMiddleware, which buffers streams and hides client
 disconnects from the routes.
 """
@@ -16,7 +18,7 @@ from starlette.requests import Request
 
 from appliance.serving.http.access_log import AccessLog
 from appliance.serving.http.errors import LITSERVE_ROUTES, APIError, no_such_route
-from appliance.serving.ui.routes import PAGE_PATHS, aliased
+from appliance.serving.ui.routes import PAGE_PATHS, aliased, prefix_redirect
 
 OPEN_PATHS = ("/health", "/ready", "/version", "/metrics", "/docs", "/openapi.json", *PAGE_PATHS)
 
@@ -27,6 +29,13 @@ async def send_error(send, status: int, message: str, headers: Iterable = ()) ->
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def send_redirect(send, location: str) -> None:
+    await send({"type": "http.response.start", "status": 307,
+                "headers": [(b"location", location.encode()), (b"content-length", b"0"),
+                            (b"cache-control", b"no-cache")]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 class Gate:
@@ -46,6 +55,7 @@ class Gate:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         asked = scope["path"]
+        redirect = prefix_redirect(scope, self.routes)
         scope = aliased(scope, self.routes)  # `/` and `/docs`: our pages (appliance/serving/ui/routes.py)
         began = time.perf_counter() if self.access is not None else 0.0
         status = None  # the answer's, once it started
@@ -57,7 +67,9 @@ class Gate:
             await send(message)
 
         try:
-            if await self._admit(scope, counted):
+            if redirect is not None:
+                await send_redirect(counted, redirect)
+            elif await self._admit(scope, counted):
                 await self.app(scope, self._limited(receive), counted)
         finally:
             status = 500 if status is None else status

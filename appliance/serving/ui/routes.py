@@ -5,9 +5,16 @@ Starlette answers with the first route that matches; so our pages live at `/inde
 and the Gate (http/middleware.py) sends `/`, `/docs` and `/redoc` to them (`ALIASES`) when they are
 served. Both pages sit at the root, so the same relative asset URLs (`ui/chat.js`) work from the alias
 and from the page's own path, and behind a proxy that mounts the server under a prefix.
+
+Such a proxy (an Ingress with a rewrite) sends both `/prefix` and `/prefix/` to our `/`, and from the
+first the browser resolves the page's relative URLs outside the prefix. The server cannot tell the two
+apart, so where the proxy names its prefix (`X-Forwarded-Prefix`: ingress-nginx's `x-forwarded-prefix`
+annotation, Traefik's StripPrefix) `/` answers a redirect to the page's own path under it, from which
+they resolve.
 """
+import re
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,6 +29,8 @@ TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=u
 ASSETS = tuple(sorted(f"/ui/{path.name}" for path in STATIC.iterdir() if path.suffix in (".js", ".css")))
 PAGE_PATHS = (INDEX, DOCS, *ASSETS)  # open without the API key: they hold nothing of the server's
 ALIASES = {"/": INDEX, "/docs": DOCS, "/redoc": DOCS}
+# A prefix is plain path segments: anything else (`//host`, a scheme) would send the browser elsewhere.
+PREFIX = re.compile(r"(?:/[A-Za-z0-9._~-]+)+")
 # Only this origin's files run or load; thumbnails of attached images are data: and blob: URLs.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -53,3 +62,12 @@ def aliased(scope: dict, routes) -> dict:
     """The request's scope, its path one of our pages' if it names one by its alias and that page is served."""
     target = ALIASES.get(scope["path"])
     return {**scope, "path": target} if target in routes else scope
+
+
+def prefix_redirect(scope: dict, routes) -> Optional[str]:
+    """`<prefix>/index.html` for `/` asked through a proxy that names its prefix, where the page is served;
+    else None (a prefix that is not plain path segments is ignored)."""
+    if scope["path"] != "/" or INDEX not in routes:
+        return None
+    prefix = dict(scope["headers"]).get(b"x-forwarded-prefix", b"").decode("latin-1").rstrip("/")
+    return f"{prefix}{INDEX}" if PREFIX.fullmatch(prefix) else None

@@ -105,6 +105,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- fail "ingress.enabled: only for mode=serve (a batch Job has no Service to route to)" -}}
 {{- end -}}
 {{- end -}}
+{{- if and $v.ingress.enabled (ne $v.ingress.path "/") (ne $v.ingress.className "nginx") -}}
+{{- fail (printf "ingress.path=%s: a path prefix needs className: nginx (the chart strips it with ingress-nginx's rewrite-target); for another controller keep path / and give the server a host of its own" $v.ingress.path) -}}
+{{- end -}}
 {{- range $v.overrides -}}
 {{- if hasPrefix "server.metrics_names=" . -}}
 {{- fail (printf "overrides: %s; set metrics.names instead (the autoscaler's metric and the dashboard follow it)" .) -}}
