@@ -1,13 +1,14 @@
 // The status strip: the server's own state from /ready and /metrics, refreshed every few seconds: ready
-// or draining, requests running and waiting, KV cache use, tokens/s. Both routes are open (probes and
-// Prometheus need them so), but with server.api_key set a page shows nothing of the server's state until
-// it was given the key: the strip stays empty until the page's client (api.js) has had an answer that
-// is not a 401, so a page makes one API request as it loads (the chat page's /v1/models).
+// or draining, requests running and waiting, KV cache use, and the rate of one counter: tokens/s by
+// default, tiles/s on the flood page (`rate`). Both routes are open (probes and Prometheus need them
+// so), but with server.api_key set a page shows nothing of the server's state until it was given the
+// key: the strip stays empty until the page's client (api.js) has had an answer that is not a 401, so a
+// page makes one API request as it loads (the chat page's /v1/models).
 
 import { el } from "./dom.js";
 
 const EVERY_MS = 3000;
-const SERIES = /^(?:appliance_|vllm:)(num_requests_running|num_requests_waiting|kv_cache_usage_perc|generation_tokens_total)(?:\{[^}]*\})?\s+(\S+)$/gm;
+const SERIES = /^(?:appliance_|vllm:)(num_requests_running|num_requests_waiting|kv_cache_usage_perc|generation_tokens_total|tiles_total)(?:\{[^}]*\})?\s+(\S+)$/gm;
 
 function readMetrics(text) {
   const values = {};
@@ -15,8 +16,10 @@ function readMetrics(text) {
   return values;
 }
 
-export async function startStatus(strip, client) {
-  let previous = null; // {tokens, at}: the last reading, for tokens/s
+const TOKENS = { counter: "generation_tokens_total", unit: "tok/s" };
+
+export async function startStatus(strip, client, rate = TOKENS) {
+  let previous = null; // {tokens, at}: the counter's last reading, for its rate
 
   async function refresh() {
     const parts = [];
@@ -29,12 +32,12 @@ export async function startStatus(strip, client) {
       if (values.kv_cache_usage_perc !== undefined) {
         parts.push(el("span", { text: `KV ${(100 * values.kv_cache_usage_perc).toFixed(0)}%` }));
       }
-      const tokens = values.generation_tokens_total;
+      const tokens = values[rate.counter];
       if (tokens !== undefined) {
         const now = performance.now();
         if (previous) {
-          const rate = (tokens - previous.tokens) / ((now - previous.at) / 1000);
-          parts.push(el("span", { text: `${rate.toFixed(1)} tok/s` }));
+          const perSecond = (tokens - previous.tokens) / ((now - previous.at) / 1000);
+          parts.push(el("span", { text: `${perSecond.toFixed(1)} ${rate.unit}` }));
         }
         previous = { tokens, at: now };
       }
