@@ -1,0 +1,263 @@
+// The flood-map page for pooling pipelines. A GeoTIFF from disk (picker, or dropped anywhere on the
+// page) or the URL of a GeoTIFF or STAC item goes to POST v1/scenes; the page polls the scene for its
+// tiles until it is done, then shows the input's preview with the predicted mask over it, the water
+// figures, a legend, the reading of the pixel pointed at, and the mask and its STAC item to download.
+// Files come through fetch (with the API key when the server has one) as blobs, never by a URL holding
+// the key. The scene's id is kept in the address's fragment, so a reload finds it again while the
+// server keeps it.
+
+import { makeClient, ServerError } from "./api.js";
+import { byId, el } from "./dom.js";
+import { askKey } from "./key_dialog.js";
+import { factsEntries, legendItems, reading, readingNodes, waterText } from "./scene_facts.js";
+import { readPixels, SceneView } from "./scene_view.js";
+import { startStatus } from "./status.js";
+
+const POLL_MS = 700;
+const POINT_HINT = "Point at the picture, or focus it and use the arrow keys, to read a pixel.";
+const client = makeClient(askKey);
+const view = new SceneView(byId("viewer"), { onPoint: showReading });
+const state = {
+  run: null, // the scene the page follows: {name, id, started, resumed, controller}; replaced when another starts
+  limits: null, // GET v1/scenes: max_request_bytes, keep_s
+  result: null, // {id, summary, mask}: the scene shown, and mask.png's pixels
+  urls: [], // object URLs of the pictures shown, revoked when replaced
+};
+
+const scenePath = (id) => `v1/scenes/${encodeURIComponent(id)}`;
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const megabytes = (bytes) => `${(bytes / 1e6).toFixed(bytes < 1e7 ? 1 : 0)} MB`;
+
+function notice(text) {
+  byId("notice").textContent = text;
+}
+
+function messageOf(error) {
+  return error instanceof ServerError ? `${error.status}: ${error.message}` : String(error?.message ?? error);
+}
+
+// ---- a scene's run ---------------------------------------------------------------------------------
+function sendFile(file) {
+  if (!file || state.run) return;
+  const limit = state.limits?.max_request_bytes;
+  if (limit && file.size > limit) {
+    notice(`${file.name}: ${megabytes(file.size)} is more than this server takes (${megabytes(limit)}).`);
+    return;
+  }
+  start(file.name, { headers: { "Content-Type": "image/tiff" }, body: file }, `uploading ${megabytes(file.size)}…`);
+}
+
+function sendUrl(url) {
+  if (!url || state.run) return;
+  start(url, { headers: { "Content-Type": "application/json" }, body: JSON.stringify({ url }) }, "sending the URL…");
+}
+
+async function start(name, init, what) {
+  const run = { name, id: null, started: performance.now(), controller: new AbortController() };
+  begin(run, what);
+  let scene;
+  try {
+    const response = await client.request("v1/scenes", { method: "POST", ...init, signal: run.controller.signal });
+    scene = await response.json();
+  } catch (error) {
+    if (state.run === run) end(error.name === "AbortError" ? "Stopped." : messageOf(error));
+    return;
+  }
+  if (state.run !== run) return;
+  history.replaceState(null, "", `#${encodeURIComponent(scene.id)}`);
+  follow(run, scene);
+}
+
+function begin(run, what) {
+  state.run = run;
+  notice("");
+  byId("result").hidden = true;
+  byId("inputs").disabled = true;
+  byId("job").hidden = false;
+  byId("stop").hidden = false;
+  byId("job-name").textContent = run.name;
+  showState(what, null, null);
+}
+
+// Polls the scene until it is done or failed, or the page follows another.
+async function follow(run, scene) {
+  run.id = scene.id;
+  for (;;) {
+    showProgress(run, scene);
+    if (scene.status === "done") return showResult(run, scene);
+    if (scene.status === "failed") return end(`${scene.error?.code ?? "failed"}: ${scene.error?.message ?? "no message"}`);
+    await sleep(POLL_MS);
+    if (state.run !== run) return;
+    try {
+      scene = await client.request(scenePath(run.id)).then((response) => response.json());
+    } catch (error) {
+      if (state.run === run) end(messageOf(error));
+      return;
+    }
+    if (state.run !== run) return;
+  }
+}
+
+function showProgress(run, scene) {
+  const { status, tiles_done: done, tiles_total: total } = scene;
+  if (status === "queued") showState("queued: waiting for the engine…", null, null);
+  else if (status === "running" && total === null) showState("running: opening the scene…", null, null);
+  else if (status === "running") showState(`running: ${done} of ${total} tiles`, done, total);
+  else if (status === "done") {
+    const seconds = ((performance.now() - run.started) / 1000).toFixed(1);
+    showState(run.resumed ? `done: ${total} tiles` : `done: ${total} tiles in ${seconds} s`, total, total);
+  } else showState(status, null, null);
+}
+
+// value null: an indeterminate bar (nothing to count yet).
+function showState(text, value, max) {
+  byId("job-state").textContent = text;
+  const bar = byId("job-progress");
+  if (value === null) bar.removeAttribute("value");
+  else {
+    bar.max = Math.max(max, 1);
+    bar.value = value;
+  }
+}
+
+// The run ends with `message` (an error, or why it stopped); the inputs are open again.
+function end(message) {
+  state.run = null;
+  byId("inputs").disabled = false;
+  byId("stop").hidden = true;
+  const bar = byId("job-progress");
+  if (!bar.hasAttribute("value")) bar.value = 0;
+  if (message) {
+    byId("job-state").textContent = "ended";
+    notice(message);
+  }
+}
+
+async function stop() {
+  const run = state.run;
+  if (!run) return;
+  if (!run.id) {
+    run.controller.abort(); // still uploading: the POST's end stops it
+    return;
+  }
+  state.run = null;
+  try {
+    await client.request(scenePath(run.id), { method: "DELETE" });
+    forget();
+    end("Stopped: the server dropped the scene.");
+  } catch (error) {
+    end(messageOf(error));
+  }
+}
+
+function forget() {
+  history.replaceState(null, "", location.pathname + location.search);
+}
+
+// ---- the result ------------------------------------------------------------------------------------
+async function showResult(run, scene) {
+  let blobs;
+  let mask;
+  try {
+    blobs = await Promise.all(
+      ["scene.png", "mask.png"].map((file) => client.request(`${scenePath(scene.id)}/${file}`).then((r) => r.blob())),
+    );
+    mask = await readPixels(blobs[1]);
+  } catch (error) {
+    if (state.run === run) end(messageOf(error));
+    return;
+  }
+  if (state.run !== run) return;
+  const summary = scene.result;
+  for (const url of state.urls) URL.revokeObjectURL(url);
+  state.urls = blobs.map((blob) => URL.createObjectURL(blob));
+  state.result = { id: scene.id, summary, mask };
+  const land = summary.classes.find((entry) => entry.index === 0)?.colour ?? [0, 0, 0];
+  view.show({ sceneUrl: state.urls[0], maskUrl: state.urls[1], ...summary.preview, landColour: land });
+  view.opacity(Number(byId("opacity").value));
+  byId("water").textContent = waterText(summary);
+  byId("legend").replaceChildren(...legendItems(summary));
+  byId("facts").replaceChildren(...factsEntries(summary));
+  byId("reading").textContent = POINT_HINT;
+  byId("result").hidden = false;
+  end(null);
+}
+
+function showReading(fx, fy) {
+  const shown = state.result;
+  if (shown) byId("reading").replaceChildren(...readingNodes(reading(shown.summary, shown.mask, fx, fy)));
+}
+
+// Saves a file of the scene shown: fetched with the key, handed to the browser as a blob URL.
+async function download(file) {
+  const id = state.result?.id;
+  if (!id) return;
+  try {
+    const response = await client.request(`${scenePath(id)}/${file}`);
+    const named = /filename="([^"]+)"/.exec(response.headers.get("Content-Disposition") ?? "");
+    const url = URL.createObjectURL(await response.blob());
+    const link = el("a", { href: url, download: named ? named[1] : `${id}.${file}` });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  } catch (error) {
+    notice(messageOf(error));
+  }
+}
+
+// ---- wiring ----------------------------------------------------------------------------------------
+byId("picker").addEventListener("change", (event) => {
+  sendFile(event.target.files[0]);
+  event.target.value = "";
+});
+byId("url-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sendUrl(byId("url").value.trim());
+});
+document.body.addEventListener("dragover", (event) => {
+  event.preventDefault();
+  if (!state.run) document.body.classList.add("dragging");
+});
+document.body.addEventListener("dragleave", () => document.body.classList.remove("dragging"));
+document.body.addEventListener("drop", (event) => {
+  event.preventDefault();
+  document.body.classList.remove("dragging");
+  const files = [...event.dataTransfer.files];
+  if (files.length > 1) notice(`One scene at a time: ${files[0].name} is used.`);
+  if (files.length) sendFile(files[0]);
+  else sendUrl(event.dataTransfer.getData("text/uri-list").split("\n")[0].trim()); // a link dragged in
+});
+byId("stop").addEventListener("click", stop);
+byId("opacity").addEventListener("input", (event) => view.opacity(Number(event.target.value)));
+byId("side-by-side").addEventListener("change", (event) => view.sideBySide(event.target.checked));
+byId("download-mask").addEventListener("click", () => download("mask.tif"));
+byId("download-item").addEventListener("click", () => download("item.json"));
+
+// One request at a time at start: a server with a key answers 401 and the page asks for the key once.
+async function load() {
+  try {
+    state.limits = await client.request("v1/scenes").then((response) => response.json());
+    const minutes = Math.round(state.limits.keep_s / 60);
+    byId("limits").textContent = `Up to ${megabytes(state.limits.max_request_bytes)} a scene; results are kept on the server for ${minutes} min.`;
+    const models = await client.request("v1/models").then((response) => response.json());
+    byId("model").textContent = models.data[0]?.id ?? "";
+  } catch (error) {
+    notice(`Could not reach the server's scenes: ${messageOf(error)}`);
+    return;
+  }
+  const id = decodeURIComponent(location.hash.slice(1));
+  if (id) {
+    const run = { name: id, id: null, resumed: true, controller: new AbortController() };
+    begin(run, "reading the scene…");
+    try {
+      follow(run, await client.request(scenePath(id)).then((response) => response.json()));
+    } catch (error) {
+      forget();
+      end(messageOf(error));
+    }
+  }
+}
+
+startStatus(byId("status"), { counter: "tiles_total", unit: "tiles/s" });
+load();
