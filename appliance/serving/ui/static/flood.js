@@ -60,7 +60,10 @@ async function start(name, init, what) {
     const response = await client.request("v1/scenes", { method: "POST", ...init, signal: run.controller.signal });
     scene = await response.json();
   } catch (error) {
-    if (state.run === run) end(error.name === "AbortError" ? "Stopped." : messageOf(error));
+    if (state.run === run) {
+      if (error.name === "AbortError") end("Stopped before the server had the scene.", "stopped");
+      else end(messageOf(error));
+    }
     return;
   }
   if (state.run !== run) return;
@@ -85,7 +88,7 @@ async function follow(run, scene) {
   for (;;) {
     showProgress(run, scene);
     if (scene.status === "done") return showResult(run, scene);
-    if (scene.status === "failed") return end(`${scene.error?.code ?? "failed"}: ${scene.error?.message ?? "no message"}`);
+    if (scene.status === "failed") return end(`${scene.error?.code ?? 500}: ${scene.error?.message ?? "no message"}`);
     await sleep(POLL_MS);
     if (state.run !== run) return;
     try {
@@ -120,15 +123,15 @@ function showState(text, value, max) {
   }
 }
 
-// The run ends with `message` (an error, or why it stopped); the inputs are open again.
-function end(message) {
+// The run ends, with `message` unless it ended well (an error, or why it stopped); the inputs open again.
+function end(message, label = "failed") {
   state.run = null;
   byId("inputs").disabled = false;
   byId("stop").hidden = true;
   const bar = byId("job-progress");
   if (!bar.hasAttribute("value")) bar.value = 0;
   if (message) {
-    byId("job-state").textContent = "ended";
+    byId("job-state").textContent = label;
     notice(message);
   }
 }
@@ -144,7 +147,7 @@ async function stop() {
   try {
     await client.request(scenePath(run.id), { method: "DELETE" });
     forget();
-    end("Stopped: the server dropped the scene.");
+    end("Stopped: the server dropped the scene.", "stopped");
   } catch (error) {
     end(messageOf(error));
   }

@@ -50,7 +50,7 @@ export class SceneView {
     // Keep the whole picture within the window's height: its width follows from its aspect ratio.
     frame.style.maxWidth = `calc(70vh * ${this.size.width / this.size.height})`;
     const at = (event) => {
-      const box = frame.getBoundingClientRect();
+      const box = images[0].getBoundingClientRect(); // the picture, inside the frame's border
       this.move((event.clientX - box.left) / box.width, (event.clientY - box.top) / box.height);
     };
     frame.addEventListener("pointermove", at);
