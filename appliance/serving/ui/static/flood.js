@@ -26,7 +26,8 @@ const state = {
 
 const scenePath = (id) => `v1/scenes/${encodeURIComponent(id)}`;
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-const megabytes = (bytes) => `${(bytes / 1e6).toFixed(bytes < 1e7 ? 1 : 0)} MB`;
+const MIB = 2 ** 20;
+const megabytes = (bytes) => `${(bytes / MIB).toFixed(bytes < 10 * MIB ? 1 : 0)} MiB`;
 
 function notice(text) {
   byId("notice").textContent = text;
