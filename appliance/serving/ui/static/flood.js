@@ -242,20 +242,20 @@ byId("download-item").addEventListener("click", () => download("item.json"));
 async function load() {
   try {
     state.limits = await client.request("v1/scenes").then((response) => response.json());
-    const minutes = Math.round(state.limits.keep_s / 60);
-    byId("limits").textContent = `Up to ${megabytes(state.limits.max_request_bytes)} a scene; results are kept on the server for ${minutes} min.`;
+    const { max_request_bytes: most, keep_s: keep } = state.limits;
+    byId("limits").textContent = `Up to ${megabytes(most)} a scene; results are kept on the server for ${Math.round(keep / 60)} min.`;
     const models = await client.request("v1/models").then((response) => response.json());
     byId("model").textContent = models.data[0]?.id ?? "";
   } catch (error) {
     notice(`Could not reach the server's scenes: ${messageOf(error)}`);
     return;
   }
-  const id = decodeURIComponent(location.hash.slice(1));
-  if (id) {
-    const run = { name: id, id: null, resumed: true, controller: new AbortController() };
+  if (location.hash.length > 1) {
+    const run = { name: location.hash.slice(1), id: null, resumed: true, controller: new AbortController() };
     begin(run, "reading the scene…");
     try {
-      follow(run, await client.request(scenePath(id)).then((response) => response.json()));
+      run.name = decodeURIComponent(run.name);
+      follow(run, await client.request(scenePath(run.name)).then((response) => response.json()));
     } catch (error) {
       forget();
       end(messageOf(error));

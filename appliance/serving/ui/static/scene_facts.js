@@ -17,7 +17,8 @@ const coordinate = (summary, value) => value.toFixed(geographic(summary) ? 6 : 1
 export function waterText(summary) {
   const figures = water(summary);
   const what = figures.names.join(" + ");
-  return `${what.charAt(0).toUpperCase()}${what.slice(1)}: ${km2(figures.area_km2)} · ${percent(figures.share)} of the valid pixels`;
+  const title = `${what.charAt(0).toUpperCase()}${what.slice(1)}`;
+  return `${title}: ${km2(figures.area_km2)} · ${percent(figures.share)} of the valid pixels`;
 }
 
 function swatch(colour) {
