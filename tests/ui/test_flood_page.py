@@ -203,33 +203,32 @@ def test_a_failed_scene_shows_the_server_message_and_a_markup_name_stays_text(sc
 
 def test_with_an_api_key_the_page_asks_for_it_then_maps_and_downloads(flood_server, open_page):
     page = open_page(f"{flood_server.base}/")
-    urls = []
-    page.on("request", lambda request: urls.append(request.url))
     page.wait_for_selector("#key-dialog[open]")  # GET v1/scenes answered 401
     page.fill("#key-input", "wrong")
     page.click("#key-form button[type=submit]")
     page.wait_for_selector("#key-reason >> text=The key was refused")
+    assert page.text_content("#status") == ""  # nothing of the server's state before the key
     page.fill("#key-input", API_KEY)
     page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#status .state.ready")
     with page.expect_request("**/v1/scenes/*/mask.png") as picture:
         scene_id = map_scene(page, SAMPLE_SCENE)
     assert picture.value.headers["authorization"] == f"Bearer {API_KEY}"
     with page.expect_download() as download:
         page.click("#download-mask")
     assert download.value.suggested_filename == f"{scene_id}.mask.tif"
-    assert all(API_KEY not in url for url in urls) and API_KEY not in page.url
+    assert all(API_KEY not in url for url in page.requested) and API_KEY not in page.url
     assert page.evaluate("sessionStorage.getItem('appliance.apiKey')") == API_KEY
     assert other_problems(page, 401) == []
 
 
 def test_the_page_works_under_a_path_prefix(scene_server, open_page):
     with prefix_proxy(scene_server.base, "/apps/flood") as base:
-        page = open_page(f"{base}/")
-        requests = []
-        page.on("request", lambda request: requests.append(request.url))
+        page = open_page(base)  # no trailing slash: the server sends the browser to the page's own path
+        assert page.url == f"{base}/index.html"
         map_scene(page, SAMPLE_SCENE)
         with page.expect_download():
             page.click("#download-mask")
-    served = [url for url in requests if not url.startswith("blob:")]
+    served = [url for url in page.requested[1:] if not url.startswith("blob:")]  # after `base` itself
     assert served and all(url.startswith(f"{base}/") for url in served), served
     assert page.problems == []

@@ -263,5 +263,5 @@ async function load() {
   }
 }
 
-startStatus(byId("status"), { counter: "tiles_total", unit: "tiles/s" });
+startStatus(byId("status"), client, { counter: "tiles_total", unit: "tiles/s" });
 load();
