@@ -2,13 +2,11 @@
 // fraction of the memory bandwidth, and a decode step is bound by reading them; this kernel streams them
 // near the memory's rate and keeps up with MKL at prefill sizes (figures: docs/benchmarks.md).
 #include "cpu_kernels.h"
-#include "kernel_common.h"
+#include "panel16.h"
 
 // GEMM: y = x W^T with W repacked once into panels of 16 output columns, [ceil(N/16)][K][16], so the
-// inner loop reads each panel front to back and broadcasts one x value per row: a 6x16 register tile
-// (12 accumulators + 2 weight vectors + 1 broadcast = 15 of the 16 ymm registers).
-#define PANEL 16
-#define MR 6
+// inner loop reads each panel front to back and broadcasts one x value per row: the 6x16 register tile
+// of panel16.h.
 #define KC 512  // K per pass: a 32 KB panel slice stays in L1 while it meets every row of the x block
 #define MC 60   // x rows per block: MC x KC floats (120 KB) stay in L2 while the panels stream past
 #define PREFETCH 2048  // floats ahead (8 KB) to prefetch while a panel is read from memory the first time
@@ -24,14 +22,6 @@ void pack_weight_f32(const float* w, int64_t N, int64_t K, float* packed) {
             }
 }
 
-// Row i of a tile: x[i][k] broadcast against the panel's two weight vectors at k.
-#define FMA_ROW(i)                                                                           \
-    if (mr > i) {                                                                            \
-        __m256 a = _mm256_broadcast_ss(x##i + k);                                            \
-        c##i##0 = _mm256_fmadd_ps(a, w0, c##i##0);                                           \
-        c##i##1 = _mm256_fmadd_ps(a, w1, c##i##1);                                           \
-    }
-
 // y[0:mr, 0:nr] (+)= x[0:mr, 0:kc] . panel[0:kc, 0:nr]. Inlined with a constant mr (see tile), so each
 // row count gets its own loop with only that many accumulators: a 2-row remainder costs 2 rows, not 6.
 static inline __attribute__((always_inline)) void tile_rows(const float* x, int64_t ldx, const float* panel,
@@ -44,25 +34,11 @@ static inline __attribute__((always_inline)) void tile_rows(const float* x, int6
     for (int64_t k = 0; k < kc; k++) {
         if (prefetch) _mm_prefetch((const char*)(panel + k * PANEL + PREFETCH), _MM_HINT_T0);
         __m256 w0 = _mm256_loadu_ps(panel + k * PANEL), w1 = _mm256_loadu_ps(panel + k * PANEL + 8);
-        FMA_ROW(0) FMA_ROW(1) FMA_ROW(2) FMA_ROW(3) FMA_ROW(4) FMA_ROW(5)
+        PANEL16_FMA_ROW(0, k, w0, w1, c) PANEL16_FMA_ROW(1, k, w0, w1, c) PANEL16_FMA_ROW(2, k, w0, w1, c)
+        PANEL16_FMA_ROW(3, k, w0, w1, c) PANEL16_FMA_ROW(4, k, w0, w1, c) PANEL16_FMA_ROW(5, k, w0, w1, c)
     }
     __m256 c[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-    for (int i = 0; i < mr; i++) {
-        float* yr = y + i * ldy;
-        if (nr == PANEL) {
-            if (accumulate) {
-                c[i][0] = _mm256_add_ps(c[i][0], _mm256_loadu_ps(yr));
-                c[i][1] = _mm256_add_ps(c[i][1], _mm256_loadu_ps(yr + 8));
-            }
-            _mm256_storeu_ps(yr, c[i][0]);
-            _mm256_storeu_ps(yr + 8, c[i][1]);
-        } else {  // last panel of an N that is not a multiple of 16
-            float t[PANEL];
-            _mm256_storeu_ps(t, c[i][0]);
-            _mm256_storeu_ps(t + 8, c[i][1]);
-            for (int j = 0; j < nr; j++) yr[j] = accumulate ? yr[j] + t[j] : t[j];
-        }
-    }
+    for (int i = 0; i < mr; i++) panel16_store_row(y + i * ldy, c[i][0], c[i][1], nr, accumulate);
 }
 
 // One case per row count, for a constant prefetch flag.
