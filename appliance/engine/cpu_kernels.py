@@ -1,9 +1,10 @@
 """Our CPU kernels (csrc/). For fp32 engines, on AVX2: a GEMM on prepacked weights, paged decode attention
 reading K/V in place, and fused small ops (RMSNorm, rotary, KV-cache write, SwiGLU, argmax). For bf16
-engines: the same GEMM on bf16 weights prepacked for VDPBF16PS (CPUs with AVX512-BF16), and a bf16-weight
-GEMM for few rows on torch's layout. For int8 weights (int8.py): a weight-only GEMM for few rows on AVX2
-(int8 rows times fp32 activations), and on CPUs with AVX512-VNNI the packed GEMM on VPDPBUSD, which
-quantises the activations to int8 too (per row and per 512 k).
+engines: a GEMM on bf16 weights prepacked once, multiplied on VDPBF16PS (CPUs with AVX512-BF16) or widened
+to fp32 in registers (AVX2/FMA, CPUs without bf16 units), and a bf16-weight GEMM for few rows on torch's
+layout. For int8 weights (int8.py): a weight-only GEMM for few rows on AVX2 (int8 rows times fp32
+activations), and on CPUs with AVX512-VNNI the packed GEMM on VPDPBUSD, which quantises the activations to
+int8 too (per row and per 512 k).
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -96,10 +97,11 @@ class PackedWeight:
     ceil(K/4), 128] (32 outputs a panel, each output's k pairs or quads side by side, as VDPBF16PS and
     VPDPBUSD multiply them: CPUs with AVX512-BF16 / AVX512-VNNI), int8 as unsigned bytes (q + 128) with
     its fp32 `scale` per output. `out`, if given, is the flat buffer (of `numel(N, K, dtype)` elements)
-    to pack into."""
+    to pack into. A bf16 weight multiplies on the CPU's bf16 units (`bf16_units`, VDPBF16PS) or, without
+    them, widened to fp32 in registers (AVX2/FMA) from the same panels: the engine's kernel plan says which."""
 
     def __init__(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
-                 scale: Optional[torch.Tensor] = None):
+                 scale: Optional[torch.Tensor] = None, bf16_units: bool = True):
         if weight.dtype not in PACKED_DTYPES or weight.device.type != "cpu" or weight.dim() != 2:
             raise ValueError(f"only 2-D fp32, bf16 or int8 CPU weights pack, got {weight.dtype} "
                              f"{tuple(weight.shape)} on {weight.device}")
@@ -107,6 +109,7 @@ class PackedWeight:
             raise ValueError("an int8 weight packs with its scales, and only an int8 weight")
         self.out_features, self.in_features = weight.shape
         self.scale = scale
+        self.bf16_units = bf16_units
         shape = self.shape(*weight.shape, weight.dtype)
         self.data = torch.empty(shape, dtype=weight.dtype) if out is None else out.view(shape)
         ops().pack_weight(weight, self.data.view(-1))
@@ -129,24 +132,33 @@ class PackedWeight:
         return self.data.numel() * self.data.element_size() + scale
 
     @property
-    def input_dtype(self) -> torch.dtype:
-        """What x must be (and y will be): bf16 for a bf16 weight (VDPBF16PS multiplies bf16 pairs), else
-        fp32 (an int8 weight's GEMM quantises x itself)."""
-        return torch.bfloat16 if self.data.dtype == torch.bfloat16 else torch.float32
+    def input_dtypes(self) -> Tuple[torch.dtype, ...]:
+        """What x may be (y comes in x's dtype): bf16 for a bf16 weight on bf16 units (VDPBF16PS multiplies
+        bf16 pairs), bf16 or fp32 for one widened to fp32, else fp32 (an int8 weight's GEMM quantises x
+        itself)."""
+        if self.data.dtype != torch.bfloat16:
+            return (torch.float32,)
+        return (torch.bfloat16,) if self.bf16_units else (torch.bfloat16, torch.float32)
 
 
 def linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """F.linear(x, w, bias) for x [..., K] on CPU in the weight's `input_dtype`, w given as a PackedWeight."""
+    """F.linear(x, w, bias) for x [..., K] on CPU in one of the weight's `input_dtypes`, w given as a
+    PackedWeight."""
     k, n = weight.in_features, weight.out_features
-    if x.dtype != weight.input_dtype or x.device.type != "cpu" or x.shape[-1] != k:
-        raise ValueError(f"packed linear takes {weight.input_dtype} CPU input [..., {k}], got {x.dtype} "
-                         f"{tuple(x.shape)}")
+    if x.dtype not in weight.input_dtypes or x.device.type != "cpu" or x.shape[-1] != k:
+        names = " or ".join(_name(t) for t in weight.input_dtypes)
+        raise ValueError(f"packed linear takes {names} CPU input [..., {k}], got {x.dtype} {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
-    y = ops().linear_packed(x2 if x2.stride(1) == 1 else x2.contiguous(), weight.data, n, weight.scale)
+    y = ops().linear_packed(x2 if x2.stride(1) == 1 else x2.contiguous(), weight.data, n, weight.scale,
+                            weight.bf16_units)
     if bias is not None:
         y.add_(bias)
     return y.view(*lead, n)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 PAGED_DECODE_DTYPES = (torch.float32, torch.bfloat16)  # the caches our paged decode attention reads

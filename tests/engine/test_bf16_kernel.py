@@ -1,16 +1,96 @@
 """bf16 engines on CPU multiply on our GEMMs: on CPUs with AVX512-BF16 but no AMX every step, on weights
 packed for VDPBF16PS; elsewhere their few-row (decode) steps, on torch's weight layout
 (cpu_kernels.linear_bf16w), the rows following the CPU's units (which, per host: test_kernel_plan.py).
-Answers stay those of torch's GEMM."""
+Answers stay those of torch's GEMM. The packed AVX2 GEMM (bf16 weights widened to fp32) runs here whatever
+the CPU: its tests ask for it."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from appliance.engine import cpu_kernels, kernel_plan
+from appliance.engine.host import Host
 from appliance.engine.linear import PackableLinear, bf16_weight_linear, use_bf16_kernel
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+BF16_UNITS = "avx512_bf16" in Host.read().cpu_flags
+# One-row decode, 2 and 7 rows (the 1-3 row tiles with their own odd-k sums, a 6-row tile and one more), 8
+# and 33 (6-row tiles and remainders), 64, 200 and 611 (past a 96-row block of x: a prefill).
+ROWS = [1, 2, 7, 8, 33, 64, 200, 611]
+# Odd K (a last pair with one k) and N (a part-filled 32-output panel, a half of 16 left empty); K past one
+# 256-k pass.
+SHAPES = [(1, 1), (5, 7), (33, 77), (48, 256), (40, 513), (70, 1100)]
+
+
+def assert_fp32_close(y, x, w):
+    """y = x wᵀ as torch's GEMM computes it with w widened to fp32 (fp32 accumulation), up to summation
+    order: each output within 1e-5 of the sum of its products' magnitudes (|x| |w|ᵀ). Two fp32 sums of K
+    products in different orders differ by about sqrt(K) units of 2^-24 of that sum (at most K units);
+    one product missing or counted twice is about 1/K of it (1e-3 at these K)."""
+    expected = F.linear(x.float(), w.float())
+    bound = 1e-5 * F.linear(x.float().abs(), w.float().abs())
+    assert y.dtype == torch.float32 and y.shape == expected.shape
+    assert ((y - expected).abs() <= bound).all(), ((y - expected).abs() - bound).max()
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_the_avx2_packed_gemm_matches_torch_at_fp32_accumulation(m, n, k):
+    torch.manual_seed(m * 1000 + n + k)
+    x, w = torch.randn(m, k), torch.randn(n, k).to(torch.bfloat16)
+    packed = cpu_kernels.PackedWeight(w, bf16_units=False)
+    assert packed.data.dtype == torch.bfloat16 and packed.input_dtypes == (torch.bfloat16, torch.float32)
+    assert_fp32_close(cpu_kernels.linear(x, packed), x, w)
+
+
+@pytest.mark.parametrize("m", [1, 7, 200])
+def test_the_avx2_packed_gemm_takes_bf16_rows_and_rounds_once(m):
+    """A bf16 engine's activations: y is the fp32 product rounded to bf16 (one rounding: within half a bf16
+    unit of torch's fp32 product, plus the summation order)."""
+    x, w = torch.randn(m, 77).to(torch.bfloat16), torch.randn(40, 77).to(torch.bfloat16)
+    y = cpu_kernels.linear(x, cpu_kernels.PackedWeight(w, bf16_units=False))
+    expected = F.linear(x.float(), w.float())
+    assert y.dtype == torch.bfloat16
+    bound = expected.abs() * 2 ** -8 + 1e-5 * F.linear(x.float().abs(), w.float().abs())
+    assert ((y.float() - expected).abs() <= bound).all()
+
+
+def test_the_avx2_packed_gemm_takes_strided_rows_leading_dims_bias_and_no_rows():
+    w, b = torch.randn(24, 31).to(torch.bfloat16), torch.randn(24)
+    packed = cpu_kernels.PackedWeight(w, bf16_units=False)
+    rows = torch.randn(10, 47)[:, 8:39]  # an odd row stride
+    assert_fp32_close(cpu_kernels.linear(rows, packed), rows, w)
+    x3 = torch.randn(2, 3, 31)
+    assert_fp32_close(cpu_kernels.linear(x3, packed).flatten(0, 1), x3.flatten(0, 1), w)
+    assert torch.equal(cpu_kernels.linear(x3, packed, b), cpu_kernels.linear(x3, packed) + b)
+    assert cpu_kernels.linear(torch.randn(0, 31), packed).shape == (0, 24)
+    with pytest.raises(ValueError, match="bfloat16 or float32 CPU input"):
+        cpu_kernels.linear(torch.randn(2, 31, dtype=torch.float16), packed)
+
+
+def test_the_avx2_packed_gemm_answers_alike_on_any_thread_count():
+    """Threads split the output panels, each computed whole by one: the same bits on 1 and 2 threads."""
+    x, w = torch.randn(33, 300), torch.randn(200, 300).to(torch.bfloat16)
+    packed = cpu_kernels.PackedWeight(w, bf16_units=False)
+    threads = torch.get_num_threads()
+    try:
+        answers = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            answers.append(cpu_kernels.linear(x, packed))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(*answers)
+
+
+@pytest.mark.skipif(not BF16_UNITS, reason="the VDPBF16PS GEMM needs AVX512-BF16")
+def test_one_packing_serves_both_bf16_gemms():
+    x, w = torch.randn(9, 130).to(torch.bfloat16), torch.randn(45, 130).to(torch.bfloat16)
+    units, fma = cpu_kernels.PackedWeight(w), cpu_kernels.PackedWeight(w, bf16_units=False)
+    assert torch.equal(units.data, fma.data)
+    close = (cpu_kernels.linear(x, units).float() - cpu_kernels.linear(x, fma).float()).abs()
+    assert (close <= cpu_kernels.linear(x, fma).float().abs() * 2 ** -7 + 1e-3).all()
 
 
 def test_it_matches_torch_in_bf16_with_bias_and_leading_dims():

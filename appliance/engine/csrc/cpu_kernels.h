@@ -1,7 +1,8 @@
 // Our C kernels for CPU inference, one file a family: gemm_f32.c (the packed fp32 GEMM), gemm_bf16.c and
 // gemm_int8.c (GEMMs on bf16 and int8 weights: few rows on torch's layout, packed on AVX-512 units),
+// gemm_bf16_fma.c (the packed bf16 GEMM on AVX2/FMA, for CPUs without bf16 units),
 // decode_attention.c (paged decode attention), small_ops.c (RMSNorm, rotary, KV write, SwiGLU, argmax);
-// shared helpers in kernel_common.h, few_rows.h and group_panels.h. Plain C with no argument checks:
+// shared helpers in kernel_common.h, few_rows.h, group_panels.h and panel16.h. Plain C with no argument checks:
 // cpu_ops.cpp registers each as a torch operator and checks shapes, dtypes, strides and every block, slot
 // and position id before calling it. Built into one library by appliance/engine/build_kernels.py.
 // Parallel loops use OpenMP, which binds to the libgomp torch has already loaded, so
@@ -38,6 +39,10 @@ void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, 
                       int64_t K, int bf16_units);
 // bf16 weights packed in 32-output panels of k pairs; x bf16 [M, K] rows padded to an even K (ldx even).
 void pack_weight_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* packed);
+// y = x Wᵀ (fp32 x [M, K] with row stride ldx, any K) for bf16 weights packed by pack_weight_bf16, widened
+// to fp32 in registers (AVX2/FMA: any CPU these kernels run on).
+void linear_packed_bf16_fma(const float* x, int64_t ldx, const uint16_t* packed, float* y, int64_t ldy, int64_t M,
+                            int64_t N, int64_t K);
 // int8 weights packed in 32-output panels of k quads, as unsigned bytes (q + 128).
 void pack_weight_int8(const int8_t* q, int64_t N, int64_t K, int8_t* packed);
 // -1 (nothing written) on a CPU without AVX512-BF16.

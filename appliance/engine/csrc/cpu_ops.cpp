@@ -83,15 +83,22 @@ void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
     pack_weight_f32(w.const_data_ptr<float>(), n, k, out.mutable_data_ptr<float>());
 }
 
-// y = x W^T for a bf16 or int8 weight packed by pack_weight: bf16 x and y for bf16 weights (x's rows padded
-// to an even length: the kernel reads k in pairs), fp32 x and y for int8 ones (times `scale` per output).
+// y = x W^T for a bf16 or int8 weight packed by pack_weight. bf16 weights on the CPU's bf16 units
+// (bf16_units, VDPBF16PS): bf16 x and y (x's rows padded to an even length: the kernel reads k in pairs);
+// widened to fp32 on AVX2/FMA (!bf16_units): fp32 or bf16 x, y in x's dtype. int8 weights: fp32 x and y
+// (times `scale` per output).
 at::Tensor linear_packed_groups(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
-                               const std::optional<at::Tensor>& scale) {
-  const bool int8 = packed.scalar_type() == at::kChar;
-  const at::ScalarType x_type = int8 ? at::kFloat : at::kBFloat16;
-  TORCH_CHECK_VALUE(x_in.scalar_type() == x_type && x_in.dim() == 2, "x must be 2-D ",
-                    int8 ? "float32 for an int8" : "bfloat16 for a bf16", " weight, got ", x_in.scalar_type(), " ",
-                    x_in.sizes());
+                               const std::optional<at::Tensor>& scale, bool bf16_units) {
+  const bool int8 = packed.scalar_type() == at::kChar, fma = !int8 && !bf16_units;
+  if (fma) {
+    TORCH_CHECK_VALUE((x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16) && x_in.dim() == 2,
+                      "x must be 2-D float32 or bfloat16 for a bf16 weight on AVX2, got ", x_in.scalar_type(), " ",
+                      x_in.sizes());
+  } else {
+    TORCH_CHECK_VALUE(x_in.scalar_type() == (int8 ? at::kFloat : at::kBFloat16) && x_in.dim() == 2, "x must be 2-D ",
+                      int8 ? "float32 for an int8" : "bfloat16 for a bf16", " weight, got ", x_in.scalar_type(), " ",
+                      x_in.sizes());
+  }
   check_rows(x_in, "x");
   const int64_t g = group_k(packed.scalar_type());
   TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == g * kGroupPanel, "packed weight must be a "
@@ -103,8 +110,9 @@ at::Tensor linear_packed_groups(const at::Tensor& x_in, const at::Tensor& packed
                     "out_features ", out_features, " does not fit a weight packed in ", panels, " panels of 32");
   TORCH_CHECK_VALUE(int8 == scale.has_value(), int8 ? "an int8 weight needs its scales"
                                                     : "scales are for int8 weights only");
+  const at::ScalarType y_type = int8 ? at::kFloat : fma ? x_in.scalar_type() : at::kBFloat16;
   at::Tensor y = at::empty({m, out_features}, x_in.options().dtype(at::kFloat));
-  if (m == 0) return int8 ? y : y.to(at::kBFloat16);
+  if (m == 0) return y.to(y_type);
   if (int8) {
     TORCH_CHECK_VALUE(scale->device().is_cpu() && scale->scalar_type() == at::kFloat && scale->dim() == 1 &&
                       scale->size(0) == out_features && scale->is_contiguous(), "scale must be contiguous float32 [",
@@ -115,6 +123,13 @@ at::Tensor linear_packed_groups(const at::Tensor& x_in, const at::Tensor& packed
     TORCH_CHECK(rc != -1, "the packed int8 GEMM needs a CPU with AVX512-VNNI");
     TORCH_CHECK(rc == 0, "out of memory for the int8 GEMM's quantised x");
     return y;
+  }
+  if (fma) {  // x widened once (M x K, against the M x N x K products), the weights in registers
+    const at::Tensor x = x_in.scalar_type() == at::kFloat ? x_in : x_in.to(at::kFloat);
+    linear_packed_bf16_fma(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k,
+                           reinterpret_cast<const uint16_t*>(packed.const_data_ptr<at::BFloat16>()),
+                           y.mutable_data_ptr<float>(), out_features, m, out_features, k);
+    return y.to(y_type);
   }
   at::Tensor x = x_in;
   if (k % 2 == 1)
@@ -129,12 +144,13 @@ at::Tensor linear_packed_groups(const at::Tensor& x_in, const at::Tensor& packed
   return y.to(at::kBFloat16);
 }
 
+// bf16_units: how bf16 weights multiply (the engine's kernel plan chooses); fp32 and int8 weights ignore it.
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                         const std::optional<at::Tensor>& scale) {
+                         const std::optional<at::Tensor>& scale, bool bf16_units) {
   TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.dim() == 3, "packed weight must be a 3-D CPU tensor, got ",
                     packed.sizes(), " on ", packed.device());
   if (packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kChar)
-    return linear_packed_groups(x, packed, out_features, scale);
+    return linear_packed_groups(x, packed, out_features, scale, bf16_units);
   TORCH_CHECK_VALUE(!scale.has_value(), "scales are for int8 weights only");
   check_f32(x, "x", 2);
   check_f32(packed, "packed weight", 3);
@@ -326,7 +342,8 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, bool bf16_unit
 
 TORCH_LIBRARY(appliance, m) {
   m.def("pack_weight(Tensor weight, Tensor(a!) out) -> ()");
-  m.def("linear_packed(Tensor x, Tensor packed, int out_features, Tensor? scale=None) -> Tensor");
+  m.def("linear_packed(Tensor x, Tensor packed, int out_features, Tensor? scale=None, bool bf16_units=True) -> "
+        "Tensor");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
