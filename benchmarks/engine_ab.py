@@ -31,7 +31,7 @@ def build(path, variant):
     keep_unpacked = contextlib.nullcontext()
     if variant == "torch-gemm":
         from unittest import mock
-        keep_unpacked = mock.patch.object(model_runner, "pack_for_cpu", lambda model: None)
+        keep_unpacked = mock.patch.object(model_runner, "pack_for_cpu", lambda *args: None)
     with keep_unpacked:
         return LLMEngine(path, cfg)
 

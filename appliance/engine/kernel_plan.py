@@ -9,10 +9,12 @@ nothing else chooses a kernel, and nothing here is process-wide (two engines, tw
 The rules (docs/engine.md, "Which kernels run"), for our CPU kernels running in an engine (on CPU, the
 library loaded, engine.cpu_kernels on):
 - GEMM, fp32 weights: packed for our GEMM, every step.
-- GEMM, bf16 weights: on CPUs with AVX512-BF16 but no AMX, packed for our VDPBF16PS GEMM, every step (with
-  AMX, oneDNN's tile unit multiplies a prefill several times faster, so the weights keep torch's
-  layout); elsewhere torch's GEMM except for a few rows, which run our bf16-weight GEMM on torch's
-  layout (`bf16_weight_rows`).
+- GEMM, bf16 weights: packed for our GEMM, every step, on any CPU without AMX: on VDPBF16PS where the CPU
+  has AVX512-BF16 (`bf16_units`), else widened to fp32 in registers on AVX2/FMA (torch emulates bf16 there).
+  One-row steps too: packing frees torch's layout (keeping both would double the weights' memory), so
+  there is no torch product left to run them; the packed kernels stream the weights front to back.
+  With AMX, oneDNN's tile unit multiplies a prefill several times faster, so the weights keep torch's
+  layout, on torch's GEMM except for a few rows, which run our bf16-weight GEMM (`bf16_weight_rows`).
 - GEMM, int8 weights (engine.quantization=int8): `int8_plan`.
 - Attention: `attention_select.select_backend` (the paged decode kernel for fp32 and bf16 caches).
 - RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 engines.
@@ -30,12 +32,10 @@ from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, kernel_problem
 
-# Rows a step where our few-row bf16-weight GEMM (torch's weight layout) runs, on CPUs whose weights stay
-# unpacked (docs/engine.md, CPU kernels; measured: docs/benchmarks.md). With AMX, oneDNN's tiles win from a
-# few rows on; without bf16 units torch emulates bf16 and ours multiplies faster from two rows on, but
-# torch's one-row product streams the weight faster than ours.
+# Rows a step where our few-row bf16-weight GEMM (torch's weight layout) runs on AMX hosts, whose weights
+# stay unpacked (docs/engine.md, CPU kernels; measured: docs/benchmarks.md): oneDNN's tiles win from a few
+# rows on.
 BF16_WEIGHT_ROWS_NATIVE = range(1, 3)
-BF16_WEIGHT_ROWS_EMULATED = range(2, 129)
 INT8_WEIGHT_ROWS = 32  # rows up to which our int8 GEMM was measured to beat torch's kernel (docs/engine.md)
 
 # What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
@@ -52,6 +52,7 @@ class KernelPlan:
     dtype: torch.dtype  # the engine's: activations and the weights left unquantized
     cpu_kernels_off: Optional[str]  # why this engine runs without our CPU kernels; None: it runs them
     packed_gemm: bool  # unquantized linear weights packed for our GEMM, which then takes every step
+    bf16_units: bool  # packed bf16 weights multiply on AVX512-BF16 (VDPBF16PS); False: widened on AVX2/FMA
     bf16_weight_rows: range  # steps of these many rows run our bf16-weight GEMM on torch's layout
     int8: Optional[Int8Plan]  # how int8 weights multiply (engine.quantization=int8); None: there are none
     attention: str  # the attention backend: torch, cpu or xformers
@@ -69,6 +70,9 @@ class KernelPlan:
 
     def _gemm(self) -> str:
         gemm = f"gemm {_name(self.dtype)}{' (unquantized weights)' if self.int8 else ''}"
+        if self.packed_gemm and self.dtype == torch.bfloat16:
+            units = "vdpbf16ps" if self.bf16_units else "avx2 fma, widened to fp32"
+            return f"{gemm} every row=ours packed ({units})"
         if self.packed_gemm:
             return f"{gemm} every row=ours packed"
         if self.bf16_weight_rows:
@@ -125,14 +129,13 @@ def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str]
     """The rules above, pure: `cpu_kernels_off` and `attention` as `plan_kernels` found them."""
     dtype = resolve_dtype(cfg.dtype)
     ours = cpu_kernels_off is None
-    packs_bf16 = "avx512_bf16" in host.cpu_flags and "amx_bf16" not in host.cpu_flags
+    amx = "amx_bf16" in host.cpu_flags
     fp32_ours = ours and dtype == torch.float32
     bf16_ours = ours and dtype == torch.bfloat16
-    rows = BF16_WEIGHT_ROWS_NATIVE if host.native_bf16 else BF16_WEIGHT_ROWS_EMULATED
     return KernelPlan(
         device=torch.device(cfg.device).type, dtype=dtype, cpu_kernels_off=cpu_kernels_off,
-        packed_gemm=fp32_ours or (bf16_ours and packs_bf16),
-        bf16_weight_rows=rows if bf16_ours and not packs_bf16 else range(0),
+        packed_gemm=fp32_ours or (bf16_ours and not amx), bf16_units="avx512_bf16" in host.cpu_flags,
+        bf16_weight_rows=BF16_WEIGHT_ROWS_NATIVE if bf16_ours and amx else range(0),
         int8=int8_plan(host, ours) if _name(cfg.quantization) == "int8" else None,
         attention=attention, fused_ops=fp32_ours, argmax=fp32_ours)
 

@@ -2,10 +2,11 @@
 checkpoint tensor and keeps this rank's shard; collectives are visible in `forward`.
 
 Which GEMM multiplies is the engine's kernel plan's choice (kernel_plan.py); the runner applies it once
-the weights are loaded. `pack_for_cpu(model)`: each layer's weight is repacked for our GEMM and the
-[N, K] copy is freed. `use_bf16_kernel(model, rows)`: steps of those many rows multiply bf16 weights on
-our few-row GEMM. `quantize_int8(model, plan)`, first: the decoder's projections keep int8 rows and
-scales instead (engine/int8.py), and packing leaves them be."""
+the weights are loaded. `pack_for_cpu(model, bf16_units)`: each layer's weight is repacked for our GEMM
+(bf16 weights for VDPBF16PS or, without bf16 units, for widening on AVX2/FMA) and the [N, K] copy is
+freed. `use_bf16_kernel(model, rows)`: steps of those many rows multiply bf16 weights on our few-row GEMM.
+`quantize_int8(model, plan)`, first: the decoder's projections keep int8 rows and scales instead
+(engine/int8.py), and packing leaves them be."""
 from collections import Counter
 from typing import List, Optional
 
@@ -31,8 +32,8 @@ class PackableLinear(nn.Module):
     quantized: Optional[Int8Weight] = None
     bf16_kernel_rows: range = range(0)  # steps with these many rows run our bf16-weight GEMM (use_bf16_kernel)
 
-    def pack(self, out: Optional[torch.Tensor] = None, keep_weight: bool = False) -> None:
-        self.packed = cpu_kernels.PackedWeight(self.weight.data, out)
+    def pack(self, out: Optional[torch.Tensor] = None, keep_weight: bool = False, bf16_units: bool = True) -> None:
+        self.packed = cpu_kernels.PackedWeight(self.weight.data, out, bf16_units=bf16_units)
         if not keep_weight:
             self.weight.data = torch.empty(0)  # the Parameter (and its name) stays; its memory goes
 
@@ -71,9 +72,10 @@ def use_bf16_kernel(model: nn.Module, rows: range) -> None:
             m.bf16_kernel_rows = rows
 
 
-def pack_for_cpu(model: nn.Module) -> None:
+def pack_for_cpu(model: nn.Module, bf16_units: bool = True) -> None:
     """Pack every PackableLinear's weight, all into one huge-page arena (a decode step streams them
-    all); a weight another module also uses (tied embeddings) is kept."""
+    all); a weight another module also uses (tied embeddings) is kept. bf16 weights multiply on the CPU's
+    bf16 units (VDPBF16PS) or, with `bf16_units=False`, widened to fp32 (AVX2/FMA)."""
     layers = [m for m in model.modules() if isinstance(m, PackableLinear) and m.quantized is None]
     dtypes = {m.weight.dtype for m in layers}
     if len(dtypes) > 1:
@@ -86,7 +88,7 @@ def pack_for_cpu(model: nn.Module) -> None:
     users = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
     start = 0
     for m, size in zip(layers, sizes):
-        m.pack(arena[start:start + size], keep_weight=users[id(m.weight)] > 1)
+        m.pack(arena[start:start + size], keep_weight=users[id(m.weight)] > 1, bf16_units=bf16_units)
         start += size
 
 

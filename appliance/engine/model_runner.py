@@ -58,7 +58,7 @@ class ModelRunner:
             saved = quantize_int8(self.model, plan.int8)
             log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
         if plan.packed_gemm:
-            pack_for_cpu(self.model)
+            pack_for_cpu(self.model, plan.bf16_units)
         if plan.bf16_weight_rows:
             use_bf16_kernel(self.model, plan.bf16_weight_rows)
         if plan.fused_ops:

@@ -1,19 +1,23 @@
-"""bf16 engines on CPU multiply on our GEMMs: on CPUs with AVX512-BF16 but no AMX every step, on weights
-packed for VDPBF16PS; elsewhere their few-row (decode) steps, on torch's weight layout
-(cpu_kernels.linear_bf16w), the rows following the CPU's units (which, per host: test_kernel_plan.py).
-Answers stay those of torch's GEMM. The packed AVX2 GEMM (bf16 weights widened to fp32) runs here whatever
-the CPU: its tests ask for it."""
+"""bf16 engines on CPU multiply on our GEMMs: on CPUs without AMX every step, on weights packed once, on
+VDPBF16PS where the CPU has AVX512-BF16 and widened to fp32 on AVX2/FMA where it has no bf16 units; on AMX
+hosts their few-row (decode) steps, on torch's weight layout (cpu_kernels.linear_bf16w). Which, per host:
+test_kernel_plan.py. The AVX2 GEMM runs here whatever the CPU (any CPU these kernels run on has AVX2/FMA):
+its tests ask for it (`bf16_units=False`) or plan for a host without bf16 units. Answers stay those of
+torch's GEMM."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from appliance.engine import cpu_kernels, kernel_plan
+from appliance.engine.config import EngineConfig
 from appliance.engine.host import Host
 from appliance.engine.linear import PackableLinear, bf16_weight_linear, use_bf16_kernel
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
 
+AVX2_HOST = Host(frozenset({"avx2", "fma"}), 16 << 30, 16 << 30)  # no bf16 units, whatever this CPU has
 BF16_UNITS = "avx512_bf16" in Host.read().cpu_flags
 # One-row decode, 2 and 7 rows (the 1-3 row tiles with their own odd-k sums, a 6-row tile and one more), 8
 # and 33 (6-row tiles and remainders), 64, 200 and 611 (past a 96-row block of x: a prefill).
@@ -105,10 +109,10 @@ def test_it_matches_torch_in_bf16_with_bias_and_leading_dims():
     assert (F.linear(x, w, b).double() - exact).abs().max() <= 0.02 * exact.abs().max()
 
 
-def test_the_rows_follow_the_cpu_units():
-    native, emulated = kernel_plan.BF16_WEIGHT_ROWS_NATIVE, kernel_plan.BF16_WEIGHT_ROWS_EMULATED
-    assert 1 in native and 8 not in native  # torch's GEMM past a few
-    assert 8 in emulated and 1 not in emulated
+def test_the_few_row_kernel_runs_on_amx_hosts_only():
+    rows = kernel_plan.BF16_WEIGHT_ROWS_NATIVE
+    assert 1 in rows and 8 not in rows  # torch's GEMM (oneDNN on AMX) past a few
+    assert kernel_plan.choose_kernels(EngineConfig(dtype="bfloat16"), AVX2_HOST, None, "cpu").bf16_weight_rows == range(0)
 
 
 @pytest.mark.parametrize("rows, ours", [(0, False), (1, False), (2, True), (3, True), (4, False)])
@@ -131,12 +135,14 @@ def test_only_plain_bf16_weights_take_it():
     assert (bf16.bf16_kernel_rows, fp32.bf16_kernel_rows) == (range(1, 5), range(0))
 
 
-def test_a_bf16_engine_decodes_on_it_and_answers_as_torch(llama_dir):
-    """The same engine with engine.cpu_kernels off (torch's GEMM alone): the same first tokens and close
-    logprobs (both accumulate in fp32 and round to bf16; a random model's later near-ties may fall either
-    way)."""
-    from appliance.engine.config import EngineConfig
-    from appliance.engine.host import Host
+def packable_layers(engine):
+    return [m for m in engine.executor.runner.model.modules() if isinstance(m, PackableLinear)]
+
+
+def test_a_bf16_engine_runs_its_hosts_kernel_and_answers_as_torch(llama_dir):
+    """This CPU's own plan, against the same engine with engine.cpu_kernels off (torch's GEMM alone): the same
+    first tokens and close logprobs (both accumulate in fp32 and round to bf16; a random model's later
+    near-ties may fall either way)."""
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
     from tests.engine.helpers import random_prompts
@@ -144,17 +150,56 @@ def test_a_bf16_engine_decodes_on_it_and_answers_as_torch(llama_dir):
     prompts = random_prompts(400, [5, 17, 30, 9], seed=33)
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
     answers = {}
+    flags = Host.read().cpu_flags
     for ours in (False, True):
         engine = LLMEngine(llama_dir, EngineConfig(num_kv_blocks=64, dtype="bfloat16", cpu_kernels=ours))
-        layers = [m for m in engine.executor.runner.model.modules() if isinstance(m, PackableLinear)]
-        flags = Host.read().cpu_flags
-        packed = ours and "avx512_bf16" in flags and "amx_bf16" not in flags
-        assert engine.kernels.packed_gemm == packed
+        layers = packable_layers(engine)
+        packed = ours and "amx_bf16" not in flags
+        assert engine.kernels.packed_gemm == packed and engine.kernels.bf16_units == ("avx512_bf16" in flags)
         assert layers and all((m.packed is not None) == packed for m in layers)
-        rows = kernel_plan.BF16_WEIGHT_ROWS_NATIVE if "amx_bf16" in flags else kernel_plan.BF16_WEIGHT_ROWS_EMULATED
-        expected = rows if ours and not packed else range(0)
+        assert all(m.packed.bf16_units == ("avx512_bf16" in flags) for m in layers if m.packed is not None)
+        expected = kernel_plan.BF16_WEIGHT_ROWS_NATIVE if ours and not packed else range(0)
         assert engine.kernels.bf16_weight_rows == expected and all(m.bf16_kernel_rows == expected for m in layers)
         answers[ours] = engine.generate(prompts, greedy)
     for a, b in zip(answers[False], answers[True]):
         assert a.token_ids[0] == b.token_ids[0]
         assert abs(a.logprobs[0][a.token_ids[0]] - b.logprobs[0][b.token_ids[0]]) < 0.05
+
+
+LLAVA_TINY = REPO / "appliance" / "assets" / "models" / "llava_tiny"
+
+
+@pytest.mark.skipif(not (LLAVA_TINY / "config.json").is_file(),
+                    reason="appliance/assets/models/llava_tiny is not there (scripts/train_tiny_llava.py)")
+def test_the_tiny_llava_answers_alike_on_the_avx2_gemm_and_on_torchs(tmp_path):
+    """The embedded demo model in bf16, planned for a host without bf16 units (so every GEMM of its
+    language model runs the AVX2 packed kernel, whatever this CPU has), against the same engine on torch's
+    GEMM: the same greedy answers to its colour and shape questions on seeded images. Both run torch's
+    attention, so the GEMM is the only difference."""
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+    from tests.chat.conftest import clear_samples, request_side, synthetic_shapes
+
+    shapes = synthetic_shapes()
+    requests = []
+    for i, (image, _) in enumerate(clear_samples(shapes, 4, first_seed=3000)):
+        image.save(tmp_path / f"{i}.png")
+        for question in (shapes.COLOR_QUESTIONS[0], shapes.SHAPE_QUESTIONS[0]):
+            (record,) = request_side(["pipeline=llava_chat", "plugins=[appliance.stages.chat]"],
+                                     {"input": str(tmp_path / f"{i}.png"), "prompt": question})
+            requests.append((record["prompt"], record["mm_data"]))
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    answers = {}
+    for ours in (False, True):
+        cfg = EngineConfig(num_kv_blocks=64, dtype="bfloat16", cpu_kernels=ours, attention_backend="torch")
+        engine = LLMEngine(str(LLAVA_TINY), cfg, host=AVX2_HOST)
+        if ours:
+            assert engine.kernels.packed_gemm and not engine.kernels.bf16_units
+            layers = packable_layers(engine)
+            assert layers and all(m.packed is not None and not m.packed.bf16_units for m in layers)
+        ids = [engine.add_request(prompt, greedy, mm_data=items) for prompt, items in requests]
+        final = {}
+        while engine.has_unfinished():
+            final.update((out.request_id, out.token_ids) for out in engine.step() if out.finished)
+        answers[ours] = [final[i] for i in ids]
+    assert all(answers[False]) and answers[True] == answers[False]

@@ -13,8 +13,8 @@ from appliance.engine import cpu_kernels, kernel_plan
 from appliance.engine.config import EngineConfig
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan
-from appliance.engine.kernel_plan import (BF16_WEIGHT_ROWS_EMULATED, BF16_WEIGHT_ROWS_NATIVE, INT8_WEIGHT_ROWS,
-                                          KernelPlan, choose_kernels, cpu_kernels_off, plan_kernels)
+from appliance.engine.kernel_plan import (BF16_WEIGHT_ROWS_NATIVE, INT8_WEIGHT_ROWS, KernelPlan, choose_kernels,
+                                          cpu_kernels_off, plan_kernels)
 
 AVX2 = frozenset({"avx2", "fma"})
 AVX512_BF16 = AVX2 | {"avx512f", "avx512bw", "avx512_bf16"}
@@ -39,13 +39,14 @@ def plan(host_name, dtype, quantization="none", device="cpu", off=None, attentio
 
 # (host, dtype, quantization, device, why our kernels are off) -> (packed GEMM, bf16-weight rows, int8
 # plan, fused small ops, argmax): what the runner did before the plan (packs_bf16 / packs_int8 /
-# bf16_kernel_rows / Int8Plan.for_host, each on the host's flags).
+# bf16_kernel_rows / Int8Plan.for_host, each on the host's flags), but for bf16 weights without bf16
+# units, packed for the AVX2 GEMM since it came (before: rows 2-128 on the few-row GEMM, the rest torch).
 CASES = {
     # fp32 with ours: every GEMM packed, the fused ops and the argmax ours, on any x86 host.
     "fp32 avx2": (("avx2", "float32", "none", "cpu", None), (True, NONE, None, True, True)),
     "fp32 amx": (("amx", "float32", "none", "cpu", None), (True, NONE, None, True, True)),
-    # bf16: packed where AVX512-BF16 lacks AMX, else a few rows on our bf16-weight GEMM.
-    "bf16 avx2": (("avx2", "bfloat16", "none", "cpu", None), (False, BF16_WEIGHT_ROWS_EMULATED, None, False, False)),
+    # bf16: packed wherever there is no AMX (VDPBF16PS or AVX2 FMA), else a few rows on our bf16-weight GEMM.
+    "bf16 avx2": (("avx2", "bfloat16", "none", "cpu", None), (True, NONE, None, False, False)),
     "bf16 avx512_bf16": (("avx512_bf16", "bfloat16", "none", "cpu", None), (True, NONE, None, False, False)),
     "bf16 amx": (("amx", "bfloat16", "none", "cpu", None), (False, BF16_WEIGHT_ROWS_NATIVE, None, False, False)),
     "fp16 avx2": (("avx2", "float16", "none", "cpu", None), (False, NONE, None, False, False)),
@@ -53,8 +54,7 @@ CASES = {
     "int8 fp32 avx2": (("avx2", "float32", "int8", "cpu", None),
                        (True, NONE, Int8Plan(192, torch.float32, INT8_WEIGHT_ROWS), True, True)),
     "int8 bf16 avx2": (("avx2", "bfloat16", "int8", "cpu", None),
-                       (False, BF16_WEIGHT_ROWS_EMULATED, Int8Plan(192, torch.float32, INT8_WEIGHT_ROWS), False,
-                        False)),
+                       (True, NONE, Int8Plan(192, torch.float32, INT8_WEIGHT_ROWS), False, False)),
     "int8 bf16 avx512_bf16": (("avx512_bf16", "bfloat16", "int8", "cpu", None),
                               (True, NONE, Int8Plan(16, torch.bfloat16, INT8_WEIGHT_ROWS), False, False)),
     "int8 bf16 avx512_vnni": (("avx512_vnni", "bfloat16", "int8", "cpu", None),
@@ -87,6 +87,7 @@ def test_the_plan_chooses_what_the_engine_ran_before(case):
     (host_name, dtype, quantization, device, off), expected = CASES[case]
     p = plan(host_name, dtype, quantization, device, off)
     assert (p.packed_gemm, p.bf16_weight_rows, p.int8, p.fused_ops, p.argmax) == expected
+    assert p.bf16_units == ("avx512_bf16" in HOSTS[host_name])  # packed bf16: VDPBF16PS, else AVX2 FMA
     assert (p.device, p.dtype, p.cpu_kernels_off) == (device, getattr(torch, dtype), off)
 
 
@@ -127,14 +128,15 @@ def test_an_explicit_choice_that_cannot_run_is_refused_naming_the_setting(monkey
     ("fp32 avx2", ["kernels (cpu, float32): gemm float32 every row=ours packed",
                    "attention=cpu (prefill=torch sdpa, decode=ours paged)", "rmsnorm/rotary/swiglu/kv-write=ours",
                    "argmax=ours"]),
-    ("bf16 avx2", ["gemm bfloat16 rows 2-128=ours bf16-weight, other rows=torch",
+    ("bf16 avx2", ["gemm bfloat16 every row=ours packed (avx2 fma, widened to fp32)",
                    "rmsnorm/rotary/swiglu/kv-write=torch", "argmax=torch"]),
+    ("bf16 avx512_bf16", ["gemm bfloat16 every row=ours packed (vdpbf16ps)"]),
     ("bf16 amx", ["gemm bfloat16 rows 1-2=ours bf16-weight, other rows=torch"]),
-    ("int8 bf16 avx2", ["gemm bfloat16 (unquantized weights) rows 2-128=ours bf16-weight",
+    ("int8 bf16 avx2", ["gemm bfloat16 (unquantized weights) every row=ours packed (avx2 fma, widened to fp32)",
                         "gemm int8 rows 1-32=ours int8-weight, rows 33-192=torch int8 kernel, "
                         "rows 193+=torch float32 tiles"]),
     ("int8 fp32 amx", ["gemm int8 rows 1-32=ours int8-weight, rows 33+=torch bfloat16 tiles"]),
-    ("int8 bf16 avx512_vnni", ["gemm bfloat16 (unquantized weights) every row=ours packed",
+    ("int8 bf16 avx512_vnni", ["gemm bfloat16 (unquantized weights) every row=ours packed (vdpbf16ps)",
                                "gemm int8 every row=ours packed"]),
     ("int8 fp32 avx2 off", ["gemm float32 (unquantized weights)=torch",
                             "gemm int8 rows 1-192=torch int8 kernel, rows 193+=torch float32 tiles",
@@ -157,10 +159,12 @@ def test_a_plan_is_frozen_and_travels_to_tensor_parallel_ranks():
 
 
 @needs_cpu_kernels
-@pytest.mark.parametrize("host_name, rows", [("avx2", BF16_WEIGHT_ROWS_EMULATED), ("amx", BF16_WEIGHT_ROWS_NATIVE)])
-def test_the_engine_plans_for_its_own_host_and_says_so_once(llama_dir, caplog, host_name, rows):
-    """The host given to the engine (not one read again) decides; one INFO line names the kernels; the
-    runner's layers follow the plan."""
+@pytest.mark.parametrize("host_name", ["avx2", "avx512_bf16", "amx"])
+def test_the_engine_plans_for_its_own_host_and_says_so_once(llama_dir, caplog, host_name):
+    """The host given to the engine (not one read again) decides, whatever this CPU has; one INFO line names
+    the kernels; the runner's layers follow the plan: packed for the AVX2 GEMM on a host without bf16 units,
+    for VDPBF16PS on one with AVX512-BF16 (built, not run: packing is plain C), a few rows on torch's
+    layout with AMX."""
     from appliance.engine.linear import PackableLinear
     from appliance.engine.llm_engine import LLMEngine
 
@@ -168,8 +172,15 @@ def test_the_engine_plans_for_its_own_host_and_says_so_once(llama_dir, caplog, h
         engine = LLMEngine(llama_dir, EngineConfig(dtype="bfloat16", num_kv_blocks=16), host=host(host_name))
     assert engine.kernels == plan(host_name, "bfloat16")
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kernels (")]
-    assert line == engine.kernels.describe() and f"rows {rows.start}-{rows.stop - 1}=ours" in line
+    assert line == engine.kernels.describe()
     runner = engine.executor.runner
     assert runner.plan is engine.kernels and runner.attn_backend.name == "cpu"
     layers = [m for m in runner.model.modules() if isinstance(m, PackableLinear)]
-    assert layers and all(m.bf16_kernel_rows == rows and m.packed is None for m in layers)
+    assert layers
+    if host_name == "amx":
+        assert "rows 1-2=ours bf16-weight" in line
+        assert all(m.bf16_kernel_rows == BF16_WEIGHT_ROWS_NATIVE and m.packed is None for m in layers)
+    else:
+        units = host_name == "avx512_bf16"
+        assert f"every row=ours packed ({'vdpbf16ps' if units else 'avx2 fma'}" in line
+        assert all(m.packed is not None and m.packed.bf16_units == units and not m.bf16_kernel_rows for m in layers)
