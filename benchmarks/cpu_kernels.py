@@ -1,13 +1,15 @@
-"""Our CPU kernels (appliance/engine/csrc/cpu_kernels.c) against the torch code they replace.
+"""Our CPU kernels (appliance/engine/csrc/) against the torch code they replace.
 
     .venv/bin/python benchmarks/cpu_kernels.py --threads 2
 
 GEMMs: the bench model's layer shapes (benchmarks/engine_throughput.py) and its LM head, with eight
 copies of each weight used in turn so that they come from memory, as in a decode step; torch's
-F.linear (MKL) vs our packed GEMM, median of 7. On CPUs with AVX512-BF16 also the bf16 GEMM at a 7B
-Llama's shapes (each weight 32-260 MB, so from memory): torch's F.linear (oneDNN) vs our packed
-VDPBF16PS GEMM, from one decode row to an image prompt's 610; with AVX512-VNNI too, our packed int8
-GEMM (VPDPBUSD) on the same weights quantised, as a fraction of the bf16 GEMM's time. Decode attention:
+F.linear (MKL) vs our packed GEMM, median of 7. Then the bf16 GEMMs at a 7B Llama's shapes (each weight
+32-260 MB, so from memory), from one decode row to an image prompt's 610: torch's F.linear (oneDNN;
+emulated bf16 on CPUs without bf16 units) vs our packed AVX2 GEMM (weights widened to fp32, run on
+every CPU: what CPUs without bf16 units run) and, on CPUs with AVX512-BF16, our packed VDPBF16PS GEMM
+(what they run); with AVX512-VNNI too, our packed int8 GEMM (VPDPBUSD) on the same weights quantised,
+as a fraction of the VDPBF16PS GEMM's time. Decode attention:
 32 sequences of 150-300 tokens in scattered blocks (8 KV heads x 64), torch's gather + SDPA (the torch
 backend) vs our in-place kernel;
 and ours at a 7B shape (bf16 caches, 32 heads x 128) for 1, 2 and 8 sequences, each call on blocks the
@@ -52,22 +54,30 @@ def gemm_rows(rows_list, copies: int = 8):
             yield name, rows, flops / mkl / 1e9, flops / ours / 1e9, mkl / ours
 
 
-def bf16_gemm_rows(rows_list, with_int8: bool):
-    shapes = {"qkv 12288x4096": (12288, 4096), "o 4096x4096": (4096, 4096), "gate_up 22016x4096": (22016, 4096),
-              "down 4096x11008": (4096, 11008), "LM head 32064x4096": (32064, 4096)}
+BF16_SHAPES = {"qkv 12288x4096": (12288, 4096), "o 4096x4096": (4096, 4096), "gate_up 22016x4096": (22016, 4096),
+               "down 4096x11008": (4096, 11008), "LM head 32064x4096": (32064, 4096)}
+
+
+def bf16_gemm_rows(rows_list, units: bool, with_int8: bool, shapes=BF16_SHAPES):
+    """Per shape and row count: GFLOP/s of torch, our AVX2 GEMM and (`units`) our VDPBF16PS GEMM, the AVX2
+    GEMM's weight GB/s, and the int8 GEMM's time as a fraction of the VDPBF16PS one's."""
+    nan = float("nan")
     for name, (n, k) in shapes.items():
         weight = torch.randn(n, k).to(torch.bfloat16)
-        packed = cpu_kernels.PackedWeight(weight)
+        fma = cpu_kernels.PackedWeight(weight, bf16_units=False)
+        packed = cpu_kernels.PackedWeight(weight) if units else None
         quantized = Int8Weight(weight, Int8Plan(0, torch.bfloat16, packed=True)) \
             if with_int8 else None
         for rows in rows_list:
             x = torch.randn(rows, k).to(torch.bfloat16)
-            ours = median_s(lambda: cpu_kernels.linear(x, packed))
-            onednn = median_s(lambda: F.linear(x, weight))
+            torch_s = median_s(lambda: F.linear(x, weight))
+            fma_s = median_s(lambda: cpu_kernels.linear(x, fma))
+            units_s = median_s(lambda: cpu_kernels.linear(x, packed)) if units else nan
             x32 = x.float()  # the int8 GEMM's input
-            int8 = median_s(lambda: quantized.linear(x32)) if with_int8 else float("nan")
+            int8 = median_s(lambda: quantized.linear(x32)) if with_int8 else nan
             flops = 2 * rows * n * k
-            yield name, rows, flops / onednn / 1e9, flops / ours / 1e9, onednn / ours, n * k * 2 / ours / 1e9, int8 / ours
+            yield (name, rows, flops / torch_s / 1e9, flops / fma_s / 1e9, flops / units_s / 1e9,
+                   n * k * 2 / fma_s / 1e9, int8 / units_s)
 
 
 def kv_pool(shape, dtype) -> torch.Tensor:
@@ -131,12 +141,12 @@ def main():
     for name, rows, mkl, ours, speedup in gemm_rows(args.rows):
         print(f"{name:20s} {rows:5d} {mkl:12.0f} {ours:13.0f} {speedup:8.2f}x")
     flags = Host.read().cpu_flags
-    if "avx512_bf16" in flags:
-        with_int8 = "avx512_vnni" in flags
-        print(f"\n{'bf16 GEMM, 7B':20s} {'rows':>5s} {'oneDNN GFLOP/s':>15s} {'ours GFLOP/s':>13s} {'speed-up':>9s} "
-              f"{'ours GB/s':>10s} {'int8 / ours time':>17s}")
-        for name, rows, onednn, ours, speedup, gbs, int8 in bf16_gemm_rows(args.bf16_rows, with_int8):
-            print(f"{name:20s} {rows:5d} {onednn:15.0f} {ours:13.0f} {speedup:8.2f}x {gbs:10.1f} {int8:17.2f}")
+    units = "avx512_bf16" in flags
+    with_int8 = units and "avx512_vnni" in flags
+    print(f"\n{'bf16 GEMM, 7B':20s} {'rows':>5s} {'torch GFLOP/s':>14s} {'ours avx2 fma':>14s} {'ours vdpbf16ps':>15s} "
+          f"{'avx2 GB/s':>10s} {'int8 / vdpbf16ps time':>22s}")
+    for name, rows, torch_gf, fma_gf, units_gf, gbs, int8 in bf16_gemm_rows(args.bf16_rows, units, with_int8):
+        print(f"{name:20s} {rows:5d} {torch_gf:14.0f} {fma_gf:14.0f} {units_gf:15.0f} {gbs:10.1f} {int8:22.2f}")
     torch_s, ours_s, kv_bytes = attention_row()
     print(f"\ndecode attention, 32 sequences ({kv_bytes / 1e6:.0f} MB of K/V): gather + SDPA "
           f"{torch_s * 1e3:.2f} ms, ours {ours_s * 1e3:.2f} ms ({torch_s / ours_s:.1f}x, "
