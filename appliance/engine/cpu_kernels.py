@@ -3,8 +3,8 @@ reading K/V in place, and fused small ops (RMSNorm, rotary, KV-cache write, SwiG
 engines: a GEMM on bf16 weights prepacked once, multiplied on VDPBF16PS (CPUs with AVX512-BF16) or widened
 to fp32 in registers (AVX2/FMA, CPUs without bf16 units), and a bf16-weight GEMM for few rows on torch's
 layout. For int8 weights (int8.py): a weight-only GEMM for few rows on AVX2 (int8 rows times fp32
-activations), and on CPUs with AVX512-VNNI the packed GEMM on VPDPBUSD, which quantises the activations to
-int8 too (per row and per 512 k).
+activations), and a packed GEMM which quantises the activations to int8 too (per row and per 512 k), on
+VPDPBUSD (CPUs with AVX512-VNNI) or on VPMADDUBSW (AVX2) from the same panels.
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -98,10 +98,11 @@ class PackedWeight:
     VPDPBUSD multiply them: CPUs with AVX512-BF16 / AVX512-VNNI), int8 as unsigned bytes (q + 128) with
     its fp32 `scale` per output. `out`, if given, is the flat buffer (of `numel(N, K, dtype)` elements)
     to pack into. A bf16 weight multiplies on the CPU's bf16 units (`bf16_units`, VDPBF16PS) or, without
-    them, widened to fp32 in registers (AVX2/FMA) from the same panels: the engine's kernel plan says which."""
+    them, widened to fp32 in registers (AVX2/FMA) from the same panels; an int8 one on VPDPBUSD (`vnni`)
+    or on AVX2 alone (VPMADDUBSW), the same product: the engine's kernel plan says which."""
 
     def __init__(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
-                 scale: Optional[torch.Tensor] = None, bf16_units: bool = True):
+                 scale: Optional[torch.Tensor] = None, bf16_units: bool = True, vnni: bool = True):
         if weight.dtype not in PACKED_DTYPES or weight.device.type != "cpu" or weight.dim() != 2:
             raise ValueError(f"only 2-D fp32, bf16 or int8 CPU weights pack, got {weight.dtype} "
                              f"{tuple(weight.shape)} on {weight.device}")
@@ -110,6 +111,7 @@ class PackedWeight:
         self.out_features, self.in_features = weight.shape
         self.scale = scale
         self.bf16_units = bf16_units
+        self.vnni = vnni
         shape = self.shape(*weight.shape, weight.dtype)
         self.data = torch.empty(shape, dtype=weight.dtype) if out is None else out.view(shape)
         ops().pack_weight(weight, self.data.view(-1))
@@ -132,6 +134,11 @@ class PackedWeight:
         return self.data.numel() * self.data.element_size() + scale
 
     @property
+    def units(self) -> bool:
+        """It multiplies on the CPU's AVX-512 dot-product units (VDPBF16PS, VPDPBUSD), not on AVX2 alone."""
+        return self.vnni if self.data.dtype == torch.int8 else self.bf16_units
+
+    @property
     def input_dtypes(self) -> Tuple[torch.dtype, ...]:
         """What x may be (y comes in x's dtype): bf16 for a bf16 weight on bf16 units (VDPBF16PS multiplies
         bf16 pairs), bf16 or fp32 for one widened to fp32, else fp32 (an int8 weight's GEMM quantises x
@@ -151,7 +158,7 @@ def linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] =
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     y = ops().linear_packed(x2 if x2.stride(1) == 1 else x2.contiguous(), weight.data, n, weight.scale,
-                            weight.bf16_units)
+                            weight.units)
     if bias is not None:
         y.add_(bias)
     return y.view(*lead, n)

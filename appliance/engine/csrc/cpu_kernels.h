@@ -1,6 +1,7 @@
 // Our C kernels for CPU inference, one file a family: gemm_f32.c (the packed fp32 GEMM), gemm_bf16.c and
 // gemm_int8.c (GEMMs on bf16 and int8 weights: few rows on torch's layout, packed on AVX-512 units),
-// gemm_bf16_fma.c (the packed bf16 GEMM on AVX2/FMA, for CPUs without bf16 units),
+// gemm_bf16_fma.c (the packed bf16 GEMM on AVX2/FMA, for CPUs without bf16 units), gemm_int8_avx2.c (the
+// packed int8 GEMM on AVX2, for CPUs without AVX512-VNNI),
 // decode_attention.c (paged decode attention), small_ops.c (RMSNorm, rotary, KV write, SwiGLU, argmax);
 // shared helpers in kernel_common.h, few_rows.h, group_panels.h and panel16.h. Plain C with no argument checks:
 // cpu_ops.cpp registers each as a torch operator and checks shapes, dtypes, strides and every block, slot
@@ -52,6 +53,9 @@ int linear_packed_bf16(const uint16_t* x, int64_t ldx, const uint16_t* packed, f
 // Nothing written and -1 on a CPU without AVX512-VNNI, -2 if scratch memory ran out.
 int linear_packed_int8(const float* x, int64_t ldx, const int8_t* packed, const float* scale, float* y,
                        int64_t ldy, int64_t M, int64_t N, int64_t K);
+// The same product on AVX2 alone (VPMADDUBSW, the same quantised x: the same y). -2 if scratch memory ran out.
+int linear_packed_int8_avx2(const float* x, int64_t ldx, const int8_t* packed, const float* scale, float* y,
+                            int64_t ldy, int64_t M, int64_t N, int64_t K);
 
 #ifdef __cplusplus
 }

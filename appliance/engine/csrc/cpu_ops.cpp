@@ -83,13 +83,13 @@ void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
     pack_weight_f32(w.const_data_ptr<float>(), n, k, out.mutable_data_ptr<float>());
 }
 
-// y = x W^T for a bf16 or int8 weight packed by pack_weight. bf16 weights on the CPU's bf16 units
-// (bf16_units, VDPBF16PS): bf16 x and y (x's rows padded to an even length: the kernel reads k in pairs);
-// widened to fp32 on AVX2/FMA (!bf16_units): fp32 or bf16 x, y in x's dtype. int8 weights: fp32 x and y
-// (times `scale` per output).
+// y = x W^T for a bf16 or int8 weight packed by pack_weight; `units`: on the CPU's AVX-512 dot-product units
+// (VDPBF16PS, VPDPBUSD) or on AVX2 alone. bf16 weights on VDPBF16PS: bf16 x and y (x's rows padded to an
+// even length: the kernel reads k in pairs); widened to fp32 on AVX2/FMA: fp32 or bf16 x, y in x's dtype.
+// int8 weights, either kernel: fp32 x and y (times `scale` per output).
 at::Tensor linear_packed_groups(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
-                               const std::optional<at::Tensor>& scale, bool bf16_units) {
-  const bool int8 = packed.scalar_type() == at::kChar, fma = !int8 && !bf16_units;
+                               const std::optional<at::Tensor>& scale, bool units) {
+  const bool int8 = packed.scalar_type() == at::kChar, fma = !int8 && !units;
   if (fma) {
     TORCH_CHECK_VALUE((x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16) && x_in.dim() == 2,
                       "x must be 2-D float32 or bfloat16 for a bf16 weight on AVX2, got ", x_in.scalar_type(), " ",
@@ -117,10 +117,11 @@ at::Tensor linear_packed_groups(const at::Tensor& x_in, const at::Tensor& packed
     TORCH_CHECK_VALUE(scale->device().is_cpu() && scale->scalar_type() == at::kFloat && scale->dim() == 1 &&
                       scale->size(0) == out_features && scale->is_contiguous(), "scale must be contiguous float32 [",
                       out_features, "], got ", scale->scalar_type(), " ", scale->sizes());
-    const int rc = linear_packed_int8(x_in.const_data_ptr<float>(), m > 1 ? x_in.stride(0) : k,
-                                      packed.const_data_ptr<int8_t>(), scale->const_data_ptr<float>(),
-                                      y.mutable_data_ptr<float>(), out_features, m, out_features, k);
-    TORCH_CHECK(rc != -1, "the packed int8 GEMM needs a CPU with AVX512-VNNI");
+    const auto kernel = units ? linear_packed_int8 : linear_packed_int8_avx2;
+    const int rc = kernel(x_in.const_data_ptr<float>(), m > 1 ? x_in.stride(0) : k, packed.const_data_ptr<int8_t>(),
+                          scale->const_data_ptr<float>(), y.mutable_data_ptr<float>(), out_features, m, out_features,
+                          k);
+    TORCH_CHECK(rc != -1, "the packed int8 GEMM on VPDPBUSD needs a CPU with AVX512-VNNI");
     TORCH_CHECK(rc == 0, "out of memory for the int8 GEMM's quantised x");
     return y;
   }
@@ -144,13 +145,14 @@ at::Tensor linear_packed_groups(const at::Tensor& x_in, const at::Tensor& packed
   return y.to(at::kBFloat16);
 }
 
-// bf16_units: how bf16 weights multiply (the engine's kernel plan chooses); fp32 and int8 weights ignore it.
+// units: whether bf16 and int8 weights multiply on the CPU's AVX-512 dot-product units or on AVX2 alone (the
+// engine's kernel plan chooses); fp32 weights ignore it.
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                         const std::optional<at::Tensor>& scale, bool bf16_units) {
+                         const std::optional<at::Tensor>& scale, bool units) {
   TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.dim() == 3, "packed weight must be a 3-D CPU tensor, got ",
                     packed.sizes(), " on ", packed.device());
   if (packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kChar)
-    return linear_packed_groups(x, packed, out_features, scale, bf16_units);
+    return linear_packed_groups(x, packed, out_features, scale, units);
   TORCH_CHECK_VALUE(!scale.has_value(), "scales are for int8 weights only");
   check_f32(x, "x", 2);
   check_f32(packed, "packed weight", 3);
@@ -342,7 +344,7 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, bool bf16_unit
 
 TORCH_LIBRARY(appliance, m) {
   m.def("pack_weight(Tensor weight, Tensor(a!) out) -> ()");
-  m.def("linear_packed(Tensor x, Tensor packed, int out_features, Tensor? scale=None, bool bf16_units=True) -> "
+  m.def("linear_packed(Tensor x, Tensor packed, int out_features, Tensor? scale=None, bool units=True) -> "
         "Tensor");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
