@@ -5,12 +5,13 @@ q in [-127, 127] and scale = max|w_row| / 127. Decoding reads the weights once p
 their bytes (against bf16) is what makes a memory-bound decode faster; the multiply is torch's
 `_weight_int8pack_mm` (int8 weights, bf16 activations on the CPU, per-row scales). Past a number of
 rows a step is compute-bound and a dense GEMM on weights converted tile by tile beats that kernel. Where
-the engine runs our CPU kernels, small steps run on our AVX2 int8 GEMM instead (cpu_kernels.linear_int8,
-fp32 activations), which reads each weight row once for all rows; on CPUs with AVX512-VNNI (and packed
-bf16 weights) the weights pack in panels and every step runs on our int8 GEMM (cpu_kernels.PackedWeight):
-activations quantised to int8 per row and per 512 k (each block to its largest |x|), 4 bytes of each
-multiplied into int32 sums a lane, the sums scaled back. Which, and up to how many rows, is the engine's
-kernel plan's `Int8Plan` (kernel_plan.int8_plan); this module follows it.
+the engine runs our CPU kernels on a CPU without AMX, the weights pack in panels and every step runs on
+our packed int8 GEMM (cpu_kernels.PackedWeight): activations quantised to int8 per row and per 512 k
+(each block to its largest |x|), 4 bytes of each multiplied into int32 sums a lane (VPDPBUSD with
+AVX512-VNNI, else VPMADDUBSW on AVX2: the same sums), the sums scaled back. On AMX hosts small steps run
+on our AVX2 int8 GEMM on torch's layout instead (cpu_kernels.linear_int8, fp32 activations), which reads
+each weight row once for all rows. Which, and up to how many rows, is the engine's kernel plan's
+`Int8Plan` (kernel_plan.int8_plan); this module follows it.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -35,7 +36,8 @@ class Int8Plan:
     kernel_rows: int
     tile_dtype: torch.dtype
     cpu_kernel_rows: int = 0  # steps of up to this many rows run on our int8 GEMM (0: never)
-    packed: bool = False  # the weights pack for our VPDPBUSD GEMM, which takes every step
+    packed: bool = False  # the weights pack for our packed int8 GEMM, which takes every step
+    vnni: bool = False  # packed weights multiply on VPDPBUSD (AVX512-VNNI); else on VPMADDUBSW (AVX2)
 
 
 class Int8Weight:
@@ -54,7 +56,7 @@ class Int8Weight:
             self.scale[start:start + QUANT_CHUNK_ROWS] = scale
         self.packed: Optional[cpu_kernels.PackedWeight] = None
         if plan.packed:
-            self.packed = cpu_kernels.PackedWeight(self.q, scale=self.scale)
+            self.packed = cpu_kernels.PackedWeight(self.q, scale=self.scale, vnni=plan.vnni)
             self.q = None  # the rows live on in the panels
 
     @property

@@ -15,12 +15,14 @@ library loaded, engine.cpu_kernels on):
   there is no torch product left to run them; the packed kernels stream the weights front to back.
   With AMX, oneDNN's tile unit multiplies a prefill several times faster, so the weights keep torch's
   layout, on torch's GEMM except for a few rows, which run our bf16-weight GEMM (`bf16_weight_rows`).
-- GEMM, int8 weights (engine.quantization=int8): `int8_plan`.
+- GEMM, int8 weights (engine.quantization=int8): `int8_plan` (packed on any CPU without AMX: VPDPBUSD
+  with AVX512-VNNI, else VPMADDUBSW on AVX2).
 - Attention: `attention_select.select_backend` (the paged decode kernel for fp32 and bf16 caches).
 - RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 engines.
 Without our kernels every family runs on torch (int8 weights on torch's int8 kernel and tiles).
 """
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -84,7 +86,7 @@ class KernelPlan:
         if plan is None:
             return None
         if plan.packed:
-            return "gemm int8 every row=ours packed"
+            return f"gemm int8 every row=ours packed ({'vpdpbusd' if plan.vnni else 'avx2 vpmaddubsw'})"
         regimes, first = [], 1
         if plan.cpu_kernel_rows:
             regimes.append(f"{_rows(range(1, plan.cpu_kernel_rows + 1))}=ours int8-weight")
@@ -141,19 +143,21 @@ def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str]
 
 
 def int8_plan(host: Host, ours: bool) -> Int8Plan:
-    """How int8 weights multiply on `host`, with our CPU kernels running (`ours`) or not. Where bf16
-    weights pack (AVX512-BF16, no AMX) and AVX512-VNNI multiplies bytes, every step takes our packed int8
-    GEMM, faster than the bf16 GEMM at every size (half the bytes to read at decode sizes, twice the
-    products an instruction at prefill sizes). Else torch's int8 kernel up to a number of rows, dense GEMMs
-    on converted tiles past it, and with ours, steps of up to INT8_WEIGHT_ROWS rows on our int8 GEMM.
-    With bf16 matrix units (AMX), torch's kernel beats a bf16 GEMM at one row but loses to it a few rows
-    on, and bf16 tiles ride the units. Without them bf16 is emulated: the kernel beats fp32 tiles up to
-    about 200 rows, and fp32 tiles beat bf16 ones. Figures: docs/benchmarks.md."""
+    """How int8 weights multiply on `host`, with our CPU kernels running (`ours`) or not. Without AMX (and
+    with AVX2/FMA, which our kernels need) every step takes our packed int8 GEMM: on VPDPBUSD where the CPU
+    has AVX512-VNNI (faster than the bf16 GEMM at every size: half the bytes to read at decode sizes, twice
+    the products an instruction at prefill sizes), else on VPMADDUBSW (AVX2), where torch's int8 kernel
+    reads a decode step's weights below the memory's rate and past it fp32 tiles read 4 bytes a weight.
+    With bf16 matrix units (AMX) torch's kernel runs up to 16 rows (it beats a bf16 GEMM at one row but
+    loses to it a few rows on), bf16 tiles past it ride the units, and with ours steps of up to
+    INT8_WEIGHT_ROWS rows run our int8 GEMM on torch's layout. Without ours: torch's kernel up to 16 rows
+    (bf16 units) or 192 (none: bf16 is emulated, and fp32 tiles beat the kernel from about 200 rows), then
+    tiles. Figures: docs/benchmarks.md."""
     flags = host.cpu_flags
-    if ours and "avx512_bf16" in flags and "amx_bf16" not in flags and "avx512_vnni" in flags:
-        return Int8Plan(0, torch.bfloat16, packed=True)
-    rows = INT8_WEIGHT_ROWS if ours else 0
-    return Int8Plan(16, torch.bfloat16, rows) if host.native_bf16 else Int8Plan(192, torch.float32, rows)
+    tiles = Int8Plan(16, torch.bfloat16) if host.native_bf16 else Int8Plan(192, torch.float32)
+    if ours and "amx_bf16" not in flags and {"avx2", "fma"} <= flags:
+        return dataclasses.replace(tiles, kernel_rows=0, packed=True, vnni="avx512_vnni" in flags)
+    return dataclasses.replace(tiles, cpu_kernel_rows=INT8_WEIGHT_ROWS if ours else 0)
 
 
 def _rows(rows: range) -> str:

@@ -351,7 +351,7 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
      ValueError, "scales are for int8 weights only"),
     (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8, dtype=torch.float64),
                                              cpu_kernels.PackedWeight(torch.randn(4, 8).to(torch.bfloat16)).data, 4,
-                                             bf16_units=False),
+                                             units=False),
      ValueError, "x must be 2-D float32 or bfloat16 for a bf16 weight on AVX2"),
     (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8),
                                              cpu_kernels.PackedWeight(torch.ones(4, 8, dtype=torch.int8),

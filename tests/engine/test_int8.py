@@ -8,10 +8,10 @@ from appliance.engine.int8 import Int8Plan, Int8Weight, kernel_problem
 from appliance.engine.kernel_plan import INT8_WEIGHT_ROWS
 
 # What each host's kernel plan gives (test_kernel_plan.py): torch's kernel and tiles; our few-row GEMM
-# too; our packed GEMM for every step.
+# too (AMX hosts); our packed GEMM for every step (on VPDPBUSD here; the AVX2 one: test_int8_avx2_kernel.py).
 AMX, AVX2 = Int8Plan(16, torch.bfloat16), Int8Plan(192, torch.float32)
 OURS = Int8Plan(192, torch.float32, cpu_kernel_rows=INT8_WEIGHT_ROWS)
-PACKED = Int8Plan(0, torch.bfloat16, packed=True)
+PACKED = Int8Plan(0, torch.bfloat16, packed=True, vnni=True)
 
 
 def test_rows_are_scaled_symmetrically_per_output_channel():
@@ -110,7 +110,9 @@ def as_the_packed_gemm_sees(x: torch.Tensor) -> torch.Tensor:
     for k0 in range(0, x.shape[1], X_BLOCK):
         block = x[:, k0:k0 + X_BLOCK]
         largest = block.abs().amax(dim=1, keepdim=True)
-        inv = torch.where(largest > 0, 127.0 / largest, torch.zeros_like(largest))
+        # 127 / largest divided in float32 (a Python number over a tensor is its reciprocal times 127 in
+        # torch: a rounding apart, which moves an x at a half step to the other int8 level)
+        inv = torch.where(largest > 0, torch.full_like(largest, 127.0) / largest, torch.zeros_like(largest))
         q = torch.round(block * inv).clamp(-127, 127)
         out[:, k0:k0 + X_BLOCK] = q.double() * (largest / 127).double()
     return out
@@ -207,10 +209,10 @@ def test_int8_is_refused_for_a_pool_engine():
 @needs_our_kernels
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_our_int8_kernel_keeps_the_engines_greedy_tokens(llama_dir, dtype):
-    """int8 on our kernels (engine.cpu_kernels, the default: the packed GEMM on CPUs with AVX512-BF16 but
-    no AMX, else the few-row one) answers as int8 on torch's alone: the same first tokens (the few-row
-    kernel keeps activations in fp32 where torch's rounds them to bf16, so a random model's near-ties
-    later may fall either way, in either engine dtype)."""
+    """int8 on our kernels (engine.cpu_kernels, the default: the packed GEMM on CPUs without AMX, on
+    VPDPBUSD with AVX512-VNNI; else the few-row one) answers as int8 on torch's alone: the same first
+    tokens (our kernels quantise activations per 512 k or keep them in fp32 where torch's rounds them to
+    bf16, so a random model's near-ties later may fall either way, in either engine dtype)."""
     from appliance.engine.config import EngineConfig
     from appliance.engine.linear import ColumnParallelLinear
     from appliance.engine.llm_engine import LLMEngine
@@ -225,9 +227,10 @@ def test_our_int8_kernel_keeps_the_engines_greedy_tokens(llama_dir, dtype):
                                                    cpu_kernels=ours))
         layer = next(m for m in engine.executor.runner.model.modules() if isinstance(m, ColumnParallelLinear))
         flags = Host.read().cpu_flags
-        packed = ours and {"avx512_bf16", "avx512_vnni"} <= flags and "amx_bf16" not in flags
+        packed = ours and "amx_bf16" not in flags
         assert layer.quantized.plan == engine.kernels.int8
         assert layer.quantized.plan.packed == packed and (layer.quantized.packed is not None) == packed
+        assert not packed or layer.quantized.packed.vnni == ("avx512_vnni" in flags)
         assert layer.quantized.plan.cpu_kernel_rows == (INT8_WEIGHT_ROWS if ours and not packed else 0)
         answers[ours] = [a.token_ids for a in engine.generate(prompts, greedy)]
     assert [a[0] for a in answers[True]] == [a[0] for a in answers[False]]

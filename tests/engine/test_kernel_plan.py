@@ -40,7 +40,9 @@ def plan(host_name, dtype, quantization="none", device="cpu", off=None, attentio
 # (host, dtype, quantization, device, why our kernels are off) -> (packed GEMM, bf16-weight rows, int8
 # plan, fused small ops, argmax): what the runner did before the plan (packs_bf16 / packs_int8 /
 # bf16_kernel_rows / Int8Plan.for_host, each on the host's flags), but for bf16 weights without bf16
-# units, packed for the AVX2 GEMM since it came (before: rows 2-128 on the few-row GEMM, the rest torch).
+# units, packed for the AVX2 GEMM since it came (before: rows 2-128 on the few-row GEMM, the rest torch),
+# and for int8 weights without AMX, packed for the AVX2 int8 GEMM where there is no VNNI (before: our
+# few-row GEMM, torch's kernel, tiles).
 CASES = {
     # fp32 with ours: every GEMM packed, the fused ops and the argmax ours, on any x86 host.
     "fp32 avx2": (("avx2", "float32", "none", "cpu", None), (True, NONE, None, True, True)),
@@ -50,17 +52,18 @@ CASES = {
     "bf16 avx512_bf16": (("avx512_bf16", "bfloat16", "none", "cpu", None), (True, NONE, None, False, False)),
     "bf16 amx": (("amx", "bfloat16", "none", "cpu", None), (False, BF16_WEIGHT_ROWS_NATIVE, None, False, False)),
     "fp16 avx2": (("avx2", "float16", "none", "cpu", None), (False, NONE, None, False, False)),
-    # int8: our packed GEMM where VNNI meets packed bf16; else our few-row GEMM, torch's kernel, tiles.
+    # int8: our packed GEMM wherever there is no AMX (VPDPBUSD with VNNI, else VPMADDUBSW on AVX2); with
+    # AMX our few-row GEMM, torch's kernel, tiles.
     "int8 fp32 avx2": (("avx2", "float32", "int8", "cpu", None),
-                       (True, NONE, Int8Plan(192, torch.float32, INT8_WEIGHT_ROWS), True, True)),
+                       (True, NONE, Int8Plan(0, torch.float32, packed=True), True, True)),
     "int8 bf16 avx2": (("avx2", "bfloat16", "int8", "cpu", None),
-                       (True, NONE, Int8Plan(192, torch.float32, INT8_WEIGHT_ROWS), False, False)),
+                       (True, NONE, Int8Plan(0, torch.float32, packed=True), False, False)),
     "int8 bf16 avx512_bf16": (("avx512_bf16", "bfloat16", "int8", "cpu", None),
-                              (True, NONE, Int8Plan(16, torch.bfloat16, INT8_WEIGHT_ROWS), False, False)),
-    "int8 bf16 avx512_vnni": (("avx512_vnni", "bfloat16", "int8", "cpu", None),
                               (True, NONE, Int8Plan(0, torch.bfloat16, packed=True), False, False)),
+    "int8 bf16 avx512_vnni": (("avx512_vnni", "bfloat16", "int8", "cpu", None),
+                              (True, NONE, Int8Plan(0, torch.bfloat16, packed=True, vnni=True), False, False)),
     "int8 fp32 avx512_vnni": (("avx512_vnni", "float32", "int8", "cpu", None),
-                              (True, NONE, Int8Plan(0, torch.bfloat16, packed=True), True, True)),
+                              (True, NONE, Int8Plan(0, torch.bfloat16, packed=True, vnni=True), True, True)),
     "int8 fp32 amx": (("amx", "float32", "int8", "cpu", None),
                       (True, NONE, Int8Plan(16, torch.bfloat16, INT8_WEIGHT_ROWS), True, True)),
     "int8 bf16 amx": (("amx", "bfloat16", "int8", "cpu", None),
@@ -133,11 +136,10 @@ def test_an_explicit_choice_that_cannot_run_is_refused_naming_the_setting(monkey
     ("bf16 avx512_bf16", ["gemm bfloat16 every row=ours packed (vdpbf16ps)"]),
     ("bf16 amx", ["gemm bfloat16 rows 1-2=ours bf16-weight, other rows=torch"]),
     ("int8 bf16 avx2", ["gemm bfloat16 (unquantized weights) every row=ours packed (avx2 fma, widened to fp32)",
-                        "gemm int8 rows 1-32=ours int8-weight, rows 33-192=torch int8 kernel, "
-                        "rows 193+=torch float32 tiles"]),
+                        "gemm int8 every row=ours packed (avx2 vpmaddubsw)"]),
     ("int8 fp32 amx", ["gemm int8 rows 1-32=ours int8-weight, rows 33+=torch bfloat16 tiles"]),
     ("int8 bf16 avx512_vnni", ["gemm bfloat16 (unquantized weights) every row=ours packed (vdpbf16ps)",
-                               "gemm int8 every row=ours packed"]),
+                               "gemm int8 every row=ours packed (vpdpbusd)"]),
     ("int8 fp32 avx2 off", ["gemm float32 (unquantized weights)=torch",
                             "gemm int8 rows 1-192=torch int8 kernel, rows 193+=torch float32 tiles",
                             "(our CPU kernels off: engine.cpu_kernels=false)"]),
