@@ -8,8 +8,9 @@ F.linear (MKL) vs our packed GEMM, median of 7. Then the bf16 GEMMs at a 7B Llam
 32-260 MB, so from memory), from one decode row to an image prompt's 610: torch's F.linear (oneDNN;
 emulated bf16 on CPUs without bf16 units) vs our packed AVX2 GEMM (weights widened to fp32, run on
 every CPU: what CPUs without bf16 units run) and, on CPUs with AVX512-BF16, our packed VDPBF16PS GEMM
-(what they run); with AVX512-VNNI too, our packed int8 GEMM (VPDPBUSD) on the same weights quantised,
-as a fraction of the VDPBF16PS GEMM's time. Decode attention:
+(what they run); our packed AVX2 int8 GEMM (VPMADDUBSW, run on every CPU: what CPUs without AVX512-VNNI
+run) on the same weights quantised, its GFLOP/s and weight GB/s; with AVX512-VNNI too, our packed int8
+GEMM (VPDPBUSD) as a fraction of the VDPBF16PS GEMM's time. Decode attention:
 32 sequences of 150-300 tokens in scattered blocks (8 KV heads x 64), torch's gather + SDPA (the torch
 backend) vs our in-place kernel;
 and ours at a 7B shape (bf16 caches, 32 heads x 128) for 1, 2 and 8 sequences, each call on blocks the
@@ -60,14 +61,16 @@ BF16_SHAPES = {"qkv 12288x4096": (12288, 4096), "o 4096x4096": (4096, 4096), "ga
 
 def bf16_gemm_rows(rows_list, units: bool, with_int8: bool, shapes=BF16_SHAPES):
     """Per shape and row count: GFLOP/s of torch, our AVX2 GEMM and (`units`) our VDPBF16PS GEMM, the AVX2
-    GEMM's weight GB/s, and the int8 GEMM's time as a fraction of the VDPBF16PS one's."""
+    GEMM's weight GB/s, our AVX2 int8 GEMM's GFLOP/s and weight GB/s (the same weights quantised), and
+    (`with_int8`) the VPDPBUSD int8 GEMM's time as a fraction of the VDPBF16PS one's."""
     nan = float("nan")
     for name, (n, k) in shapes.items():
         weight = torch.randn(n, k).to(torch.bfloat16)
         fma = cpu_kernels.PackedWeight(weight, bf16_units=False)
         packed = cpu_kernels.PackedWeight(weight) if units else None
-        quantized = Int8Weight(weight, Int8Plan(0, torch.bfloat16, packed=True)) \
+        quantized = Int8Weight(weight, Int8Plan(0, torch.bfloat16, packed=True, vnni=True)) \
             if with_int8 else None
+        int8_avx2 = Int8Weight(weight, Int8Plan(0, torch.float32, packed=True))  # runs on every CPU
         for rows in rows_list:
             x = torch.randn(rows, k).to(torch.bfloat16)
             torch_s = median_s(lambda: F.linear(x, weight))
@@ -75,9 +78,10 @@ def bf16_gemm_rows(rows_list, units: bool, with_int8: bool, shapes=BF16_SHAPES):
             units_s = median_s(lambda: cpu_kernels.linear(x, packed)) if units else nan
             x32 = x.float()  # the int8 GEMM's input
             int8 = median_s(lambda: quantized.linear(x32)) if with_int8 else nan
+            int8_avx2_s = median_s(lambda: int8_avx2.linear(x32))
             flops = 2 * rows * n * k
             yield (name, rows, flops / torch_s / 1e9, flops / fma_s / 1e9, flops / units_s / 1e9,
-                   n * k * 2 / fma_s / 1e9, int8 / units_s)
+                   n * k * 2 / fma_s / 1e9, flops / int8_avx2_s / 1e9, n * k / int8_avx2_s / 1e9, int8 / units_s)
 
 
 def kv_pool(shape, dtype) -> torch.Tensor:
@@ -144,9 +148,11 @@ def main():
     units = "avx512_bf16" in flags
     with_int8 = units and "avx512_vnni" in flags
     print(f"\n{'bf16 GEMM, 7B':20s} {'rows':>5s} {'torch GFLOP/s':>14s} {'ours avx2 fma':>14s} {'ours vdpbf16ps':>15s} "
-          f"{'avx2 GB/s':>10s} {'int8 / vdpbf16ps time':>22s}")
-    for name, rows, torch_gf, fma_gf, units_gf, gbs, int8 in bf16_gemm_rows(args.bf16_rows, units, with_int8):
-        print(f"{name:20s} {rows:5d} {torch_gf:14.0f} {fma_gf:14.0f} {units_gf:15.0f} {gbs:10.1f} {int8:22.2f}")
+          f"{'avx2 GB/s':>10s} {'int8 avx2 GFLOP/s':>18s} {'int8 avx2 GB/s':>15s} {'int8 / vdpbf16ps time':>22s}")
+    for (name, rows, torch_gf, fma_gf, units_gf, gbs, int8_gf, int8_gbs,
+         int8) in bf16_gemm_rows(args.bf16_rows, units, with_int8):
+        print(f"{name:20s} {rows:5d} {torch_gf:14.0f} {fma_gf:14.0f} {units_gf:15.0f} {gbs:10.1f} {int8_gf:18.0f} "
+              f"{int8_gbs:15.1f} {int8:22.2f}")
     torch_s, ours_s, kv_bytes = attention_row()
     print(f"\ndecode attention, 32 sequences ({kv_bytes / 1e6:.0f} MB of K/V): gather + SDPA "
           f"{torch_s * 1e3:.2f} ms, ours {ours_s * 1e3:.2f} ms ({torch_s / ours_s:.1f}x, "
