@@ -45,7 +45,7 @@ STREAMS = 8
 
 def text_prompt(number: int) -> list:
     """real_scale.py's decode-only prompts: 32 tokens, distinct per stream."""
-    return WARMUP_IDS + [100 + 24 * number + i for i in range(24)]
+    return WARMUP_IDS + [1000 + 24 * number + i for i in range(24)]
 
 
 def cpu_flags() -> str:
