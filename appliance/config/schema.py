@@ -65,6 +65,9 @@ class GeoModelConfig:
     stds: List[float] = MISSING
     scale: float = 1.0  # DN -> reflectance multiplier applied before normalisation
     class_names: List[str] = MISSING
+    # An [R, G, B] (0..255) per class name, in order: the mask's colour table, the quicklook, the STAC
+    # item's classes and the scene report's palette. None: DEFAULT_CLASS_COLOURS (stages/geo/class_colours.py).
+    class_colours: Optional[List[List[int]]] = None
     # STAC names of `bands`, in order: an item's asset serves a band when its eo:bands common_name or name
     # (or the asset key) is this name. None: the model takes no STAC items.
     stac_bands: Optional[List[str]] = None

@@ -150,7 +150,7 @@ def test_scale_declared_in_the_file_wins_over_the_model_default(scene, tmp_path)
 def test_quicklook(scene, tmp_path):
     from PIL import Image
 
-    from appliance.stages.geo.quicklook import NODATA_GREY, class_colour
+    from appliance.stages.geo.class_colours import NODATA_GREY, default_colours
 
     path, _ = scene
     records = run_geo(str(path), tmp_path / "m.tif", write={"quicklook": True, "quicklook_size": 200})
@@ -160,7 +160,7 @@ def test_quicklook(scene, tmp_path):
         assert image.mode == "RGB" and image.width == 200 and image.height > 150  # 200x150, a legend below
         legend = np.asarray(image)[150:].reshape(-1, 3)
     colours = {tuple(int(v) for v in c) for c in np.unique(legend, axis=0)}
-    assert {class_colour(1), NODATA_GREY, (0, 0, 0), (255, 255, 255)} <= colours  # water, nodata swatches; text
+    assert {default_colours(2)[1], NODATA_GREY, (0, 0, 0), (255, 255, 255)} <= colours  # water, nodata swatches; text
 
 
 def test_pipeline_graph_and_option_errors():

@@ -10,7 +10,7 @@ from PIL import Image
 from rasterio.warp import transform as warp_transform
 
 from appliance.stages.geo import scene_report
-from appliance.stages.geo.quicklook import NODATA_GREY, class_colour
+from appliance.stages.geo.class_colours import NODATA_GREY, default_colours
 from appliance.stages.geo.scene_report import class_summary, grid_summary, write_scene_report
 from tests.geo.conftest import run_geo
 
@@ -56,7 +56,7 @@ def test_report_of_a_written_mask(scene, tmp_path, output):
     assert [c["pixels"] for c in summary["classes"]] == pixels
     assert summary["valid_pixels"] == sum(pixels) and summary["nodata_pixels"] == nodata
     assert [c["name"] for c in summary["classes"]] == ["land", "water"]
-    assert [tuple(c["colour"]) for c in summary["classes"]] == [class_colour(0), class_colour(1)]
+    assert [tuple(c["colour"]) for c in summary["classes"]] == default_colours(2)
     assert summary["pixel_area_m2"] == pytest.approx(900.0)  # 30 m UTM pixels
     for cls, count in zip(summary["classes"], pixels):
         assert cls["area_km2"] == pytest.approx(count * 900.0 / 1e6)
@@ -71,7 +71,7 @@ def test_report_of_a_written_mask(scene, tmp_path, output):
         assert image.mode == "P" and image.size == (200, 150) and image.info["transparency"] == 0
         palette = image.getpalette()[:9]
         indexes = np.asarray(image)
-    assert palette == [*class_colour(0), *class_colour(1), *NODATA_GREY]
+    assert palette == [*default_colours(2)[0], *default_colours(2)[1], *NODATA_GREY]
     assert set(np.unique(indexes)) == {0, 1, 2}
     gaps = indexes == 2  # nodata: grey in the scene picture too
     assert (scene_pixels[gaps] == NODATA_GREY).all() and not (scene_pixels[~gaps] == NODATA_GREY).all(axis=1).all()

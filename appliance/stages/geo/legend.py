@@ -12,9 +12,10 @@ SWATCH, GAP, PAD, ROW = 12, 4, 6, 18  # pixels
 BACKGROUND, INK = (255, 255, 255), (0, 0, 0)
 
 
-def legend_entries(class_names: Sequence[str], colour_of, nodata: Colour) -> List[Tuple[str, Optional[Colour]]]:
+def legend_entries(class_names: Sequence[str], colours: Sequence[Colour],
+                   nodata: Colour) -> List[Tuple[str, Optional[Colour]]]:
     """(name, swatch colour) per class, None for the unpainted class 0; nodata last."""
-    return [(name, None if i == 0 else colour_of(i)) for i, name in enumerate(class_names)] + [("nodata", nodata)]
+    return [(name, None if i == 0 else tuple(colours[i])) for i, name in enumerate(class_names)] + [("nodata", nodata)]
 
 
 def with_legend(picture: Image.Image, entries: Sequence[Tuple[str, Optional[Colour]]]) -> Image.Image:

@@ -9,20 +9,11 @@ from PIL import Image
 from rasterio.enums import Resampling
 
 from appliance.output_files import AtomicFile
+from appliance.stages.geo.class_colours import NODATA_GREY, Colour
 from appliance.stages.geo.geotiff import open_raster
 from appliance.stages.geo.legend import legend_entries, with_legend
 from appliance.stages.geo.window_reader import open_scene
 from appliance.stages.geo.scene import _norm
-
-# Class colours (RGB), shared by the mask's GeoTIFF colour table and the quicklook's overlay; class i
-# takes CLASS_COLOURS[i % len]. Class 0 (background, "land") is left uncoloured in the quicklook.
-CLASS_COLOURS = [(200, 200, 200), (0, 90, 255), (230, 60, 40), (40, 170, 60), (250, 200, 0)]
-NODATA_GREY = (60, 60, 60)
-
-
-def class_colour(index: int):
-    return CLASS_COLOURS[index % len(CLASS_COLOURS)]
-
 
 def quicklook_path(output_path: str) -> str:
     base = output_path[: -len(".tif")] if output_path.lower().endswith(".tif") else os.path.splitext(output_path)[0]
@@ -75,16 +66,18 @@ def read_previews(scene, mask_path: str, shape: Tuple[int, int]) -> Tuple[np.nda
     return (rgb, *mask_classes(mask))
 
 
-def write_quicklook(scene, mask_path: str, png_path: str, max_size: int, class_names: Sequence[str]) -> None:
-    """The picture is at most `max_size` pixels on its longer side; the legend adds a band below."""
+def write_quicklook(scene, mask_path: str, png_path: str, max_size: int, class_names: Sequence[str],
+                    class_colours: Sequence[Colour]) -> None:
+    """The picture is at most `max_size` pixels on its longer side; the legend adds a band below. Class 0
+    (background: land, unburned) is left unpainted, the others take their colour from `class_colours`."""
     rgb, classes, nodata = read_previews(scene, mask_path, preview_shape(scene.width, scene.height, max_size))
     image = stretch(rgb, ~nodata).transpose(1, 2, 0).astype(np.float32)
     for cls in np.unique(classes[~nodata]):
         if cls == 0:
             continue
         hit = (classes == cls) & ~nodata
-        image[hit] = 0.45 * image[hit] + 0.55 * np.asarray(class_colour(cls), dtype=np.float32)
+        image[hit] = 0.45 * image[hit] + 0.55 * np.asarray(class_colours[cls], dtype=np.float32)
     image[nodata] = NODATA_GREY
     with AtomicFile(png_path) as temp:
         picture = Image.fromarray(image.astype(np.uint8))
-        with_legend(picture, legend_entries(class_names, class_colour, NODATA_GREY)).save(temp, format="PNG")
+        with_legend(picture, legend_entries(class_names, class_colours, NODATA_GREY)).save(temp, format="PNG")

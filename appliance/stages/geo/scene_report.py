@@ -16,7 +16,8 @@ from rasterio.warp import transform as warp_transform, transform_bounds
 
 from appliance.output_files import AtomicFile
 from appliance.stages.geo.geotiff import open_raster
-from appliance.stages.geo.quicklook import NODATA_GREY, class_colour, mask_classes, preview_shape, read_previews, stretch
+from appliance.stages.geo.class_colours import NODATA_GREY, default_colours, parse_colours_tag
+from appliance.stages.geo.quicklook import mask_classes, preview_shape, read_previews, stretch
 
 SCENE_PNG, MASK_PNG = "scene.png", "mask.png"
 EARTH_RADIUS_M = 6371008.8  # the mean Earth radius (IUGG): spherical cell areas of geographic grids
@@ -29,11 +30,13 @@ def write_scene_report(scene, mask_path: str, report_dir: str, preview_size: int
                        class_names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Write `scene.png` and `mask.png` (longer side <= `preview_size`, never upscaled) into `report_dir`
     and return the summary. `scene`: the SceneInfo the mask was made from; `class_names`: None reads
-    the names raster_write tagged the mask with."""
+    the names raster_write tagged the mask with. The class colours are the mask's `class_colours` tag
+    (the model's, as raster_write wrote them), else the defaults."""
     with open_raster(mask_path) as ds:
         names = list(class_names) if class_names is not None else tagged_class_names(ds)
+        colours = parse_colours_tag(ds.tags().get("class_colours"), len(names))
         summary = grid_summary(ds)
-        summary.update(class_summary(ds, names))
+        summary.update(class_summary(ds, names, colours))
     shape = preview_shape(summary["width"], summary["height"], preview_size)
     rgb, classes, nodata = read_previews(scene, mask_path, shape)
     picture = stretch(rgb, ~nodata).transpose(1, 2, 0).copy()
@@ -41,7 +44,7 @@ def write_scene_report(scene, mask_path: str, report_dir: str, preview_size: int
     with AtomicFile(os.path.join(report_dir, SCENE_PNG)) as temp:
         Image.fromarray(picture).save(temp, format="PNG")
     with AtomicFile(os.path.join(report_dir, MASK_PNG)) as temp:
-        palette_mask(classes, nodata, len(names)).save(temp, format="PNG", transparency=0)
+        palette_mask(classes, nodata, colours).save(temp, format="PNG", transparency=0)
     summary["preview"] = {"width": shape[1], "height": shape[0]}
     return summary
 
@@ -53,12 +56,13 @@ def tagged_class_names(ds) -> List[str]:
     return names.split(",")
 
 
-def palette_mask(classes: np.ndarray, nodata: np.ndarray, count: int) -> Image.Image:
-    """Pixel = class index, nodata (and any value past the classes) = `count`; palette = the class colours,
-    then NODATA_GREY. The caller saves it with `transparency=0`: class 0 shows what lies below."""
+def palette_mask(classes: np.ndarray, nodata: np.ndarray, colours: Sequence[Tuple[int, int, int]]) -> Image.Image:
+    """Pixel = class index, nodata (and any value past the classes) = the class count; palette = `colours`
+    (one per class), then NODATA_GREY. The caller saves it with `transparency=0`: class 0 shows what lies below."""
+    count = len(colours)
     index = np.where(nodata | (classes >= count), count, classes).astype(np.uint8)
     image = Image.frombytes("P", (index.shape[1], index.shape[0]), np.ascontiguousarray(index).tobytes())
-    image.putpalette([v for i in range(count) for v in class_colour(i)] + list(NODATA_GREY))
+    image.putpalette([int(v) for colour in colours for v in colour] + list(NODATA_GREY))
     return image
 
 
@@ -100,9 +104,11 @@ def geographic_row_areas_m2(crs, transform, height: int) -> Optional[np.ndarray]
     return EARTH_RADIUS_M ** 2 * abs(transform.a * radians) * np.abs(np.diff(np.sin(edges)))
 
 
-def class_summary(ds, names: Sequence[str]) -> Dict[str, Any]:
-    """Pixels, area and share per class, valid and nodata pixels, counted strip by strip at full size."""
+def class_summary(ds, names: Sequence[str], colours: Optional[Sequence[Tuple[int, int, int]]] = None) -> Dict[str, Any]:
+    """Pixels, area, share and colour per class (`colours`, else the defaults), valid and nodata pixels,
+    counted strip by strip at full size."""
     count = len(names)
+    colours = colours if colours is not None else default_colours(count)
     pixel_area = pixel_area_m2(ds.crs, ds.transform)
     row_areas = geographic_row_areas_m2(ds.crs, ds.transform, ds.height)
     pixels, areas = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.float64)
@@ -115,7 +121,7 @@ def class_summary(ds, names: Sequence[str]) -> Dict[str, Any]:
         areas = pixels * pixel_area
     has_area = pixel_area is not None or row_areas is not None
     valid = int(pixels.sum())
-    classes = [{"index": i, "name": name, "colour": list(class_colour(i)), "pixels": int(pixels[i]),
+    classes = [{"index": i, "name": name, "colour": [int(v) for v in colours[i]], "pixels": int(pixels[i]),
                 "area_km2": float(areas[i]) / 1e6 if has_area else None,
                 "share": float(pixels[i]) / valid if valid else 0.0} for i, name in enumerate(names)]
     return {"classes": classes, "valid_pixels": valid, "nodata_pixels": ds.width * ds.height - valid,

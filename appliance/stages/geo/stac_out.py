@@ -13,7 +13,7 @@ made, which is also `created`.
 import datetime as dt
 import json
 import os
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 import pystac
 from pystac.extensions.classification import Classification, ClassificationExtension
@@ -22,7 +22,6 @@ from rasterio.transform import array_bounds
 from rasterio.warp import transform_bounds
 
 from appliance.output_files import AtomicFile
-from appliance.stages.geo.quicklook import class_colour
 from appliance.stages.geo.scene_sources import is_remote
 from appliance.stages.geo.stitch import NODATA_CLASS
 
@@ -56,9 +55,10 @@ def _when(value: Optional[str]) -> Optional[dt.datetime]:
     return None
 
 
-def mask_item(scene, output_path: str, class_names: List[str], classes: bool, model: str, pipeline: str,
-              quicklook: Optional[str] = None) -> pystac.Item:
-    """The STAC item describing the mask at `output_path` (asset hrefs relative to the item's directory)."""
+def mask_item(scene, output_path: str, class_names: List[str], class_colours: Sequence[Tuple[int, int, int]],
+              classes: bool, model: str, pipeline: str, quicklook: Optional[str] = None) -> pystac.Item:
+    """The STAC item describing the mask at `output_path` (asset hrefs relative to the item's directory);
+    a class mask's classes carry `class_colours` as their colour hints."""
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     geometry, bbox = _footprint(scene)
     stem = os.path.basename(output_path)
@@ -83,8 +83,8 @@ def mask_item(scene, output_path: str, class_names: List[str], classes: bool, mo
     )
     if classes:
         found = [Classification.create(value=i, name=_name(n), description=n,
-                                       color_hint="%02X%02X%02X" % class_colour(i))
-                 for i, n in enumerate(class_names)]
+                                       color_hint="%02X%02X%02X" % tuple(colour))
+                 for i, (n, colour) in enumerate(zip(class_names, class_colours))]
         found.append(Classification.create(value=NODATA_CLASS, name="nodata", nodata=True))
         ClassificationExtension.ext(asset, add_if_missing=True).apply(classes=found)
     item_dir = os.path.dirname(os.path.abspath(stac_path(output_path)))

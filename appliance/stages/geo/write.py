@@ -25,7 +25,8 @@ from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.cog import overview_resampling, translate_to_cog
 from appliance.stages.geo.geotiff import open_raster, probe_geotiff
-from appliance.stages.geo.quicklook import class_colour, quicklook_path, write_quicklook
+from appliance.stages.geo.class_colours import colours_tag, default_colours, model_colours
+from appliance.stages.geo.quicklook import quicklook_path, write_quicklook
 from appliance.stages.geo.raster_read import geo_contract
 from appliance.stages.geo.stac_out import mask_item, stac_path, write_item
 from appliance.stages.geo.stitch import NODATA_CLASS
@@ -45,9 +46,10 @@ class MaskWriter:
     """One scene's output: a temp GeoTIFF in the output directory until `commit` (`AtomicFile`); for a COG,
     a draft GeoTIFF that `commit` copies into the output's temp file first."""
 
-    def __init__(self, scene, output_path: str, bands: int, dtype: str, class_names: List[str], block: int,
-                 cog: bool = True, resampling: Optional[str] = None):
+    def __init__(self, scene, output_path: str, bands: int, dtype: str, class_names: List[str], class_colours,
+                 block: int, cog: bool = True, resampling: Optional[str] = None):
         self.scene, self.output_path, self.class_names, self.block = scene, output_path, class_names, block
+        self.class_colours = list(class_colours)
         # Strips go to the draft; a COG is made from it into a second temp file only at commit, so an
         # interrupted run has one temp file to remove. GDAL may leave statistics (.aux.xml) beside either.
         self.draft = AtomicFile(output_path, sidecars=(".aux.xml",))
@@ -70,12 +72,13 @@ class MaskWriter:
                 self.dataset = rasterio.open(self.temp_path, "w", **profile)
             if is_classes:
                 self.dataset.set_band_description(1, "class")
-                colours = {i: class_colour(i) for i in range(len(class_names))}
+                colours = dict(enumerate(self.class_colours))
                 self.dataset.write_colormap(1, {**colours, NODATA_CLASS: (0, 0, 0)})
             else:
                 for band, name in enumerate(class_names, 1):
                     self.dataset.set_band_description(band, f"p({name})")
-            self.dataset.update_tags(class_names=",".join(class_names), source=os.path.basename(scene.path))
+            self.dataset.update_tags(class_names=",".join(class_names), class_colours=colours_tag(self.class_colours),
+                                     source=os.path.basename(scene.path))
         except BaseException:
             self.abort()
             raise
@@ -174,13 +177,15 @@ class RasterWrite(Stage):
         if options.overview_resampling is not None and options.overview_resampling.lower() not in OVERVIEW_RESAMPLINGS:
             raise ConfigError(f"{self.name}.overview_resampling: {options.overview_resampling!r}; choose one of "
                               f"{', '.join(OVERVIEW_RESAMPLINGS)} (or null: mode for classes, average otherwise)")
+        geo = geo_contract(cfg, self.name, required=False)
         names = options.class_names
         if names is None:
-            geo = geo_contract(cfg, self.name, required=False)
             names = list(geo.class_names) if geo is not None else None
         if names is not None and not 1 <= len(names) < NODATA_CLASS:
             raise ConfigError(f"{self.name}.class_names: need 1..{NODATA_CLASS - 1} names (got {len(names)})")
         self.class_names = list(names) if names is not None else None
+        names_key = "model.geo.class_names" if options.class_names is None else f"{self.name}.class_names"
+        self.class_colours = model_colours(geo, names, names_key) if names is not None else None
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         writers: Dict[str, MaskWriter] = {}
@@ -203,12 +208,13 @@ class RasterWrite(Stage):
         strip, scene = record["strip"], record["scene"]
         channels = len(strip.counts)
         names = self.class_names or [f"class {i}" for i in range(channels)]
+        colours = self.class_colours or default_colours(channels)
         if len(names) != channels:
             raise ConfigError(
                 f"{self.name}: {len(names)} class names ({', '.join(names)}) but the model gave {channels} classes"
             )
         bands, dtype = (1, "uint8") if strip.data.dtype == np.uint8 else (strip.data.shape[0], "float32")
-        return MaskWriter(scene, record["output_path"], bands, dtype, names, self.options.block_size,
+        return MaskWriter(scene, record["output_path"], bands, dtype, names, colours, self.options.block_size,
                           cog=self.options.format is MaskFormat.cog, resampling=self.options.overview_resampling)
 
     def _finish(self, record: Record, writer: MaskWriter) -> Record:
@@ -217,10 +223,12 @@ class RasterWrite(Stage):
         quicklook = None
         if record.get("quicklook", self.options.quicklook):  # a server request may ask for one
             quicklook = quicklook_path(path)
-            write_quicklook(scene, path, quicklook, self.options.quicklook_size, writer.class_names)
+            write_quicklook(scene, path, quicklook, self.options.quicklook_size, writer.class_names,
+                            writer.class_colours)
             text += f" (quicklook {quicklook})"
         if self.options.stac:
-            item = mask_item(scene, path, writer.class_names, writer.dtype == "uint8", self.cfg.model.name,
+            item = mask_item(scene, path, writer.class_names, writer.class_colours, writer.dtype == "uint8",
+                             self.cfg.model.name,
                              self.cfg.pipeline.name, quicklook)
             target = stac_path(path)
             try:
