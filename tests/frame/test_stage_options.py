@@ -123,13 +123,14 @@ def test_every_model_file_starts_from_the_schema(model):
     assert defaults and defaults[0] == "schema", f"conf/model/{model}.yaml: defaults: [schema, ...]"
 
 
-def test_prithvi_models_share_one_geo_contract():
-    shared = yaml.safe_load((conf_dir() / "model" / "geo" / "sen1floods11.yaml").read_text())
-    prithvi = [m for m in group_options("model") if m.startswith("prithvi")]
-    assert len(prithvi) == 5
+@pytest.mark.parametrize("task, contract, count", [("flood", "sen1floods11", 5), ("burn_scars", "hls_burn_scars", 2)])
+def test_prithvi_models_share_one_geo_contract_per_task(task, contract, count):
+    shared = yaml.safe_load((conf_dir() / "model" / "geo" / f"{contract}.yaml").read_text())
+    prithvi = [m for m in group_options("model") if m.startswith("prithvi") and m.endswith(task)]
+    assert len(prithvi) == count
     for model in prithvi:
         assert "geo" not in yaml.safe_load((conf_dir() / "model" / f"{model}.yaml").read_text()), model
-        geo = OmegaConf.to_container(compose(FLOOD + [f"model={model}"]).model.geo)
+        geo = OmegaConf.to_container(compose([f"pipeline=prithvi_{task}", f"model={model}"]).model.geo)
         assert geo == shared, model
 
 
