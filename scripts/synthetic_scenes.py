@@ -1,15 +1,20 @@
 #!/usr/bin/env python
-"""Synthetic 6-band HLS-like flood scenes with labels, deterministic from (seed, height, width).
+"""Synthetic 6-band HLS-like scenes with labels, deterministic from (target, seed, height, width).
 
 Bands (descriptions in the file): BLUE, GREEN, RED, NIR_NARROW, SWIR_1, SWIR_2, as int16 DN =
 reflectance x 10000, nodata -9999, UTM CRS and a 30 m grid. Surfaces: water (dark in NIR/SWIR,
 blue/green slightly above NIR), vegetation (bright NIR), bare soil (bright SWIR), urban (flat,
-moderately bright), clouds (bright in all bands, soft edges) and nodata patches.
-Labels (uint8): 0 land, 1 water, 255 nodata (no input, or cloud opacity > 0.5).
+moderately bright), burn scars (dark NIR, bright SWIR: a low normalised burn ratio), clouds
+(bright in all bands, soft edges) and nodata patches. Two targets:
+- water (flood scenes): labels 0 land, 1 water;
+- burn_scar (burn scenes: mostly vegetation, scars of varying severity, some soil, urban and a lake):
+  labels 0 unburned, 1 burn scar;
+both with 255 for nodata (no input, or cloud opacity > 0.5).
 
     from synthetic_scenes import make_scene, write_scene   # tests, training scripts
     python scripts/synthetic_scenes.py out.tif --height 300 --width 400 --seed 1 --labels out_labels.tif
-    python scripts/synthetic_scenes.py --sample             # refresh appliance/assets/samples/
+    python scripts/synthetic_scenes.py out.tif --target burn_scar --labels out_labels.tif
+    python scripts/synthetic_scenes.py --sample             # refresh appliance/assets/samples/ (both targets)
 """
 import argparse
 from pathlib import Path
@@ -20,6 +25,7 @@ import numpy as np
 BANDS = ("BLUE", "GREEN", "RED", "NIR_NARROW", "SWIR_1", "SWIR_2")
 NODATA_DN = -9999
 LAND, WATER, NODATA_LABEL = 0, 1, 255
+UNBURNED, BURN_SCAR = 0, 1
 # Surface reflectance per band (BLUE..SWIR_2), typical of HLS.
 SIGNATURES = {
     "water": (0.070, 0.060, 0.040, 0.030, 0.015, 0.010),
@@ -27,8 +33,11 @@ SIGNATURES = {
     "soil": (0.080, 0.120, 0.160, 0.250, 0.320, 0.250),
     "urban": (0.100, 0.110, 0.120, 0.180, 0.200, 0.170),
     "cloud": (0.550, 0.550, 0.560, 0.580, 0.400, 0.300),
+    "burn": (0.045, 0.055, 0.070, 0.110, 0.210, 0.190),
 }
-SAMPLE = Path(__file__).resolve().parents[1] / "appliance" / "assets" / "samples" / "flood_sample.tif"
+SAMPLES_DIR = Path(__file__).resolve().parents[1] / "appliance" / "assets" / "samples"
+SAMPLE = SAMPLES_DIR / "flood_sample.tif"
+SAMPLES = {"water": SAMPLE, "burn_scar": SAMPLES_DIR / "burn_scars_sample.tif"}
 
 
 def smooth_field(rng: np.random.Generator, height: int, width: int, cell: float) -> np.ndarray:
@@ -45,30 +54,13 @@ def smooth_field(rng: np.random.Generator, height: int, width: int, cell: float)
 
 
 def make_scene(height: int = 300, width: int = 400, seed: int = 0, *, clouds: bool = True,
-               nodata: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+               nodata: bool = True, target: str = "water") -> Tuple[np.ndarray, np.ndarray]:
     """(dn int16 [6, H, W], labels uint8 [H, W]); the same arguments always give the same arrays."""
+    if target not in SURFACES:
+        raise ValueError(f"target must be one of {sorted(SURFACES)} (got {target!r})")
     rng = np.random.default_rng([seed, height, width])
     scale = max(8.0, min(height, width) / 6)
-    terrain = smooth_field(rng, height, width, scale) + 0.5 * smooth_field(rng, height, width, scale / 3)
-    wet = smooth_field(rng, height, width, scale * 1.3) + 0.3 * smooth_field(rng, height, width, scale / 4)
-    water = wet > np.quantile(wet, 0.88)
-    # A meandering river across the scene.
-    yy, xx = np.mgrid[0:height, 0:width]
-    phase, centre = rng.uniform(0, 2 * np.pi), rng.uniform(0.3, 0.7) * height
-    path = centre + 0.15 * height * np.sin(xx / max(width, 1) * 2 * np.pi * 1.5 + phase)
-    water |= np.abs(yy - path) < max(1.5, height / 60)
-
-    surfaces = ("vegetation", "urban", "soil", "water")
-    kinds = np.zeros((height, width), dtype=np.uint8)
-    kinds[terrain > np.quantile(terrain, 0.55)] = 1
-    kinds[terrain > np.quantile(terrain, 0.75)] = 2
-    kinds[water] = 3
-    table = np.asarray([SIGNATURES[s] for s in surfaces]).T  # [band, surface]
-    texture = 1 + 0.08 * smooth_field(rng, height, width, max(4.0, scale / 5))
-    reflectance = table[:, kinds] * texture
-    reflectance += rng.normal(0, 0.0025, reflectance.shape)
-
-    labels = np.where(water, WATER, LAND).astype(np.uint8)
+    reflectance, labels = SURFACES[target](rng, height, width, scale)
     if clouds:
         sky = smooth_field(rng, height, width, scale * 0.8)
         opacity = np.clip((sky - np.quantile(sky, 0.94)) / 0.4, 0, 1)
@@ -81,19 +73,73 @@ def make_scene(height: int = 300, width: int = 400, seed: int = 0, *, clouds: bo
             h, w = max(1, height // 8), max(1, width // 10)
             y, x = rng.integers(0, max(1, height - h)), rng.integers(0, max(1, width - w))
             missing[y:y + h, x:x + w] = True
+        yy, xx = np.mgrid[0:height, 0:width]
         missing |= xx + yy < min(height, width) // 6  # a swath edge in the top-left corner
         dn[:, missing] = NODATA_DN
         labels[missing] = NODATA_LABEL
     return dn, labels
 
 
+def surface_reflectance(rng: np.random.Generator, kinds: np.ndarray, surfaces, scale: float) -> np.ndarray:
+    """Reflectance [6, H, W] of each pixel's surface (`kinds` indexes `surfaces`), textured and noisy."""
+    height, width = kinds.shape
+    table = np.asarray([SIGNATURES[s] for s in surfaces]).T  # [band, surface]
+    texture = 1 + 0.08 * smooth_field(rng, height, width, max(4.0, scale / 5))
+    reflectance = table[:, kinds] * texture
+    reflectance += rng.normal(0, 0.0025, reflectance.shape)
+    return reflectance
+
+
+def water_surfaces(rng: np.random.Generator, height: int, width: int, scale: float):
+    """Flood scene: lakes and a meandering river among vegetation, urban and soil; labels land/water."""
+    terrain = smooth_field(rng, height, width, scale) + 0.5 * smooth_field(rng, height, width, scale / 3)
+    wet = smooth_field(rng, height, width, scale * 1.3) + 0.3 * smooth_field(rng, height, width, scale / 4)
+    water = wet > np.quantile(wet, 0.88)
+    # A meandering river across the scene.
+    yy, xx = np.mgrid[0:height, 0:width]
+    phase, centre = rng.uniform(0, 2 * np.pi), rng.uniform(0.3, 0.7) * height
+    path = centre + 0.15 * height * np.sin(xx / max(width, 1) * 2 * np.pi * 1.5 + phase)
+    water |= np.abs(yy - path) < max(1.5, height / 60)
+
+    kinds = np.zeros((height, width), dtype=np.uint8)
+    kinds[terrain > np.quantile(terrain, 0.55)] = 1
+    kinds[terrain > np.quantile(terrain, 0.75)] = 2
+    kinds[water] = 3
+    reflectance = surface_reflectance(rng, kinds, ("vegetation", "urban", "soil", "water"), scale)
+    return reflectance, np.where(water, WATER, LAND).astype(np.uint8)
+
+
+def burn_surfaces(rng: np.random.Generator, height: int, width: int, scale: float):
+    """Burn scene: vegetation with some soil, urban and a lake (the look-alikes: soil is bright in
+    SWIR, water dark in NIR), and burn scars (smooth blobs, 4..20 % of the scene) whose severity
+    mixes burn into vegetation from 0.55 at their edge to 1 inside; labels unburned/burn scar."""
+    terrain = smooth_field(rng, height, width, scale) + 0.5 * smooth_field(rng, height, width, scale / 3)
+    fire = smooth_field(rng, height, width, scale * 1.2) + 0.35 * smooth_field(rng, height, width, scale / 4)
+    lake = smooth_field(rng, height, width, scale * 1.5)
+    kinds = np.zeros((height, width), dtype=np.uint8)
+    kinds[terrain > np.quantile(terrain, 0.80)] = 1
+    kinds[terrain > np.quantile(terrain, 0.90)] = 2
+    kinds[lake > np.quantile(lake, 0.96)] = 3
+    reflectance = surface_reflectance(rng, kinds, ("vegetation", "urban", "soil", "water"), scale)
+    edge = np.quantile(fire, 1 - rng.uniform(0.04, 0.20))
+    scar = (fire > edge) & (kinds != 3)
+    severity = np.where(scar, np.clip(0.55 + (fire - edge) * 1.5, 0, 1), 0.0)
+    burn = np.asarray(SIGNATURES["burn"])[:, None, None] * (1 + 0.05 * rng.standard_normal((6, 1, 1)))
+    reflectance = (1 - severity) * reflectance + severity * burn
+    return reflectance, np.where(scar, BURN_SCAR, UNBURNED).astype(np.uint8)
+
+
+SURFACES = {"water": water_surfaces, "burn_scar": burn_surfaces}
+
+
 def write_scene(path, height: int = 300, width: int = 400, seed: int = 0, *, labels_path=None,
-                crs: Optional[str] = "EPSG:32615", clouds: bool = True, nodata: bool = True) -> Path:
+                crs: Optional[str] = "EPSG:32615", clouds: bool = True, nodata: bool = True,
+                target: str = "water") -> Path:
     """Write the scene (and optionally its labels) as tiled, compressed GeoTIFFs; returns `path`."""
     import rasterio
     from affine import Affine
 
-    dn, labels = make_scene(height, width, seed, clouds=clouds, nodata=nodata)
+    dn, labels = make_scene(height, width, seed, clouds=clouds, nodata=nodata, target=target)
     grid = Affine(30.0, 0.0, 500000.0, 0.0, -30.0, 3300000.0)  # 30 m UTM pixels
     profile = dict(driver="GTiff", height=height, width=width, crs=crs, transform=grid,
                    compress="deflate", predictor=2, zlevel=9)
@@ -112,24 +158,28 @@ def write_scene(path, height: int = 300, width: int = 400, seed: int = 0, *, lab
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output", nargs="?", help="scene GeoTIFF to write")
+    parser.add_argument("--target", choices=sorted(SURFACES), default="water",
+                        help="what the labels mark (default water: flood scenes)")
     parser.add_argument("--height", type=int, default=300)
     parser.add_argument("--width", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--labels", help="also write the label raster here")
     parser.add_argument("--no-clouds", action="store_true")
     parser.add_argument("--no-nodata", action="store_true")
-    parser.add_argument("--sample", action="store_true", help=f"write the packaged sample ({SAMPLE.name})")
+    parser.add_argument("--sample", action="store_true",
+                        help="write the packaged samples (" + ", ".join(p.name for p in SAMPLES.values()) + ")")
     args = parser.parse_args(argv)
     if args.sample:
-        SAMPLE.parent.mkdir(parents=True, exist_ok=True)
-        labels = SAMPLE.with_name(SAMPLE.stem + "_labels.tif")
-        write_scene(SAMPLE, 300, 400, seed=0, labels_path=labels)
-        print(f"wrote {SAMPLE} ({SAMPLE.stat().st_size} bytes) and {labels}")
+        SAMPLES_DIR.mkdir(parents=True, exist_ok=True)
+        for target, sample in SAMPLES.items():
+            labels = sample.with_name(sample.stem + "_labels.tif")
+            write_scene(sample, 300, 400, seed=0, labels_path=labels, target=target)
+            print(f"wrote {sample} ({sample.stat().st_size} bytes) and {labels}")
         return
     if not args.output:
         parser.error("give an output path or --sample")
     write_scene(args.output, args.height, args.width, args.seed, labels_path=args.labels,
-                clouds=not args.no_clouds, nodata=not args.no_nodata)
+                clouds=not args.no_clouds, nodata=not args.no_nodata, target=args.target)
     print(f"wrote {args.output}")
 
 

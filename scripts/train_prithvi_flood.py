@@ -1,15 +1,17 @@
 #!/usr/bin/env python
-"""Train the embedded demo flood model (conf/model/prithvi_demo_flood.yaml) on synthetic scenes.
+"""Train an embedded demo model on synthetic scenes: flood (conf/model/prithvi_demo_flood.yaml) or,
+with `--target burn_scar`, burn scars (conf/model/prithvi_demo_burn_scars.yaml).
 
 The architecture, bands, means/stds and the output path all come from the model config, so the YAML
 and the weights cannot drift apart. Scenes come from scripts/synthetic_scenes.py, seeded: training
 uses seeds TRAIN_SEED0.. and evaluation uses EVAL_SEEDS, which training never sees. Inputs are
-prepared exactly as the flood pipeline does (raster_read + normalize): reflectance = DN * scale,
+prepared exactly as the pipelines do (raster_read + normalize): reflectance = DN * scale,
 nodata pixels set to reflectance 0, then (x - mean) / std; nodata/cloud labels (255) are ignored
 by the loss. Writes model.safetensors and metrics.json beside the config's checkpoint.
 
     .venv/bin/python scripts/train_prithvi_flood.py                 # the committed weights
     .venv/bin/python scripts/train_prithvi_flood.py --eval-only     # re-score the committed weights
+    .venv/bin/python scripts/train_prithvi_flood.py --target burn_scar --steps 400 --pool 80
     .venv/bin/python scripts/train_prithvi_flood.py --steps 100 --out /tmp/demo model.prithvi.embed_dim=96
 """
 import argparse
@@ -30,6 +32,7 @@ TRAIN_SEED0 = 10_000
 EVAL_SEEDS = (1001, 1002, 1003, 1004, 1005, 1006)
 EVAL_SIZES = ((300, 400), (128, 128), (512, 512))
 PIPELINE_TILE = 512  # the tile stage's default: smaller scenes are reflect-padded bottom/right to it
+MODELS = {"water": "prithvi_demo_flood", "burn_scar": "prithvi_demo_burn_scars"}  # --target -> model config
 
 
 def model_input(dn: np.ndarray, geo) -> np.ndarray:
@@ -41,12 +44,12 @@ def model_input(dn: np.ndarray, geo) -> np.ndarray:
     return x
 
 
-def make_pool(count: int, rng: np.random.Generator, geo):
+def make_pool(count: int, rng: np.random.Generator, geo, target: str):
     """`count` training scenes of random sizes (96..512 px a side): [(input, labels)], seeds TRAIN_SEED0+i."""
     pool = []
     for i in range(count):
         h, w = (int(v) for v in rng.integers(96, 513, size=2))
-        dn, labels = make_scene(h, w, seed=TRAIN_SEED0 + i)
+        dn, labels = make_scene(h, w, seed=TRAIN_SEED0 + i, target=target)
         pool.append((model_input(dn, geo), labels))
     return pool
 
@@ -116,15 +119,16 @@ def confusion(pred: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.bincount(labels[keep].astype(np.int64) * 2 + pred[keep], minlength=4).reshape(2, 2)
 
 
-def ious(counts: np.ndarray) -> dict:
+def ious(counts: np.ndarray, class_names) -> dict:
+    """IoU of the target class (1), of the background (0), their mean, and the pixels counted."""
     inter = np.diag(counts).astype(float)
     union = counts.sum(0) + counts.sum(1) - inter
-    land, water = (inter / np.maximum(union, 1)).tolist()
-    return {"water_iou": round(water, 4), "land_iou": round(land, 4), "miou": round((land + water) / 2, 4),
-            "pixels": int(counts.sum())}
+    background, target = (inter / np.maximum(union, 1)).tolist()
+    return {f"{class_names[1]}_iou": round(target, 4), f"{class_names[0]}_iou": round(background, 4),
+            "miou": round((background + target) / 2, 4), "pixels": int(counts.sum())}
 
 
-def evaluate(model, geo) -> dict:
+def evaluate(model, geo, target: str) -> dict:
     """IoU on held-out scenes (EVAL_SEEDS x EVAL_SIZES), pooled over pixels, per size and overall,
     for a whole-scene forward and for the pipeline's default tiling (one 512 tile, reflect-padded)."""
     model.eval()
@@ -134,18 +138,20 @@ def evaluate(model, geo) -> dict:
         for h, w in EVAL_SIZES:
             counts = np.zeros((2, 2), np.int64)
             for seed in EVAL_SEEDS:
-                dn, labels = make_scene(h, w, seed=seed)
+                dn, labels = make_scene(h, w, seed=seed, target=target)
                 pred = predict(model, model_input(dn, geo), PIPELINE_TILE if mode == "tile512" else 0)
                 counts += confusion(pred, labels)
-            per_size[f"{h}x{w}"] = ious(counts)
+            per_size[f"{h}x{w}"] = ious(counts, geo.class_names)
             total += counts
-        result[mode] = {**ious(total), "by_size": per_size}
+        result[mode] = {**ious(total, geo.class_names), "by_size": per_size}
     return result
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. model.prithvi.embed_dim=96")
+    p.add_argument("--target", choices=sorted(MODELS), default="water",
+                   help="what the model marks: water (the flood demo) or burn_scar; picks the model config")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tiles", type=int, nargs="+", default=[64, 96, 128], help="tile sizes, one per batch")
@@ -163,9 +169,9 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    cfg = compose(["model=prithvi_demo_flood", *args.overrides]).model
+    cfg = compose([f"model={MODELS[args.target]}", *args.overrides]).model
     if args.eval_only:
-        print(json.dumps(evaluate(load_prithvi(cfg), cfg.geo), indent=2))
+        print(json.dumps(evaluate(load_prithvi(cfg), cfg.geo, args.target), indent=2))
         return
     out = args.out or Path(cfg.checkpoint).parent
     torch.manual_seed(args.seed)
@@ -174,10 +180,10 @@ def main(argv=None) -> None:
     params = sum(p.numel() for p in model.parameters())
     print(f"{cfg.name}: {params:,} parameters; generating {args.pool} training scenes", flush=True)
     start = time.time()
-    pool = make_pool(args.pool, rng, cfg.geo)
+    pool = make_pool(args.pool, rng, cfg.geo, args.target)
     final_loss = train(model, pool, args, rng)
     train_s = time.time() - start
-    metrics = evaluate(model, cfg.geo)
+    metrics = evaluate(model, cfg.geo, args.target)
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(model, str(out / "model.safetensors"))
     record = {

@@ -5,6 +5,10 @@ import rasterio
 from tests.geo.conftest import REPO, synthetic
 
 SAMPLE = REPO / "appliance" / "assets" / "samples" / "flood_sample.tif"
+BURN_SAMPLE = REPO / "appliance" / "assets" / "samples" / "burn_scars_sample.tif"
+# sha256 over make_scene's arrays for a few seeds and sizes, taken before the burn scars target was added:
+# the flood scenes (and so the flood demo model's training data) must stay the same.
+FLOOD_SCENES_SHA256 = "663e40ae33576101d26355add61a93a5e75f6fe0551b54776dd8157eddeddfaf"
 
 
 def test_deterministic_from_seed_and_size():
@@ -55,3 +59,51 @@ def test_packaged_sample_is_small_and_reproducible():
     with rasterio.open(SAMPLE) as ds:
         assert (ds.height, ds.width) == (300, 400)
         assert (ds.read() == synthetic.make_scene(300, 400, seed=0)[0]).all()
+
+
+def test_flood_scenes_are_unchanged_by_the_burn_scars_target():
+    import hashlib
+
+    digest = hashlib.sha256()
+    for seed, height, width in [(0, 300, 400), (1001, 128, 128), (10000, 97, 511), (5, 512, 512), (3, 16, 20)]:
+        for options in ({}, {"clouds": False}, {"nodata": False}):
+            dn, labels = synthetic.make_scene(height, width, seed, **options)
+            digest.update(dn.tobytes())
+            digest.update(labels.tobytes())
+    assert digest.hexdigest() == FLOOD_SCENES_SHA256
+
+
+def normalised_burn_ratio(dn, where):
+    nir, swir2 = dn[3][where].astype(float), dn[5][where].astype(float)
+    return ((nir - swir2) / (nir + swir2)).mean()
+
+
+def test_burn_scar_scenes_mark_low_burn_ratio_patches_in_vegetation():
+    dn, labels = synthetic.make_scene(300, 400, seed=2, target="burn_scar")
+    again, _ = synthetic.make_scene(300, 400, seed=2, target="burn_scar")
+    flood, _ = synthetic.make_scene(300, 400, seed=2)
+    assert (dn == again).all() and not (dn == flood).all()
+    assert set(np.unique(labels)) == {synthetic.UNBURNED, synthetic.BURN_SCAR, 255}
+    nodata = (dn == synthetic.NODATA_DN).all(axis=0)
+    assert nodata.any() and (labels[nodata] == 255).all()
+    scar, unburned = labels == synthetic.BURN_SCAR, labels == synthetic.UNBURNED
+    assert 0.03 < scar.mean() < 0.3
+    blue, green, red, nir, swir1, swir2 = range(6)
+    burnt, rest = dn[:, scar].mean(axis=1), dn[:, unburned].mean(axis=1)
+    assert burnt[nir] < 0.7 * rest[nir] and burnt[swir2] > rest[swir2]  # dark NIR, bright SWIR
+    assert normalised_burn_ratio(dn, scar) < 0.3 < normalised_burn_ratio(dn, unburned)
+
+
+def test_unknown_target_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="target"):
+        synthetic.make_scene(10, 10, target="snow")
+
+
+def test_packaged_burn_scars_sample_is_small_and_reproducible():
+    assert BURN_SAMPLE.exists() and BURN_SAMPLE.stat().st_size < 1_000_000
+    with rasterio.open(BURN_SAMPLE) as ds, rasterio.open(BURN_SAMPLE.with_name("burn_scars_sample_labels.tif")) as lab:
+        dn, labels = synthetic.make_scene(300, 400, seed=0, target="burn_scar")
+        assert (ds.height, ds.width) == (300, 400) and ds.descriptions == synthetic.BANDS
+        assert (ds.read() == dn).all() and (lab.read(1) == labels).all()
