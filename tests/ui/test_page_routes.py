@@ -35,7 +35,7 @@ def test_openapi_json_lists_only_api_routes(llava_server):
 
 def test_a_pool_server_with_a_key_serves_its_page_without_the_key_and_keeps_the_api_closed(flood_server):
     page = httpx.get(f"{flood_server.base}/")
-    assert page.status_code == 200 and "<title>appliance flood map</title>" in page.text
+    assert page.status_code == 200 and "<title>appliance map</title>" in page.text
     assert all(httpx.get(f"{flood_server.base}{path}").status_code == 200 for path in ASSETS)
     assert httpx.get(f"{flood_server.base}/v1/models").status_code == 401
 
