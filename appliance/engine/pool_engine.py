@@ -1,8 +1,10 @@
 """Pool mode: the engine API for non-generative models (no KV cache, no sampling).
 
 A request carries N items (a tensor [N, ...] or a list of same-shaped tensors, e.g. image tiles
-[C, H, W]). Each step stacks up to `max_batch_size` items, FCFS across requests, runs one forward
-and scatters the rows back; a request finishes when all its items have run.
+[C, H, W]), and optionally the coordinates its items share (`GeoCoords`: a scene's date and centre, for
+models with time and location encodings). Each step stacks up to `max_batch_size` items, FCFS across
+requests, with their coordinates, runs one forward and scatters the rows back; a request finishes when
+all its items have run.
 """
 import dataclasses
 import itertools
@@ -15,6 +17,7 @@ from torch import nn
 
 from appliance.engine.checkpoint_facts import model_checkpoint_facts
 from appliance.engine.config import DType, EngineConfig, EngineKind, engine_config_from, resolve_dtype
+from appliance.engine.geo_coords import GeoCoords, batch_coords, coords_kind
 from appliance.engine.host import Host
 from appliance.engine.memory_plan import plan_memory
 from appliance.engine.outputs import PoolOutput
@@ -23,9 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class PoolRequest:
-    def __init__(self, request_id: str, items: List[torch.Tensor]):
+    def __init__(self, request_id: str, items: List[torch.Tensor], coords: Optional[GeoCoords] = None):
         self.request_id = request_id
         self.items = items
+        self.coords = coords  # shared by every item (the tiles of one scene)
         self.outputs: List[Optional[torch.Tensor]] = [None] * len(items)
         self.next_item = 0  # items before this one have been scheduled
 
@@ -35,18 +39,19 @@ class PoolRequest:
 
 
 def plan_batch(queue: Sequence[PoolRequest], max_batch_size: int) -> List[Tuple[PoolRequest, int]]:
-    """Pick the next items FCFS, at most `max_batch_size`, all shaped like the first one picked
-    (a batch must stack); items of another shape wait for a later step."""
+    """Pick the next items FCFS, at most `max_batch_size`, all shaped like the first one picked and carrying
+    the same kind of coordinates (a batch must stack); other items wait for a later step."""
     batch: List[Tuple[PoolRequest, int]] = []
-    shape = None
+    key = None
     for req in queue:
         for i in range(req.next_item, len(req.items)):
             if len(batch) == max_batch_size:
                 return batch
-            if shape is None:
-                shape = req.items[i].shape
-            if req.items[i].shape != shape:
-                return batch  # keep FCFS order: do not skip past a differently shaped item
+            item_key = (req.items[i].shape, coords_kind(req.coords))
+            if key is None:
+                key = item_key
+            if item_key != key:
+                return batch  # keep FCFS order: do not skip past a different item
             batch.append((req, i))
     return batch
 
@@ -91,14 +96,16 @@ class PoolEngine:
             cfg = dataclasses.replace(cfg, dtype=DType.float32)  # no checkpoint to read: the model's own rule
         return cls(model_cls.from_config(model, cfg), cfg)
 
-    def add_request(self, items: Union[torch.Tensor, List[torch.Tensor]], request_id: Optional[str] = None) -> str:
+    def add_request(self, items: Union[torch.Tensor, List[torch.Tensor]], request_id: Optional[str] = None,
+                    coords: Optional[GeoCoords] = None) -> str:
+        """Queue `items`; `coords`: the coordinates they share, passed to the model with each of them."""
         items = list(items.unbind(0)) if isinstance(items, torch.Tensor) else list(items)
         if not items:
             raise ValueError("a pool request needs at least one item")
         request_id = str(next(self.ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        req = PoolRequest(request_id, items)
+        req = PoolRequest(request_id, items, coords)
         self.requests[request_id] = req
         self.queue.append(req)
         return request_id
@@ -119,7 +126,8 @@ class PoolEngine:
             req.next_item = i + 1
         while self.queue and self.queue[0].next_item == len(self.queue[0].items):
             self.queue.popleft()  # fully scheduled; outputs are filled below
-        outputs = self._run(torch.stack([req.items[i] for req, i in batch]))
+        outputs = self._run(torch.stack([req.items[i] for req, i in batch]),
+                            batch_coords([req.coords for req, _ in batch], self.device))
         finished = []
         for (req, i), out in zip(batch, outputs):
             req.outputs[i] = out
@@ -129,10 +137,10 @@ class PoolEngine:
         return finished
 
     @torch.inference_mode()
-    def _run(self, x: torch.Tensor) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, coords: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
         x = x.to(self.device, self.dtype if x.is_floating_point() else x.dtype)
         self.num_forwards += 1
-        return self.model(x).cpu()
+        return self.model(x, **(coords or {})).cpu()
 
     def close(self) -> None:
         """Nothing to release (no worker processes); present so both engines close alike."""

@@ -1,7 +1,8 @@
 """The `engine` stage: the one stage that owns the model.
 
 Pool mode (`engine.kind=pool`): each record's tensor is one item; items from consecutive records (tiles
-of one or many scenes) are batched up to `engine.max_batch_size` per forward. Generate mode: each
+of one or many scenes) are batched up to `engine.max_batch_size` per forward. A record's `coords` (a
+`GeoCoords`, on the tiles of a scene for a model with time and location encodings) go with its item. Generate mode: each
 record's prompt becomes a request (`n` of them when the record asks `n` answers: the first and its
 siblings, the prompt computed once); all requests in the stream are batched continuously.
 Records come out in the order they went in, with the engine's result added (`completion`: the first
@@ -23,6 +24,7 @@ from omegaconf import OmegaConf
 
 from appliance.config.schema import EngineKind
 from appliance.config.typed import typed_dataclass
+from appliance.engine.geo_coords import COORDS_FIELD
 from appliance.engine.sampling_params import SamplingParams, over_defaults
 from appliance.engine.scheduler import answer_room
 from appliance.errors import ConfigError, InputError
@@ -223,7 +225,8 @@ class EngineStage(Stage):
         pending: Deque[Tuple[str, Record]] = deque()  # in arrival order
         results: Dict[str, Any] = {}
         for record in records:
-            pending.append((self.engine.add_request([record[self.options.input]]), record))
+            request_id = self.engine.add_request([record[self.options.input]], coords=record.get(COORDS_FIELD))
+            pending.append((request_id, record))
             if len(pending) - len(results) >= batch_size:
                 results.update(self._step_pool())
                 yield from self._release(pending, results)
