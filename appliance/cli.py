@@ -33,6 +33,8 @@ keys a run takes (besides any config key; `appliance config pipeline=NAME` print
   aoi=[XMIN,YMIN,XMAX,YMAX]  flood: map only this area of interest, in lon/lat degrees unless aoi_crs is
                              given; the mask is that window of the scene
   aoi_crs=CRS                flood: the CRS of aoi's numbers, e.g. aoi_crs=EPSG:32615 (default EPSG:4326)
+  date=YYYY-MM-DD            flood: the scenes' acquisition date, for models with a time encoding (TL);
+                             default: the source's (STAC datetime, date tags, HLS file name)
   prompt=TEXT                chat: the question about the image, taken as the shell passes it (quotes,
                              commas, brackets, = and ${...} included): quote it for the shell only
   prompt_file=PATH           chat: the question read from a UTF-8 text file, instead of prompt=

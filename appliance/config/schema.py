@@ -163,6 +163,7 @@ class AppConfig:
     input: Optional[Any] = field(default=None, metadata=LOCAL_PATHS)  # a path or a list of paths
     aoi: Optional[Any] = None  # geo: [xmin, ymin, xmax, ymax] limiting the run (lon/lat unless aoi_crs)
     aoi_crs: Optional[str] = None
+    date: Optional[Any] = None  # geo: the scenes' acquisition date (YYYY-MM-DD) when their sources lack one
     output: Optional[Any] = None
     prompt: Optional[str] = field(default=None, metadata=FREE_TEXT)  # chat: the question
     # chat: the question read from a UTF-8 file (for long ones)

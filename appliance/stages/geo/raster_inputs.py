@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.acquisition import parse_date
 from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.geotiff import probe_geotiff
 from appliance.stages.geo.raster_read import geo_contract
@@ -135,6 +136,7 @@ class RasterInputs(Stage):
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
             aoi = parse_aoi(record.get("aoi"), record.get("aoi_crs"))
+            date = parse_date(record.get("date"), "date")
             values = as_path_list(record.get("input"))
             names = [value[0] if isinstance(value, list) else value for value in values]  # what names a mask
             pairs = plan_outputs(names, record.get("output"), self.options.suffix)  # before any network
@@ -148,4 +150,5 @@ class RasterInputs(Stage):
             for directory in sorted({os.path.dirname(dst) for _, dst in pairs}):
                 check_writable_dir(directory)
             for index, (spec, (_, dst)) in enumerate(zip(specs, pairs)):
-                yield {**record, "input_path": spec, "output_path": dst, "scene_index": index, "aoi": aoi}
+                yield {**record, "input_path": spec, "output_path": dst, "scene_index": index, "aoi": aoi,
+                       "date": date}

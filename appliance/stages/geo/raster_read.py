@@ -2,13 +2,16 @@
 
 Pixels are read later, one tile window at a time, by the `tile` stage (`window_reader.py`). `input_path` is a
 `SceneSpec` (from `raster_inputs`) or a GeoTIFF path (a server request); a record's `aoi` / `aoi_crs`
-cut the scene to an area of interest.
+cut the scene to an area of interest, and its `date` is the acquisition date when the source lacks one or
+should be overridden. A model with time and location encodings (`model.prithvi.coords_encoding`) gets the
+scene's coordinates as `scene.coords` (acquisition.py).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, List, Optional
 
 from appliance.errors import ConfigError
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.acquisition import model_coords, model_encodings, parse_date
 from appliance.stages.geo.aoi import Aoi, parse_aoi
 from appliance.stages.geo.scene import inspect_scene
 
@@ -52,6 +55,7 @@ class RasterRead(Stage):
     def __init__(self, options, cfg):
         super().__init__(options, cfg)
         self.geo = geo_contract(cfg, self.name)
+        self.encodings = model_encodings(cfg)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         # A record's own `bands` (a server request's band indexes) wins over the option.
@@ -63,8 +67,10 @@ class RasterRead(Stage):
                 record["input_path"], record.get("scene_index", i), list(self.geo.bands),
                 requested=record.get("bands") or self.options.bands, scale=self.options.scale, model_scale=self.geo.scale,
                 nodata=self.options.nodata, nodata_fill=self.options.nodata_fill, aoi=record_aoi(record),
+                date=parse_date(record.get("date"), "date"),
             )
             for i, record in enumerate(pending)
         ]
         for record, scene in zip(pending, scenes):
-            yield {**record, "scene": scene}
+            coords = model_coords(self.encodings, scene.acquired, scene.centre, scene.name)
+            yield {**record, "scene": replace(scene, coords=coords)}

@@ -15,6 +15,7 @@ from affine import Affine
 from rasterio.enums import MaskFlags
 
 from appliance.errors import InputError
+from appliance.stages.geo.acquisition import Acquired, acquisition, date_tag, scene_centre
 from appliance.stages.geo.aoi import Aoi, aoi_window
 from appliance.stages.geo.geotiff import file_param, open_raster, probe_geotiff
 from appliance.stages.geo.scene_sources import SceneSpec, shown
@@ -43,7 +44,10 @@ class SceneInfo:
     labels: Tuple[str, ...] = ()  # per model band, how messages name its file
     fetch: Any = None  # SceneSpec.fetch: a RemoteReads when remote files go through the fetcher
     links: Tuple[str, ...] = ()  # what the mask is derived from (files, URLs, a STAC item), for its STAC item
-    datetime: Optional[str] = None  # acquisition time when the source says (ISO 8601 or TIFFTAG_DATETIME)
+    datetime: Optional[str] = None  # acquisition time (ISO 8601, UTC) when known: acquisition.py's rule
+    acquired: Optional[Acquired] = None  # that time and where it came from
+    centre: Optional[Tuple[float, float]] = None  # (lat, lon) of the scene's centre as run; None without a CRS
+    coords: Any = None  # GeoCoords the model is given (raster_read sets them for models with coords_encoding)
 
     @property
     def name(self) -> str:
@@ -108,12 +112,14 @@ def inspect_scene(
     nodata: Optional[float] = None,
     nodata_fill: float = 0.0,
     aoi: Optional[Aoi] = None,
+    date=None,
 ) -> SceneInfo:
     """Validate a scene's headers for the model and describe it; reads no pixels.
 
     `source`: a GeoTIFF path or URL, or a `SceneSpec` (per-band files share one grid, checked here).
     Scale rule, per band: `scale` if given; else the file's own scale/offset tags when it declares
-    any; else `model_scale` (the model config's DN -> reflectance factor).
+    any; else `model_scale` (the model config's DN -> reflectance factor). `date`: a given acquisition
+    time (a UTC datetime), else the source's (acquisition.py).
     """
     spec = source if isinstance(source, SceneSpec) else SceneSpec(str(source), (str(source),), False,
                                                                   links=(shown(str(source)),))
@@ -130,6 +136,7 @@ def inspect_scene(
     if aoi is not None:
         row, col, height, width = aoi_window(aoi, first.crs, first.transform, first.width, first.height, spec.name)
         transform = first.transform @ Affine.translation(col, row)
+    acquired = acquisition(date, spec.datetime, first.date_tag, (spec.name, *spec.files))
     if first.crs is None:
         log.warning("%s has no CRS: the mask is written without one (pixel coordinates only)", shown(spec.name))
     return SceneInfo(
@@ -139,7 +146,8 @@ def inspect_scene(
         nodata=tuple(nodata if nodata is not None else b.nodata for b in bands), nodata_fill=float(nodata_fill),
         mask_band=any(b.mask_band for b in bands), crs=first.crs, transform=transform,
         files=tuple(b.file for b in bands), offset=(row, col), labels=tuple(b.label for b in bands),
-        links=spec.links, datetime=spec.datetime or first.datetime, fetch=spec.fetch,
+        links=spec.links, fetch=spec.fetch, datetime=acquired.when.isoformat() if acquired else None,
+        acquired=acquired, centre=scene_centre(first.crs, transform, width, height),
     )
 
 
@@ -157,13 +165,13 @@ class _Band:
     transform: Any
     width: int
     height: int
-    datetime: Optional[str]
+    date_tag: Optional[Tuple[str, str]]  # (tag, text): acquisition.DATE_TAGS
 
 
 def _band(ds, file: str, label: str, index: int) -> _Band:
     return _Band(file, label, index, ds.scales[index - 1], ds.offsets[index - 1], ds.nodatavals[index - 1],
                  MaskFlags.per_dataset in ds.mask_flag_enums[index - 1], ds.crs, ds.transform, ds.width,
-                 ds.height, ds.tags().get("TIFFTAG_DATETIME"))
+                 ds.height, date_tag(ds.tags()))
 
 
 def _multi_band(spec: SceneSpec, model_bands: Sequence[str], requested) -> List[_Band]:

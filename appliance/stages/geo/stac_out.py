@@ -7,8 +7,9 @@ Links: `derived_from` each source (the STAC item, or the GeoTIFF / per-band file
 local files relative to the item's own directory (STAC resolves a relative href against the item, not
 the directory a run started in), absolute where no relative path exists (another drive). The item's
 geometry and bbox are the mask's footprint in lon/lat (none without a CRS). `datetime` is the
-source's when known (the STAC item's, or the GeoTIFF's TIFFTAG_DATETIME), else the time the mask was
-made, which is also `created`.
+acquisition time when known (given with date=, the STAC item's, the file's date tags or HLS name:
+acquisition.py), else the time the mask was made, which is also `created`. A model with time and
+location encodings records what it was given in `appliance:model_coords`.
 """
 import datetime as dt
 import json
@@ -22,6 +23,7 @@ from rasterio.transform import array_bounds
 from rasterio.warp import transform_bounds
 
 from appliance.output_files import AtomicFile
+from appliance.stages.geo.acquisition import coords_properties
 from appliance.stages.geo.scene_sources import is_remote
 from appliance.stages.geo.stitch import NODATA_CLASS
 
@@ -66,7 +68,7 @@ def mask_item(scene, output_path: str, class_names: List[str], class_colours: Se
     item = pystac.Item(
         id=stem, geometry=geometry, bbox=bbox, datetime=_when(scene.datetime) or now,
         properties={"created": now.isoformat(), "appliance:model": model, "appliance:pipeline": pipeline,
-                    "appliance:source": scene.name},
+                    "appliance:source": scene.name, **coords_properties(scene)},
     )
     asset = pystac.Asset(os.path.basename(output_path), media_type=pystac.MediaType.COG, roles=["data"],
                          title="classes" if classes else "class probabilities")

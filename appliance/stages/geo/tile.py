@@ -2,7 +2,8 @@
 
 Each tile record carries `pixels` (float32 reflectance [C, T, T], padded when the scene is smaller
 than a tile), `valid` (bool [h, w], the tile's extent inside the scene) and `tile` (a `TileRef`:
-scene key, plan, window). Records keep the scene's fields, so later stages see `scene`, `output_path`.
+scene key, plan, window), and for a model with time and location encodings `coords` (the scene's
+GeoCoords, shared by its tiles). Records keep the scene's fields, so later stages see `scene`, `output_path`.
 """
 from dataclasses import dataclass
 from enum import Enum
@@ -11,6 +12,7 @@ from typing import Iterator, Optional
 import numpy as np
 import rasterio
 
+from appliance.engine.geo_coords import COORDS_FIELD
 from appliance.errors import ConfigError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.plan import TilePlan, TileWindow, plan_tiles
@@ -109,9 +111,12 @@ class Tile(Stage):
             with open_scene(scene) as reader, rasterio.Env(GDAL_CACHEMAX=block_cache_bytes(reader, size)):
                 for window in plan.tiles():
                     pixels, valid = reader.read(window.y, window.x, window.height, window.width)
-                    yield {
+                    out = {
                         **record,
                         "pixels": pad_to_tile(pixels, size, mode),
                         "valid": valid,
                         "tile": TileRef(scene.key, plan, window),
                     }
+                    if scene.coords is not None:
+                        out[COORDS_FIELD] = scene.coords
+                    yield out

@@ -23,6 +23,7 @@ from rasterio.windows import Window
 from appliance.errors import ConfigError, InputError
 from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.acquisition import coords_tags
 from appliance.stages.geo.cog import overview_resampling, translate_to_cog
 from appliance.stages.geo.geotiff import open_raster, probe_geotiff
 from appliance.stages.geo.class_colours import colours_tag, default_colours, model_colours
@@ -78,7 +79,7 @@ class MaskWriter:
                 for band, name in enumerate(class_names, 1):
                     self.dataset.set_band_description(band, f"p({name})")
             self.dataset.update_tags(class_names=",".join(class_names), class_colours=colours_tag(self.class_colours),
-                                     source=os.path.basename(scene.path))
+                                     source=os.path.basename(scene.path), **coords_tags(scene))
         except BaseException:
             self.abort()
             raise
