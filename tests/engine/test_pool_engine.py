@@ -95,3 +95,33 @@ def test_from_config_uses_registry(monkeypatch):
     assert out.shape == (4, 4, 8, 8) and engine.num_forwards == 2
     with pytest.raises(ValueError, match="unknown model architecture"):
         PoolEngine.from_config(OmegaConf.create({"model": {"architecture": "Nope"}, "engine": {"kind": "pool"}}))
+
+
+def test_batches_keep_to_one_kind_of_coordinates_and_pass_them_per_item():
+    """Items of requests with the same kind of GeoCoords share a forward, each with its own values;
+    a request without coordinates, or with another kind, waits for the next step (FCFS)."""
+    from appliance.engine.geo_coords import GeoCoords
+
+    class Recorder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(1))
+            self.calls = []
+
+        def forward(self, x, **coords):
+            self.calls.append({k: v.clone() for k, v in coords.items()})
+            return x * self.w
+
+    def dated(year, lat=None):
+        return GeoCoords(torch.tensor([[year, 1.0]]), None if lat is None else torch.tensor([lat, 0.0]))
+
+    model = Recorder()
+    engine = PoolEngine(model, EngineConfig(kind="pool", max_batch_size=8))
+    for coords in (dated(2020, 10.0), dated(2021, 20.0), None, dated(2022), dated(2023, 30.0)):
+        engine.add_request([torch.zeros(2, 4, 4)], coords=coords)
+    while engine.has_unfinished():
+        engine.step()
+    assert [sorted(call) for call in model.calls] == [["location_coords", "temporal_coords"], [],
+                                                      ["temporal_coords"], ["location_coords", "temporal_coords"]]
+    assert model.calls[0]["temporal_coords"].tolist() == [[[2020.0, 1.0]], [[2021.0, 1.0]]]  # [B, T, 2]
+    assert model.calls[0]["location_coords"].tolist() == [[10.0, 0.0], [20.0, 0.0]]  # [B, 2]
