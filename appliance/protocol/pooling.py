@@ -9,7 +9,8 @@
 
 Ours, inside `data` where vLLM's plugin takes its input: `data` may also be a list of per-band files
 (URLs or allowed paths, in the model's band order), and `aoi` ([xmin, ymin, xmax, ymax]) with
-`aoi_crs` limits the run to that box, as `appliance run`'s `input=[[...]]`, `aoi` and `aoi_crs` do
+`aoi_crs` limits the run to that box, and `date` gives the acquisition date, as `appliance run`'s
+`input=[[...]]`, `aoi`, `aoi_crs` and `date` do
 (their rules are the CLI's own: `stages/geo/sources.scene_spec`, `stages/geo/aoi.parse_aoi`).
 
 `PoolingBody` is the one definition of the request: it validates bodies (strict: no type coercion,
@@ -50,6 +51,8 @@ class PoolingData(BaseModel):
     aoi: Optional[List[float]] = Field(default=None, description="area of interest [xmin, ymin, xmax, ymax], "
                                                                 "lon/lat unless aoi_crs: the output is that window")
     aoi_crs: Optional[str] = Field(default=None, description="the aoi's CRS, e.g. EPSG:32615 (default EPSG:4326)")
+    date: Optional[str] = Field(default=None, description="the scene's acquisition date, YYYY-MM-DD, for models with "
+                                                         "a time encoding; default: the source's own")
 
 
 class PoolingBody(BaseModel):
@@ -72,7 +75,8 @@ EXPECTED = {"data": "an object {data, data_format, out_data_format}",
                          "file names",
             "data.indices": "a non-empty list of 0-based band indexes",
             "data.aoi": "[xmin, ymin, xmax, ymax] (numbers)",
-            "data.aoi_crs": "a CRS name like EPSG:32615"}
+            "data.aoi_crs": "a CRS name like EPSG:32615",
+            "data.date": "a date YYYY-MM-DD"}
 
 
 @dataclass
@@ -84,6 +88,7 @@ class PoolingRequest:
     bands: Optional[List[int]] = None  # 1-based, for the raster_read stage
     aoi: Optional[List[float]] = None  # as sent: `stages/geo/aoi.parse_aoi` checks it (it needs GDAL's CRSs)
     aoi_crs: Optional[str] = None
+    date: Optional[str] = None  # as sent: `stages/geo/acquisition.parse_date` checks it
 
 
 def parse_pooling(body: Any) -> PoolingRequest:
@@ -108,7 +113,7 @@ def parse_pooling(body: Any) -> PoolingRequest:
                                  param="data.data")
     bands = [i + 1 for i in data.indices] if data.indices is not None else None
     return PoolingRequest(data.data, data.data_format, data.out_data_format, parsed.model, bands, data.aoi,
-                          data.aoi_crs)
+                          data.aoi_crs, data.date)
 
 
 class PoolingOutput(BaseModel):

@@ -46,6 +46,7 @@ class PoolJob:
     quicklook: bool = False     # also write <output stem>.quicklook.png
     bands: Optional[List[int]] = None  # 1-based band indexes to feed the model, in its band order
     aoi: Any = None             # stages.geo.aoi.Aoi: the window of the scene to run
+    date: Optional[str] = None  # the scene's acquisition date as the request gives it (checked), else the source's
     upload: bool = False        # input_path holds the request's own bytes (spooled): the mask calls it `upload`
     report_dir: Optional[str] = None  # also write scene.png and mask.png there; Done.result["scene"]: the summary
     progress: bool = False      # send TileProgress events while the scene runs (scene jobs)

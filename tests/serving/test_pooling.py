@@ -159,7 +159,7 @@ def test_unknown_query_parameters_are_400s_naming_them(flood_server):
                       headers=headers, timeout=60)
     assert typo.status_code == 400, typo.text
     assert error(typo)["param"] == "quicklok"
-    assert error(typo)["message"] == "quicklok: unknown query parameter; allowed: quicklook"
+    assert error(typo)["message"] == "quicklok: unknown query parameter; allowed: quicklook, date"
 
 
 def test_model_key_and_content_type_checks(flood_server):

@@ -42,11 +42,13 @@ class Tokenized:
 @dataclass(frozen=True)
 class TileReady:
     """One tile of a pooling request's scene, for the engine; `seq` orders it within the request, `total`
-    is the scene's planned tile count (None when the tile records do not say)."""
+    is the scene's planned tile count (None when the tile records do not say); `coords` its scene's
+    GeoCoords for a model with time and location encodings."""
     uid: str
     seq: int
     tile: Any
     total: Optional[int] = None
+    coords: Any = None
 
 
 @dataclass(frozen=True)

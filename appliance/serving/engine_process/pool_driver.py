@@ -25,6 +25,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, Optional, Tuple
 
 import torch
 
+from appliance.engine.geo_coords import COORDS_FIELD
 from appliance.errors import InputError, UserError
 from appliance.pipeline import Pipeline, Record, Stage
 from appliance.serving.messages import Done, Failed, PoolJob, TileProgress
@@ -51,10 +52,10 @@ class PoolSession:
         self.tiles_total: Optional[int] = None  # the scene's planned tiles, once its first tile arrived
         self.reported: Optional[int] = None  # `tiles` as the last TileProgress said (progress jobs)
 
-    def send(self, seq: int, item: torch.Tensor, total: Optional[int]) -> None:
+    def send(self, seq: int, item: torch.Tensor, total: Optional[int], coords=None) -> None:
         if self.cancelled.is_set():
             raise RequestCancelled()
-        self.driver.post(TileReady(self.uid, seq, item, total))
+        self.driver.post(TileReady(self.uid, seq, item, total, coords))
 
     def receive(self) -> Tuple[int, Any]:
         seq, output = self.results.get()
@@ -80,7 +81,8 @@ class EngineBridge(Stage):
         pending: Deque[Tuple[int, Record]] = deque()
         done: Dict[int, Any] = {}
         for seq, record in enumerate(records):
-            self.session.send(seq, record[self.input], getattr(record.get("tile"), "count", None))  # a TileRef
+            total = getattr(record.get("tile"), "count", None)  # a TileRef
+            self.session.send(seq, record[self.input], total, record.get(COORDS_FIELD))
             pending.append((seq, record))
             while len(pending) - len(done) >= self.in_flight:
                 yield from self._release(pending, done, wait=True)
@@ -144,7 +146,7 @@ class PoolDriver(Driver):
                     source = upload_scene_spec(source, job.field)
                 else:
                     source = local_scene_spec(source, self.cfg.model.geo, job.field)
-            record = as_record(SceneRecord(source, job.output_path, job.quicklook, job.bands, job.aoi))
+            record = as_record(SceneRecord(source, job.output_path, job.quicklook, job.bands, job.aoi, job.date))
             bridge = EngineBridge(session, self.input_field, self.output_field, self.in_flight)
             last: Optional[Record] = None
             for last in self.stages.replaced(self.engine_index, bridge).run([record]):
@@ -185,7 +187,7 @@ class PoolDriver(Driver):
         session = self.sessions.get(message.uid)
         if session is None:
             return  # aborted: its remaining tiles never reach the engine
-        self.tiles[self.engine.add_request([message.tile])] = (message.uid, message.seq)
+        self.tiles[self.engine.add_request([message.tile], coords=message.coords)] = (message.uid, message.seq)
         if session.tiles_total is None and message.total is not None:
             session.tiles_total = message.total
             self.report_progress(session)

@@ -28,6 +28,7 @@ class SceneRecord:
     quicklook: bool
     bands: Optional[List[int]]
     aoi: Any = None             # stages.geo.aoi.Aoi, or None: the whole scene
+    date: Any = None            # the acquisition date the request gives (checked), or None: the source's
     scene_index: int = 0
     overwrite: bool = True      # the output is the request's own spool or output file
 

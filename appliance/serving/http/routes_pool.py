@@ -1,6 +1,6 @@
 """GeoTIFF routes of pooling pipelines: `POST /pooling` (vLLM's IO-processor body) and `POST /v1/pool`
 (the GeoTIFF itself as the body, for curl; the answer is the output GeoTIFF, or its PNG quicklook with
-`?quicklook=true`).
+`?quicklook=true`; `?date=YYYY-MM-DD` gives the acquisition date, as `/pooling`'s `data.date`).
 
 Inputs spool to files in the server's spool directory (a base64 body is decoded there, a raw body
 streams there under the body limit); a path is used in place, inside `server.allowed_local_media_dir`
@@ -27,12 +27,13 @@ from appliance.serving.http.errors import APIError, error_response, parse_body
 from appliance.serving.http.frontend import ClientGone, Frontend
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.http.routes_generate import check_model
+from appliance.stages.geo.acquisition import parse_date
 from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.quicklook import quicklook_path
 from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
 from appliance.stages.geo.stac_out import stac_path
 
-RAW_QUERY = ("quicklook",)  # `/v1/pool`'s query parameters: any other is refused, as unknown JSON fields are
+RAW_QUERY = ("quicklook", "date")  # `/v1/pool`'s query parameters: any other is refused, as unknown JSON fields are
 
 
 class PoolRoutes:
@@ -50,6 +51,7 @@ class PoolRoutes:
         check_model(parsed.model, self.frontend.model_name)
         try:
             aoi = parse_aoi(parsed.aoi, parsed.aoi_crs, where="data.")  # appliance run's rule
+            parse_date(parsed.date, "data.date")
             if parsed.data_format == "url":  # server policy (s3 buckets) before the request queues
                 for href in parsed.data if isinstance(parsed.data, list) else [parsed.data]:
                     check_served_href(href, "data.data", self.s3_buckets)
@@ -76,7 +78,7 @@ class PoolRoutes:
             output = self._spool(uid, ".out.tif")
             spooled += [output, output + ".aux.xml", stac_path(output)]
         job = PoolJob(input_path, url, output, "data.data", bands=parsed.bands, aoi=aoi,
-                      upload=parsed.data_format == "b64_json")
+                      upload=parsed.data_format == "b64_json", date=parsed.date)
         parsed.data = None  # the scene is on disk now: a request waiting in the queue holds no copy of it
         result = await self._run(request, uid, job, spooled)
         if isinstance(result, Response):
@@ -100,6 +102,11 @@ class PoolRoutes:
         if quicklook not in ("true", "false", "1", "0"):
             raise APIError(400, f"quicklook: {quicklook!r}; allowed: true, false", param="quicklook")
         quicklook = quicklook in ("true", "1")
+        date = request.query_params.get("date")
+        try:
+            parse_date(date, "date")
+        except InputError as e:
+            raise APIError.from_input(e) from None
         input_path, output = self._spool(uid, ".in.tif"), self._spool(uid, ".out.tif")
         spooled = [input_path, output, output + ".aux.xml", quicklook_path(output), stac_path(output)]
         try:
@@ -113,7 +120,7 @@ class PoolRoutes:
         except BaseException:
             self._remove(spooled)
             raise
-        job = PoolJob(input_path, None, output, "body", quicklook=quicklook, upload=True)
+        job = PoolJob(input_path, None, output, "body", quicklook=quicklook, upload=True, date=date or None)
         result = await self._run(request, uid, job, spooled)
         if isinstance(result, Response):
             return result
