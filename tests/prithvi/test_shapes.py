@@ -105,9 +105,11 @@ def test_bad_selected_indices(indices):
 # name -> (encoder params in millions, lower, upper bound), patch size
 PRITHVI_MODELS = {
     "prithvi_demo_flood": ((0.25, 0.35), 16),
+    "prithvi_demo_burn_scars": ((0.25, 0.35), 16),
     "prithvi_tiny_tl_flood": ((5, 6.5), 16),
     "prithvi_100m_flood": ((85, 88), 16),
     "prithvi_300m_tl_flood": ((300, 306), 16),
+    "prithvi_300m_burn_scars": ((300, 306), 16),
     "prithvi_600m_tl_flood": ((625, 640), 14),
 }
 
