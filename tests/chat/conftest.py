@@ -163,6 +163,21 @@ def clear_samples(shapes, count, first_seed=1000):
         seed += 1
 
 
+def seeded_image_questions(directory, count=4, first_seed=3000):
+    """(prompt, mm_data) of the tiny LLaVA's colour and shape questions on `count` seeded images saved
+    under `directory`, as the chat pipeline's request side makes them: engine-level comparisons run
+    these."""
+    shapes = synthetic_shapes()
+    requests = []
+    for i, (image, _) in enumerate(clear_samples(shapes, count, first_seed=first_seed)):
+        image.save(directory / f"{i}.png")
+        for question in (shapes.COLOR_QUESTIONS[0], shapes.SHAPE_QUESTIONS[0]):
+            (record,) = request_side(["pipeline=llava_chat", "plugins=[appliance.stages.chat]"],
+                                     {"input": str(directory / f"{i}.png"), "prompt": question})
+            requests.append((record["prompt"], record["mm_data"]))
+    return requests
+
+
 def names_only(answer, colour, colours):
     answer = answer.lower()
     return colour in answer and not [c for c in colours if c != colour and c in answer]

@@ -104,16 +104,9 @@ def test_the_tiny_llava_answers_alike_on_the_avx2_int8_gemm(tmp_path):
     from appliance.engine.linear import ColumnParallelLinear, RowParallelLinear
     from appliance.engine.llm_engine import LLMEngine
     from appliance.engine.sampling_params import SamplingParams
-    from tests.chat.conftest import clear_samples, request_side, synthetic_shapes
+    from tests.chat.conftest import seeded_image_questions
 
-    shapes = synthetic_shapes()
-    requests = []
-    for i, (image, _) in enumerate(clear_samples(shapes, 4, first_seed=3000)):
-        image.save(tmp_path / f"{i}.png")
-        for question in (shapes.COLOR_QUESTIONS[0], shapes.SHAPE_QUESTIONS[0]):
-            (record,) = request_side(["pipeline=llava_chat", "plugins=[appliance.stages.chat]"],
-                                     {"input": str(tmp_path / f"{i}.png"), "prompt": question})
-            requests.append((record["prompt"], record["mm_data"]))
+    requests = seeded_image_questions(tmp_path)
     greedy = SamplingParams(temperature=0, max_tokens=12)
     answers = {}
     for name, host, ours in (("avx2", AVX2_HOST, True), ("reference", Host.read(), VNNI)):
