@@ -1,6 +1,6 @@
 """`/v1/scenes`: scene jobs of pooling servers (serving/http/routes_scenes.py).
 
-    POST /v1/scenes   <GeoTIFF bytes> | {"url": "<GeoTIFF or STAC item URL>"}   -> 202, a Scene
+    POST /v1/scenes[?date=]  <GeoTIFF bytes> | {"url": "<GeoTIFF or STAC item URL>", "date"?}  -> 202, a Scene
     GET  /v1/scenes                                                            -> a SceneList
     GET  /v1/scenes/{id}                                                       -> a Scene
     GET  /v1/scenes/{id}/{file}   mask.tif | item.json | scene.png | mask.png  -> the file
@@ -34,17 +34,20 @@ class SceneBody(BaseModel):
     url: Annotated[str, Field(min_length=1)] = Field(
         description="a GeoTIFF or a STAC item: http(s), or s3:// where the server allows the bucket; read by "
                     "windows, never downloaded whole")
+    date: Optional[str] = Field(default=None, description="the scene's acquisition date, YYYY-MM-DD, for models "
+                                                         "with a time encoding; default: the source's own")
 
 
-EXPECTED = {"url": "a GeoTIFF or STAC item URL (http(s), or s3://bucket/key)"}
+EXPECTED = {"url": "a GeoTIFF or STAC item URL (http(s), or s3://bucket/key)", "date": "a date YYYY-MM-DD"}
 
 
-def parse_scene_body(body: Any) -> str:
-    """The URL of a JSON `POST /v1/scenes`; InputError naming the field."""
+def parse_scene_body(body: Any) -> SceneBody:
+    """A JSON `POST /v1/scenes` (its `date` as sent: `stages/geo/acquisition.parse_date` checks it, as
+    `/pooling`'s); InputError naming the field."""
     if not isinstance(body, dict):
         raise InputError(f'body: expected a JSON object {{"url": ...}}, got {type(body).__name__}')
     try:
-        return SceneBody.model_validate(body).url
+        return SceneBody.model_validate(body)
     except ValidationError as e:
         raise input_error(e, SceneBody, EXPECTED) from None
 
@@ -92,6 +95,10 @@ class SceneSummary(BaseModel):
     nodata_colour: Colour
     pixel_area_m2: Optional[float] = Field(description="null in a geographic CRS")
     preview: PreviewSize = Field(description="the size of scene.png and mask.png")
+    acquisition_date: Optional[str] = Field(description="the scene's acquisition date (YYYY-MM-DD) as the mask's "
+                                                        "tags record it; null when none was found")
+    acquisition_date_source: Optional[str] = Field(description="where that date came from: date given, STAC "
+                                                               "datetime, a date tag, file name")
 
 
 # ---- the scene object and the list -------------------------------------------------------------

@@ -42,6 +42,6 @@ def test_the_raw_pool_route_is_documented_as_bytes(flood_server):
     operation = httpx.get(f"{flood_server.base}/openapi.json", timeout=10).json()["paths"]["/v1/pool"]["post"]
     binary = {"type": "string", "format": "binary"}
     assert operation["requestBody"]["content"] == {"image/tiff": {"schema": binary}}
-    assert operation["parameters"] == [{"name": "quicklook", "in": "query", "required": False,
-                                        "schema": {"type": "boolean"}}]
+    assert [(p["name"], p["in"], p["required"], p["schema"]["type"]) for p in operation["parameters"]] == [
+        ("quicklook", "query", False, "boolean"), ("date", "query", False, "string")]
     assert set(operation["responses"]["200"]["content"]) == {"image/tiff", "image/png"}

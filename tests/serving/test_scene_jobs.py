@@ -136,6 +136,7 @@ def test_a_failed_jobs_outputs_and_any_jobs_input_are_removed(tmp_path, clock):
     ({"url": 5}, "url", "url: "),
     ({"url": "https://example.com/a.tif", "aoi": [1, 2, 3, 4]}, "aoi", "aoi: unknown field"),
     (["https://example.com/a.tif"], None, "body: expected a JSON object"),
+    ({"url": "https://example.com/a.tif", "date": 20240630}, "date", "date: "),
 ])
 def test_a_bad_json_body_names_its_field(body, param, fragment):
     with pytest.raises(InputError) as info:
@@ -143,8 +144,10 @@ def test_a_bad_json_body_names_its_field(body, param, fragment):
     assert info.value.param == param and str(info.value).startswith(fragment), str(info.value)
 
 
-def test_a_good_json_body_is_its_url():
-    assert parse_scene_body({"url": "s3://bucket/scene.tif"}) == "s3://bucket/scene.tif"
+def test_a_good_json_body_is_its_url_and_date():
+    parsed = parse_scene_body({"url": "s3://bucket/scene.tif"})
+    assert (parsed.url, parsed.date) == ("s3://bucket/scene.tif", None)
+    assert parse_scene_body({"url": "https://example.com/a.tif", "date": "2024-06-30"}).date == "2024-06-30"
 
 
 class Events:

@@ -5,12 +5,14 @@ A job is a `PoolJob` whose channel is tied to no connection (Frontend.open with 
 task per job reads its events (TileProgress: the counts; Done: the summary and files; Failed, or the
 deadline: the error) and closes the channel; the job keeps a reference to its task. DELETE cancels the
 task, whose `close` aborts the job in the engine as a client leaving `/v1/pool` does, then deletes the
-files. Every route first prunes the finished jobs past `server.scenes.keep_s` / `max_kept`
+files. A date (`?date=` with a GeoTIFF body, `"date"` in a JSON one) is checked as `/v1/pool`'s before the
+job queues. Every route first prunes the finished jobs past `server.scenes.keep_s` / `max_kept`
 (scene_jobs.py).
 """
 import asyncio
 import logging
 import os
+from typing import Optional, Tuple
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
@@ -23,11 +25,13 @@ from appliance.serving.http.errors import APIError, read_json
 from appliance.serving.http.frontend import Frontend
 from appliance.serving.http.scene_jobs import DONE, SceneJob, SceneJobs
 from appliance.serving.messages import Done, Failed, PoolJob, TileProgress
+from appliance.stages.geo.acquisition import parse_date
 from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
 
 log = logging.getLogger(__name__)
 
 JSON_TYPE = "application/json"
+QUERY = ("date",)  # POST's query parameters (the GeoTIFF body's date; a JSON body carries its own)
 MEDIA = {"mask.tif": "image/tiff", "item.json": "application/geo+json", "scene.png": "image/png",
          "mask.png": "image/png"}
 DOWNLOADS = ("mask.tif", "item.json")  # answered as attachments; the previews show inline
@@ -46,16 +50,21 @@ class SceneRoutes:
         self.jobs.prune()
         scene_id = new_id("scene")
         request.state.request_id = scene_id  # the request log's id (access_log.py)
-        if request.query_params:
-            name = sorted(request.query_params)[0]
-            raise APIError(400, f"{name}: unknown query parameter; POST /v1/scenes takes none", param=name)
+        unknown = sorted(set(request.query_params) - set(QUERY))
+        if unknown:  # a typo must not silently give the default, as on /v1/pool
+            raise APIError(400, f"{unknown[0]}: unknown query parameter; allowed: {', '.join(QUERY)}",
+                           param=unknown[0])
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        url = None
+        url, date = None, request.query_params.get("date")
         if kind == JSON_TYPE:
-            url = self._url(await read_json(request))
+            if date is not None:
+                raise APIError(400, 'date: with a JSON body give the date in it: {"url": ..., "date": "YYYY-MM-DD"}',
+                               param="date")
+            url, date = self._url(await read_json(request))
         elif kind not in GEOTIFF_TYPES:
             raise APIError(415, f"Content-Type: {kind or 'missing'}; send the GeoTIFF as the body with "
                                 f"Content-Type: {GEOTIFF_TYPES[0]}, or {{\"url\": ...}} as {JSON_TYPE}")
+        date = self._date(date)
         job = self.jobs.add(scene_id)
         try:
             if url is None:
@@ -66,7 +75,7 @@ class SceneRoutes:
             raise
         self.frontend.submit(channel, PoolJob(
             None if url else job.input_path, url, job.output_path, "url" if url else "body",
-            upload=url is None, report_dir=job.dir, progress=True))
+            upload=url is None, date=date, report_dir=job.dir, progress=True))
         job.task = asyncio.get_running_loop().create_task(self._follow(job, channel))
         return JSONResponse(job.as_object(), status_code=202, headers={"Location": f"scenes/{job.id}"})
 
@@ -137,13 +146,23 @@ class SceneRoutes:
                                 f"server.scenes.keep_s={self.jobs.keep_s:g} s)", param="id")
         return job
 
-    def _url(self, body) -> str:
+    def _url(self, body) -> Tuple[str, Optional[str]]:
+        """The JSON body's url (checked against the server's policy) and date (as sent)."""
         try:
-            url = parse_scene_body(body)
-            check_served_href(url, "url", self.s3_buckets)  # server policy before the job queues
+            parsed = parse_scene_body(body)
+            check_served_href(parsed.url, "url", self.s3_buckets)  # server policy before the job queues
         except InputError as e:
             raise APIError.from_input(e) from None
-        return url
+        return parsed.url, parsed.date
+
+    @staticmethod
+    def _date(date: Optional[str]) -> Optional[str]:
+        """The date as the job takes it (None: the source's own), checked as /v1/pool's `?date=`."""
+        try:
+            parse_date(date, "date")
+        except InputError as e:
+            raise APIError.from_input(e) from None
+        return date or None
 
     @staticmethod
     async def _spool(request: Request, job: SceneJob) -> None:

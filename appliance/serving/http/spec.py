@@ -32,6 +32,8 @@ from appliance.serving.http.routes_tokenize import TokenizeRoutes
 from appliance.serving.ui.routes import page_routes
 
 
+DATE_QUERY = {"type": "string", "examples": ["2024-06-30"],  # /v1/pool's and /v1/scenes' `?date=`
+              "description": "the scene's acquisition date, YYYY-MM-DD, for models with a time encoding"}
 MAIN_ROUTE = {"generate": "/v1/chat/completions", "pool": "/pooling", "plain": "/predict"}
 
 
@@ -72,7 +74,8 @@ class ApplianceSpec(LitSpec):
             self.routes += [
                 *models,
                 Route("/pooling", POST, pooling.pooling, body={JSON: PoolingBody}, answers={JSON: PoolingResponse}),
-                Route("/v1/pool", POST, pooling.raw, body={"image/tiff": BYTES}, query={"quicklook": {"type": "boolean"}},
+                Route("/v1/pool", POST, pooling.raw, body={"image/tiff": BYTES},
+                      query={"quicklook": {"type": "boolean"}, "date": DATE_QUERY},
                       answers={"image/tiff": BYTES, "image/png": BYTES}),
                 *scene_routes(SceneRoutes(self.frontend, cfg, spool_dir))]
         else:
@@ -103,6 +106,8 @@ def scene_routes(scenes: SceneRoutes) -> List[Route]:
     """`/v1/scenes`: a scene job is accepted (202) at once, then polled, then its files fetched."""
     return [
         Route("/v1/scenes", POST, scenes.create, body={**{kind: BYTES for kind in GEOTIFF_TYPES}, JSON: SceneBody},
+              query={"date": {**DATE_QUERY, "description": f"{DATE_QUERY['description']}; with a GeoTIFF body "
+                                                           "only (a JSON body carries its own)"}},
               status="202", answers={JSON: Scene}, headers={"Location": "the scene's URL, relative: scenes/{id}"}),
         Route("/v1/scenes", GET, scenes.list, answers={JSON: SceneList}),
         Route("/v1/scenes/{id}", GET, scenes.get, answers={JSON: Scene}),

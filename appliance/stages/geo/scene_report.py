@@ -1,6 +1,6 @@
 """A written mask's report for a map page: its summary (size, grid, lon/lat corners, pixels and area per
-class) and two previews of the same size, `scene.png` (the input's RGB) and `mask.png` (the classes as a
-palette PNG, class 0 transparent, so it lays over scene.png as is).
+class, the acquisition date its tags record) and two previews of the same size, `scene.png` (the input's
+RGB) and `mask.png` (the classes as a palette PNG, class 0 transparent, so it lays over scene.png as is).
 
 The counts are taken at full resolution, strip by strip of the mask's rows (never the whole mask in
 memory); the previews are read decimated (quicklook.py's reads, colours and stretch).
@@ -37,6 +37,7 @@ def write_scene_report(scene, mask_path: str, report_dir: str, preview_size: int
         colours = parse_colours_tag(ds.tags().get("class_colours"), len(names))
         summary = grid_summary(ds)
         summary.update(class_summary(ds, names, colours))
+        summary.update(acquisition_summary(ds.tags()))
     shape = preview_shape(summary["width"], summary["height"], preview_size)
     rgb, classes, nodata = read_previews(scene, mask_path, shape)
     picture = stretch(rgb, ~nodata).transpose(1, 2, 0).copy()
@@ -47,6 +48,12 @@ def write_scene_report(scene, mask_path: str, report_dir: str, preview_size: int
         palette_mask(classes, nodata, colours).save(temp, format="PNG", transparency=0)
     summary["preview"] = {"width": shape[1], "height": shape[0]}
     return summary
+
+
+def acquisition_summary(tags) -> Dict[str, Optional[str]]:
+    """The acquisition date raster_write tagged the mask with (acquisition.coords_tags), and its source."""
+    return {"acquisition_date": tags.get("acquisition_date"),
+            "acquisition_date_source": tags.get("acquisition_date_source")}
 
 
 def tagged_class_names(ds) -> List[str]:

@@ -1,5 +1,6 @@
 // The flood-map page for pooling pipelines. A GeoTIFF from disk (picker, or dropped anywhere on the
-// page) or the URL of a GeoTIFF or STAC item goes to POST v1/scenes; the page polls the scene for its
+// page) or the URL of a GeoTIFF or STAC item goes to POST v1/scenes (with the acquisition date when the
+// date field is filled: `?date=` for a file, `"date"` beside the URL); the page polls the scene for its
 // tiles until it is done, then shows the input's preview with the predicted mask over it, the water
 // figures, a legend, the reading of the pixel pointed at, and the mask and its STAC item to download.
 // Files come through fetch (with the API key when the server has one) as blobs, never by a URL holding
@@ -45,20 +46,27 @@ function sendFile(file) {
     notice(`${file.name}: ${megabytes(file.size)} is more than this server takes (${megabytes(limit)}).`);
     return;
   }
-  start(file.name, { headers: { "Content-Type": "image/tiff" }, body: file }, `uploading ${megabytes(file.size)}…`);
+  const date = acquisitionDate();
+  const path = date ? `v1/scenes?date=${encodeURIComponent(date)}` : "v1/scenes";
+  start(file.name, path, { headers: { "Content-Type": "image/tiff" }, body: file }, `uploading ${megabytes(file.size)}…`);
 }
 
 function sendUrl(url) {
   if (!url || state.run) return;
-  start(url, { headers: { "Content-Type": "application/json" }, body: JSON.stringify({ url }) }, "sending the URL…");
+  const date = acquisitionDate();
+  const body = JSON.stringify(date ? { url, date } : { url });
+  start(url, "v1/scenes", { headers: { "Content-Type": "application/json" }, body }, "sending the URL…");
 }
 
-async function start(name, init, what) {
+// The date field's YYYY-MM-DD, or "" when it is empty: the server then takes the scene's own date.
+const acquisitionDate = () => byId("date").value;
+
+async function start(name, path, init, what) {
   const run = { name, id: null, started: performance.now(), controller: new AbortController() };
   begin(run, what);
   let scene;
   try {
-    const response = await client.request("v1/scenes", { method: "POST", ...init, signal: run.controller.signal });
+    const response = await client.request(path, { method: "POST", ...init, signal: run.controller.signal });
     scene = await response.json();
   } catch (error) {
     if (state.run === run) {

@@ -62,6 +62,8 @@ export function factsEntries(summary) {
     ["Lon/lat", `${lonLatText({ lon: west, lat: south })} to ${lonLatText({ lon: east, lat: north })}`],
     ["Valid pixels", `${count(summary.valid_pixels)} of ${count(summary.width * summary.height)}`],
   ];
+  const { acquisition_date: date, acquisition_date_source: source } = summary;
+  if (date) facts.push(["Acquired", `${date} (${source})`]);
   return facts.flatMap(([term, value]) => [el("dt", { text: term }), el("dd", { text: value })]);
 }
 
