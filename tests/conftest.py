@@ -31,6 +31,7 @@ SLOW = (
     "tests/serving/test_metrics.py",
     "tests/serving/test_stream_interval.py",  # a server of its own
     "tests/serving/test_scenes.py",  # a server of its own (max_kept=1), scenes run to the end
+    "tests/geo/test_served_tl.py",  # a server of its own with the tiny TL model
     "tests/engine/test_tensor_parallel.py::test_tp2_matches_tp1",  # TP ranks are processes
     "tests/engine/test_tensor_parallel.py::test_tp2_structured_output_matches_tp1",
     "tests/engine/test_tensor_parallel.py::test_killed_worker_raises_clear_error",

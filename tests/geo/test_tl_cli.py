@@ -8,6 +8,7 @@ import rasterio
 
 from appliance.stages.geo.raster_inputs import PACKAGE_DIR
 from tests.conftest import assert_user_error, run_cli
+from tests.geo.tiny_tl import tiny_tl_checkpoint
 
 SAMPLE = PACKAGE_DIR / "assets" / "samples" / "flood_sample.tif"
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -15,20 +16,7 @@ ENV = {"OMP_NUM_THREADS": "1"}
 
 @pytest.fixture(scope="module")
 def tiny_tl(tmp_path_factory):
-    import torch
-
-    from appliance.config.compose import compose
-    from appliance.engine.models.prithvi import build_prithvi_segmentation, save_safetensors
-
-    cfg = compose(["pipeline=prithvi_flood", "model=prithvi_tiny_tl_flood"])
-    torch.manual_seed(0)
-    model = build_prithvi_segmentation(cfg.model.prithvi, in_chans=len(cfg.model.geo.bands))
-    with torch.no_grad():  # learned scales well away from their 0.1 start, so the encodings show
-        model.encoder.temporal_embed_enc.scale.fill_(1.0)
-        model.encoder.location_embed_enc.scale.fill_(1.0)
-    path = tmp_path_factory.mktemp("tiny_tl") / "tiny_tl.safetensors"
-    save_safetensors(model, path)
-    return path
+    return tiny_tl_checkpoint(tmp_path_factory.mktemp("tiny_tl"))
 
 
 def tl_run(checkpoint, output, *extra):

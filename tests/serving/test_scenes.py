@@ -1,6 +1,7 @@
 """`/v1/scenes` on a real `appliance serve pipeline=prithvi_flood` (its own server: `server.scenes.max_kept=1`,
 an API key, a spool directory the tests look into), with httpx: a scene posted as a job, polled, its
-summary and files read; refusals; DELETE of a running scene; pruning of finished ones."""
+summary and files read; a given date reaching the mask; refusals; DELETE of a running scene; pruning of
+finished ones."""
 import io
 import json
 import time
@@ -12,6 +13,7 @@ import rasterio
 from PIL import Image
 
 from appliance.protocol.scenes import Scene, SceneDeleted, SceneList, SceneSummary
+from tests.geo.hls import RangeServer
 from tests.server_process import server_process
 from tests.servers import API_KEY, SAMPLE_SCENE, error, metrics
 
@@ -113,6 +115,7 @@ def test_a_posted_scene_is_polled_to_done_with_counts_that_never_go_down(server,
     assert all(total in (None, body["tiles_total"]) for _, total in seen)
     assert body["files"] == ["mask.tif", "item.json", "scene.png", "mask.png"]
     SceneSummary.model_validate(body["result"])
+    assert body["result"]["acquisition_date"] is body["result"]["acquisition_date_source"] is None  # none in the sample
     log_line = next(line for line in server.output().splitlines() if "POST /v1/scenes 202" in line)
     assert f"request_id={body['id']}" in log_line
 
@@ -259,6 +262,14 @@ REFUSED = [
     ("bucket not allowed", {"json": {"url": "s3://private/a.tif"}, "headers": AUTH}, 400, "url",
      "allowed_s3_buckets"),
     ("no key", {"content": b"x", "headers": {"Content-Type": "image/tiff"}}, 401, None, "API key"),
+    ("bad query date", {"content": b"x", "headers": TIFF, "params": {"date": "30/06/2024"}}, 400, "date",
+     "date: '30/06/2024' is not a date; give a date as YYYY-MM-DD"),
+    ("bad json date", {"json": {"url": "https://example.com/a.tif", "date": "2024-13-01"}, "headers": AUTH}, 400,
+     "date", "date: '2024-13-01' is not a date"),
+    ("json date not a string", {"json": {"url": "https://example.com/a.tif", "date": 20240630}, "headers": AUTH},
+     400, "date", "date: "),
+    ("query date with json", {"json": {"url": "https://example.com/a.tif"}, "headers": AUTH,
+                              "params": {"date": "2024-06-30"}}, 400, "date", "give the date in it"),
 ]
 
 
@@ -270,6 +281,23 @@ def test_refused_posts_name_their_field_and_leave_nothing(server, spool, label, 
     listed = get(server, "").json()["data"]
     assert all(s["status"] in ("done", "failed") for s in listed)  # a refused POST makes no job
     assert {path.name for path in (spool / "scenes").iterdir()} <= {s["id"] for s in listed}  # nor files
+
+
+def test_a_given_date_reaches_the_mask_and_the_summary_in_both_forms(server, tmp_path):
+    (tmp_path / "scene.tif").write_bytes(SAMPLE_SCENE.read_bytes())
+    with RangeServer(tmp_path) as source:
+        sends = [("2024-06-30", lambda: posted(server, SAMPLE_SCENE.read_bytes(), params={"date": "2024-06-30"})),
+                 ("2023-01-02", lambda: posted(server, json={"url": f"{source.url}/scene.tif", "date": "2023-01-02"},
+                                               headers=AUTH))]
+        for date, send in sends:
+            body = until_ended(server, send()["id"])
+            assert body["status"] == "done", body
+            summary = body["result"]
+            assert (summary["acquisition_date"], summary["acquisition_date_source"]) == (date, "date given")
+            mask = get(server, f"/{body['id']}/mask.tif")
+            assert mask.status_code == 200, mask.text
+            with rasterio.open(io.BytesIO(mask.content)) as ds:
+                assert ds.tags()["acquisition_date"] == date
 
 
 def test_without_the_key_every_scene_route_is_401(server):
@@ -288,6 +316,7 @@ def test_the_openapi_document_describes_the_scene_routes_with_the_models(server)
     assert create["responses"]["202"]["content"]["application/json"]["schema"] == {"$ref": ref("Scene")}
     assert "200" not in create["responses"]
     assert {"image/tiff", "application/json"} <= set(create["requestBody"]["content"])
+    assert [(p["name"], p["in"], p["schema"]["type"]) for p in create["parameters"]] == [("date", "query", "string")]
     assert paths["/v1/scenes/{id}"]["delete"]["responses"]["200"]["content"]["application/json"]["schema"] == \
         {"$ref": ref("SceneDeleted")}
     files = paths["/v1/scenes/{id}/{file}"]["get"]

@@ -2,9 +2,10 @@
 a server of its own (12 tiles for the sample scene) and the shared keyed `flood_server`: it loads clean;
 the sample uploaded shows its progress, then the mask over the scene, with the water share numpy counts
 on `appliance run`'s mask; the mask downloaded equals run's pixel for pixel and the STAC item downloads;
-pointing at a pixel reads its coordinates and class; a failed scene shows the server's own message; a
-file name with markup stays text; with an API key the page asks for it, then works; it works behind a
-path prefix. Screenshots at desktop and phone width go to the test's tmp dir."""
+pointing at a pixel reads its coordinates and class; the date field is sent when filled, with a file and
+with a URL; a failed scene shows the server's own message; a file name with markup stays text; with an
+API key the page asks for it, then works; it works behind a path prefix. Screenshots at desktop and phone
+width go to the test's tmp dir."""
 import json
 import re
 
@@ -182,6 +183,28 @@ def test_pointing_at_a_pixel_reads_its_coordinates_and_class(scene_server, run_m
     page.keyboard.press("Shift+ArrowDown")
     assert page.text_content("#read-pixel") == f"col {got_col + 1}, row {min(got_row + 10, preview['height'] - 1)}"
     assert page.problems == []
+
+
+def test_the_date_field_is_sent_with_a_file_and_with_a_url_when_filled(scene_server, open_page):
+    page = open_page(f"{scene_server.base}/")
+    page.wait_for_selector("#limits:not(:empty)")
+    page.fill("#date", "2024-06-30")
+    with page.expect_request(lambda r: r.method == "POST" and "/v1/scenes" in r.url) as posted:
+        map_scene(page, SAMPLE_SCENE)
+    assert posted.value.url.endswith("/v1/scenes?date=2024-06-30")
+    facts = dict(zip(page.locator("#facts dt").all_text_contents(), page.locator("#facts dd").all_text_contents()))
+    assert facts["Acquired"] == "2024-06-30 (date given)"
+    url = "http://169.254.169.254/scene.tif"  # refused by the server's fetch rules: the scene fails at once
+    page.fill("#url", url)
+    with page.expect_request(lambda r: r.method == "POST" and "/v1/scenes" in r.url) as posted:
+        page.click("#run-url")
+    assert posted.value.url.endswith("/v1/scenes") and json.loads(posted.value.post_data) == {
+        "url": url, "date": "2024-06-30"}
+    page.wait_for_selector("#notice:not(:empty)", timeout=60_000)
+    page.fill("#date", "")
+    with page.expect_request(lambda r: r.method == "POST" and "/v1/scenes" in r.url) as posted:
+        page.click("#run-url")
+    assert json.loads(posted.value.post_data) == {"url": url}  # an empty field is left out
 
 
 def test_a_failed_scene_shows_the_server_message_and_a_markup_name_stays_text(scene_server, open_page):
