@@ -1,12 +1,16 @@
 """`stitch`: fan tiles with `logits` back in; emit finished row strips as soon as they are final.
 
 Each output record is the scene's record (tile fields dropped) plus `strip`: a `MaskStrip` with the
-rows' classes (uint8 argmax, 255 at nodata) or probabilities (float32 softmax, NaN at nodata) and
-per-class pixel counts. The writer turns strips into a GeoTIFF without ever holding the scene.
+rows' classes (uint8 argmax, 255 at nodata) or probabilities (float32 softmax, NaN at nodata), or both
+(`classes_and_probabilities`: the writer puts the probabilities in a second file), and per-class pixel
+counts. The writer turns strips into GeoTIFFs without ever holding the scene.
+
+A record with `probabilities_file: false` (a server request: its routes answer one file) gets the
+classes alone whatever `output` says.
 """
 from dataclasses import dataclass
 from enum import Enum
-from typing import Dict, Iterator
+from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -21,12 +25,14 @@ TILE_FIELDS = ("tile", "valid", "tensor", "logits", "pixels")
 class StitchOutput(str, Enum):
     classes = "classes"  # uint8 argmax, nodata 255
     probabilities = "probabilities"  # float32 softmax, one band per class, nodata NaN
+    classes_and_probabilities = "classes_and_probabilities"  # both: the probabilities in a second file
 
 
 @dataclass
 class StitchOptions:
     blending: Blending = Blending.cosine  # cosine | linear | none
-    output: StitchOutput = StitchOutput.classes  # classes (uint8, nodata 255) | probabilities (float32, NaN)
+    # classes (uint8, nodata 255) | probabilities (float32, NaN) | classes_and_probabilities (both, two files)
+    output: StitchOutput = StitchOutput.classes
     progress: bool = True  # tiles done per scene on stderr: a tqdm bar on a terminal, else a line every interval
     progress_interval: float = DEFAULT_INTERVAL  # seconds between progress lines when stderr is not a terminal
 
@@ -40,6 +46,7 @@ class MaskStrip:
     index: int
     last: bool
     tiles: int  # tiles in the scene
+    probabilities: Optional[np.ndarray] = None  # float32 [C, rows, W] beside the classes in `data`, when kept
 
 
 def to_numpy(logits) -> np.ndarray:
@@ -48,19 +55,30 @@ def to_numpy(logits) -> np.ndarray:
     return np.asarray(logits, dtype=np.float32)
 
 
-def finish(logits: np.ndarray, valid: np.ndarray, output: StitchOutput):
-    """(data, counts) for blended logits [C, rows, W] under `valid` [rows, W]."""
+def finish(logits: np.ndarray, valid: np.ndarray,
+           output: StitchOutput) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """(data, counts, probabilities) for blended logits [C, rows, W] under `valid` [rows, W]: `data` the
+    classes [1, rows, W] or (`output: probabilities`) the probabilities; `probabilities` the probabilities
+    beside the classes for `classes_and_probabilities`, else None. The softmax works in `logits`' own
+    memory (the strip's, finished with), so keeping both costs the strip's classes and no second copy."""
     classes = logits.argmax(axis=0)
     counts = np.bincount(classes[valid].ravel(), minlength=logits.shape[0]).astype(np.int64)
     if output is StitchOutput.classes:
-        data = classes.astype(np.uint8)
-        data[~valid] = NODATA_CLASS
-        return data[None], counts
-    shifted = logits - logits.max(axis=0, keepdims=True)
-    probs = np.exp(shifted, out=shifted)
+        return class_map(classes, valid), counts, None
+    logits -= logits.max(axis=0, keepdims=True)
+    probs = np.exp(logits, out=logits)
     probs /= probs.sum(axis=0, keepdims=True)
     probs[:, ~valid] = np.nan
-    return probs, counts
+    if output is StitchOutput.probabilities:
+        return probs, counts, None
+    return class_map(classes, valid), counts, probs
+
+
+def class_map(classes: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """The argmax as one uint8 band, nodata 255 where not valid."""
+    data = classes.astype(np.uint8)
+    data[~valid] = NODATA_CLASS
+    return data[None]
 
 
 def tiles_progress(total: int, label: str, options: StitchOptions) -> Progress:
@@ -92,10 +110,13 @@ class Stitch(Stage):
                 strips = stitcher.add(ref.window, logits, record["valid"])
                 bar.update(1)  # the scene's last tile ends the bar here, before its last strips go out
                 base = {k: v for k, v in record.items() if k not in TILE_FIELDS}
+                output = self.options.output
+                if output is StitchOutput.classes_and_probabilities and not record.get("probabilities_file", True):
+                    output = StitchOutput.classes
                 for strip in strips:
-                    data, counts = finish(strip.logits, strip.valid, self.options.output)
+                    data, counts, probs = finish(strip.logits, strip.valid, output)
                     nodata = int(strip.valid.size - strip.valid.sum())
-                    mask = MaskStrip(strip.row_off, data, counts, nodata, strip.index, strip.last, ref.count)
+                    mask = MaskStrip(strip.row_off, data, counts, nodata, strip.index, strip.last, ref.count, probs)
                     yield {**base, "strip": mask}
                 if stitcher.finished:
                     bar.close()
