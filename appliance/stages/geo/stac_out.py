@@ -3,6 +3,8 @@ it was made from and by what.
 
 Projection extension: the mask's CRS (EPSG code, else WKT2), shape, transform and bbox in that CRS.
 Classification extension on the mask asset: each class's value, name and colour, and 255 as nodata.
+A probabilities file written beside a class map is a second asset, `probabilities`, role `data` like the
+mask (STAC's role for the data itself; the key and title say which is which), one band per class.
 Links: `derived_from` each source (the STAC item, or the GeoTIFF / per-band files): URLs as they are,
 local files relative to the item's own directory (STAC resolves a relative href against the item, not
 the directory a run started in), absolute where no relative path exists (another drive). The item's
@@ -58,9 +60,11 @@ def _when(value: Optional[str]) -> Optional[dt.datetime]:
 
 
 def mask_item(scene, output_path: str, class_names: List[str], class_colours: Sequence[Tuple[int, int, int]],
-              classes: bool, model: str, pipeline: str, quicklook: Optional[str] = None) -> pystac.Item:
+              classes: bool, model: str, pipeline: str, quicklook: Optional[str] = None,
+              probabilities: Optional[str] = None) -> pystac.Item:
     """The STAC item describing the mask at `output_path` (asset hrefs relative to the item's directory);
-    a class mask's classes carry `class_colours` as their colour hints."""
+    a class mask's classes carry `class_colours` as their colour hints. `probabilities`: the path of the
+    per-class probabilities written beside the class map (in the same directory), a second asset."""
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     geometry, bbox = _footprint(scene)
     stem = os.path.basename(output_path)
@@ -73,6 +77,11 @@ def mask_item(scene, output_path: str, class_names: List[str], class_colours: Se
     asset = pystac.Asset(os.path.basename(output_path), media_type=pystac.MediaType.COG, roles=["data"],
                          title="classes" if classes else "class probabilities")
     item.add_asset("mask", asset)
+    if probabilities:
+        bands = ", ".join(f"p({name})" for name in class_names)
+        item.add_asset("probabilities", pystac.Asset(
+            os.path.basename(probabilities), media_type=pystac.MediaType.COG, roles=["data"],
+            title="class probabilities", description=f"float32, one band per class ({bands}), nodata NaN"))
     if quicklook:
         item.add_asset("quicklook", pystac.Asset(os.path.basename(quicklook), media_type=pystac.MediaType.PNG,
                                                  roles=["overview"]))

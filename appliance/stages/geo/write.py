@@ -4,8 +4,10 @@ atomically.
 Strips are written by windows into a tiled GeoTIFF draft in the output directory; after the last strip
 the draft is copied to a COG (`cog.py`: internal overviews, range-read layout) beside it, and that is
 renamed over `output_path` (with `format: gtiff` the draft itself is). On any failure (or an abandoned
-run) the temp files are removed, so a run never leaves a half-written mask. Emits one record per scene
-with `display`.
+run) the temp files are removed, so a run never leaves a half-written mask. Strips that carry probabilities
+beside the classes (`stitch.output: classes_and_probabilities`) also go, the same way, to a float32 COG
+`<output stem>.probabilities.tif`; both files are finished before either is renamed into place, and a
+failure leaves neither. Emits one record per scene with `display`.
 """
 import contextlib
 import logging
@@ -29,12 +31,14 @@ from appliance.stages.geo.geotiff import open_raster, probe_geotiff
 from appliance.stages.geo.class_colours import colours_tag, default_colours, model_colours
 from appliance.stages.geo.quicklook import quicklook_path, write_quicklook
 from appliance.stages.geo.raster_read import geo_contract
+from appliance.stages.geo.scene_sources import is_remote
 from appliance.stages.geo.stac_out import mask_item, stac_path, write_item
 from appliance.stages.geo.stitch import NODATA_CLASS
 
 log = logging.getLogger(__name__)
 
 
+PROBABILITIES_SUFFIX = ".probabilities.tif"
 OVERVIEW_RESAMPLINGS = ("nearest", "mode", "average", "bilinear", "cubic", "lanczos")  # GDAL's names
 
 
@@ -84,25 +88,31 @@ class MaskWriter:
             self.abort()
             raise
 
-    def write(self, strip) -> None:
-        rows = strip.data.shape[1]
+    def write(self, strip, data: Optional[np.ndarray] = None) -> None:
+        """The strip's rows: its `data`, or `data` given (its probabilities, for a probabilities file)."""
+        data = strip.data if data is None else data
         with self._writing():
-            self.dataset.write(strip.data, window=Window(0, strip.row_off, self.scene.width, rows))
+            self.dataset.write(data, window=Window(0, strip.row_off, self.scene.width, data.shape[1]))
         self.counts += strip.counts
         self.nodata_pixels += strip.nodata_pixels
 
-    def commit(self) -> None:
+    def seal(self) -> None:
+        """Finish the file under its temp name (for a COG: the COG copy), checked; `commit` renames it."""
         with self._writing():
             self.dataset.close()
             self._verify(self.temp_path)
             if not self.cog:
-                self.draft.commit()
                 return
             self.file = AtomicFile(self.output_path, sidecars=(".aux.xml",))
             translate_to_cog(self.draft.temp_path, self.file.temp_path, self.block, self.resampling)
             self.draft.abort()
             self._verify(self.file.temp_path)
-            self.file.commit()
+
+    def commit(self) -> None:
+        if not self.dataset.closed:
+            self.seal()
+        with self._writing():
+            (self.file or self.draft).commit()
 
     def _verify(self, path: str) -> None:
         """GDAL reports a failed block or directory write (a full disk) only on stderr, and closing does not
@@ -138,6 +148,29 @@ class MaskWriter:
         self.draft.abort()
         if self.file is not None:
             self.file.abort()
+
+
+def probabilities_path(output_path: str) -> str:
+    """`m.tif` -> `m.probabilities.tif`: the per-class probabilities beside a class map."""
+    base = output_path[: -len(".tif")] if output_path.lower().endswith(".tif") else os.path.splitext(output_path)[0]
+    return base + PROBABILITIES_SUFFIX
+
+
+def commit_together(writers: List[MaskWriter]) -> None:
+    """Seal every file, then rename them; the first (the class map) last, and if it fails the others are
+    removed again: a scene's files appear together or not at all."""
+    for writer in writers:
+        writer.seal()
+    placed = []
+    try:
+        for writer in writers[1:] + writers[:1]:
+            writer.commit()
+            placed.append(writer.output_path)
+    except BaseException:
+        for path in placed:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        raise
 
 
 def describe(output_path: str, scene, tiles: int, counts: np.ndarray, nodata: int, class_names: List[str]) -> str:
@@ -189,23 +222,42 @@ class RasterWrite(Stage):
         self.class_colours = model_colours(geo, names, names_key) if names is not None else None
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
-        writers: Dict[str, MaskWriter] = {}
+        writers: Dict[str, List[MaskWriter]] = {}  # output path -> its class map (or probabilities)[, probabilities]
         try:
             for record in records:
                 strip, path = record["strip"], record["output_path"]
                 if path not in writers:
                     writers[path] = self._open(record)
-                writer = writers[path]
-                writer.write(strip)
+                scene_writers = writers[path]
+                scene_writers[0].write(strip)
+                if len(scene_writers) > 1:
+                    scene_writers[1].write(strip, strip.probabilities)
                 if strip.last:
-                    writer.commit()
+                    commit_together(scene_writers)
                     del writers[path]
-                    yield self._finish(record, writer)
+                    yield self._finish(record, *scene_writers)
         finally:
-            for writer in writers.values():
-                writer.abort()
+            for scene_writers in writers.values():
+                for writer in scene_writers:
+                    writer.abort()
 
-    def _open(self, record: Record) -> MaskWriter:
+    def _open(self, record: Record) -> List[MaskWriter]:
+        """The scene's writers: the mask at `output_path`, and its probabilities file when strips carry one."""
+        writers = [self._writer(record, record["output_path"], record["strip"].data)]
+        probabilities = record["strip"].probabilities
+        if probabilities is not None:
+            try:
+                path = probabilities_path(record["output_path"])
+                if os.path.abspath(path) in {os.path.abspath(f) for f in record["scene"].files if not is_remote(f)}:
+                    raise InputError(f"output: the probabilities file {path} would replace the input; choose "
+                                     "another output", param="output")
+                writers.append(self._writer(record, path, probabilities))
+            except BaseException:
+                writers[0].abort()
+                raise
+        return writers
+
+    def _writer(self, record: Record, path: str, data: np.ndarray) -> MaskWriter:
         strip, scene = record["strip"], record["scene"]
         channels = len(strip.counts)
         names = self.class_names or [f"class {i}" for i in range(channels)]
@@ -214,13 +266,15 @@ class RasterWrite(Stage):
             raise ConfigError(
                 f"{self.name}: {len(names)} class names ({', '.join(names)}) but the model gave {channels} classes"
             )
-        bands, dtype = (1, "uint8") if strip.data.dtype == np.uint8 else (strip.data.shape[0], "float32")
-        return MaskWriter(scene, record["output_path"], bands, dtype, names, colours, self.options.block_size,
+        bands, dtype = (1, "uint8") if data.dtype == np.uint8 else (data.shape[0], "float32")
+        return MaskWriter(scene, path, bands, dtype, names, colours, self.options.block_size,
                           cog=self.options.format is MaskFormat.cog, resampling=self.options.overview_resampling)
 
-    def _finish(self, record: Record, writer: MaskWriter) -> Record:
+    def _finish(self, record: Record, writer: MaskWriter, probabilities: Optional[MaskWriter] = None) -> Record:
         scene, path = record["scene"], record["output_path"]
         text = describe(path, scene, record["strip"].tiles, writer.counts, writer.nodata_pixels, writer.class_names)
+        if probabilities is not None:
+            text += f" (probabilities {probabilities.output_path})"
         quicklook = None
         if record.get("quicklook", self.options.quicklook):  # a server request may ask for one
             quicklook = quicklook_path(path)
@@ -230,7 +284,8 @@ class RasterWrite(Stage):
         if self.options.stac:
             item = mask_item(scene, path, writer.class_names, writer.class_colours, writer.dtype == "uint8",
                              self.cfg.model.name,
-                             self.cfg.pipeline.name, quicklook)
+                             self.cfg.pipeline.name, quicklook,
+                             probabilities.output_path if probabilities is not None else None)
             target = stac_path(path)
             try:
                 write_item(item, target)
