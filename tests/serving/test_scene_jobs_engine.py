@@ -1,7 +1,10 @@
 """Scene jobs on the engine side: the pool driver with the real flood pipeline and demo model, in this
 process, its loop turns (inbox, step, events) driven by the test as the engine loop drives them. A job
 with `progress` gets TileProgress counts that never go down and end at the scene's tile total; one with
-`report_dir` gets the scene summary in its answer and the two previews; a `/v1/pool`-like job neither."""
+`report_dir` gets the scene summary in its answer and the two previews; a `/v1/pool`-like job neither. A server writes one file a scene even under `stitch.output:
+classes_and_probabilities` (its routes answer, spool and delete one)."""
+import contextlib
+import json
 import shutil
 import time
 
@@ -34,18 +37,26 @@ class AnyMetric:
         return self
 
 
-@pytest.fixture(scope="module")
-def driver():
+@contextlib.contextmanager
+def pool_driver(*overrides):
     # 128-pixel tiles make the 400x300 sample a dozen tiles; batches of 2 make them finish over several steps.
     cfg = compose(["pipeline=prithvi_flood", "pipeline.stages.tile.tile_size=128", "engine.max_batch_size=2",
-                   f"server.scenes.preview_size={PREVIEW}", "server.stats_interval_s=0"])
+                   f"server.scenes.preview_size={PREVIEW}", "server.stats_interval_s=0", *overrides])
     online = split_online(build_pipeline(cfg), cfg)
     for stage in online.stages():
         stage.setup()
     pool = PoolDriver(cfg, online, AnyMetric(), SharedState())
     pool.start()
-    yield pool
-    pool.close()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="module")
+def driver():
+    with pool_driver() as pool:
+        yield pool
 
 
 def run_job(driver, uid, job):
@@ -100,3 +111,14 @@ def test_a_pool_job_gets_no_progress_and_no_report(driver, tmp_path):
     assert "scene" not in events[0].result and events[0].result["tiles"] > 1
     with rasterio.open(tmp_path / "plain.tif") as ds:
         assert np.isin(ds.read(1), [0, 1, 255]).all()
+
+
+def test_a_served_scene_writes_the_class_map_alone_whatever_stitch_keeps(tmp_path):
+    with pool_driver("pipeline.stages.stitch.output=classes_and_probabilities") as pool:
+        events = run_job(pool, "pool-both", scene_job(tmp_path, "both"))
+    assert len(events) == 1 and isinstance(events[0], Done)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["both.in.tif", "both.stac.json", "both.tif"]
+    with rasterio.open(tmp_path / "both.tif") as ds:
+        assert ds.count == 1 and ds.dtypes[0] == "uint8" and np.isin(ds.read(1), [0, 1, 255]).all()
+    assets = json.loads((tmp_path / "both.stac.json").read_text())["assets"]
+    assert list(assets) == ["mask"]

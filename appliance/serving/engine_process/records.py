@@ -31,6 +31,7 @@ class SceneRecord:
     date: Any = None            # the acquisition date the request gives (checked), or None: the source's
     scene_index: int = 0
     overwrite: bool = True      # the output is the request's own spool or output file
+    probabilities_file: bool = False  # the answer is one file: never a probabilities COG beside it (stitch.py)
 
 
 def as_record(value) -> Dict[str, Any]:
