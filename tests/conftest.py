@@ -1,3 +1,4 @@
+import logging
 import os
 import subprocess
 import sys
@@ -58,6 +59,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.nodeid == slow or item.nodeid.startswith((slow + "::", slow + "[")) for slow in SLOW):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def root_logging_as_found():
+    """A test that runs the CLI in this process (`appliance.cli.main`) sets the root logger up on that test's
+    captured stderr, which pytest closes after it; later tests would then log into a closed stream
+    ("--- Logging error ---"). Every test leaves the root logger's handlers and level as it found them."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @contextmanager
