@@ -48,9 +48,10 @@ class Server:
 @contextlib.contextmanager
 def server_process(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=None, ready: bool = True,
                    port=None):
-    """Yields a `Server` for `appliance serve OVERRIDES server.port=<port, else a free one>` once /ready (or,
-    with ready=False, /health) answers 200; on exit SIGTERMs it and fails if any process of its session
-    is still alive 15 s later (they are killed either way)."""
+    """Yields a `Server` for `appliance serve OVERRIDES server.port=<port, else a free one>` once /ready
+    answers 200 and it printed its ready line (with ready=False: once /health answers 200); on exit
+    SIGTERMs it and fails if any process of its session is still alive 15 s later (they are killed either
+    way)."""
     port = port or free_port()
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     full_env.pop("APPLIANCE_CONF_DIR", None)
@@ -79,6 +80,13 @@ def server_process(*overrides, cwd, conf_dir=None, startup_s: float = 180, env=N
             time.sleep(0.3)
         else:
             pytest.fail(f"server did not answer {probe}")
+        # The supervisor says ready a moment after /ready first answers 200 (it checks its own address
+        # first); a test starts from a server that said so, as its user would.
+        while ready and "ready: pipeline" not in server.output():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                reader.join(timeout=10)
+                pytest.fail(f"the server answered /ready but never said ready:\n{server.output()}")
+            time.sleep(0.1)
         yield server
     finally:
         stop(proc)

@@ -54,19 +54,9 @@ def deliver(proc, how: str, sig) -> None:
                 pass
 
 
-def wait_for_ready_line(server) -> None:
-    """The supervisor says ready once its own HTTP process answered on its address, a moment after /ready
-    first answers 200 (what server_process waits for): each case starts from a server that said so."""
-    deadline = time.monotonic() + 60
-    while "ready: pipeline" not in server.output():
-        assert time.monotonic() < deadline, f"the server never said ready:\n{server.output()}"
-        time.sleep(0.05)
-
-
 def signal_and_check_refusal(server, how, sig, times, refused_request):
     """Deliver the signal, check the server drains (readiness fails, new requests get 503 with Retry-After),
     and deliver it again when `times` is 2."""
-    wait_for_ready_line(server)
     deliver(server.proc, how, sig)
     deadline = time.monotonic() + 60
     while httpx.get(f"{server.base}/ready", timeout=30).status_code != 503:  # the signal has landed
