@@ -1,6 +1,7 @@
 """Where our CPU kernels' library comes from: the package (built at install), else a private cache,
 never a directory others can write to."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,9 +73,12 @@ def test_a_cache_others_can_write_to_is_never_used(tmp_path, fake_compile, spoil
         (cache / name).write_bytes(b"planted")
         os.chown(cache / name, 65534, 65534)
     built = build_kernels.find_or_build(tmp_path / "no-prebuilt", cache)
-    assert fake_compile == [built]
-    assert not str(built).startswith(str(tmp_path)) and built.parent.name.startswith("appliance-kernels-")
-    assert mode(built.parent) == 0o700 and os.lstat(built.parent).st_uid == os.geteuid()
+    try:
+        assert fake_compile == [built]
+        assert not str(built).startswith(str(tmp_path)) and built.parent.name.startswith("appliance-kernels-")
+        assert mode(built.parent) == 0o700 and os.lstat(built.parent).st_uid == os.geteuid()
+    finally:  # the fresh temp directory is the system's, not pytest's: leave nothing there
+        shutil.rmtree(built.parent, ignore_errors=True)
 
 
 def test_no_avx2_or_no_compiler_is_unsupported_not_an_error(tmp_path, monkeypatch):
