@@ -16,7 +16,7 @@ const coordinate = (summary, value) => value.toFixed(geographic(summary) ? 6 : 1
 
 export function waterText(summary) {
   const figures = water(summary);
-  const what = figures.names.join(" + ");
+  const what = figures.names.map((name) => name.replaceAll("_", " ")).join(" + "); // burn_scar: "Burn scar"
   const title = `${what.charAt(0).toUpperCase()}${what.slice(1)}`;
   return `${title}: ${km2(figures.area_km2)} · ${percent(figures.share)} of the valid pixels`;
 }
