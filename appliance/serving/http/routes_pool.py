@@ -25,6 +25,7 @@ from appliance.protocol.openai_responses import new_id
 from appliance.protocol.pooling import GEOTIFF_TYPES, parse_pooling, pooling_response
 from appliance.serving.http.errors import APIError, error_response, parse_body
 from appliance.serving.http.frontend import ClientGone, Frontend
+from appliance.serving.http.geotiff_body import checked_date, content_type, refuse_unknown_query, spool_body
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.http.routes_generate import check_model
 from appliance.stages.geo.acquisition import parse_date
@@ -33,7 +34,7 @@ from appliance.stages.geo.quicklook import quicklook_path
 from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
 from appliance.stages.geo.stac_out import stac_path
 
-RAW_QUERY = ("quicklook", "date")  # `/v1/pool`'s query parameters: any other is refused, as unknown JSON fields are
+RAW_QUERY = ("quicklook", "date")  # `/v1/pool`'s query parameters: any other is refused
 
 
 class PoolRoutes:
@@ -90,11 +91,8 @@ class PoolRoutes:
     async def raw(self, request: Request):
         uid = new_id("pool")
         request.state.request_id = uid
-        unknown = sorted(set(request.query_params) - set(RAW_QUERY))
-        if unknown:  # a typo (`quicklok`) must not silently give the default
-            raise APIError(400, f"{unknown[0]}: unknown query parameter; allowed: {', '.join(RAW_QUERY)}",
-                           param=unknown[0])
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        refuse_unknown_query(request, RAW_QUERY)
+        kind = content_type(request)
         if kind not in GEOTIFF_TYPES:
             raise APIError(415, f"Content-Type: {kind or 'missing'}; send the GeoTIFF as the body with "
                                 f"Content-Type: {GEOTIFF_TYPES[0]}")
@@ -102,25 +100,15 @@ class PoolRoutes:
         if quicklook not in ("true", "false", "1", "0"):
             raise APIError(400, f"quicklook: {quicklook!r}; allowed: true, false", param="quicklook")
         quicklook = quicklook in ("true", "1")
-        date = request.query_params.get("date")
-        try:
-            parse_date(date, "date")
-        except InputError as e:
-            raise APIError.from_input(e) from None
+        date = checked_date(request.query_params.get("date"), "date")
         input_path, output = self._spool(uid, ".in.tif"), self._spool(uid, ".out.tif")
         spooled = [input_path, output, output + ".aux.xml", quicklook_path(output), stac_path(output)]
         try:
-            size = 0
-            with open(input_path, "wb") as f:
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    await asyncio.to_thread(f.write, chunk)
-            if size == 0:
-                raise APIError(400, "body: empty; send the GeoTIFF as the request body")
+            await spool_body(request, input_path)
         except BaseException:
             self._remove(spooled)
             raise
-        job = PoolJob(input_path, None, output, "body", quicklook=quicklook, upload=True, date=date or None)
+        job = PoolJob(input_path, None, output, "body", quicklook=quicklook, upload=True, date=date)
         result = await self._run(request, uid, job, spooled)
         if isinstance(result, Response):
             return result

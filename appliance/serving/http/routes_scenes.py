@@ -23,9 +23,9 @@ from appliance.protocol.pooling import GEOTIFF_TYPES
 from appliance.protocol.scenes import SCENE_FILES, parse_scene_body
 from appliance.serving.http.errors import APIError, read_json
 from appliance.serving.http.frontend import Frontend
+from appliance.serving.http.geotiff_body import checked_date, content_type, refuse_unknown_query, spool_body
 from appliance.serving.http.scene_jobs import DONE, SceneJob, SceneJobs
 from appliance.serving.messages import Done, Failed, PoolJob, TileProgress
-from appliance.stages.geo.acquisition import parse_date
 from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,8 @@ class SceneRoutes:
         self.jobs.prune()
         scene_id = new_id("scene")
         request.state.request_id = scene_id  # the request log's id (access_log.py)
-        unknown = sorted(set(request.query_params) - set(QUERY))
-        if unknown:  # a typo must not silently give the default, as on /v1/pool
-            raise APIError(400, f"{unknown[0]}: unknown query parameter; allowed: {', '.join(QUERY)}",
-                           param=unknown[0])
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        refuse_unknown_query(request, QUERY)
+        kind = content_type(request)
         url, date = None, request.query_params.get("date")
         if kind == JSON_TYPE:
             if date is not None:
@@ -64,11 +61,11 @@ class SceneRoutes:
         elif kind not in GEOTIFF_TYPES:
             raise APIError(415, f"Content-Type: {kind or 'missing'}; send the GeoTIFF as the body with "
                                 f"Content-Type: {GEOTIFF_TYPES[0]}, or {{\"url\": ...}} as {JSON_TYPE}")
-        date = self._date(date)
+        date = checked_date(date, "date")
         job = self.jobs.add(scene_id)
         try:
             if url is None:
-                await self._spool(request, job)
+                await spool_body(request, job.input_path)
             channel = self.frontend.open(job.id, None)  # 429 / 503 as every route
         except BaseException:
             self.jobs.forget(job)
@@ -155,22 +152,3 @@ class SceneRoutes:
             raise APIError.from_input(e) from None
         return parsed.url, parsed.date
 
-    @staticmethod
-    def _date(date: Optional[str]) -> Optional[str]:
-        """The date as the job takes it (None: the source's own), checked as /v1/pool's `?date=`."""
-        try:
-            parse_date(date, "date")
-        except InputError as e:
-            raise APIError.from_input(e) from None
-        return date or None
-
-    @staticmethod
-    async def _spool(request: Request, job: SceneJob) -> None:
-        """The body to the job's input file, as it streams in (the Gate enforces the body limit)."""
-        size = 0
-        with open(job.input_path, "wb") as f:
-            async for chunk in request.stream():
-                size += len(chunk)
-                await asyncio.to_thread(f.write, chunk)
-        if size == 0:
-            raise APIError(400, "body: empty; send the GeoTIFF as the request body", param="body")
