@@ -11,13 +11,14 @@ import torch
 from appliance.engine import cpu_kernels
 from appliance.engine.attention import CpuAttentionBackend, TorchAttentionBackend
 from appliance.engine.attention_probe import probe_backend
+from appliance.engine.config import dtype_name
 from appliance.engine.xformers_attention import XformersAttentionBackend
 from appliance.engine.xformers_plan import XformersLimits, config_refusal
 
 log = logging.getLogger(__name__)
 
 # The dtypes of the caches our paged decode attention reads, by name (a config names them so).
-CPU_BACKEND_DTYPES = tuple(str(d).replace("torch.", "") for d in cpu_kernels.PAGED_DECODE_DTYPES)
+CPU_BACKEND_DTYPES = tuple(dtype_name(d) for d in cpu_kernels.PAGED_DECODE_DTYPES)
 
 
 def cpu_backend_refusal(device: str, dtype: Optional[str]) -> Optional[str]:
@@ -47,7 +48,7 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.f
     if name == "torch":
         return TorchAttentionBackend.name
     if name == "cpu":
-        why = cpu_backend_refusal(device.type, str(dtype).replace("torch.", ""))
+        why = cpu_backend_refusal(device.type, dtype_name(dtype))
         if why:
             raise ValueError(why)
         if cpu_kernels_off:

@@ -53,6 +53,11 @@ class EngineConfig:
     seed: int = 0
 
 
+def dtype_name(value) -> str:
+    """A dtype's or a config enum's plain name, as settings and logs write it: float32, int8."""
+    return str(getattr(value, "value", value)).replace("torch.", "")
+
+
 def resolve_dtype(name) -> "torch.dtype":
     """The torch dtype of `engine.dtype` (a DType or its name). torch is imported here, not with the
     module: composing a config needs this schema but not torch."""

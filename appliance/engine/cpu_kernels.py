@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from appliance.engine.build_kernels import KernelBuildError, find_or_build
+from appliance.engine.config import dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] =
     PackedWeight."""
     k, n = weight.in_features, weight.out_features
     if x.dtype not in weight.input_dtypes or x.device.type != "cpu" or x.shape[-1] != k:
-        names = " or ".join(_name(t) for t in weight.input_dtypes)
+        names = " or ".join(dtype_name(t) for t in weight.input_dtypes)
         raise ValueError(f"packed linear takes {names} CPU input [..., {k}], got {x.dtype} {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
@@ -162,10 +163,6 @@ def linear(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] =
     if bias is not None:
         y.add_(bias)
     return y.view(*lead, n)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 PAGED_DECODE_DTYPES = (torch.float32, torch.bfloat16)  # the caches our paged decode attention reads

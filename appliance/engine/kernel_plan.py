@@ -30,7 +30,7 @@ import torch
 
 from appliance.engine import cpu_kernels
 from appliance.engine.attention_select import select_backend
-from appliance.engine.config import EngineConfig, resolve_dtype
+from appliance.engine.config import EngineConfig, dtype_name, resolve_dtype
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, kernel_problem
 
@@ -64,14 +64,14 @@ class KernelPlan:
     def describe(self) -> str:
         """One line: which kernel runs each family."""
         ours = "ours" if self.fused_ops else "torch"
-        parts = [f"kernels ({self.device}, {_name(self.dtype)}): {self._gemm()}", self._int8(),
+        parts = [f"kernels ({self.device}, {dtype_name(self.dtype)}): {self._gemm()}", self._int8(),
                  f"attention={self.attention} ({ATTENTION_KERNELS[self.attention]})",
                  f"rmsnorm/rotary/swiglu/kv-write={ours}", f"argmax={'ours' if self.argmax else 'torch'}"]
         line = "; ".join(part for part in parts if part)
         return line if self.cpu_kernels_off is None else f"{line} (our CPU kernels off: {self.cpu_kernels_off})"
 
     def _gemm(self) -> str:
-        gemm = f"gemm {_name(self.dtype)}{' (unquantized weights)' if self.int8 else ''}"
+        gemm = f"gemm {dtype_name(self.dtype)}{' (unquantized weights)' if self.int8 else ''}"
         if self.packed_gemm and self.dtype == torch.bfloat16:
             units = "vdpbf16ps" if self.bf16_units else "avx2 fma, widened to fp32"
             return f"{gemm} every row=ours packed ({units})"
@@ -94,7 +94,7 @@ class KernelPlan:
         if plan.kernel_rows >= first:
             regimes.append(f"{_rows(range(first, plan.kernel_rows + 1))}=torch int8 kernel")
             first = plan.kernel_rows + 1
-        tiles = _name(plan.tile_dtype if self.device == "cpu" else self.dtype)
+        tiles = dtype_name(plan.tile_dtype if self.device == "cpu" else self.dtype)
         regimes.append(f"rows {first}+=torch {tiles} tiles")
         return "gemm int8 " + ", ".join(regimes)
 
@@ -110,7 +110,7 @@ def plan_kernels(cfg: EngineConfig, host: Host, geometry, device: Optional[torch
     dtype = resolve_dtype(cfg.dtype)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():  # the probes' card
         attention = select_backend(cfg.attention_backend, device, dtype, geometry, probe, fmha, cpu_kernels_off=off)
-    if _name(cfg.quantization) == "int8":
+    if dtype_name(cfg.quantization) == "int8":
         problem = kernel_problem(device)
         if problem:
             raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
@@ -138,7 +138,7 @@ def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str]
         device=torch.device(cfg.device).type, dtype=dtype, cpu_kernels_off=cpu_kernels_off,
         packed_gemm=fp32_ours or (bf16_ours and not amx), bf16_units="avx512_bf16" in host.cpu_flags,
         bf16_weight_rows=BF16_WEIGHT_ROWS_NATIVE if bf16_ours and amx else range(0),
-        int8=int8_plan(host, ours) if _name(cfg.quantization) == "int8" else None,
+        int8=int8_plan(host, ours) if dtype_name(cfg.quantization) == "int8" else None,
         attention=attention, fused_ops=fp32_ours, argmax=fp32_ours)
 
 
@@ -162,8 +162,3 @@ def int8_plan(host: Host, ours: bool) -> Int8Plan:
 
 def _rows(rows: range) -> str:
     return f"rows {rows.start}-{rows.stop - 1}"
-
-
-def _name(value) -> str:
-    """A dtype's or a config enum's plain name: float32, int8."""
-    return str(getattr(value, "value", value)).replace("torch.", "")

@@ -30,7 +30,7 @@ import torch
 
 from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.checkpoint_facts import CheckpointFacts
-from appliance.engine.config import DType, EngineConfig
+from appliance.engine.config import DType, EngineConfig, dtype_name
 from appliance.engine.host import NATIVE_BF16_FLAGS, Host
 from appliance.errors import ConfigError
 
@@ -50,7 +50,7 @@ class MemoryPlan:
 
     @property
     def dtype_name(self) -> str:
-        return str(self.dtype).replace("torch.", "")
+        return dtype_name(self.dtype)
 
 
 def plan_memory(cfg: EngineConfig, facts: CheckpointFacts, host: Host, source: str,
@@ -71,7 +71,7 @@ def choose_dtype(cfg: EngineConfig, facts: CheckpointFacts, host: Host, fits=lam
     requested = getattr(cfg.dtype, "value", cfg.dtype)
     if requested != DType.auto.value:
         return getattr(torch, requested), f"engine.dtype={requested}"
-    own = str(facts.dtype).replace("torch.", "")
+    own = dtype_name(facts.dtype)
     settled = auto_dtype_without_host(facts.dtype, str(cfg.device))
     if settled is not None:
         return settled, f"auto: the checkpoint's {own}"
@@ -166,7 +166,7 @@ class _Sizing:
         kv_what = f"one {self.max_model_len}-token sequence" if derived else kv_reason
         kv_total = self.ranks_here() * kv_per_rank
         where = str(self.cfg.device) if self.cuda else "this machine"
-        name = str(dtype).replace("torch.", "")
+        name = dtype_name(dtype)
         parts = f"{_gib(self.weights(dtype))} of weights in {name}"
         if self.kv is not None:
             parts += f" + {_gib(kv_total)} of KV cache ({kv_what})"

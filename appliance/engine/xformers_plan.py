@@ -15,6 +15,8 @@ xformers' source, are in docs/engine.md ("The xformers backend").
 from dataclasses import dataclass
 from typing import FrozenSet, Optional, Tuple
 
+from appliance.engine.config import dtype_name
+
 DECODE, PREFILL, MIXED = "decode", "prefill", "mixed"
 STEP_KINDS = (DECODE, PREFILL, MIXED)
 
@@ -50,12 +52,8 @@ class XformersLimits:
 def _limits(op, bias_type, page_multiple: int = 0) -> OpLimits:
     dims = frozenset(d for d in _HEAD_DIM_RANGE
                      if d % HEAD_DIM_ALIGN == 0 and not op.shape_not_supported_reasons(1, 1, d, d))
-    return OpLimits(dtypes=frozenset(_dtype_name(t) for t in op.SUPPORTED_DTYPES), head_dims=dims,
+    return OpLimits(dtypes=frozenset(dtype_name(t) for t in op.SUPPORTED_DTYPES), head_dims=dims,
                     page_multiple=page_multiple, takes_bias=bias_type in tuple(op.SUPPORTED_ATTN_BIAS_TYPES))
-
-
-def _dtype_name(dtype) -> str:
-    return str(getattr(dtype, "value", dtype)).replace("torch.", "")
 
 
 # What xformers 0.0.35 declares (triton_splitk.py: BLOCK_N 64, head dims 16..512; flash.py: fp16/bf16,
@@ -77,7 +75,7 @@ def step_refusal(kind: str, block_size: int, dtype, head_dim: Optional[int], lim
     head_dim None (not known yet) skips that check."""
     op = op_for(kind)
     lim = limits.decode if kind == DECODE else limits.varlen
-    dtype = _dtype_name(dtype)
+    dtype = dtype_name(dtype)
     if not lim.takes_bias:
         return f"xformers' {op} does not take a {DECODE_BIAS if kind == DECODE else VARLEN_BIAS} ({kind} steps)"
     if dtype not in lim.dtypes:
