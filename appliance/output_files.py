@@ -15,6 +15,12 @@ from typing import Sequence
 DEFAULT_UMASK = 0o022
 
 
+def sibling_path(output_path: str, suffix: str) -> str:
+    """A file written beside an output, its extension replaced: `m.tif` -> `m<suffix>`."""
+    base = output_path[: -len(".tif")] if output_path.lower().endswith(".tif") else os.path.splitext(output_path)[0]
+    return base + suffix
+
+
 def file_mode() -> int:
     """0o666 less the process umask, read from /proc (Linux) so as never to set the process-wide umask to
     read it (a race with other threads); elsewhere the common umask 022."""

@@ -1,23 +1,22 @@
 """A small PNG: the mask's non-background classes over an RGB composite, both read decimated, with a
 legend of the classes' colours below (legend.py). Its colours, band choice, stretch and decimated reads
 are shared with the scene report's previews (scene_report.py)."""
-import os
 from typing import Sequence, Tuple
 
 import numpy as np
 from PIL import Image
 from rasterio.enums import Resampling
 
-from appliance.output_files import AtomicFile
+from appliance.output_files import AtomicFile, sibling_path
 from appliance.stages.geo.class_colours import NODATA_GREY, Colour
 from appliance.stages.geo.geotiff import open_raster
 from appliance.stages.geo.legend import legend_entries, with_legend
 from appliance.stages.geo.window_reader import open_scene
 from appliance.stages.geo.scene import _norm
 
+
 def quicklook_path(output_path: str) -> str:
-    base = output_path[: -len(".tif")] if output_path.lower().endswith(".tif") else os.path.splitext(output_path)[0]
-    return base + ".quicklook.png"
+    return sibling_path(output_path, ".quicklook.png")
 
 
 def rgb_bands(scene) -> list:

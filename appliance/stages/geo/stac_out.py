@@ -24,7 +24,7 @@ from pystac.extensions.projection import ProjectionExtension
 from rasterio.transform import array_bounds
 from rasterio.warp import transform_bounds
 
-from appliance.output_files import AtomicFile
+from appliance.output_files import AtomicFile, sibling_path
 from appliance.stages.geo.acquisition import coords_properties
 from appliance.stages.geo.scene_sources import is_remote
 from appliance.stages.geo.stitch import NODATA_CLASS
@@ -33,8 +33,7 @@ STAC_SUFFIX = ".stac.json"
 
 
 def stac_path(output_path: str) -> str:
-    base = output_path[: -len(".tif")] if output_path.lower().endswith(".tif") else os.path.splitext(output_path)[0]
-    return base + STAC_SUFFIX
+    return sibling_path(output_path, STAC_SUFFIX)
 
 
 def _footprint(scene):

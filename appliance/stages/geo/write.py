@@ -23,7 +23,7 @@ from rasterio.errors import NotGeoreferencedWarning, RasterioError
 from rasterio.windows import Window
 
 from appliance.errors import ConfigError, InputError
-from appliance.output_files import AtomicFile
+from appliance.output_files import AtomicFile, sibling_path
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.acquisition import coords_tags
 from appliance.stages.geo.cog import overview_resampling, translate_to_cog
@@ -152,8 +152,7 @@ class MaskWriter:
 
 def probabilities_path(output_path: str) -> str:
     """`m.tif` -> `m.probabilities.tif`: the per-class probabilities beside a class map."""
-    base = output_path[: -len(".tif")] if output_path.lower().endswith(".tif") else os.path.splitext(output_path)[0]
-    return base + PROBABILITIES_SUFFIX
+    return sibling_path(output_path, PROBABILITIES_SUFFIX)
 
 
 def commit_together(writers: List[MaskWriter]) -> None:
