@@ -1,9 +1,9 @@
 """The engine's configuration: a plain dataclass (the `engine` config group's schema) and the two
 helpers every engine needs from it. Imports neither Hydra nor torch nor the generation stack, so the
 pool engine (and a config tree) can use it alone; `appliance/config/schema.py` re-exports the names."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import List, Optional
 
 
 class DType(str, Enum):
@@ -49,6 +49,9 @@ class EngineConfig:
     encoder_cache_bytes: int = 256 * 1024 * 1024  # image embeddings kept by content hash (rank 0); 0 = none
     attention_backend: AttentionBackend = AttentionBackend.auto
     cpu_kernels: bool = True  # our AVX2 GEMM and paged decode attention for fp32 on CPU, where they build
+    # CPU flags the dtype and kernel rules treat as absent (e.g. [avx512_bf16, avx512_vnni, amx_bf16]: a newer
+    # CPU runs the AVX2 paths, to compare them or to keep off a unit); [] uses all the CPU has.
+    cpu_features_off: List[str] = field(default_factory=list)
     quantization: Quantization = Quantization.none  # int8: the language model's linear layers, at load
     seed: int = 0
 

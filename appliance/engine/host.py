@@ -62,6 +62,10 @@ class Host:
         available = min(self.memory_available, budget) if self.memory_known else budget
         return Host(self.cpu_flags, available, max(self.memory_total, budget))
 
+    def without(self, flags) -> "Host":
+        """This host with `flags` treated as absent (engine.cpu_features_off)."""
+        return Host(self.cpu_flags - frozenset(flags), self.memory_available, self.memory_total)
+
     @property
     def native_bf16(self) -> bool:
         """The CPU has bf16 matrix units (AMX or AVX512-BF16); without them torch emulates bf16, slowly."""

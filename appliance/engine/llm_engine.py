@@ -63,7 +63,9 @@ class LLMEngine:
         self.image_token_id = image_token_id(hf_config)  # None for a text model
         self.max_model_len = max_model_len(hf_config.get_text_config(), cfg.max_model_len)
         # dtype and KV budget settled (or the model refused) before any weight or tokenizer loads.
-        host = host or Host.read(cfg.device)
+        host = (host or Host.read(cfg.device)).without(cfg.cpu_features_off)
+        if cfg.cpu_features_off:
+            log.info("CPU features treated as absent (engine.cpu_features_off): %s", " ".join(cfg.cpu_features_off))
         geometry = AttentionGeometry.of(hf_config, cfg.tensor_parallel_size, cfg.block_size)
         plan = plan_memory(cfg, hf_checkpoint_facts(model_path), host, f"model {model_path}", geometry,
                            self.max_model_len)

@@ -88,8 +88,8 @@ class PoolEngine:
         model_cls = get_model_class(model_architecture(app_cfg.model.architecture), EngineKind.pool)
         model = app_cfg.model
         if getattr(model, "checkpoint", None) or getattr(model, "path", None):
-            plan = plan_memory(cfg, model_checkpoint_facts(model), host or Host.read(cfg.device),
-                               f"model {model.checkpoint or model.path}")
+            host = (host or Host.read(cfg.device)).without(cfg.cpu_features_off)
+            plan = plan_memory(cfg, model_checkpoint_facts(model), host, f"model {model.checkpoint or model.path}")
             cfg = dataclasses.replace(cfg, dtype=DType(plan.dtype_name))
             log.info("engine.dtype: %s (%s)", plan.dtype_name, plan.dtype_reason)
         elif getattr(cfg.dtype, "value", cfg.dtype) == DType.auto.value:

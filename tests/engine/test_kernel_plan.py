@@ -186,3 +186,24 @@ def test_the_engine_plans_for_its_own_host_and_says_so_once(llama_dir, caplog, h
         units = host_name == "avx512_bf16"
         assert f"every row=ours packed ({'vdpbf16ps' if units else 'avx2 fma'}" in line
         assert all(m.packed is not None and m.packed.bf16_units == units and not m.bf16_kernel_rows for m in layers)
+
+
+@needs_cpu_kernels
+def test_cpu_features_off_plan_an_amx_host_as_an_avx2_one(llama_dir, caplog):
+    """engine.cpu_features_off, given as a config override, hides the named flags from this engine's dtype
+    and kernel rules: an AMX host then runs the AVX2 paths, and the start-up log says which flags it hid.
+    Another engine on the same host, without the setting, still plans for AMX."""
+    from omegaconf import OmegaConf
+
+    from appliance.engine.config import engine_config_from
+    from appliance.engine.llm_engine import LLMEngine
+
+    off = sorted(AMX - AVX2)
+    node = OmegaConf.merge(OmegaConf.create({"dtype": "bfloat16", "num_kv_blocks": 16}),
+                           OmegaConf.from_dotlist([f"cpu_features_off=[{','.join(off)}]"]))
+    with caplog.at_level(logging.INFO, logger="appliance.engine"):
+        hidden = LLMEngine(llama_dir, engine_config_from(node), host=host("amx"))
+    assert hidden.kernels == plan("avx2", "bfloat16")
+    assert f"CPU features treated as absent (engine.cpu_features_off): {' '.join(off)}" in caplog.text
+    full = LLMEngine(llama_dir, EngineConfig(dtype="bfloat16", num_kv_blocks=16), host=host("amx"))
+    assert full.kernels == plan("amx", "bfloat16")

@@ -200,3 +200,10 @@ def test_host_facts_from_proc_text():
     assert Host(parse_cpu_flags(PROC_CPUINFO), 1, 1).native_bf16 and not Host(AVX2, 1, 1).native_bf16
     assert cgroup_room("max\n", "100\n", "") is None
     assert cgroup_room("1000\n", "700\n", "anon 500\ninactive_file 200\n") == 500
+
+
+def test_a_host_without_flags_keeps_its_memory_and_loses_only_those():
+    amx = Host(frozenset({"avx2", "fma", "avx512_bf16", "amx_bf16"}), 8 << 30, 16 << 30)
+    plain = amx.without(["avx512_bf16", "amx_bf16", "not_a_flag"])
+    assert plain == Host(frozenset({"avx2", "fma"}), 8 << 30, 16 << 30)
+    assert amx.native_bf16 and not plain.native_bf16
