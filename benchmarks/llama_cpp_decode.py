@@ -6,7 +6,9 @@ quantized to Q8_0), it measures with llama.cpp's batch API, greedy (argmax of th
 - one stream: the prompt of real_scale.py's `text_prompt(0)` (32 tokens), its time, then `--tokens`
   tokens; decode ms/token = time of tokens 2..N / (N - 1);
 - 8 streams: `text_prompt(1..8)` decoded together in one batch (one sequence id each), `--tokens`
-  tokens each; output tok/s over the whole run, prompts included (as real_scale.py counts it).
+  tokens each; output tok/s over the whole run, prompts included (as real_scale.py counts it); with
+  `--json` (how benchmarks/cpu_vs_llama_cpp.py reads it) instead the eight prompts' prefill tok/s and the
+  tok/s of the steps after it, with llama.cpp's version and system info (the CPU features it was built for).
 A warm-up (an 8-token prompt, one token out) reads every weight once before either run.
 
 llama-cpp-python is not a dependency of the project; install it in a separate virtual environment
@@ -33,6 +35,7 @@ writes it) from tokenizer_config.json, which transformers 4 cannot read. Then:
     ~/llamacpp/bin/python benchmarks/llama_cpp_decode.py llama-7b-q8_0.gguf --threads 2
 """
 import argparse
+import json
 import sys
 import time
 
@@ -110,6 +113,7 @@ def main() -> int:
     parser.add_argument("gguf", help="GGUF file of the text model")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=32, help="tokens out per stream (at least 2)")
+    parser.add_argument("--json", action="store_true", help="one JSON line instead of the table (cpu_vs_llama_cpp.py)")
     args = parser.parse_args()
     if args.tokens < 2:
         parser.error("--tokens must be at least 2")
@@ -137,6 +141,12 @@ def main() -> int:
 
     decode_ms = 1000 * (times[-1] - times[0]) / (len(times) - 1)
     decode8_ms = 1000 * (times8[-1] - times8[0]) / (len(times8) - 1)
+    if args.json:
+        prompt_tokens = sum(len(text_prompt(n)) for n in range(1, STREAMS + 1))
+        print(json.dumps({"prefill_tok_s": prompt_tokens / times8[0], "decode_ms": decode_ms,
+                          "decoding_tok_s": STREAMS * 1000 / decode8_ms, "version": llama_cpp.__version__,
+                          "system_info": llama_cpp.llama_print_system_info().decode().strip()}))
+        return 0
     print(f"\nllama_cpp {llama_cpp.__version__}, {args.gguf}, threads={args.threads}, {cpu_flags()}\n")
     print("| run | prompt s | ms/token | tok/s |\n| --- | --- | --- | --- |")
     print(f"| 1 stream | {times[0]:.2f} | {decode_ms:.0f} | {1000 / decode_ms:.2f} |")

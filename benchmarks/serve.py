@@ -84,8 +84,7 @@ class Server:
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                self.log.seek(0)
-                last = (self.log.read().strip().splitlines() or ["no message"])[-1]
+                last = (self.log_text().strip().splitlines() or ["no message"])[-1]
                 raise RuntimeError(f"the server exited during start-up: {last}")
             try:
                 if httpx.get(f"{self.base}/ready", timeout=2).status_code == 200:
@@ -99,6 +98,11 @@ class Server:
         self.proc.terminate()
         self.proc.wait(120)
         self.log.close()
+
+    def log_text(self) -> str:
+        """What the server wrote to stderr so far (its log). pread: the server shares the file's offset."""
+        fd = self.log.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
     def pids(self) -> list:
         """The server's processes: every process of its session."""
