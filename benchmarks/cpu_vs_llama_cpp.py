@@ -114,6 +114,32 @@ def ours(root: Path, args, quantization: str) -> dict:
 
 # ---- llama.cpp ---------------------------------------------------------------------------------------------
 
+def gguf_source(root: Path) -> Path:
+    """The LLaVA checkpoint as llama.cpp's converter reads it (it takes llava-hf's layout and skips the vision
+    tower): links to its weights and config, and the tokenizer files with two changes: every id below
+    vocab_size in tokenizer.json's vocab (the converter does not fill gaps: the built model's tokenizer has
+    427 tokens and 32064 rows), and no list-valued `extra_special_tokens` (which transformers 4, the
+    converter's, cannot read)."""
+    source, llava = root / "gguf" / "source", root / "llava"
+    source.mkdir(parents=True, exist_ok=True)
+    for path in llava.iterdir():
+        if path.suffix in (".safetensors", ".jinja") or path.name in ("config.json", "model.safetensors.index.json"):
+            (source / path.name).unlink(missing_ok=True)
+            (source / path.name).symlink_to(path)
+    vocab_size = json.loads((llava / "config.json").read_text())["text_config"]["vocab_size"]
+    tokenizer = json.loads((llava / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab.update({added["content"]: added["id"] for added in tokenizer["added_tokens"]})
+    taken = set(vocab.values())
+    vocab.update({f"<unused_{i}>": i for i in range(vocab_size) if i not in taken})
+    (source / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = json.loads((llava / "tokenizer_config.json").read_text())
+    if isinstance(config.get("extra_special_tokens"), list):
+        del config["extra_special_tokens"]
+    (source / "tokenizer_config.json").write_text(json.dumps(config))
+    return source
+
+
 def gguf(root: Path, args, kind: str) -> Path:
     """DIR/<shape>/gguf/llava-text-<kind>.gguf, converted from the LLaVA checkpoint once (its language model)."""
     path = root / "gguf" / f"llava-text-{kind}.gguf"
@@ -122,7 +148,7 @@ def gguf(root: Path, args, kind: str) -> Path:
             raise RuntimeError(f"{path} is missing: give --llama-src (llama.cpp's source) to convert it")
         path.parent.mkdir(exist_ok=True)
         partial = path.with_suffix(".partial")
-        subprocess.run([args.llama_python, str(Path(args.llama_src) / "convert_hf_to_gguf.py"), str(root / "llava"),
+        subprocess.run([args.llama_python, str(Path(args.llama_src) / "convert_hf_to_gguf.py"), str(gguf_source(root)),
                         "--outtype", kind, "--outfile", str(partial)], check=True)
         partial.rename(path)
     return path

@@ -12,7 +12,8 @@ quantized to Q8_0), it measures with llama.cpp's batch API, greedy (argmax of th
 A warm-up (an 8-token prompt, one token out) reads every weight once before either run.
 
 llama-cpp-python is not a dependency of the project; install it in a separate virtual environment
-(it builds llama.cpp with CMake, native CPU flags by default):
+(it builds llama.cpp with CMake, native CPU flags by default; for an AVX2-only build on a newer CPU set
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF"):
 
     python3 -m venv ~/llamacpp && CMAKE_BUILD_PARALLEL_LEVEL=2 ~/llamacpp/bin/pip install llama-cpp-python
     ~/llamacpp/bin/pip install torch safetensors sentencepiece "transformers<5" "protobuf<5"
@@ -22,17 +23,12 @@ llama-cpp-python is not a dependency of the project; install it in a separate vi
 The GGUF converter comes with the sdist, in vendor/llama.cpp (it uses the gguf-py beside it):
 
     ~/llamacpp/bin/pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 && tar xzf llama_cpp_python-0.3.36.tar.gz
-    ~/llamacpp/bin/python llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py LLAMA_DIR \\
-        --outtype q8_0 --outfile llama-7b-q8_0.gguf
 
-LLAMA_DIR is a plain HF Llama checkpoint (`LlamaForCausalLM`, `model.*` / `lm_head.*` keys); for a
-llava-hf checkpoint, write `text_config` as its config.json and the `language_model.` tensors without
-that prefix, and copy the tokenizer files. The converter does not pad the vocabulary: when the
-tokenizer has fewer tokens than `vocab_size`, add placeholder tokens to tokenizer.json's vocab (and its
-added tokens, e.g. `<image>`, to that vocab too) so that ids 0..vocab_size-1 all exist; drop a list-valued `extra_special_tokens` (as transformers 5
-writes it) from tokenizer_config.json, which transformers 4 cannot read. Then:
+benchmarks/cpu_vs_llama_cpp.py (`--llama-src llama_cpp_python-0.3.36/vendor/llama.cpp`) converts
+real_scale.py's checkpoint with it once (its `gguf_source` says what the converter needs changed) and runs
+this script on each GGUF. By hand:
 
-    ~/llamacpp/bin/python benchmarks/llama_cpp_decode.py llama-7b-q8_0.gguf --threads 2
+    ~/llamacpp/bin/python benchmarks/llama_cpp_decode.py llava-text-q8_0.gguf --threads 2
 """
 import argparse
 import json
