@@ -56,6 +56,13 @@ class PrithviConfig:
     num_classes: int = 2
 
 
+class StackedBandOrder(str, Enum):
+    """How a multi-date model's T x C bands lie in one stacked GeoTIFF (docs/geo.md, multi-date input)."""
+
+    date_major = "date_major"  # all bands of date 1, then of date 2, ... (IBM's crop chips: 3 x 6 = 18 bands)
+    band_major = "band_major"  # band 1 of every date, then band 2 of every date, ...
+
+
 @dataclass
 class GeoModelConfig:
     """Input contract of a raster model: which bands, how they are scaled and normalised."""
@@ -71,6 +78,8 @@ class GeoModelConfig:
     # STAC names of `bands`, in order: an item's asset serves a band when its eo:bands common_name or name
     # (or the asset key) is this name. None: the model takes no STAC items.
     stac_bands: Optional[List[str]] = None
+    # Multi-date models (model.prithvi.num_frames > 1): the band order of one stacked GeoTIFF holding every date.
+    stacked_band_order: StackedBandOrder = StackedBandOrder.date_major
 
 
 class ToolCallParser(str, Enum):

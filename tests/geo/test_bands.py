@@ -2,7 +2,7 @@
 import pytest
 
 from appliance.errors import InputError
-from appliance.stages.geo.scene import select_bands
+from appliance.stages.geo.band_headers import select_bands
 
 MODEL = ["BLUE", "GREEN", "RED", "NIR_NARROW", "SWIR_1", "SWIR_2"]
 NAMED = ("BLUE", "GREEN", "RED", "NIR_NARROW", "SWIR_1", "SWIR_2")

@@ -133,19 +133,25 @@ def temporal_coords(dates: Sequence[dt.datetime]) -> torch.Tensor:
     return torch.tensor([[when.year, when.timetuple().tm_yday] for when in dates], dtype=torch.float32)
 
 
-def model_coords(encodings: Sequence[str], acquired: Optional[Acquired], centre: Optional[Tuple[float, float]],
+def model_coords(encodings: Sequence[str], acquired, centre: Optional[Tuple[float, float]],
                  name: str) -> Optional[GeoCoords]:
     """A scene's coordinates for a model with `encodings` (`model.prithvi.coords_encoding`); None for a model
-    without any. A missing date or CRS leaves that encoding out, as the reference does, and says so once."""
+    without any. `acquired`: an Acquired (or None), or one per date of a multi-date scene (temporal_coords
+    [T, 2], frame t from date t). A missing date (any date's) or CRS leaves that encoding out, as the
+    reference does, and says so once."""
     if not encodings:
         return None
+    dates = tuple(acquired) if isinstance(acquired, (tuple, list)) else (acquired,)
     temporal = location = None
     if "time" in encodings:
-        if acquired is not None:
-            temporal = temporal_coords([acquired.when])
+        missing = [str(i) for i, a in enumerate(dates, 1) if a is None]
+        if not missing:
+            temporal = temporal_coords([a.when for a in dates])
         else:
-            log.warning("%s: no acquisition date (no STAC datetime, date tag or dated file name): the model runs "
-                        "without its time encoding; give one with date=YYYY-MM-DD", name)
+            which = "" if len(dates) == 1 else f" for date {', '.join(missing)} of {len(dates)}"
+            hint = "date=YYYY-MM-DD" if len(dates) == 1 else f"date=[{','.join(['YYYY-MM-DD'] * len(dates))}]"
+            log.warning("%s: no acquisition date%s (no STAC datetime, date tag or dated file name): the model runs "
+                        "without its time encoding; give one with %s", name, which, hint)
     if "location" in encodings:
         if centre is not None:
             location = torch.tensor(centre, dtype=torch.float32)

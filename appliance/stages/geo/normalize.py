@@ -1,4 +1,5 @@
-"""`normalize`: reflectance `pixels` -> model input `tensor`, (x - mean) / std per band.
+"""`normalize`: reflectance `pixels` -> model input `tensor`, (x - mean) / std per band ([C, S, S], or
+[C, T, S, S] for a multi-date scene: the same means and stds for every date).
 
 Works in place on the tile's array and drops `pixels` from the record (the tensor shares its
 memory), so a tile costs one float32 array however many stages it passes.
@@ -45,7 +46,8 @@ class Normalize(Stage):
     def map(self, record: Record) -> Record:
         out = dict(record)
         pixels = out.pop("pixels")
-        pixels -= self.means
-        pixels /= self.stds
+        extra = (None,) * (pixels.ndim - 3)  # a date axis
+        pixels -= self.means[(slice(None), *extra)]
+        pixels /= self.stds[(slice(None), *extra)]
         out["tensor"] = torch.from_numpy(pixels)
         return out

@@ -12,7 +12,7 @@ from appliance.stages.geo.class_colours import NODATA_GREY, Colour
 from appliance.stages.geo.geotiff import open_raster
 from appliance.stages.geo.legend import legend_entries, with_legend
 from appliance.stages.geo.window_reader import open_scene
-from appliance.stages.geo.scene import _norm
+from appliance.stages.geo.band_headers import normalised_name
 
 
 def quicklook_path(output_path: str) -> str:
@@ -21,7 +21,7 @@ def quicklook_path(output_path: str) -> str:
 
 def rgb_bands(scene) -> list:
     """Positions of red, green, blue among the model's bands by name; else the first band thrice."""
-    by_name = {_norm(n): i for i, n in enumerate(scene.band_names)}
+    by_name = {normalised_name(n): i for i, n in enumerate(scene.band_names)}
     picked = [by_name.get(c) for c in ("red", "green", "blue")]
     return picked if None not in picked else [0] * 3
 

@@ -3,7 +3,9 @@
 A scene (`scene_sources.scene_spec`) is a GeoTIFF path or URL, a STAC item (`.json`, path or URL), or a list
 of per-band GeoTIFFs in the model's band order: `input=[a.tif, b.tif]` is two scenes,
 `input=[[b02.tif, b03.tif, ...]]` one scene from per-band files. Its stem names the mask: the file's,
-the first band file's, or the item file's.
+the first band file's, or the item file's. A multi-date model's (model.prithvi.num_frames T > 1) scene is
+T dates or one stacked file (multidate.py): `input=[d1.tif, d2.tif, d3.tif]` is ONE scene of three dates,
+`input=[[d1.tif, d2.tif, d3.tif], [e1.tif, e2.tif, e3.tif]]` two; its first date names the mask.
 
 Output rule (`plan_outputs`, pure):
   - no `output`: `<stem><suffix>` beside each input (suffix `.mask.tif` by default); a remote input
@@ -25,6 +27,7 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.acquisition import parse_date
 from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.geotiff import probe_geotiff
+from appliance.stages.geo.multidate import input_scenes, model_frames, multidate_spec, parse_dates
 from appliance.stages.geo.raster_read import geo_contract
 from appliance.stages.geo.scene_sources import is_remote, scene_spec, shown, stem
 from appliance.stages.geo.stac_in import load_item
@@ -33,21 +36,33 @@ TIFF_SUFFIXES = (".tif", ".tiff")
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # the installed `appliance` package
 
 
-def as_path_list(value: Any) -> List[Any]:
-    """The scenes of `input`: each a path / URL, or a list of them (one scene from per-band files)."""
+def as_path_list(value: Any, depth: int = 2) -> List[Any]:
+    """The entries of `input`: each a path / URL, or a list of them (per-band files; for a multi-date
+    model, dates, each of which may be a list of per-band files: `depth` 3)."""
     if isinstance(value, (ListConfig, DictConfig)):
         value = OmegaConf.to_container(value)
     if value is None or value == "" or value == []:
         raise InputError("input: no scene given; pass input=scene.tif or input=[a.tif,b.tif]", param="input")
     items = value if isinstance(value, (list, tuple)) else [value]
 
-    def path(v) -> bool:
-        return isinstance(v, (str, os.PathLike)) and bool(str(v))
+    def paths(v, levels: int):
+        if isinstance(v, (str, os.PathLike)) and str(v):
+            return str(v)
+        if levels > 1 and isinstance(v, (list, tuple)) and v:
+            inner = [paths(p, levels - 1) for p in v]
+            return None if None in inner else inner
+        return None
 
-    if not all(path(v) or (isinstance(v, (list, tuple)) and v and all(path(p) for p in v)) for v in items):
+    entries = [paths(v, depth) for v in items]
+    if None in entries:
         raise InputError(f"input: expected a path, a list of paths, or lists of per-band paths, got {value!r}",
                          param="input")
-    return [[str(p) for p in v] if isinstance(v, (list, tuple)) else str(v) for v in items]
+    return entries
+
+
+def first_file(value: Any) -> str:
+    """What names an entry's mask: its first file (of its first date)."""
+    return first_file(value[0]) if isinstance(value, list) else value
 
 
 def plan_outputs(inputs: Sequence[str], output: Optional[str], suffix: str = ".mask.tif") -> List[Tuple[str, str]]:
@@ -132,15 +147,20 @@ class RasterInputs(Stage):
         geo = geo_contract(cfg, self.name, required=False)
         self.model_bands = list(geo.bands) if geo is not None else []
         self.stac_bands = list(geo.stac_bands) if geo is not None and geo.get("stac_bands") else None
+        self.frames = model_frames(cfg)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
             aoi = parse_aoi(record.get("aoi"), record.get("aoi_crs"))
-            date = parse_date(record.get("date"), "date")
-            values = as_path_list(record.get("input"))
-            names = [value[0] if isinstance(value, list) else value for value in values]  # what names a mask
+            if self.frames > 1:
+                date = parse_dates(record.get("date"), self.frames, "date")
+                values = input_scenes(as_path_list(record.get("input"), depth=3), self.frames)
+            else:
+                date = parse_date(record.get("date"), "date")
+                values = as_path_list(record.get("input"))
+            names = [first_file(value) for value in values]  # what names a mask
             pairs = plan_outputs(names, record.get("output"), self.options.suffix)  # before any network
-            specs = [scene_spec(value, self.stac_bands, self.model_bands, load_item) for value in values]
+            specs = [self._spec(value) for value in values]
             local = [f for spec in specs for f in spec.files if not is_remote(f)]
             for spec in specs:
                 for position, file in enumerate(spec.files):
@@ -152,3 +172,8 @@ class RasterInputs(Stage):
             for index, (spec, (_, dst)) in enumerate(zip(specs, pairs)):
                 yield {**record, "input_path": spec, "output_path": dst, "scene_index": index, "aoi": aoi,
                        "date": date}
+
+    def _spec(self, value):
+        if self.frames > 1:
+            return multidate_spec(value, self.frames, self.stac_bands, self.model_bands, load_item)
+        return scene_spec(value, self.stac_bands, self.model_bands, load_item)

@@ -27,6 +27,9 @@ class SceneSpec:
     # `appliance serve`: the request's remote_file.RemoteReads; http(s) files are read through the SSRF-safe
     # fetcher instead of GDAL's /vsicurl/. None: the CLI's and batch Job's own network.
     fetch: Any = None
+    # A multi-date scene (multidate.py): one SceneSpec per date, in order; `files`, `labels` and `links`
+    # then hold every date's, date after date. Empty: one date.
+    dates: Tuple["SceneSpec", ...] = ()
 
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels else shown(self.files[index])

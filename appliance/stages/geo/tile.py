@@ -1,7 +1,7 @@
 """`tile`: one record per tile window of each scene, reading only that window.
 
-Each tile record carries `pixels` (float32 reflectance [C, T, T], padded when the scene is smaller
-than a tile), `valid` (bool [h, w], the tile's extent inside the scene) and `tile` (a `TileRef`:
+Each tile record carries `pixels` (float32 reflectance [C, S, S] for tile size S, padded when the scene
+is smaller than a tile; [C, T, S, S] for a scene of T dates, every date's window of the same place), `valid` (bool [h, w], the tile's extent inside the scene) and `tile` (a `TileRef`:
 scene key, plan, window), and for a model with time and location encodings `coords` (the scene's
 GeoCoords, shared by its tiles). Records keep the scene's fields, so later stages see `scene`, `output_path`.
 """
@@ -50,6 +50,14 @@ def block_cache_bytes(reader: SceneReader, tile_size: int) -> int:
     width = reader.scene.width + 2 * block  # an area of interest need not start on a block edge
     row_band = (tile_size + 2 * block) * width * len(reader.scene.files) * reader.itemsize
     return max(16 << 20, row_band)
+
+
+def frames_first(pixels: np.ndarray, frames: int) -> np.ndarray:
+    """[T x C, S, S] (date after date) -> [C, T, S, S], the model's layout; one date stays [C, S, S]."""
+    if frames == 1:
+        return pixels
+    bands = pixels.shape[0] // frames
+    return np.ascontiguousarray(pixels.reshape(frames, bands, *pixels.shape[1:]).transpose(1, 0, 2, 3))
 
 
 class Padding(str, Enum):
@@ -113,7 +121,7 @@ class Tile(Stage):
                     pixels, valid = reader.read(window.y, window.x, window.height, window.width)
                     out = {
                         **record,
-                        "pixels": pad_to_tile(pixels, size, mode),
+                        "pixels": frames_first(pad_to_tile(pixels, size, mode), scene.frames),
                         "valid": valid,
                         "tile": TileRef(scene.key, plan, window),
                     }

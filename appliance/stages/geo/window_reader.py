@@ -1,5 +1,7 @@
 """Read windows of a scene from its file(s): one multi-band GeoTIFF or one file per band, local or
-remote, offset to the scene's area of interest. Each file is opened once for the whole scene.
+remote, offset to the scene's area of interest. Each file is opened once for the whole scene. A
+multi-date scene's files on another grid than its first date's (`scene.warped`) are read through a
+WarpedVRT onto the first file's grid (rasterio's reprojection, a window at a time).
 
 `read` gives float32 reflectance [C, h, w] (nodata pixels set to `nodata_fill`) and a validity mask;
 `read_decimated` gives whole-scene bands at a small size (the quicklook).
@@ -10,6 +12,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 import numpy as np
 from rasterio.enums import Resampling
 from rasterio.errors import RasterioError
+from rasterio.vrt import WarpedVRT
 from rasterio.windows import Window
 
 from appliance.errors import InputError
@@ -87,4 +90,9 @@ def open_scene(scene: SceneInfo) -> Iterator[SceneReader]:
             if file not in datasets:
                 label = scene.labels[position] if scene.labels else None
                 datasets[file] = stack.enter_context(open_raster(file, label, scene.fetch))
+                if file in scene.warped:
+                    grid = datasets[scene.files[0]]  # date 1's file: the scene's grid
+                    datasets[file] = stack.enter_context(WarpedVRT(
+                        datasets[file], crs=grid.crs, transform=grid.transform, width=grid.width,
+                        height=grid.height, resampling=Resampling[scene.resampling]))
         yield SceneReader(scene, datasets)
