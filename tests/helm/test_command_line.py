@@ -143,12 +143,12 @@ def test_paths_with_spaces_and_commas_survive_the_shell_and_hydra(chart, tmp_pat
 def test_the_chart_knows_which_shipped_pipelines_pool(chart):
     """test_chart's GPU cases name every conf/pipeline/ file; their composed engine kinds are these."""
     for pipeline, kind in [("llava_chat", "generate"), ("llava_encode", "pool"), ("prithvi_flood", "pool"),
-                           ("prithvi_burn_scars", "pool")]:
+                           ("prithvi_burn_scars", "pool"), ("prithvi_crops", "pool")]:
         args = container(manifests(chart, {"pipeline": pipeline, "gpu": {"count": 1}}))["args"]
         cfg = compose(args[1:])
         assert (cfg.engine.kind.value, cfg.engine.device) == (kind, "cuda")
     shipped = {p.stem for p in (Path(__file__).parents[2] / "conf" / "pipeline").glob("*.yaml")}
-    assert shipped == {"llava_chat", "llava_encode", "prithvi_flood", "prithvi_burn_scars"}, \
+    assert shipped == {"llava_chat", "llava_encode", "prithvi_flood", "prithvi_burn_scars", "prithvi_crops"}, \
         "add the new pipeline to these cases"
 
 

@@ -172,6 +172,8 @@ def coords_tags(scene) -> Dict[str, str]:
     tags = {}
     if scene.acquired is not None:
         tags.update(acquisition_date=scene.acquired.date, acquisition_date_source=scene.acquired.source)
+    if len(scene.acquisitions) > 1:  # a multi-date scene: every date, in order (acquisition_date is date 1's)
+        tags["acquisition_dates"] = ",".join(a.date if a is not None else "none" for a in scene.acquisitions)
     coords = scene.coords
     if coords is not None:
         time = coords.temporal
@@ -183,11 +185,19 @@ def coords_tags(scene) -> Dict[str, str]:
 
 
 def coords_properties(scene) -> Dict[str, Any]:
-    """The STAC item's record of the coordinates the model was given (TL models only)."""
+    """The STAC item's record of a multi-date scene's dates (`start_datetime` / `end_datetime` when all are
+    known, `appliance:acquisition_dates`) and of the coordinates the model was given (TL models only)."""
+    props: Dict[str, Any] = {}
+    dates = scene.acquisitions
+    if len(dates) > 1:
+        props["appliance:acquisition_dates"] = [a.date if a is not None else None for a in dates]
+        if all(a is not None for a in dates):
+            props.update(start_datetime=min(a.when for a in dates).isoformat(),
+                         end_datetime=max(a.when for a in dates).isoformat())
     coords = scene.coords
     if coords is None:
-        return {}
-    return {"appliance:model_coords": {
+        return props
+    return {**props, "appliance:model_coords": {
         "time": None if coords.temporal is None else [[int(v) for v in frame] for frame in coords.temporal.tolist()],
         "location": None if coords.location is None else [round(v, 6) for v in scene.centre],
     }}

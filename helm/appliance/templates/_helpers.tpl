@@ -45,7 +45,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- else if has .Values.pipeline (list "prithvi_flood" "prithvi_burn_scars" "llava_encode") -}}
+{{- else if has .Values.pipeline (list "prithvi_flood" "prithvi_burn_scars" "prithvi_crops" "llava_encode") -}}
 {{- $engine = "pool" -}}
 {{- end -}}
 {{- $engineFile := get .Values.extraConfig (printf "engine/%s.yaml" $engine) -}}
