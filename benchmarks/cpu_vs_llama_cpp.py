@@ -78,11 +78,14 @@ async def drive(port: int, tokens: int) -> dict:
 
     async def one(prompt: list, max_tokens: int, t0: float) -> list:
         arrivals = []
-        stream = await client.completions.create(model="llava-1.5-7b", prompt=prompt, stream=True,
+        # logprobs: a chunk for every token, text or not (a random model's tokens often decode to none)
+        stream = await client.completions.create(model="llava-1.5-7b", prompt=prompt, stream=True, logprobs=1,
                                                  max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True})
         async for chunk in stream:
-            if chunk.choices:  # a random model's token may decode to no text: count chunks, not characters
-                arrivals.append(time.perf_counter() - t0)
+            for choice in chunk.choices:
+                arrivals += [time.perf_counter() - t0] * len(choice.logprobs.tokens)
+        if len(arrivals) != max_tokens:
+            raise RuntimeError(f"{len(arrivals)} tokens arrived of {max_tokens}")
         return arrivals
 
     await one(WARMUP_IDS, 1, time.perf_counter())
@@ -160,7 +163,7 @@ def llama_cpp(root: Path, args, kind: str) -> dict:
                              "--json"], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError((result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1])
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return {**json.loads(result.stdout.strip().splitlines()[-1]), "dtype": GGUF_TYPES[kind]}
 
 
 # ---- the host's fp32 GEMM rate -------------------------------------------------------------------------------
