@@ -4,6 +4,7 @@
     python benchmarks/geo_pipeline.py              # tiny-TL, tile 224, batch 8: 4x4 tiles; RSS on 1024^2, 2048^2
     python benchmarks/geo_pipeline.py --quick      # a smoke run: 2x2 tiles, RSS on 256^2 and 512^2
     python benchmarks/geo_pipeline.py --dtypes float32,bfloat16 --profile
+    python benchmarks/geo_pipeline.py --pipeline prithvi_crops --model prithvi_300m_tl_crops   # 3 dates a tile
 
 Speed, in one process, on the same synthetic scene of GRID x GRID tiles (side = GRID x tile, so the
 tiles are the same with stride = tile), --repeat interleaved rounds (best and median reported):
@@ -13,6 +14,8 @@ tiles are the same with stride = tile), --repeat interleaved rounds (best and me
 - default:  the same pipeline with its default overlap (tile // 8): more tiles, the shipped setting;
 - naive:    as the reference does it: read the whole raster, cut non-overlapping tiles, one forward
             per tile, write the whole mask at the end.
+A model of T > 1 dates (`--pipeline prithvi_crops`) reads the scene as each of its T dates (pre-made
+batches [batch, C, T, S, S]); the naive loop, one date, is left out for it.
 Every forward goes through a timer, so each run also reports its time outside the model: the
 overhead measured within one run, which load from other processes skews far less than two runs.
 Peak RSS (a child per run): `appliance run pipeline=prithvi_flood` and the naive loop on a scene of
@@ -53,13 +56,23 @@ def load_synthetic():
 
 
 def overrides(args, checkpoint, dtype, stride=None):
-    out = ["pipeline=prithvi_flood", f"model={args.model}", f"model.checkpoint={checkpoint}",
+    out = [f"pipeline={args.pipeline}", f"model={args.model}", f"model.checkpoint={checkpoint}",
            f"pipeline.stages.tile.tile_size={args.tile}", f"engine.max_batch_size={args.batch}", f"engine.dtype={dtype}"]
     return out + ([f"pipeline.stages.tile.stride={stride}"] if stride else [])
 
 
+def model_frames(args) -> int:
+    """T: the dates each tile carries (model.prithvi.num_frames)."""
+    return int(compose([f"pipeline={args.pipeline}", f"model={args.model}"]).model.prithvi.num_frames)
+
+
+def scene_input(scene, frames: int):
+    """`input` for one scene: the file, or for a T-date model the same file as each of its T dates."""
+    return str(scene) if frames == 1 else [str(scene)] * frames
+
+
 def make_checkpoint(args, directory: Path) -> Path:
-    cfg = compose(["pipeline=prithvi_flood", f"model={args.model}"])
+    cfg = compose([f"pipeline={args.pipeline}", f"model={args.model}"])
     torch.manual_seed(0)
     model = build_prithvi_segmentation(cfg.model.prithvi, in_chans=len(cfg.model.geo.bands))
     path = directory / f"{args.model}.safetensors"
@@ -103,10 +116,13 @@ def naive_loop(scene, output, model, geo, tile, dtype):
     return (x.shape[1] // tile) * (x.shape[2] // tile)
 
 
-def premade_batches(scene, geo, tile, batch, dtype):
+def premade_batches(scene, geo, tile, batch, dtype, frames):
+    """The scene's tiles as the engine batches them: [B, C, S, S], or [B, C, T, S, S] for T dates."""
     x, _ = read_normalized(scene, geo)
     tiles = [torch.from_numpy(x[:, y:y + tile, x0:x0 + tile].copy())
              for y in range(0, x.shape[1], tile) for x0 in range(0, x.shape[2], tile)]
+    if frames > 1:
+        tiles = [t[:, None].expand(-1, frames, -1, -1).contiguous() for t in tiles]
     return [torch.stack(tiles[i:i + batch]).to(dtype) for i in range(0, len(tiles), batch)]
 
 
@@ -117,8 +133,8 @@ def ready_pipeline(cfg):
     return pipeline
 
 
-def run_pipeline(pipeline, scene, output):
-    records = list(pipeline.run([{"input": str(scene), "output": str(output), "overwrite": True}]))
+def run_pipeline(pipeline, scene, output, frames):
+    records = list(pipeline.run([{"input": scene_input(scene, frames), "output": str(output), "overwrite": True}]))
     return int(records[0]["display"].split(", ")[1].split()[0])  # "wrote m.tif: WxH, N tiles, ..."
 
 
@@ -147,7 +163,8 @@ def speed_rows(args, checkpoint, scene, tmp, dtype_name):
     default = ready_pipeline(compose(overrides(args, checkpoint, dtype_name)))
     geo = tight.stages[0].cfg.model.geo
     tight_model, default_model = timed_engine_model(tight), timed_engine_model(default)
-    batches = premade_batches(scene, geo, args.tile, args.batch, dtype)
+    frames = model_frames(args)
+    batches = premade_batches(scene, geo, args.tile, args.batch, dtype, frames)
     count = sum(len(b) for b in batches)
 
     def bare():
@@ -158,11 +175,13 @@ def speed_rows(args, checkpoint, scene, tmp, dtype_name):
 
     runs = {  # name: (run, the timer its forwards go through)
         "bare forward (pre-made batches)": (bare, tight_model),
-        "pipeline, stride = tile": (lambda: run_pipeline(tight, scene, tmp / "tight.tif"), tight_model),
-        "pipeline, default overlap": (lambda: run_pipeline(default, scene, tmp / "default.tif"), default_model),
-        "naive loop (reference-like)": (lambda: naive_loop(scene, tmp / "naive.tif", tight_model, geo, args.tile, dtype),
-                                        tight_model),
+        "pipeline, stride = tile": (lambda: run_pipeline(tight, scene, tmp / "tight.tif", frames), tight_model),
+        "pipeline, default overlap": (lambda: run_pipeline(default, scene, tmp / "default.tif", frames),
+                                      default_model),
     }
+    if frames == 1:  # the naive loop reads one date
+        runs["naive loop (reference-like)"] = (
+            lambda: naive_loop(scene, tmp / "naive.tif", tight_model, geo, args.tile, dtype), tight_model)
     seconds, outside, tiles = {name: [] for name in runs}, {name: [] for name in runs}, {}
     bare()  # warm-up: allocator, oneDNN primitives
     for _ in range(args.repeat):  # interleaved, so that load from other processes hits every variant alike
@@ -174,7 +193,7 @@ def speed_rows(args, checkpoint, scene, tmp, dtype_name):
             outside[name].append(seconds[name][-1] - timer.seconds)
     if args.profile:
         profiler = cProfile.Profile()
-        profiler.runcall(run_pipeline, tight, scene, tmp / "tight.tif")
+        profiler.runcall(run_pipeline, tight, scene, tmp / "tight.tif", frames)
         print(f"\ncProfile of one pipeline run (stride = tile, {dtype_name}), top 25 by cumulative time:")
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
     tight.close()
@@ -221,12 +240,14 @@ def rss_rows(args, checkpoint, synthetic, tmp, dtype_name):
     rows, peaks = [], {}
     for label, (h, w) in scenes.items():
         scene = synthetic.write_scene(tmp / f"rss_{h}x{w}.tif", h, w, seed=2)
-        cli = [sys.executable, "-c", CLI_WITH_HWM, "run", f"input={scene}", f"output={tmp}/rss_out.tif",
+        frames = model_frames(args)
+        given = scene if frames == 1 else "[" + ",".join([str(scene)] * frames) + "]"
+        cli = [sys.executable, "-c", CLI_WITH_HWM, "run", f"input={given}", f"output={tmp}/rss_out.tif",
                "overwrite=true", *overrides(args, checkpoint, dtype_name)]
         naive = [sys.executable, __file__, "--naive-child", str(scene), str(tmp / "rss_naive.tif"), str(checkpoint),
                  "--model", args.model, "--tile", str(args.tile), "--dtypes", dtype_name,
                  *(["--threads", str(args.threads)] if args.threads else [])]
-        for run, argv in (("pipeline (appliance run)", cli), ("naive loop", naive)):
+        for run, argv in (("pipeline (appliance run)", cli), ("naive loop", naive))[:1 if frames > 1 else 2]:
             peaks[run, label] = peak = peak_rss_mib(argv, args.threads)
             growth = ["", ""] if label == "S" else [f"{peak / peaks[run, 'S']:.2f}x", f"{peak - peaks[run, 'S']:+.0f}"]
             rows.append([run, label, f"{h}x{w}", f"{peak:.0f}", *growth])
@@ -250,6 +271,7 @@ def naive_child(args):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pipeline", default="prithvi_flood", help="conf/pipeline/ file: prithvi_flood, prithvi_crops ...")
     parser.add_argument("--model", default="prithvi_tiny_tl_flood", help="conf/model/ file (random weights)")
     parser.add_argument("--tile", type=int, default=224)
     parser.add_argument("--batch", type=int, default=8, help="engine.max_batch_size, and the bare batches")
@@ -273,7 +295,8 @@ def main() -> None:
         args.grid, args.repeat, args.rss_side = 2, 1, 256
     synthetic = load_synthetic()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.2f}; model {args.model}, tile {args.tile}, batch {args.batch}")
+          f"load {os.getloadavg()[0]:.2f}; pipeline {args.pipeline}, model {args.model} "
+          f"({model_frames(args)} date(s) a tile), tile {args.tile}, batch {args.batch}")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         checkpoint = make_checkpoint(args, tmp)
