@@ -11,7 +11,10 @@ Ours, inside `data` where vLLM's plugin takes its input: `data` may also be a li
 (URLs or allowed paths, in the model's band order), and `aoi` ([xmin, ymin, xmax, ymax]) with
 `aoi_crs` limits the run to that box, and `date` gives the acquisition date, as `appliance run`'s
 `input=[[...]]`, `aoi`, `aoi_crs` and `date` do
-(their rules are the CLI's own: `stages/geo/sources.scene_spec`, `stages/geo/aoi.parse_aoi`).
+(their rules are the CLI's own: `stages/geo/sources.scene_spec`, `stages/geo/aoi.parse_aoi`). For a
+multi-date model (T = `model.prithvi.num_frames` > 1) a list in `data` is its T dates in time order (URLs,
+STAC items, allowed paths or base64 GeoTIFFs) and one entry a stacked file, and `date` a list of T dates
+(`stages/geo/multidate.py`): `parse_pooling(body, frames)` applies the shape rules that depend on T.
 
 `PoolingBody` is the one definition of the request: it validates bodies (strict: no type coercion,
 no unknown field) and the server's OpenAPI document is generated from it (`serving/http/openapi.py`).
@@ -42,7 +45,8 @@ class PoolingData(BaseModel):
                                 Field(min_length=1, max_length=MAX_BAND_FILES)]) = Field(
         description="the GeoTIFF: base64, a URL (http(s), or s3:// where the server allows the bucket) or a file "
                     "name; or a list of single-band files (URLs or file names), one per model band in the model's "
-                    "band order")
+                    "band order. A multi-date model (T dates): one stacked GeoTIFF of T x bands, or a list of its T "
+                    "dates in time order, each a GeoTIFF (base64, URL or file name) or a STAC item URL")
     data_format: Literal["b64_json", "url", "path"]
     out_data_format: Literal["b64_json", "path"] = "b64_json"
     image_format: Optional[Literal["tiff", "tif", "geotiff"]] = "tiff"
@@ -51,8 +55,11 @@ class PoolingData(BaseModel):
     aoi: Optional[List[float]] = Field(default=None, description="area of interest [xmin, ymin, xmax, ymax], "
                                                                 "lon/lat unless aoi_crs: the output is that window")
     aoi_crs: Optional[str] = Field(default=None, description="the aoi's CRS, e.g. EPSG:32615 (default EPSG:4326)")
-    date: Optional[str] = Field(default=None, description="the scene's acquisition date, YYYY-MM-DD, for models with "
-                                                         "a time encoding; default: the source's own")
+    date: Optional[either(one_or_list, one=str, list=Annotated[List[str], Field(min_length=1,
+                                                                           max_length=MAX_BAND_FILES)])] = Field(
+        default=None, description="the scene's acquisition date, YYYY-MM-DD, for models with a time encoding (a "
+                                  "multi-date model: a list of its T dates, in the order of the inputs); default: "
+                                  "the source's own")
 
 
 class PoolingBody(BaseModel):
@@ -76,22 +83,23 @@ EXPECTED = {"data": "an object {data, data_format, out_data_format}",
             "data.indices": "a non-empty list of 0-based band indexes",
             "data.aoi": "[xmin, ymin, xmax, ymax] (numbers)",
             "data.aoi_crs": "a CRS name like EPSG:32615",
-            "data.date": "a date YYYY-MM-DD"}
+            "data.date": "a date YYYY-MM-DD, or a list of them (a multi-date model)"}
 
 
 @dataclass
 class PoolingRequest:
-    data: Union[str, List[str], None]  # one GeoTIFF, or per-band files
+    data: Union[str, List[str], None]  # one GeoTIFF, or per-band files (a multi-date model: its dates)
     data_format: str
     out_data_format: str
     model: Optional[str] = None
     bands: Optional[List[int]] = None  # 1-based, for the raster_read stage
     aoi: Optional[List[float]] = None  # as sent: `stages/geo/aoi.parse_aoi` checks it (it needs GDAL's CRSs)
     aoi_crs: Optional[str] = None
-    date: Optional[str] = None  # as sent: `stages/geo/acquisition.parse_date` checks it
+    date: Union[str, List[str], None] = None  # as sent: `stages/geo/multidate.given_dates` checks it
 
 
-def parse_pooling(body: Any) -> PoolingRequest:
+def parse_pooling(body: Any, frames: int = 1) -> PoolingRequest:
+    """The request for a server whose model takes `frames` dates per scene; InputError naming the field."""
     if not isinstance(body, dict):
         raise InputError(f"body: expected a JSON object, got {type(body).__name__}")
     try:
@@ -99,18 +107,22 @@ def parse_pooling(body: Any) -> PoolingRequest:
     except ValidationError as e:
         raise input_error(e, PoolingBody, EXPECTED) from None
     data = parsed.data
-    per_band = isinstance(data.data, list)
-    if per_band and data.data_format == "b64_json":
+    listed = isinstance(data.data, list)
+    if listed and frames == 1 and data.data_format == "b64_json":
         raise InputError("data.data: a list of per-band files takes data_format url or path; send one multi-band "
                          "GeoTIFF as b64_json", param="data.data")
-    if per_band and data.indices is not None:
+    if listed and frames == 1 and data.indices is not None:
         raise InputError("data.indices: picks bands of one multi-band file; a per-band list is already in the "
                          "model's band order: drop indices", param="data.indices")
+    if not listed and frames > 1 and data.indices is not None:
+        raise InputError(f"data.indices: picks bands of each date of a list; one file for this {frames}-date model "
+                         "is a stacked file, read by its declared band order: drop indices", param="data.indices")
     if data.data_format == "url":
-        for url in data.data if per_band else [data.data]:
+        for i, url in enumerate(data.data if listed else [data.data]):
+            field = f"data.data[{i}]" if listed and frames > 1 else "data.data"
             if not url.lower().startswith(("http://", "https://", "s3://")):
-                raise InputError("data.data: expected an http(s) URL (or s3://bucket/key) with data_format url",
-                                 param="data.data")
+                raise InputError(f"{field}: expected an http(s) URL (or s3://bucket/key) with data_format url",
+                                 param=field)
     bands = [i + 1 for i in data.indices] if data.indices is not None else None
     return PoolingRequest(data.data, data.data_format, data.out_data_format, parsed.model, bands, data.aoi,
                           data.aoi_crs, data.date)

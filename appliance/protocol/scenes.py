@@ -1,6 +1,7 @@
 """`/v1/scenes`: scene jobs of pooling servers (serving/http/routes_scenes.py).
 
     POST /v1/scenes[?date=]  <GeoTIFF bytes> | {"url": "<GeoTIFF or STAC item URL>", "date"?}  -> 202, a Scene
+                             (a multi-date model: {"urls": [date 1, ..., date T], "date"?: [T dates]})
     GET  /v1/scenes                                                            -> a SceneList
     GET  /v1/scenes/{id}                                                       -> a Scene
     GET  /v1/scenes/{id}/{file}   mask.tif | item.json | scene.png | mask.png  -> the file
@@ -19,6 +20,7 @@ from typing_extensions import Annotated
 
 from appliance.errors import InputError
 from appliance.protocol.openai_answers import ANSWER, Byte, Count, ErrorInfo
+from appliance.protocol.openai_fields import either, one_or_list
 from appliance.protocol.validation import input_error
 
 SCENE_FILES = ("mask.tif", "item.json", "scene.png", "mask.png")  # a done scene's files, by public name
@@ -31,25 +33,40 @@ class SceneBody(BaseModel):
     """`POST /v1/scenes` as JSON (the other form is the GeoTIFF itself as the body)."""
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    url: Annotated[str, Field(min_length=1)] = Field(
+    url: Optional[Annotated[str, Field(min_length=1)]] = Field(
+        default=None,
         description="a GeoTIFF or a STAC item: http(s), or s3:// where the server allows the bucket; read by "
-                    "windows, never downloaded whole")
-    date: Optional[str] = Field(default=None, description="the scene's acquisition date, YYYY-MM-DD, for models "
-                                                         "with a time encoding; default: the source's own")
+                    "windows, never downloaded whole. A multi-date model: one stacked GeoTIFF of its T dates")
+    urls: Optional[Annotated[List[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=64)]] = Field(
+        default=None, description="a multi-date model's T dates in time order, each a GeoTIFF or STAC item URL "
+                                  "(instead of url)")
+    date: Optional[either(one_or_list, one=str, list=Annotated[List[str], Field(min_length=1, max_length=64)])] = Field(
+        default=None, description="the scene's acquisition date, YYYY-MM-DD, for models with a time encoding (a "
+                                  "multi-date model: a list of its T dates, in order); default: the source's own")
 
 
-EXPECTED = {"url": "a GeoTIFF or STAC item URL (http(s), or s3://bucket/key)", "date": "a date YYYY-MM-DD"}
+EXPECTED = {"url": "a GeoTIFF or STAC item URL (http(s), or s3://bucket/key)",
+            "urls": "a list of GeoTIFF or STAC item URLs, one per date",
+            "date": "a date YYYY-MM-DD, or a list of them (a multi-date model)"}
 
 
-def parse_scene_body(body: Any) -> SceneBody:
-    """A JSON `POST /v1/scenes` (its `date` as sent: `stages/geo/acquisition.parse_date` checks it, as
-    `/pooling`'s); InputError naming the field."""
+def parse_scene_body(body: Any, frames: int = 1) -> SceneBody:
+    """A JSON `POST /v1/scenes` for a model of `frames` dates: `url`, or (frames > 1) `urls`; its `date` as
+    sent (`stages/geo/multidate.given_dates` checks it, as `/pooling`'s); InputError naming the field."""
     if not isinstance(body, dict):
         raise InputError(f'body: expected a JSON object {{"url": ...}}, got {type(body).__name__}')
     try:
-        return SceneBody.model_validate(body)
+        parsed = SceneBody.model_validate(body)
     except ValidationError as e:
         raise input_error(e, SceneBody, EXPECTED) from None
+    if parsed.urls is not None and frames == 1:
+        raise InputError("urls: lists the dates of a multi-date model; this model takes one date: give "
+                         '{"url": ...}', param="urls")
+    if (parsed.url is None) == (parsed.urls is None):
+        given = "both" if parsed.url is not None else "neither"
+        dates = f', or {{"urls": [...]}} with its {frames} dates' if frames > 1 else ""
+        raise InputError(f'url: {given} of url and urls given; give {{"url": ...}}{dates}', param="url")
+    return parsed
 
 
 # ---- the summary of a done scene ---------------------------------------------------------------

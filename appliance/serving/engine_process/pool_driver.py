@@ -26,7 +26,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, Optional, Tuple
 import torch
 
 from appliance.engine.geo_coords import COORDS_FIELD
-from appliance.errors import InputError, UserError
+from appliance.errors import UserError
 from appliance.pipeline import Pipeline, Record, Stage
 from appliance.serving.messages import Done, Failed, PoolJob, TileProgress
 from appliance.serving.engine_process.inbox import Finished, TileReady, Unanswerable
@@ -132,20 +132,26 @@ class PoolDriver(Driver):
         session.started = True
         self.metrics.queue.observe(time.monotonic() - session.arrival)
         source = job.input_path
+        # geo modules (rasterio) only where a geo request runs: a llava_encode server never loads them
+        from appliance.stages.geo.multidate import model_frames
+        from appliance.stages.geo.scene_sources import SceneSpec
+        from appliance.stages.geo.served_scenes import (allowed_s3_buckets, local_scene_spec, named_error,
+                                                        request_fields, served_scene_spec, upload_scene_spec)
+
+        frames = model_frames(self.cfg)
         try:
             if job.input_url is not None or isinstance(source, list) or job.upload:
                 from appliance.fetch import FetchPolicy
-                from appliance.stages.geo.served_scenes import (allowed_s3_buckets, local_scene_spec,
-                                                                served_scene_spec, upload_scene_spec)
 
+                geo = self.cfg.model.geo
                 if job.input_url is not None:
                     policy = FetchPolicy.from_server_config(self.cfg.server)
                     buckets = allowed_s3_buckets(self.cfg.server)
-                    source = served_scene_spec(job.input_url, self.cfg.model.geo, policy, job.field, buckets)
+                    source = served_scene_spec(job.input_url, geo, policy, job.field, buckets, frames)
                 elif job.upload:
-                    source = upload_scene_spec(source, job.field)
+                    source = upload_scene_spec(source, job.field, list(geo.bands), frames)
                 else:
-                    source = local_scene_spec(source, self.cfg.model.geo, job.field)
+                    source = local_scene_spec(source, geo, job.field, frames)
             record = as_record(SceneRecord(source, job.output_path, job.quicklook, job.bands, job.aoi, job.date))
             bridge = EngineBridge(session, self.input_field, self.output_field, self.in_flight)
             last: Optional[Record] = None
@@ -159,14 +165,10 @@ class PoolDriver(Driver):
             pass
         except Exception as e:  # noqa: BLE001 - every failure becomes the client's answer
             if isinstance(e, UserError):  # name the request's field, never a server path
-                per_band = isinstance(job.input_path, list)  # a file is named by its place in the list
-                paths = job.input_path if per_band else [job.input_path]
-                fields = {path: f"{job.field}[{i}]" if per_band else job.field for i, path in enumerate(paths) if path}
-                message = str(e)
-                for path, field in fields.items():
-                    message = message.replace(path, field)
-                param = fields.get(e.param, e.param)  # an error about one of its files names that file
-                e = InputError(message, param, e.status) if isinstance(e, InputError) else type(e)(message, param)
+                paths = job.input_path if isinstance(job.input_path, list) else [job.input_path]
+                spec = source if isinstance(source, SceneSpec) else None
+                fields = request_fields(job.input_url or job.input_path, job.field, spec, frames)
+                e = named_error(e, job.field, fields, [p for p in paths if p])
             self.post(Unanswerable(session.uid, self.failure(e, "running the scene")))
         finally:
             reads = getattr(source, "fetch", None)  # a URL's RemoteReads: its kept connections end here
@@ -261,11 +263,14 @@ class PoolDriver(Driver):
 
 
 def warmup_item(cfg, online) -> Optional[torch.Tensor]:
-    """A zero tile shaped as the `tile` stage cuts them, with the model's bands; None if unknown."""
+    """A zero tile shaped as the `tile` stage cuts them ([C, T, S, S] for a T-date model), with the model's
+    bands; None if unknown."""
     tile = next((s for s in online.head if s.name == "tile"), None)
     geo = cfg.model.get("geo")
     if tile is None or geo is None:
         log.info("no tile stage or model.geo: the pool engine starts without a warm-up forward")
         return None
-    size = tile.options.tile_size
-    return torch.zeros(len(geo.bands), size, size)
+    from appliance.stages.geo.multidate import model_frames
+
+    size, frames = tile.options.tile_size, model_frames(cfg)
+    return torch.zeros(len(geo.bands), frames, size, size) if frames > 1 else torch.zeros(len(geo.bands), size, size)

@@ -1,14 +1,17 @@
 """What `/v1/pool` and `/v1/scenes` share of a request whose body is the GeoTIFF itself: their query
 parameters checked by name, the body's content type, the body spooled to a file as it streams in, and
-the `?date=` it may carry."""
+the `?date=` it may carry (a multi-date model's T dates: `?date=d1&date=d2&date=d3` or `?date=d1,d2,d3`).
+
+A raw body is one file: for a multi-date model, one stacked GeoTIFF of its T dates (`model.geo.
+stacked_band_order`); a list of dates goes as JSON (`/pooling`'s `data.data`, `/v1/scenes`' `urls`)."""
 import asyncio
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from starlette.requests import Request
 
 from appliance.errors import InputError
 from appliance.serving.http.errors import APIError
-from appliance.stages.geo.acquisition import parse_date
+from appliance.stages.geo.multidate import given_dates
 
 
 def refuse_unknown_query(request: Request, allowed: Sequence[str]) -> None:
@@ -24,13 +27,29 @@ def content_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-def checked_date(value: Optional[str], field: str) -> Optional[str]:
-    """The acquisition date as a job takes it (None: the source's own), checked as the CLI's `date=`."""
+def query_dates(request: Request) -> Any:
+    """`?date=` as sent: None, one date, or a list (repeated, or comma-separated: dates hold no commas)."""
+    values = [part.strip() for value in request.query_params.getlist("date") for part in value.split(",")]
+    return None if not values else values[0] if len(values) == 1 else values
+
+
+def checked_dates(value: Any, frames: int, field: str) -> Any:
+    """The acquisition date(s) as a job takes them (None: the source's own), checked as the CLI's `date=`
+    for a model of `frames` dates (multidate.given_dates): a 400 naming `field`."""
     try:
-        parse_date(value, field)
+        given_dates(value, frames, field)
     except InputError as e:
         raise APIError.from_input(e) from None
     return value or None
+
+
+def unsupported_body(kind: str, frames: int, json_form: Optional[str] = None) -> APIError:
+    """415 for a body that is no GeoTIFF; a multi-date model's says how its dates are sent."""
+    what = "the GeoTIFF" if frames == 1 else f"one stacked GeoTIFF of the model's {frames} dates"
+    also = f", or {json_form} as application/json" if json_form else ""
+    dates = "" if frames == 1 else f"; {frames} separate dates go as a JSON list (/pooling's data.data, /v1/scenes' urls)"
+    return APIError(415, f"Content-Type: {kind or 'missing'}; send {what} as the body with Content-Type: "
+                         f"image/tiff{also}{dates}")
 
 
 async def spool_body(request: Request, path: str) -> None:

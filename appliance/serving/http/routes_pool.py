@@ -2,6 +2,12 @@
 (the GeoTIFF itself as the body, for curl; the answer is the output GeoTIFF, or its PNG quicklook with
 `?quicklook=true`; `?date=YYYY-MM-DD` gives the acquisition date, as `/pooling`'s `data.date`).
 
+A multi-date model's (T dates, stages/geo/multidate.py) scene is, in `/pooling`, a list of T dates in
+`data.data` (URLs, STAC items, allowed paths or base64 GeoTIFFs, each spooled to its own file) or one
+stacked file, with `data.date` a list of T; in `/v1/pool`, one stacked GeoTIFF as the body. The count of
+dates and the dates given are checked here, by multidate.py's functions, before the request queues; the
+dates' grids in the engine process, as `appliance run` checks them. Errors about date i name `data.data[i]`.
+
 Inputs spool to files in the server's spool directory (a base64 body is decoded there, a raw body
 streams there under the body limit); a path is used in place, inside `server.allowed_local_media_dir`
 only; a URL (a GeoTIFF, a STAC item, or per-band files) is never downloaded whole: the engine process
@@ -25,11 +31,13 @@ from appliance.protocol.openai_responses import new_id
 from appliance.protocol.pooling import GEOTIFF_TYPES, parse_pooling, pooling_response
 from appliance.serving.http.errors import APIError, error_response, parse_body
 from appliance.serving.http.frontend import ClientGone, Frontend
-from appliance.serving.http.geotiff_body import checked_date, content_type, refuse_unknown_query, spool_body
+from appliance.serving.http.geotiff_body import (checked_dates, content_type, query_dates, refuse_unknown_query,
+                                                 spool_body, unsupported_body)
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.http.routes_generate import check_model
-from appliance.stages.geo.acquisition import parse_date
 from appliance.stages.geo.aoi import parse_aoi
+from appliance.stages.geo.multidate import check_date_count, given_dates, model_frames
+from appliance.stages.geo.scene_sources import shown
 from appliance.stages.geo.quicklook import quicklook_path
 from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
 from appliance.stages.geo.stac_out import stac_path
@@ -44,31 +52,46 @@ class PoolRoutes:
         self.media_dir = cfg.server.allowed_local_media_dir
         self.output_dir = cfg.server.output_dir
         self.s3_buckets = allowed_s3_buckets(cfg.server)
+        self.frames = model_frames(cfg)
+        geo = (cfg.get("model") or {}).get("geo")
+        self.model_bands = list(geo.bands) if geo is not None else []
 
     async def pooling(self, request: Request):
         uid = new_id("pool")
         request.state.request_id = uid  # the request log's id, a refused body's too (access_log.py)
-        parsed = await parse_body(request, parse_pooling)
+        parsed = await parse_body(request, lambda body: parse_pooling(body, self.frames))
         check_model(parsed.model, self.frontend.model_name)
+        listed = isinstance(parsed.data, list)
+        dates = listed and self.frames > 1  # a list is the model's dates (else per-band files)
+        names = parsed.data if listed else [parsed.data]
+        fields = [f"data.data[{i}]" if dates else "data.data" for i in range(len(names))]
         try:
             aoi = parse_aoi(parsed.aoi, parsed.aoi_crs, where="data.")  # appliance run's rule
-            parse_date(parsed.date, "data.date")
+            given_dates(parsed.date, self.frames, "data.date")
+            if dates:
+                check_date_count(names, self.frames, self.model_bands, "data.data",
+                                 shown_as=shown if parsed.data_format != "b64_json" else lambda _: "base64")
             if parsed.data_format == "url":  # server policy (s3 buckets) before the request queues
-                for href in parsed.data if isinstance(parsed.data, list) else [parsed.data]:
-                    check_served_href(href, "data.data", self.s3_buckets)
+                for href, field in zip(names, fields):
+                    check_served_href(href, field, self.s3_buckets)
         except InputError as e:
             raise APIError.from_input(e) from None
         input_path, url, spooled = None, None, []
         if parsed.data_format == "path":
-            names = parsed.data if isinstance(parsed.data, list) else [parsed.data]
-            paths = [self._allowed_path(name) for name in names]
-            input_path = paths if isinstance(parsed.data, list) else paths[0]
+            paths = [self._allowed_path(name, field) for name, field in zip(names, fields)]
+            input_path = paths if listed else paths[0]
         elif parsed.data_format == "url":
             url = parsed.data
         else:
-            input_path = self._spool(uid, ".in.tif")
-            spooled.append(input_path)
-            await asyncio.to_thread(write_base64, parsed.data, input_path)
+            paths = [self._spool(uid, f".in{i}.tif" if listed else ".in.tif") for i in range(len(names))]
+            spooled += paths
+            try:
+                for text, path, field in zip(names, paths, fields):
+                    await asyncio.to_thread(write_base64, text, path, field)
+            except BaseException:
+                self._remove(spooled)
+                raise
+            input_path = paths if listed else paths[0]
         if parsed.out_data_format == "path":
             if not self.output_dir:
                 self._remove(spooled)
@@ -94,13 +117,12 @@ class PoolRoutes:
         refuse_unknown_query(request, RAW_QUERY)
         kind = content_type(request)
         if kind not in GEOTIFF_TYPES:
-            raise APIError(415, f"Content-Type: {kind or 'missing'}; send the GeoTIFF as the body with "
-                                f"Content-Type: {GEOTIFF_TYPES[0]}")
+            raise unsupported_body(kind, self.frames)
         quicklook = request.query_params.get("quicklook", "false").lower()
         if quicklook not in ("true", "false", "1", "0"):
             raise APIError(400, f"quicklook: {quicklook!r}; allowed: true, false", param="quicklook")
         quicklook = quicklook in ("true", "1")
-        date = checked_date(request.query_params.get("date"), "date")
+        date = checked_dates(query_dates(request), self.frames, "date")
         input_path, output = self._spool(uid, ".in.tif"), self._spool(uid, ".out.tif")
         spooled = [input_path, output, output + ".aux.xml", quicklook_path(output), stac_path(output)]
         try:
@@ -145,13 +167,13 @@ class PoolRoutes:
     def _spool(self, uid: str, suffix: str) -> str:
         return os.path.join(self.spool, uid + suffix)
 
-    def _allowed_path(self, name: str) -> str:
+    def _allowed_path(self, name: str, field: str) -> str:
         try:
-            full = allowed_path(name, self.media_dir, "data.data")
+            full = allowed_path(name, self.media_dir, field)
         except InputError as e:
             raise APIError.from_input(e) from None
         if not os.path.isfile(full):
-            raise APIError(400, f"data.data: {name!r} is not a file in the allowed directory", param="data.data")
+            raise APIError(400, f"{field}: {name!r} is not a file in the allowed directory", param=field)
         return full
 
     @staticmethod
@@ -163,12 +185,12 @@ class PoolRoutes:
                 pass
 
 
-def write_base64(text: str, path: str) -> None:
+def write_base64(text: str, path: str, field: str = "data.data") -> None:
     try:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise APIError(400, "data.data: not valid base64; with data_format b64_json send the GeoTIFF's bytes "
-                            "base64-encoded", param="data.data") from None
+        raise APIError(400, f"{field}: not valid base64; with data_format b64_json send the GeoTIFF's bytes "
+                            "base64-encoded", param=field) from None
     with open(path, "wb") as f:
         f.write(data)
 

@@ -6,13 +6,14 @@ task per job reads its events (TileProgress: the counts; Done: the summary and f
 deadline: the error) and closes the channel; the job keeps a reference to its task. DELETE cancels the
 task, whose `close` aborts the job in the engine as a client leaving `/v1/pool` does, then deletes the
 files. A date (`?date=` with a GeoTIFF body, `"date"` in a JSON one) is checked as `/v1/pool`'s before the
-job queues. Every route first prunes the finished jobs past `server.scenes.keep_s` / `max_kept`
+job queues. A multi-date model's scene (stages/geo/multidate.py) is `{"urls": [date 1, ..., date T]}` (its
+count checked here, by multidate.py's function), one stacked file by `url` or as the body, its dates a list. Every route first prunes the finished jobs past `server.scenes.keep_s` / `max_kept`
 (scene_jobs.py).
 """
 import asyncio
 import logging
 import os
-from typing import Optional, Tuple
+from typing import Any, Tuple
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
@@ -23,9 +24,11 @@ from appliance.protocol.pooling import GEOTIFF_TYPES
 from appliance.protocol.scenes import SCENE_FILES, parse_scene_body
 from appliance.serving.http.errors import APIError, read_json
 from appliance.serving.http.frontend import Frontend
-from appliance.serving.http.geotiff_body import checked_date, content_type, refuse_unknown_query, spool_body
+from appliance.serving.http.geotiff_body import (checked_dates, content_type, query_dates, refuse_unknown_query,
+                                                 spool_body, unsupported_body)
 from appliance.serving.http.scene_jobs import DONE, SceneJob, SceneJobs
 from appliance.serving.messages import Done, Failed, PoolJob, TileProgress
+from appliance.stages.geo.multidate import check_date_count, model_frames
 from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,9 @@ class SceneRoutes:
         self.jobs = SceneJobs(os.path.join(spool_dir, "scenes"), float(scenes.keep_s), int(scenes.max_kept))
         self.max_bytes = int(cfg.server.limits.max_request_bytes)
         self.s3_buckets = allowed_s3_buckets(cfg.server)
+        self.frames = model_frames(cfg)
+        geo = (cfg.get("model") or {}).get("geo")
+        self.model_bands = list(geo.bands) if geo is not None else []
 
     # ---- routes ---------------------------------------------------------------------------------
     async def create(self, request: Request):
@@ -52,16 +58,15 @@ class SceneRoutes:
         request.state.request_id = scene_id  # the request log's id (access_log.py)
         refuse_unknown_query(request, QUERY)
         kind = content_type(request)
-        url, date = None, request.query_params.get("date")
+        url, field, date = None, "body", query_dates(request)
         if kind == JSON_TYPE:
             if date is not None:
                 raise APIError(400, 'date: with a JSON body give the date in it: {"url": ..., "date": "YYYY-MM-DD"}',
                                param="date")
-            url, date = self._url(await read_json(request))
+            url, field, date = self._url(await read_json(request))
         elif kind not in GEOTIFF_TYPES:
-            raise APIError(415, f"Content-Type: {kind or 'missing'}; send the GeoTIFF as the body with "
-                                f"Content-Type: {GEOTIFF_TYPES[0]}, or {{\"url\": ...}} as {JSON_TYPE}")
-        date = checked_date(date, "date")
+            raise unsupported_body(kind, self.frames, '{"url": ...}')
+        date = checked_dates(date, self.frames, "date")
         job = self.jobs.add(scene_id)
         try:
             if url is None:
@@ -71,7 +76,7 @@ class SceneRoutes:
             self.jobs.forget(job)
             raise
         self.frontend.submit(channel, PoolJob(
-            None if url else job.input_path, url, job.output_path, "url" if url else "body",
+            None if url else job.input_path, url, job.output_path, field,
             upload=url is None, date=date, report_dir=job.dir, progress=True))
         job.task = asyncio.get_running_loop().create_task(self._follow(job, channel))
         return JSONResponse(job.as_object(), status_code=202, headers={"Location": f"scenes/{job.id}"})
@@ -143,12 +148,17 @@ class SceneRoutes:
                                 f"server.scenes.keep_s={self.jobs.keep_s:g} s)", param="id")
         return job
 
-    def _url(self, body) -> Tuple[str, Optional[str]]:
-        """The JSON body's url (checked against the server's policy) and date (as sent)."""
+    def _url(self, body) -> Tuple[Any, str, Any]:
+        """The JSON body's scene (`url`, or `urls`: a multi-date model's dates, counted), checked against the
+        server's policy, the field naming it, and its date(s) as sent."""
         try:
-            parsed = parse_scene_body(body)
-            check_served_href(parsed.url, "url", self.s3_buckets)  # server policy before the job queues
+            parsed = parse_scene_body(body, self.frames)
+            if parsed.urls is not None:
+                check_date_count(parsed.urls, self.frames, self.model_bands, "urls")
+                for i, href in enumerate(parsed.urls):
+                    check_served_href(href, f"urls[{i}]", self.s3_buckets)  # server policy before the job queues
+                return parsed.urls, "urls", parsed.date
+            check_served_href(parsed.url, "url", self.s3_buckets)
         except InputError as e:
             raise APIError.from_input(e) from None
-        return parsed.url, parsed.date
-
+        return parsed.url, "url", parsed.date

@@ -1,7 +1,7 @@
 """Multi-date scenes: T acquisitions of one place for a model with `model.prithvi.num_frames` = T > 1.
 
 One place to turn an input spec into a multi-date scene and check it, shared by `raster_inputs` /
-`raster_read` (and meant for the server's routes). A scene for such a model is either
+`raster_read` and the server's routes. A scene for such a model is either
   - a list of T dates in time order, each what a one-date scene can be: a GeoTIFF path or URL, a STAC
     item, or a list of per-band files (`multidate_spec`); or
   - one stacked GeoTIFF of T x C bands laid out as `model.geo.stacked_band_order` says (`stacked_indexes`:
@@ -13,7 +13,10 @@ stacked file).
 Checks (`check_dates`, headers only): every date has the model's bands, and the same CRS, grid (transform
 and size) and band count as date 1; a date on another grid is refused naming it, unless the reading stage's
 `resample` option names a method: then it is warped onto date 1's grid as it is read (window_reader.py).
-`parse_dates`: `date=[d1, ..., dT]` gives each date's acquisition time explicitly.
+`parse_dates`: `date=[d1, ..., dT]` gives each date's acquisition time explicitly (`given_dates`: the rule
+for any model, one date or T). The server's routes (`serving/http/routes_pool.py`, `routes_scenes.py`)
+check a request's dates with `check_date_count` and `given_dates` before it queues; its engine process
+builds the scene with `multidate_spec` / `dates_spec` (stages/geo/served_scenes.py).
 """
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -40,9 +43,10 @@ def input_scenes(values: Sequence[Any], frames: int) -> List[Any]:
 
 
 def multidate_spec(value: Any, frames: int, stac_bands: Optional[Sequence[str]], model_bands: Sequence[str],
-                   load_item: Callable[[str], dict], field: str = "input") -> SceneSpec:
+                   load_item: Callable[[str], dict], field: str = "input", date_fields: bool = False) -> SceneSpec:
     """One scene of a T-date model: a stacked file (a path / URL) or a list of T dates; InputError naming
-    `field` when the count of dates is not T."""
+    `field` when the count of dates is not T. `date_fields`: a date's own problems name `field[i]` (a
+    server request's list), else `field`."""
     if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]  # `[[a.tif], [b.tif]]`: two stacked files
     if not isinstance(value, (list, tuple)):
@@ -51,18 +55,43 @@ def multidate_spec(value: Any, frames: int, stac_bands: Optional[Sequence[str]],
             raise InputError(f"{field}: {shown(str(value))} is a STAC item, but the model takes {frames} dates; give "
                              f"{frames} items as a list, one per date, in time order", param=field)
         return spec  # a stacked file: its bands are checked against T x bands when its header is read
-    if len(value) != frames:
-        shown_dates = ", ".join(shown(d) if isinstance(d, str) else "[" + ", ".join(map(shown, d)) + "]"
-                                for d in value)
-        raise InputError(f"{field}: {len(value)} dates given ({shown_dates}) but the model takes {frames} "
-                         f"acquisitions of one place: give exactly {frames}, in time order, or one stacked GeoTIFF "
-                         f"of {frames} x {len(model_bands)} bands", param=field)
-    dates = tuple(scene_spec(date, stac_bands, model_bands, load_item, field) for date in value)
+    check_date_count(value, frames, model_bands, field)
+    return dates_spec([scene_spec(date, stac_bands, model_bands, load_item, f"{field}[{i}]" if date_fields else field)
+                       for i, date in enumerate(value)])
+
+
+def check_date_count(value: Sequence[Any], frames: int, model_bands: Sequence[str], field: str = "input",
+                     shown_as: Callable[[str], str] = shown) -> None:
+    """InputError naming `field` unless the list `value` holds exactly T dates (`shown_as`: how a message
+    names a date: a server names base64 uploads by their place, not their bytes)."""
+    if len(value) == frames:
+        return
+    shown_dates = ", ".join(shown_as(d) if isinstance(d, str) else "[" + ", ".join(map(shown_as, d)) + "]"
+                            for d in value)
+    raise InputError(f"{field}: {len(value)} dates given ({shown_dates}) but the model takes {frames} "
+                     f"acquisitions of one place: give exactly {frames}, in time order, or one stacked GeoTIFF "
+                     f"of {frames} x {len(model_bands)} bands", param=field)
+
+
+def dates_spec(dates: Sequence[SceneSpec]) -> SceneSpec:
+    """One scene of the given dates (each a one-date SceneSpec, in time order); date 1 names it."""
+    dates = tuple(dates)
     return SceneSpec(
         name=dates[0].name, files=tuple(f for d in dates for f in d.files), per_band=False,
         labels=tuple(d.label(i) for d in dates for i in range(len(d.files))),
         links=tuple(link for d in dates for link in d.links), dates=dates,
     )
+
+
+def given_dates(value: Any, frames: int, field: str = "date"):
+    """`date=` for the configured model: one date (parse_date) for a one-date model, which refuses a list;
+    T dates (parse_dates) for a T-date model. The CLI's rule, and the server's for `data.date` / `?date=`."""
+    if frames > 1:
+        return parse_dates(value, frames, field)
+    if isinstance(value, (list, tuple)):
+        raise InputError(f"{field}: {len(value)} dates given but the model takes one acquisition; give one date "
+                         "YYYY-MM-DD", param=field)
+    return parse_date(value, field)
 
 
 def parse_dates(value: Any, frames: int, field: str = "date"):

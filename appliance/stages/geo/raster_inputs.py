@@ -2,7 +2,8 @@
 
 A scene (`scene_sources.scene_spec`) is a GeoTIFF path or URL, a STAC item (`.json`, path or URL), or a list
 of per-band GeoTIFFs in the model's band order: `input=[a.tif, b.tif]` is two scenes,
-`input=[[b02.tif, b03.tif, ...]]` one scene from per-band files. Its stem names the mask: the file's,
+`input=[[b02.tif, b03.tif, ...]]` one scene from per-band files (an inner list of one file is that file:
+`input=[[a.tif],[b.tif]]` is `input=[a.tif,b.tif]`, the shape the Helm Job renders for any model). Its stem names the mask: the file's,
 the first band file's, or the item file's. A multi-date model's (model.prithvi.num_frames T > 1) scene is
 T dates or one stacked file (multidate.py): `input=[d1.tif, d2.tif, d3.tif]` is ONE scene of three dates,
 `input=[[d1.tif, d2.tif, d3.tif], [e1.tif, e2.tif, e3.tif]]` two; its first date names the mask.
@@ -24,10 +25,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.stages.geo.acquisition import parse_date
 from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.geotiff import probe_geotiff
-from appliance.stages.geo.multidate import input_scenes, model_frames, multidate_spec, parse_dates
+from appliance.stages.geo.multidate import given_dates, input_scenes, model_frames, multidate_spec
 from appliance.stages.geo.raster_read import geo_contract
 from appliance.stages.geo.scene_sources import is_remote, scene_spec, shown, stem
 from appliance.stages.geo.stac_in import load_item
@@ -152,11 +152,10 @@ class RasterInputs(Stage):
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
             aoi = parse_aoi(record.get("aoi"), record.get("aoi_crs"))
+            date = given_dates(record.get("date"), self.frames, "date")
             if self.frames > 1:
-                date = parse_dates(record.get("date"), self.frames, "date")
                 values = input_scenes(as_path_list(record.get("input"), depth=3), self.frames)
             else:
-                date = parse_date(record.get("date"), "date")
                 values = as_path_list(record.get("input"))
             names = [first_file(value) for value in values]  # what names a mask
             pairs = plan_outputs(names, record.get("output"), self.options.suffix)  # before any network
@@ -176,4 +175,6 @@ class RasterInputs(Stage):
     def _spec(self, value):
         if self.frames > 1:
             return multidate_spec(value, self.frames, self.stac_bands, self.model_bands, load_item)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]  # `[[a.tif],[b.tif]]`: an inner list of one is that file, as for multi-date models
         return scene_spec(value, self.stac_bands, self.model_bands, load_item)
