@@ -62,3 +62,19 @@ def test_dates_given_one_per_acquisition():
         parse_dates(["2023-04-15", "2023-07-01"], 3)
     with pytest.raises(InputError, match="date: '2023-13-01' is not a date"):
         parse_dates(["2023-04-15", "2023-13-01", "2023-09-15"], 3)
+
+
+def test_an_inner_list_of_one_file_is_that_file_for_a_one_date_model_too(scene, tmp_path):
+    """`input=[[a.tif],[b.tif]]` (the Helm Job's shape for any model) is `input=[a.tif,b.tif]` for a one-date
+    model, as it is two stacked files for a multi-date one."""
+    import numpy as np
+    import rasterio
+
+    from tests.geo.conftest import run_geo
+
+    path, _ = scene
+    run_geo(str(path), tmp_path / "plain.tif")
+    (record,) = run_geo([[str(path)]], tmp_path / "wrapped.tif")
+    assert record["scene"].files == (str(path),) * 6
+    with rasterio.open(tmp_path / "plain.tif") as a, rasterio.open(tmp_path / "wrapped.tif") as b:
+        assert np.array_equal(a.read(), b.read())
