@@ -18,6 +18,7 @@ KINDS = {  # each with the Pod `helm test` runs
     "llava-chat": {"Deployment", "Service", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget",
                    "ConfigMap", "Pod"},
     "prithvi-flood-batch": {"Job", "Pod"},
+    "prithvi-crops-batch": {"Job", "Pod"},
     "prithvi-flood-object-storage": {"Job", "Pod"},
     "extra-config": {"Deployment", "Service", "ConfigMap", "Pod"},
     "ingress": {"Deployment", "Service", "Ingress", "Pod"},

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from appliance.config.compose import compose
 from tests.conftest import assert_user_error, run_cli
@@ -79,6 +80,16 @@ def inputs_below(args, root: Path) -> list:
     return moved
 
 
+def input_arg(scenes) -> str:
+    """`input=` as the chart renders batch.inputs: every scene a list (a lone file a list of one), every file
+    double-quoted, volume paths below /data."""
+    def quoted(path):
+        return f'"{path}"' if "://" in path else f'"/data/{path}"'
+
+    lists = [scene if isinstance(scene, list) else [scene] for scene in scenes]
+    return "input=[%s]" % ",".join("[" + ",".join(map(quoted, files)) + "]" for files in lists)
+
+
 def helm_test_args(docs) -> list:
     """What the `helm test` pod runs; asserted to be the workload's command line with the verb `check`
     (for a Job: `run`'s over every input, the indexes' shares joined in the order of batch.inputs)."""
@@ -99,7 +110,7 @@ def test_the_rendered_command_line_checks(chart, profile, tmp_path):
         assert hook == ["check", *serve[1:]], "helm test checks what the server runs"
     else:
         inputs = profile_values(profile)["batch"]["inputs"]
-        assert [a for a in hook if a.startswith("input=")] == ["input=[%s]" % ",".join(f'"{p}"' if "://" in p else f'"/data/{p}"' for p in inputs)]
+        assert [a for a in hook if a.startswith("input=")] == [input_arg(inputs)]
         for run in lines:
             assert [a for a in hook[1:] if not a.startswith("input=")] == [a for a in run[1:] if not a.startswith("input=")]
     distinct = {tuple(["check", *args[1:]]) for args in [*lines, hook]}
@@ -113,8 +124,8 @@ def test_the_batch_indexes_share_the_inputs(chart, tmp_path):
     values = profile_values("prithvi-flood-batch")
     lines = command_lines(manifests(chart, values), tmp_path)
     shares = [[a for a in args if a.startswith("input=")] for args in lines]
-    expected = [f'"/data/{path}"' for path in values["batch"]["inputs"]]
-    assert shares == [[f"input=[{expected[0]},{expected[2]}]"], [f"input=[{expected[1]}]"]]
+    inputs = values["batch"]["inputs"]
+    assert shares == [[input_arg([inputs[0], inputs[2]])], [input_arg([inputs[1]])]]
     for args in lines:
         assert args[:2] == ["run", "pipeline=prithvi_flood"]
         assert args[-2:] == values["overrides"], "the overrides come last, verbatim"
@@ -126,10 +137,10 @@ def test_url_inputs_are_read_in_place_with_credentials_from_a_secret(chart, tmp_
     docs = manifests(chart, values)
     lines = command_lines(docs, tmp_path)
     urls = values["batch"]["inputs"]
-    assert [[a for a in args if a.startswith("input=")] for args in lines] == [[f'input=["{urls[0]}"]'],
-                                                                             [f'input=["{urls[1]}"]']]
+    assert [[a for a in args if a.startswith("input=")] for args in lines] == [[f'input=[["{urls[0]}"]]'],
+                                                                             [f'input=[["{urls[1]}"]]']]
     cfg = compose(lines[0][1:])
-    assert list(cfg.input) == [urls[0]] and list(cfg.aoi) == [-91.2, 29.9, -90.9, 30.2]
+    assert OmegaConf.to_container(cfg.input) == [[urls[0]]] and list(cfg.aoi) == [-91.2, 29.9, -90.9, 30.2]
     assert container(docs)["envFrom"] == [{"secretRef": {"name": "object-storage-credentials"}}]
 
 
@@ -137,7 +148,8 @@ def test_paths_with_spaces_and_commas_survive_the_shell_and_hydra(chart, tmp_pat
     values = {"mode": "batch", "batch": {"inputs": ["a b.tif", "c,d.tif"], "output": "out dir", "volume": "v"}}
     (args,) = command_lines(manifests(chart, values), tmp_path)
     cfg = compose(args[1:])
-    assert list(cfg.input) == ["/data/a b.tif", "/data/c,d.tif"] and cfg.output == "/data/out dir"
+    assert OmegaConf.to_container(cfg.input) == [["/data/a b.tif"], ["/data/c,d.tif"]]
+    assert cfg.output == "/data/out dir"
 
 
 def test_the_chart_knows_which_shipped_pipelines_pool(chart):
@@ -172,3 +184,31 @@ def test_helm_test_fails_on_a_bad_override_and_on_missing_weights(chart):
 def test_an_unknown_pipeline_fails_the_check(chart, tmp_path):
     (args,) = command_lines(manifests(chart, {"pipeline": "flood"}), tmp_path)
     assert_user_error(check(args, {}), "pipeline=flood: no such pipeline")
+
+
+def test_the_crops_job_runs_dates_and_stacked_files_as_scenes(chart, tmp_path):
+    """prithvi_crops's Job, its command lines run for real (the volume's /data below tmp_path): a scene given
+    as its three dates and one given as the stacked file of the same dates make one map each, the same."""
+    import numpy as np
+    import rasterio
+
+    samples = Path(__file__).parents[2] / "appliance" / "assets" / "samples"
+    files = [samples / f"crops_sample_date{i}.tif" for i in (1, 2, 3)] + [samples / "crops_sample_stacked.tif"]
+    data = tmp_path / "root" / "data"
+    (data / "crops").mkdir(parents=True)
+    for path in files:
+        (data / "crops" / path.name).write_bytes(path.read_bytes())
+    dates, stacked = [f"crops/{p.name}" for p in files[:3]], f"crops/{files[3].name}"
+    values = {"mode": "batch", "pipeline": "prithvi_crops", "overrides": ["pipeline.stages.stitch.progress=false"],
+              "batch": {"inputs": [dates, stacked], "output": "maps", "volume": "v", "parallelism": 2}}
+    lines = command_lines(manifests(chart, values), tmp_path)
+    assert [[a for a in args if a.startswith("input=")] for args in lines] == [[input_arg([dates])],
+                                                                             [input_arg([stacked])]]
+    for args in lines:
+        result = run_cli(*[a.replace('"/data/', f'"{data}/') for a in args], timeout=300, env={"OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.count("wrote ") == 1, result.stdout  # one scene each
+    with rasterio.open(data / "maps" / "crops_sample_date1.mask.tif") as a, \
+            rasterio.open(data / "maps" / "crops_sample_stacked.mask.tif") as b:
+        listed, from_stack = a.read(1), b.read(1)
+    assert np.array_equal(listed, from_stack) and len(set(np.unique(listed)) - {255}) >= 5

@@ -151,12 +151,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- concat (list "serve" (printf "pipeline=%s" .Values.pipeline)) (include "appliance.serveSettings" . | fromJsonArray) | toJson -}}
 {{- end -}}
 
-{{/* `input=[...]` for a list of paths inside batch.volume (mounted at /data), each double-quoted so that
-     Hydra keeps spaces and commas. Takes the list. */}}
+{{/* `input=[[...],[...]]` for a list of scenes, each a path inside batch.volume (mounted at /data) or a URL,
+     or a list of them (a multi-date model's dates; per-band files), every file double-quoted so that Hydra
+     keeps spaces and commas. Every scene is a list, a lone file a list of one: `appliance run` reads
+     `[[a.tif],[b.tif]]` as two scenes for any model (for a multi-date model `[a.tif,b.tif]` would be one
+     scene of two dates), so the chart needs not know how many dates the model takes. Takes the list. */}}
 {{- define "appliance.inputArg" -}}
+{{- $scenes := list -}}
+{{- range . -}}
 {{- $quoted := list -}}
-{{- range . -}}{{- $quoted = append $quoted (ternary (printf "\"%s\"" .) (printf "\"/data/%s\"" .) (contains "://" .)) -}}{{- end -}}
-{{- printf "input=[%s]" (join "," $quoted) -}}
+{{- range (ternary (list .) . (kindIs "string" .)) -}}
+{{- $quoted = append $quoted (ternary (printf "\"%s\"" .) (printf "\"/data/%s\"" .) (contains "://" .)) -}}
+{{- end -}}
+{{- $scenes = append $scenes (printf "[%s]" (join "," $quoted)) -}}
+{{- end -}}
+{{- printf "input=[%s]" (join "," $scenes) -}}
 {{- end -}}
 
 {{/* What `run` takes after `pipeline=P` and its inputs, as a JSON list: the output directory,
