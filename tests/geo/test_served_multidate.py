@@ -221,3 +221,14 @@ def test_the_served_map_is_the_models_classes(offline):
     with rasterio.open(offline) as ds:
         classes = np.unique(ds.read(1))
     assert len(set(classes) - {255}) >= 5, classes
+
+
+def test_a_url_date_on_another_grid_names_its_place_in_the_list(crops_server, media):
+    """An error about a URL carries no param of its own: the date it is about gives it (`data.data[1]`)."""
+    with RangeServer(media) as source:
+        urls = [f"{source.url}/{name}" for name in (DATES[0].name, "date2_moved.tif", DATES[2].name)]
+        response = pooling(crops_server, urls, "url")
+    assert response.status_code == 400, response.text
+    body = error(response)
+    assert body["param"] == "data.data[1]", body
+    assert body["message"].startswith(f"{urls[1]}: date 2 is on another grid than date 1 ({urls[0]})"), body
