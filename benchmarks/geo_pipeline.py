@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ import rasterio
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+DATES = ("2023-04-15", "2023-07-01", "2023-09-15")  # the scenes' acquisition dates (TL models encode them)
 sys.path.insert(0, str(REPO))
 
 from appliance.config.compose import compose  # noqa: E402
@@ -116,6 +118,19 @@ def naive_loop(scene, output, model, geo, tile, dtype):
     return (x.shape[1] // tile) * (x.shape[2] // tile)
 
 
+def bare_coords(model_cfg, frames: int, batch: int) -> dict:
+    """The coordinates a TL model's forward gets in the pipeline (shape and kind; the values do not change
+    the cost): DATES and a place, for `batch` tiles; none for a model without coords_encoding."""
+    encodings = set(model_cfg.prithvi.get("coords_encoding") or [])
+    days = [[float(d[:4]), float(date.fromisoformat(d).timetuple().tm_yday)] for d in DATES[:frames]]
+    out = {}
+    if "time" in encodings:
+        out["temporal_coords"] = torch.tensor(days).expand(batch, -1, -1)
+    if "location" in encodings:
+        out["location_coords"] = torch.tensor([[45.0, 10.0]]).expand(batch, -1)
+    return out
+
+
 def premade_batches(scene, geo, tile, batch, dtype, frames):
     """The scene's tiles as the engine batches them: [B, C, S, S], or [B, C, T, S, S] for T dates."""
     x, _ = read_normalized(scene, geo)
@@ -134,7 +149,9 @@ def ready_pipeline(cfg):
 
 
 def run_pipeline(pipeline, scene, output, frames):
-    records = list(pipeline.run([{"input": scene_input(scene, frames), "output": str(output), "overwrite": True}]))
+    record = {"input": scene_input(scene, frames), "output": str(output), "overwrite": True,
+              "date": DATES[0] if frames == 1 else list(DATES[:frames])}  # TL models run their time encoding
+    records = list(pipeline.run([record]))
     return int(records[0]["display"].split(", ")[1].split()[0])  # "wrote m.tif: WxH, N tiles, ..."
 
 
@@ -144,9 +161,9 @@ class ForwardTimer:
     def __init__(self, model):
         self.model, self.seconds = model, 0.0
 
-    def __call__(self, x):
+    def __call__(self, x, **coords):
         start = time.perf_counter()
-        out = self.model(x)
+        out = self.model(x, **coords)
         self.seconds += time.perf_counter() - start
         return out
 
@@ -170,7 +187,7 @@ def speed_rows(args, checkpoint, scene, tmp, dtype_name):
     def bare():
         with torch.inference_mode():
             for b in batches:
-                tight_model(b)
+                tight_model(b, **bare_coords(tight.stages[0].cfg.model, frames, len(b)))
         return count
 
     runs = {  # name: (run, the timer its forwards go through)
