@@ -106,10 +106,12 @@ def test_bad_selected_indices(indices):
 PRITHVI_MODELS = {
     "prithvi_demo_flood": ((0.25, 0.35), 16),
     "prithvi_demo_burn_scars": ((0.25, 0.35), 16),
+    "prithvi_demo_crops": ((0.25, 0.35), 16),
     "prithvi_tiny_tl_flood": ((5, 6.5), 16),
     "prithvi_100m_flood": ((85, 88), 16),
     "prithvi_300m_tl_flood": ((300, 306), 16),
     "prithvi_300m_burn_scars": ((300, 306), 16),
+    "prithvi_300m_tl_crops": ((300, 306), 16),
     "prithvi_600m_tl_flood": ((625, 640), 14),
 }
 
@@ -128,7 +130,7 @@ def test_config_builds_full_size_on_meta(name):
     assert low <= encoder_params <= high, encoder_params
     assert model.encoder.patch_size == (1, patch, patch)
     assert model.pad_multiple == 2 * patch
-    assert model.head.head[2].out_channels == 2
+    assert model.head.head[2].out_channels == cfg.prithvi.num_classes
     assert [k for k in model.state_dict() if k.startswith("neck.")][0] == "neck.2.fpn1.0.weight"
 
 
@@ -144,9 +146,11 @@ def test_config_forward_shapes_at_small_size(name, tmp_path):
     save_safetensors(model, cfg.checkpoint)
     loaded = load_prithvi(cfg)
     patch = cfg.prithvi.patch_size
-    x = torch.randn(1, len(cfg.geo.bands), 2 * patch + 3, 4 * patch - 5)
-    coords = (torch.tensor([[[2019.0, 180.0]]]), torch.tensor([[45.0, 7.0]])) if cfg.prithvi.coords_encoding else ()
+    frames = cfg.prithvi.num_frames
+    x = torch.randn(1, len(cfg.geo.bands), *([frames] if frames > 1 else []), 2 * patch + 3, 4 * patch - 5)
+    days = [[2019.0, 180.0 + 30 * t] for t in range(frames)]
+    coords = (torch.tensor([days]), torch.tensor([[45.0, 7.0]])) if cfg.prithvi.coords_encoding else ()
     with torch.no_grad():
         out = loaded(x, *coords)
         assert torch.allclose(out, model(x, *coords), atol=1e-5)
-    assert out.shape == (1, 2, *x.shape[-2:])
+    assert out.shape == (1, cfg.prithvi.num_classes, *x.shape[-2:])
