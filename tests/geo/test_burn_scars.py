@@ -79,3 +79,22 @@ def test_served_burn_scars_answer_as_appliance_run(run_mask, tmp_path):
         assert np.array_equal(got.read(), expected.read())
         assert (got.crs, got.transform) == (expected.crs, expected.transform)
         assert got.colormap(1)[1][:3] == SCAR and got.tags()["class_names"] == "unburned,burn_scar"
+
+
+def test_a_stac_item_gives_the_files_mask(tmp_path):
+    """The burn scars sample as a STAC item of per-band COGs: the same mask as the file."""
+    from tests.geo.hls import split_bands, stac_item
+
+    bands = split_bands(SAMPLE, tmp_path / "hls")
+    item = stac_item(tmp_path / "hls" / "item.json", [p.name for p in bands])
+    outputs = {}
+    for name, source in (("file", SAMPLE), ("stac", item)):
+        outputs[name] = tmp_path / f"{name}.tif"
+        result = run_cli("run", "pipeline=prithvi_burn_scars", f"input={source}", f"output={outputs[name]}",
+                         "pipeline.stages.stitch.progress=false", env={"OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr
+    with rasterio.open(outputs["stac"]) as a, rasterio.open(outputs["file"]) as b:
+        assert np.array_equal(a.read(1), b.read(1)) and a.transform == b.transform and a.crs == b.crs
+        assert a.colormap(1)[1] == b.colormap(1)[1]
+    assert json.loads(outputs["stac"].with_name("stac.stac.json").read_text())["properties"]["datetime"] \
+        == "2024-04-09T16:58:49Z"

@@ -176,3 +176,21 @@ def test_one_date_pipelines_still_take_a_flat_list_as_several_scenes(tmp_path):
                      "pipeline.stages.stitch.progress=false", timeout=300, env=ENV)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "out").glob("*.mask.tif")) == ["a.mask.tif", "b.mask.tif"]
+
+
+def test_three_stac_items_give_the_files_map_and_their_dates(masks, tmp_path):
+    """Each date as a STAC item of per-band COGs (HLS asset keys, eo:bands common names): the same class map
+    as the files, with each item's `datetime` as its date."""
+    from tests.geo.hls import split_bands, stac_item
+
+    items, when = [], ["2024-04-09T16:58:49Z", "2024-06-20T16:58:49Z", "2024-09-02T16:58:49Z"]
+    for i, (scene, dated) in enumerate(zip(DATES, when)):
+        bands = split_bands(scene, tmp_path / f"date{i}", prefix=f"HLS.S30.T15RYP.date{i}.v2.0")
+        items.append(stac_item(tmp_path / f"date{i}" / "item.json", [p.name for p in bands], datetime=dated))
+    output = tmp_path / "from_stac.tif"
+    result = crops(as_list(items), f"output={output}")
+    assert result.returncode == 0, result.stderr
+    listed, _ = masks
+    with rasterio.open(output) as a, rasterio.open(listed) as b:
+        assert np.array_equal(a.read(1), b.read(1)) and a.transform == b.transform and a.crs == b.crs
+        assert a.tags()["acquisition_dates"] == "2024-04-09,2024-06-20,2024-09-02"
