@@ -10,6 +10,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from appliance.config.compose import compose, conf_dir, group_options
+from appliance.config.schema import GeoModelConfig
 from appliance.errors import ConfigError
 from appliance.pipeline import STAGES, NoOptions
 from appliance.stages.build import load_stages
@@ -123,9 +124,11 @@ def test_every_model_file_starts_from_the_schema(model):
     assert defaults and defaults[0] == "schema", f"conf/model/{model}.yaml: defaults: [schema, ...]"
 
 
-@pytest.mark.parametrize("task, contract, count", [("flood", "sen1floods11", 5), ("burn_scars", "hls_burn_scars", 2)])
+@pytest.mark.parametrize("task, contract, count", [("flood", "sen1floods11", 5), ("burn_scars", "hls_burn_scars", 2),
+                                                  ("crops", "hls_crops", 2)])
 def test_prithvi_models_share_one_geo_contract_per_task(task, contract, count):
-    shared = yaml.safe_load((conf_dir() / "model" / "geo" / f"{contract}.yaml").read_text())
+    own = yaml.safe_load((conf_dir() / "model" / "geo" / f"{contract}.yaml").read_text())
+    shared = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(GeoModelConfig), own))  # with defaults
     prithvi = [m for m in group_options("model") if m.startswith("prithvi") and m.endswith(task)]
     assert len(prithvi) == count
     for model in prithvi:
