@@ -21,7 +21,8 @@ def test_the_comparison_runs_ours_on_avx2_code_and_skips_llama_cpp_without_it(tm
     out = result.stdout
     [row] = [line for line in out.splitlines() if line.startswith("| ours-int8 |")]
     prefill, one_stream = row.split("|")[3:5]
-    assert float(prefill.split()[0]) > 0 and float(one_stream.split()[0]) > 0
+    # At toy size a stream's tokens may share one chunk (the same arrival): its ms/token can read 0.
+    assert float(prefill.split()[0]) > 0 and float(one_stream.split()[0]) >= 0 and "ms/token" in one_stream
     assert "gemm int8 every row=ours packed (avx2 vpmaddubsw)" in out  # the plan of a CPU without VNNI
     assert "llama-q8_0: skipped (no --llama-python)" in out
     assert "host fp32 GEMM" in out and "isa avx2" in out
