@@ -36,7 +36,7 @@ from appliance.serving.http.geotiff_body import (checked_dates, content_type, qu
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.http.routes_generate import check_model
 from appliance.stages.geo.aoi import parse_aoi
-from appliance.stages.geo.multidate import check_date_count, given_dates, model_frames
+from appliance.stages.geo.multidate import check_date_count, given_dates, model_bands, model_frames
 from appliance.stages.geo.scene_sources import shown
 from appliance.stages.geo.quicklook import quicklook_path
 from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
@@ -52,9 +52,7 @@ class PoolRoutes:
         self.media_dir = cfg.server.allowed_local_media_dir
         self.output_dir = cfg.server.output_dir
         self.s3_buckets = allowed_s3_buckets(cfg.server)
-        self.frames = model_frames(cfg)
-        geo = (cfg.get("model") or {}).get("geo")
-        self.model_bands = list(geo.bands) if geo is not None else []
+        self.frames, self.model_bands = model_frames(cfg), model_bands(cfg)
 
     async def pooling(self, request: Request):
         uid = new_id("pool")

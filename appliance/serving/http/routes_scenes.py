@@ -28,7 +28,7 @@ from appliance.serving.http.geotiff_body import (checked_dates, content_type, qu
                                                  spool_body, unsupported_body)
 from appliance.serving.http.scene_jobs import DONE, SceneJob, SceneJobs
 from appliance.serving.messages import Done, Failed, PoolJob, TileProgress
-from appliance.stages.geo.multidate import check_date_count, model_frames
+from appliance.stages.geo.multidate import check_date_count, model_bands, model_frames
 from appliance.stages.geo.served_scenes import allowed_s3_buckets, check_served_href
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,7 @@ class SceneRoutes:
         self.jobs = SceneJobs(os.path.join(spool_dir, "scenes"), float(scenes.keep_s), int(scenes.max_kept))
         self.max_bytes = int(cfg.server.limits.max_request_bytes)
         self.s3_buckets = allowed_s3_buckets(cfg.server)
-        self.frames = model_frames(cfg)
-        geo = (cfg.get("model") or {}).get("geo")
-        self.model_bands = list(geo.bands) if geo is not None else []
+        self.frames, self.model_bands = model_frames(cfg), model_bands(cfg)
 
     # ---- routes ---------------------------------------------------------------------------------
     async def create(self, request: Request):

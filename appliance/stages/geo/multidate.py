@@ -34,6 +34,13 @@ def model_frames(cfg) -> int:
     return int(prithvi.get("num_frames") or 1) if prithvi is not None else 1
 
 
+def model_bands(cfg) -> List[str]:
+    """The configured model's band names (`model.geo.bands`); [] for a model without a geo contract."""
+    model = cfg.get("model") if cfg is not None else None
+    geo = model.get("geo") if model is not None else None
+    return list(geo.bands) if geo is not None else []
+
+
 def input_scenes(values: Sequence[Any], frames: int) -> List[Any]:
     """`input`'s scenes for a T-date model: a flat list (strings only) is one scene of its dates; a list of
     lists is a scene per inner list; a lone string is one stacked file."""
