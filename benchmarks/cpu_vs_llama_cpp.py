@@ -44,14 +44,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from real_scale import SHAPES, WARMUP_IDS, all_decoding_rate, build, text_prompt  # noqa: E402 - benchmarks/ on the path
 from serve import Server  # noqa: E402
 
+from appliance.engine.host import Host  # noqa: E402 - real_scale puts the repository on the path
+
 STREAMS = 8
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 GGUF_TYPES = {"bf16": "BF16", "q8_0": "Q8_0"}
 
 
-def cpu_flags() -> set:
-    with open("/proc/cpuinfo") as f:
-        return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+def cpu_flags() -> frozenset:
+    return Host.read().cpu_flags
 
 
 def beyond_avx2(flags: set) -> list:

@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))
 from appliance.config.compose import compose  # noqa: E402
 from appliance.engine.models.prithvi import build_prithvi_segmentation, load_prithvi, save_safetensors  # noqa: E402
 from appliance.stages.build import build_pipeline  # noqa: E402
+from appliance.stages.geo.multidate import model_frames  # noqa: E402
 
 
 def load_synthetic():
@@ -63,9 +64,9 @@ def overrides(args, checkpoint, dtype, stride=None):
     return out + ([f"pipeline.stages.tile.stride={stride}"] if stride else [])
 
 
-def model_frames(args) -> int:
-    """T: the dates each tile carries (model.prithvi.num_frames)."""
-    return int(compose([f"pipeline={args.pipeline}", f"model={args.model}"]).model.prithvi.num_frames)
+def frames_of(args) -> int:
+    """T: the dates each tile carries (the pipeline's own rule, multidate.model_frames)."""
+    return model_frames(compose([f"pipeline={args.pipeline}", f"model={args.model}"]))
 
 
 def scene_input(scene, frames: int):
@@ -180,7 +181,7 @@ def speed_rows(args, checkpoint, scene, tmp, dtype_name):
     default = ready_pipeline(compose(overrides(args, checkpoint, dtype_name)))
     geo = tight.stages[0].cfg.model.geo
     tight_model, default_model = timed_engine_model(tight), timed_engine_model(default)
-    frames = model_frames(args)
+    frames = frames_of(args)
     batches = premade_batches(scene, geo, args.tile, args.batch, dtype, frames)
     count = sum(len(b) for b in batches)
 
@@ -257,7 +258,7 @@ def rss_rows(args, checkpoint, synthetic, tmp, dtype_name):
     rows, peaks = [], {}
     for label, (h, w) in scenes.items():
         scene = synthetic.write_scene(tmp / f"rss_{h}x{w}.tif", h, w, seed=2)
-        frames = model_frames(args)
+        frames = frames_of(args)
         given = scene if frames == 1 else "[" + ",".join([str(scene)] * frames) + "]"
         cli = [sys.executable, "-c", CLI_WITH_HWM, "run", f"input={given}", f"output={tmp}/rss_out.tif",
                "overwrite=true", *overrides(args, checkpoint, dtype_name)]
@@ -313,7 +314,7 @@ def main() -> None:
     synthetic = load_synthetic()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.2f}; pipeline {args.pipeline}, model {args.model} "
-          f"({model_frames(args)} date(s) a tile), tile {args.tile}, batch {args.batch}")
+          f"({frames_of(args)} date(s) a tile), tile {args.tile}, batch {args.batch}")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         checkpoint = make_checkpoint(args, tmp)
