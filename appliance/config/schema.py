@@ -37,6 +37,17 @@ class VisionLanguageConfig:
     limit_per_prompt: int = 1
 
 
+class PrithviDecoder(str, Enum):
+    """Which segmentation neck and head sit on the encoder (docs/prithvi.md, the two layouts)."""
+
+    # terratorch's EncoderDecoderFactory (Prithvi-EO-2.0 fine-tunes): four selected blocks, a learned
+    # pyramid, UperNet; keys encoder.*, neck.2.fpn*, decoder.*, head.*.
+    upernet = "upernet"
+    # hls-foundation-os (mmseg; the Prithvi-EO-1.0 fine-tunes): the last block, normalised, to a 16x
+    # ConvTranspose neck, then an FCN head; keys backbone.*, neck.fpn{1,2}.*, decode_head.*.
+    conv_transpose_fcn = "conv_transpose_fcn"
+
+
 @dataclass
 class PrithviConfig:
     """Architecture of a Prithvi-EO encoder plus its segmentation head."""
@@ -51,9 +62,17 @@ class PrithviConfig:
     mlp_ratio: float = 4.0
     coords_encoding: List[str] = field(default_factory=list)  # subset of [time, location]
     coords_scale_learn: bool = False
-    selected_indices: List[int] = field(default_factory=lambda: [2, 5, 8, 11])
-    decoder_channels: int = 256
+    decoder: PrithviDecoder = PrithviDecoder.upernet
+    selected_indices: List[int] = field(default_factory=lambda: [2, 5, 8, 11])  # upernet: the 4 blocks it reads
+    decoder_channels: int = 256  # UperNet's channels, or the FCN head's
     num_classes: int = 2
+    # conv_transpose_fcn only: the neck's output channels (null: embed_dim x frames) and the FCN head's convs.
+    neck_channels: Optional[int] = None
+    head_convs: int = 1
+    # The checkpoint was trained on a date-major stack of T x C bands reshaped straight to [C, T] (as
+    # hls-foundation-os's crop config does), so each "band" it saw holds T consecutive planes of that stack.
+    # True feeds it the same: [C, T] tiles are flattened date-major and reshaped to [C, T].
+    date_major_reshape: bool = False
 
 
 class StackedBandOrder(str, Enum):

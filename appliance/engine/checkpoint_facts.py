@@ -15,6 +15,7 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 
 from appliance.engine.safetensors_files import SAFETENSORS_DTYPES, checkpoint_files, read_header
+from appliance.engine.torch_files import load_torch_file
 
 
 # The language model's projections, the weights engine.quantization=int8 stores as int8 (linear.py's
@@ -59,7 +60,7 @@ def file_checkpoint_facts(file: str) -> CheckpointFacts:
     if file.endswith(".safetensors"):
         _, header = read_header(file)
         return _facts([(SAFETENSORS_DTYPES.get(t["dtype"]), t["shape"]) for t in header.values()], file)
-    state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    state = load_torch_file(file, mmap=True)
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     tensors = state.values() if isinstance(state, dict) else []

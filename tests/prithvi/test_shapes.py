@@ -4,7 +4,7 @@ import torch
 
 from appliance.config.compose import compose, group_options
 from appliance.engine.models.prithvi import build_prithvi_segmentation, load_prithvi, save_safetensors
-from appliance.engine.models.prithvi.segmentation import pad_amounts
+from appliance.engine.models.prithvi.model_input import pad_amounts
 
 from .helpers import small_cfg
 
@@ -113,6 +113,9 @@ PRITHVI_MODELS = {
     "prithvi_300m_burn_scars": ((300, 306), 16),
     "prithvi_300m_tl_crops": ((300, 306), 16),
     "prithvi_600m_tl_flood": ((625, 640), 14),
+    "prithvi_eo1_100m_flood": ((85, 88), 16),
+    "prithvi_eo1_100m_burn_scars": ((85, 88), 16),
+    "prithvi_eo1_100m_crops": ((42, 45), 16),  # 6 blocks
 }
 
 
@@ -129,9 +132,14 @@ def test_config_builds_full_size_on_meta(name):
     encoder_params = sum(p.numel() for p in model.encoder.parameters()) / 1e6
     assert low <= encoder_params <= high, encoder_params
     assert model.encoder.patch_size == (1, patch, patch)
-    assert model.pad_multiple == 2 * patch
-    assert model.head.head[2].out_channels == cfg.prithvi.num_classes
-    assert [k for k in model.state_dict() if k.startswith("neck.")][0] == "neck.2.fpn1.0.weight"
+    if cfg.prithvi.decoder == "conv_transpose_fcn":  # hls-foundation-os's layout and key names
+        assert model.pad_multiple == patch
+        assert model.decode_head.conv_seg.out_channels == cfg.prithvi.num_classes
+        assert [k for k in model.state_dict() if k.startswith("neck.")][0] == "neck.fpn1.0.weight"
+    else:
+        assert model.pad_multiple == 2 * patch
+        assert model.head.head[2].out_channels == cfg.prithvi.num_classes
+        assert [k for k in model.state_dict() if k.startswith("neck.")][0] == "neck.2.fpn1.0.weight"
 
 
 @pytest.mark.parametrize("name", sorted(PRITHVI_MODELS))

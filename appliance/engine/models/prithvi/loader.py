@@ -1,12 +1,15 @@
-"""Prithvi checkpoints: read a terratorch `.pt`/`.ckpt` or our `.safetensors`, map its keys onto ours,
-assign it to a built model (`segmentation.load_prithvi` builds and loads), write ours.
+"""Prithvi checkpoints: read a terratorch `.pt`/`.ckpt`, an mmseg `.pth` or our `.safetensors`, map its
+keys onto ours, assign it to a built model (`segmentation.load_prithvi` builds and loads), write ours.
 
 terratorch layouts accepted (all normalised to ours, which is terratorch's current one without `model.`):
 - a Lightning checkpoint `{"state_dict": {...}}` or a bare state dict;
 - keys prefixed `model.` (the task's wrapped model); other top-level entries (`criterion.*`, ...) are dropped;
 - the pyramid under `decoder.fpn{1,2}.*` (UperNetDecoder scale_modules, older configs) or `neck.2.fpn*`;
 - `_timm_module.` in encoder keys (early terratorch); `aux_heads.*` (training-only heads) are dropped.
-`encoder.pos_embed` is a fixed table: the checkpoint's copy is replaced by ours (the reference does the same).
+hls-foundation-os (mmcv) checkpoints `{"meta", "state_dict", "optimizer"}` load with their own key names
+(`backbone.*`, `neck.*`, `decode_head.*`; `auxiliary_head.*`, training-only, is dropped); their `meta`'s
+numpy scalars are read as plain values (engine/torch_files.py).
+The encoder's `pos_embed` is a fixed table: the checkpoint's copy is replaced by ours (the reference does the same).
 Every other key must match exactly, in name and shape, or loading fails listing the differences.
 """
 import logging
@@ -16,6 +19,7 @@ from typing import Dict, Mapping
 
 import torch
 
+from appliance.engine.torch_files import load_torch_file
 from appliance.errors import ConfigError
 
 from .posembed import sincos_3d_table
@@ -24,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 _OLD_PYRAMID = re.compile(r"^decoder\.(fpn[1-4])\.")
+TRAINING_ONLY_PREFIXES = ("aux_heads.", "auxiliary_head.")
 
 
 def normalize_state_dict(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -35,7 +40,7 @@ def normalize_state_dict(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.T
         state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
     out = {}
     for key, value in state.items():
-        if key.startswith("aux_heads."):
+        if key.startswith(TRAINING_ONLY_PREFIXES):
             continue
         key = key.replace("_timm_module.", "")
         key = _OLD_PYRAMID.sub(r"neck.2.\1.", key)
@@ -55,13 +60,7 @@ def read_checkpoint(path: str) -> Dict[str, torch.Tensor]:
         return load_file(path, device="cpu")
     if not path.endswith(TORCH_SUFFIXES):
         raise ConfigError(f"model.checkpoint {path!r}: expected a .safetensors or {'/'.join(TORCH_SUFFIXES)} file")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle errors come in many types
-        raise ConfigError(
-            f"cannot read {path!r} with torch.load(weights_only=True): {exc}. Only tensors are read from "
-            "checkpoints; re-save it as a plain state dict, e.g. torch.save(torch.load(p)['state_dict'], q)"
-        ) from exc
+    obj = load_torch_file(path)
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
         obj = obj["state_dict"]
     if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
@@ -99,7 +98,7 @@ def load_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source
     device); floating point tensors become `dtype` on the way (no copy where they already are)."""
     state = dict(state)
     encoder = model.encoder
-    state["encoder.pos_embed"] = sincos_3d_table(encoder.embed_dim, encoder.base_grid)
+    state[f"{model.encoder_prefix}.pos_embed"] = sincos_3d_table(encoder.embed_dim, encoder.base_grid)
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     check_keys(model, state, source)
     model.load_state_dict(state, strict=True, assign=True)

@@ -4,30 +4,29 @@ pad (reflect, to a multiple of 2 x patch, split between both sides) -> ViT encod
 -> tokens to image -> learned pyramid -> UperNet -> dropout + 1x1 conv -> bilinear resize to the padded
 size (align_corners=False) -> centre crop back to the input size.
 """
-from typing import Optional, Tuple
+from enum import Enum
+from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from appliance.engine.config import resolve_dtype
 from appliance.errors import ConfigError
 
+from .conv_transpose_fcn import PrithviFCNSegmentation
 from .decoder import LearnedPyramid, SegmentationHead, SelectIndices, TokensToImage, UperNetDecoder
 from .encoder import PrithviViT
 from .loader import load_state, normalize_state_dict, read_checkpoint
-
-
-def pad_amounts(size: int, multiple: int) -> Tuple[int, int]:
-    """(before, after) padding that brings `size` to a multiple of `multiple`; the odd pixel goes after."""
-    total = -size % multiple
-    return total // 2, total - total // 2
+from .model_input import as_frames, date_major_reshape, reflect_pad, resize_and_crop
 
 
 class PrithviSegmentation(nn.Module):
+    encoder_prefix = "encoder"  # where the encoder's keys start in a checkpoint
+
     def __init__(self, encoder: PrithviViT, selected_indices, decoder_channels: int, num_classes: int,
-                 head_dropout: float = 0.1):
+                 head_dropout: float = 0.1, date_major: bool = False):
         super().__init__()
+        self.date_major = date_major
         depth = encoder.depth
         if len(selected_indices) != 4 or not all(-depth <= i < depth for i in selected_indices):
             raise ValueError(
@@ -66,39 +65,25 @@ class PrithviSegmentation(nn.Module):
         temporal_coords: [B, T, 2] (year, day of year); location_coords: [B, 2] (lat, lon). Each is used
         only by models trained with that encoding and ignored otherwise.
         """
-        if x.dim() == 4:
-            x = x.unsqueeze(2)
-        if x.dim() != 5:
-            raise ValueError(f"expected [B, C, H, W] or [B, C, T, H, W], got shape {tuple(x.shape)}")
-        h, w = x.shape[-2:]
+        x = as_frames(x)
+        if self.date_major:
+            x = date_major_reshape(x)
+        size = x.shape[-2:]
         x = self._pad(x)
-        hp, wp = x.shape[-2:]
 
         features = self.encoder(x, self.indices, temporal_coords, location_coords)
         _, tokens_to_image, pyramid = self.neck
         features = pyramid(tokens_to_image(features, self.encoder.token_grid(x)))
         logits = self.head(self.decoder(features))
-
-        logits = F.interpolate(logits, size=(hp, wp), mode="bilinear", align_corners=False)
-        top, left = (hp - h) // 2, (wp - w) // 2
-        return logits[..., top : top + h, left : left + w]
+        return resize_and_crop(logits, x.shape[-2:], size)
 
     def _pad(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, t, h, w = x.shape
-        (top, bottom), (left, right) = pad_amounts(h, self.pad_multiple), pad_amounts(w, self.pad_multiple)
-        if not (top or bottom or left or right):
-            return x
-        if max(top, bottom) >= h or max(left, right) >= w:
-            raise ValueError(
-                f"input {h}x{w} is too small to reflect-pad to a multiple of {self.pad_multiple}; "
-                f"send tiles of at least {self.pad_multiple // 2 + 1} pixels a side"
-            )
-        x = F.pad(x.reshape(b, c * t, h, w), (left, right, top, bottom), mode="reflect")
-        return x.reshape(b, c, t, *x.shape[-2:])
+        return reflect_pad(x, self.pad_multiple)
 
 
-def build_prithvi_segmentation(prithvi_cfg, in_chans: int, head_dropout: float = 0.1) -> PrithviSegmentation:
-    """Build the model (random weights) from a `PrithviConfig`-shaped dataclass or DictConfig."""
+def build_prithvi_segmentation(prithvi_cfg, in_chans: int, head_dropout: float = 0.1) -> nn.Module:
+    """Build the model (random weights) from a `PrithviConfig`-shaped dataclass or DictConfig: a
+    `PrithviSegmentation` (UperNet) or a `PrithviFCNSegmentation`, as `prithvi_cfg.decoder` says."""
     encoder = PrithviViT(
         in_chans=in_chans,
         embed_dim=prithvi_cfg.embed_dim,
@@ -112,13 +97,21 @@ def build_prithvi_segmentation(prithvi_cfg, in_chans: int, head_dropout: float =
         coords_encoding=list(prithvi_cfg.coords_encoding or []),
         coords_scale_learn=prithvi_cfg.coords_scale_learn,
     )
+    decoder = prithvi_cfg.decoder.value if isinstance(prithvi_cfg.decoder, Enum) else prithvi_cfg.decoder
+    if decoder not in ("upernet", "conv_transpose_fcn"):
+        raise ConfigError(f"model.prithvi.decoder must be upernet or conv_transpose_fcn, got {decoder!r}")
+    if decoder == "conv_transpose_fcn":
+        return PrithviFCNSegmentation(
+            encoder, prithvi_cfg.neck_channels or encoder.out_channels, prithvi_cfg.decoder_channels,
+            prithvi_cfg.head_convs, prithvi_cfg.num_classes, head_dropout, prithvi_cfg.date_major_reshape,
+        )
     return PrithviSegmentation(
         encoder, list(prithvi_cfg.selected_indices), prithvi_cfg.decoder_channels, prithvi_cfg.num_classes,
-        head_dropout,
+        head_dropout, prithvi_cfg.date_major_reshape,
     )
 
 
-def load_prithvi(model_cfg, dtype: torch.dtype = torch.float32) -> PrithviSegmentation:
+def load_prithvi(model_cfg, dtype: torch.dtype = torch.float32) -> nn.Module:
     """Build the model described by `model_cfg` (a ModelConfig) and load `model_cfg.checkpoint`.
 
     Returns the model in `dtype` on the CPU in eval mode (built on the meta device: no random
