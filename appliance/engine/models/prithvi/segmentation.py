@@ -3,6 +3,9 @@
 pad (reflect, to a multiple of 2 x patch, split between both sides) -> ViT encoder (selected blocks)
 -> tokens to image -> learned pyramid -> UperNet -> dropout + 1x1 conv -> bilinear resize to the padded
 size (align_corners=False) -> centre crop back to the input size.
+
+`build_prithvi_segmentation` and `load_prithvi` build this layout or hls-foundation-os's
+(`conv_transpose_fcn.py`), as `prithvi.decoder` says; both answer to the registry's `PrithviSegmentation`.
 """
 from enum import Enum
 from typing import Optional
@@ -42,8 +45,9 @@ class PrithviSegmentation(nn.Module):
         self.head = SegmentationHead(decoder_channels, num_classes, head_dropout)
 
     @classmethod
-    def from_config(cls, model_cfg, engine_cfg=None) -> "PrithviSegmentation":
-        """Registry entry point for pool models: load `model_cfg.checkpoint`, move to the engine's device/dtype."""
+    def from_config(cls, model_cfg, engine_cfg=None) -> nn.Module:
+        """Registry entry point for pool models: load `model_cfg.checkpoint` (either layout), move to the
+        engine's device/dtype."""
         if engine_cfg is None:
             return load_prithvi(model_cfg)
         model = load_prithvi(model_cfg, resolve_dtype(engine_cfg.dtype))  # read once, in the engine's dtype
