@@ -1,7 +1,8 @@
 """`/v1/scenes`: scene jobs of pooling servers (serving/http/routes_scenes.py).
 
     POST /v1/scenes[?date=]  <GeoTIFF bytes> | {"url": "<GeoTIFF or STAC item URL>", "date"?}  -> 202, a Scene
-                             (a multi-date model: {"urls": [date 1, ..., date T], "date"?: [T dates]})
+                             (a multi-date model: {"urls": [date 1, ..., date T], "date"?: [T dates]}, or a
+                             multipart/form-data form: T parts `files`, `date`?=d1,...,dT)
     GET  /v1/scenes                                                            -> a SceneList
     GET  /v1/scenes/{id}                                                       -> a Scene
     GET  /v1/scenes/{id}/{file}   mask.tif | item.json | scene.png | mask.png  -> the file
@@ -140,6 +141,9 @@ class SceneList(BaseModel):
     max_request_bytes: Count = Field(description="the largest GeoTIFF body the server takes")
     keep_s: float = Field(description="how long a finished scene is kept (server.scenes.keep_s)")
     max_kept: Count = Field(description="how many finished scenes are kept at most (server.scenes.max_kept)")
+    frames: Annotated[int, Field(ge=1)] = Field(
+        description="the acquisitions of one place a scene holds (model.prithvi.num_frames): more than 1, post "
+                    "them as urls, as a form's files, or as one stacked GeoTIFF")
 
 
 class SceneDeleted(BaseModel):

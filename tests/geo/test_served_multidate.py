@@ -1,8 +1,9 @@
 """`appliance serve pipeline=prithvi_crops` (a 3-date model): the crops sample sent as a list of its three
 dates (base64, allowed paths, URLs read by windows) or as the stacked file (`/pooling`, `/v1/pool`,
-`/v1/scenes`) gives the class map `appliance run` makes of the same files; a wrong count of dates, a date
-on another grid, a one-date file as the stacked body, or dates sent to a one-date server answer 400 naming
-the field (and the date)."""
+`/v1/scenes`, where the dates may also come as a multipart form of files) gives the class map `appliance run`
+makes of the same files; a wrong count of dates, a date on another grid, a one-date file as the stacked body,
+a form's unknown or empty parts, or dates sent to a one-date server answer 400 naming the field (and the
+date)."""
 import base64
 import time
 
@@ -57,8 +58,13 @@ def offline(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def crops_server(tmp_path_factory, media):
-    root = tmp_path_factory.mktemp("crops_serve")
+def crops_spool(tmp_path_factory):
+    return tmp_path_factory.mktemp("crops_serve")
+
+
+@pytest.fixture(scope="module")
+def crops_server(crops_spool, media):
+    root = crops_spool
     with server_process("pipeline=prithvi_crops", "server.served_model_name=crops",
                         f"server.allowed_local_media_dir={media}", "server.allowed_media_domains=[127.0.0.1]",
                         f"server.spool_dir={root}", cwd=root, env={"APPLIANCE_API_KEY": API_KEY}) as server:
@@ -130,19 +136,24 @@ def test_the_stacked_file_gives_the_same_map_on_every_route(crops_server, offlin
     assert acquisition_dates(tmp_path / "raw.tif") == ",".join(GIVEN)
 
 
-def scene_job(server, tmp_path, name: str, **kwargs):
-    """POST /v1/scenes, poll until it ends; the mask of a done scene (else fail with its error)."""
+def ended_scene(server, **kwargs) -> dict:
+    """POST /v1/scenes, poll until it ends; the scene object, done or failed."""
     answer = httpx.post(f"{server.base}/v1/scenes", timeout=60, **kwargs)
     assert answer.status_code == 202, answer.text
     scene_id, deadline = answer.json()["id"], time.monotonic() + POLL_S
     while True:
         body = httpx.get(f"{server.base}/v1/scenes/{scene_id}", headers=AUTH, timeout=60).json()
         if body["status"] in ("done", "failed"):
-            break
+            return body
         assert time.monotonic() < deadline, body
         time.sleep(0.2)
+
+
+def scene_job(server, tmp_path, name: str, **kwargs):
+    """POST /v1/scenes, poll until it ends; the mask of a done scene (else fail with its error)."""
+    body = ended_scene(server, **kwargs)
     assert body["status"] == "done", body
-    mask = httpx.get(f"{server.base}/v1/scenes/{scene_id}/mask.tif", headers=AUTH, timeout=60)
+    mask = httpx.get(f"{server.base}/v1/scenes/{body['id']}/mask.tif", headers=AUTH, timeout=60)
     return saved(tmp_path, name, mask.content)
 
 
@@ -154,6 +165,82 @@ def test_scene_jobs_take_a_list_of_urls_and_a_stacked_upload(crops_server, offli
     uploaded = scene_job(crops_server, tmp_path, "upload.tif", params=[("date", d) for d in WHEN],
                          content=STACKED.read_bytes(), headers=TIFF)
     assert masks_equal(uploaded, offline) and acquisition_dates(uploaded) == ",".join(WHEN)
+
+
+def form(paths, name: str = "files"):
+    """httpx's `files=`: one part per path, all named `name`, in order."""
+    return [(name, (path.name, path.read_bytes(), "image/tiff")) for path in paths]
+
+
+def test_scene_jobs_take_the_dates_as_a_form_of_files(crops_server, crops_spool, offline, tmp_path):
+    given = scene_job(crops_server, tmp_path, "form.tif", files=form(DATES), data={"date": ",".join(GIVEN)},
+                      headers=AUTH)
+    assert masks_equal(given, offline) and acquisition_dates(given) == ",".join(GIVEN)
+    own = scene_job(crops_server, tmp_path, "form_own.tif", files=form(DATES), headers=AUTH)
+    assert masks_equal(own, offline) and acquisition_dates(own) == ",".join(WHEN)  # each file's own date tag
+    left = {path.name for path in (crops_spool / "scenes").rglob("input*")}
+    assert left == set(), left  # every spooled date is removed once its job ended
+
+
+def test_a_form_date_on_another_grid_fails_the_scene_naming_its_part(crops_server, media):
+    dates = [DATES[0], media / "date2_moved.tif", DATES[2]]
+    failed = ended_scene(crops_server, files=form(dates), headers=AUTH)
+    assert failed["status"] == "failed" and failed["error"]["param"] == "files[1]", failed
+    assert failed["error"]["code"] == 400
+    assert failed["error"]["message"].startswith("files[1]: date 2 is on another grid than date 1 (files[0])")
+    assert "/tmp" not in failed["error"]["message"] and "input.date" not in failed["error"]["message"]
+
+
+def truncated_form(server):
+    body = b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"a.tif\"\r\n\r\nII*\0"
+    return httpx.post(f"{server.base}/v1/scenes", content=body, timeout=60,
+                      headers={**AUTH, "Content-Type": "multipart/form-data; boundary=b"})
+
+
+def posted_form(server, files, **kwargs):
+    return httpx.post(f"{server.base}/v1/scenes", files=files, headers=AUTH, timeout=60, **kwargs)
+
+
+FORM_REFUSALS = [
+    ("two files", lambda s: posted_form(s, form(DATES[:2])), "files",
+     "files: 2 files given (crops_sample_date1.tif, crops_sample_date2.tif) but the model takes 3 acquisitions"),
+    ("four files", lambda s: posted_form(s, form([*DATES, DATES[0]])), "files", "files: more than 3 files given"),
+    ("dates only", lambda s: posted_form(s, [("date", (None, ",".join(WHEN)))]), "files", "files: no file given"),
+    ("unknown part", lambda s: posted_form(s, form(DATES) + [("quicklook", (None, "true"))]), "quicklook",
+     "quicklook: unknown form field"),
+    ("parts named file", lambda s: posted_form(s, form(DATES, "file")), "file", "file: unknown form field"),
+    ("empty date file", lambda s: posted_form(s, [form(DATES)[0], ("files", ("b.tif", b"", "image/tiff")),
+                                                  form(DATES)[2]]), "files[1]", "files[1]: empty"),
+    ("one date", lambda s: posted_form(s, form(DATES), data={"date": "2023-04-15"}), "date",
+     "date: the model takes 3 dates"),
+    ("bad date", lambda s: posted_form(s, form(DATES), data={"date": "2023-04-15,2023-13-01,2023-09-15"}), "date",
+     "'2023-13-01' is not a date"),
+    ("query date", lambda s: posted_form(s, form(DATES), params={"date": ",".join(WHEN)}), "date",
+     "date: with a form give the dates in its date field"),
+    ("cut short", truncated_form, "body", "body: the form ended before its closing boundary"),
+]
+
+
+@pytest.mark.parametrize("send, param, fragment", [r[1:] for r in FORM_REFUSALS], ids=[r[0] for r in FORM_REFUSALS])
+def test_refused_forms_name_the_field_and_leave_nothing(crops_server, crops_spool, send, param, fragment):
+    response = send(crops_server)
+    assert response.status_code == 400, response.text
+    body = error(response)
+    assert body["param"] == param and fragment in body["message"], body
+    listed = httpx.get(f"{crops_server.base}/v1/scenes", headers=AUTH, timeout=60).json()["data"]
+    assert {path.name for path in (crops_spool / "scenes").iterdir()} <= {s["id"] for s in listed}  # no job's files
+
+
+def test_the_form_is_documented_and_counted_on_a_multi_date_server_only(crops_server, flood_server):
+    for server, frames in ((crops_server, 3), (flood_server, 1)):
+        listed = httpx.get(f"{server.base}/v1/scenes", headers=AUTH, timeout=60).json()
+        assert listed["frames"] == frames
+        create = httpx.get(f"{server.base}/openapi.json", timeout=60).json()["paths"]["/v1/scenes"]["post"]
+        content = create["requestBody"]["content"]
+        assert ("multipart/form-data" in content) == (frames > 1)
+    files = httpx.get(f"{crops_server.base}/openapi.json", timeout=60).json()[
+        "paths"]["/v1/scenes"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]["files"]
+    assert (files["minItems"], files["maxItems"], files["items"]["format"]) == (3, 3, "binary")
 
 
 def raw(server, path, **query):
@@ -208,6 +295,8 @@ def test_bad_multidate_requests_name_the_field(crops_server, send, status, param
      "urls", "urls: lists the dates of a multi-date model; this model takes one date"),
     (lambda s: httpx.post(f"{s.base}/v1/pool", params=[("date", d) for d in WHEN], headers=TIFF, timeout=60,
                           content=b"II*\0"), "date", "date: 3 dates given but the model takes one acquisition"),
+    (lambda s: httpx.post(f"{s.base}/v1/scenes", files=form(DATES), headers=AUTH, timeout=60), "body",
+     "this model takes one date: post the GeoTIFF itself as the body"),
 ])
 def test_dates_sent_to_a_one_date_server_are_refused(flood_server, send, param, fragment):
     response = send(flood_server)

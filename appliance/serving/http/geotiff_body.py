@@ -3,7 +3,8 @@ parameters checked by name, the body's content type, the body spooled to a file 
 the `?date=` it may carry (a multi-date model's T dates: `?date=d1&date=d2&date=d3` or `?date=d1,d2,d3`).
 
 A raw body is one file: for a multi-date model, one stacked GeoTIFF of its T dates (`model.geo.
-stacked_band_order`); a list of dates goes as JSON (`/pooling`'s `data.data`, `/v1/scenes`' `urls`)."""
+stacked_band_order`); a list of dates goes as JSON (`/pooling`'s `data.data`, `/v1/scenes`' `urls`) or as
+a form of files to `/v1/scenes` (form_body.py)."""
 import asyncio
 from typing import Any, Optional, Sequence
 
@@ -47,7 +48,8 @@ def unsupported_body(kind: str, frames: int, json_form: Optional[str] = None) ->
     """415 for a body that is no GeoTIFF; a multi-date model's says how its dates are sent."""
     what = "the GeoTIFF" if frames == 1 else f"one stacked GeoTIFF of the model's {frames} dates"
     also = f", or {json_form} as application/json" if json_form else ""
-    dates = "" if frames == 1 else f"; {frames} separate dates go as a JSON list (/pooling's data.data, /v1/scenes' urls)"
+    dates = "" if frames == 1 else (f"; {frames} separate dates go as a JSON list (/pooling's data.data, /v1/scenes' "
+                                    "urls) or as a multipart/form-data form of files to /v1/scenes")
     return APIError(415, f"Content-Type: {kind or 'missing'}; send {what} as the body with Content-Type: "
                          f"image/tiff{also}{dates}")
 

@@ -7,8 +7,10 @@ deadline: the error) and closes the channel; the job keeps a reference to its ta
 task, whose `close` aborts the job in the engine as a client leaving `/v1/pool` does, then deletes the
 files. A date (`?date=` with a GeoTIFF body, `"date"` in a JSON one) is checked as `/v1/pool`'s before the
 job queues. A multi-date model's scene (stages/geo/multidate.py) is `{"urls": [date 1, ..., date T]}` (its
-count checked here, by multidate.py's function), one stacked file by `url` or as the body, its dates a list. Every route first prunes the finished jobs past `server.scenes.keep_s` / `max_kept`
-(scene_jobs.py).
+count checked here, by multidate.py's function), a form of T GeoTIFFs (`multipart/form-data`, form_body.py:
+each date spooled to its own file, the job's input the list of them, whose problems name `files[i]`), or one
+stacked file by `url` or as the body; its dates a list. Every route first prunes the finished jobs past
+`server.scenes.keep_s` / `max_kept` (scene_jobs.py).
 """
 import asyncio
 import logging
@@ -23,6 +25,7 @@ from appliance.protocol.openai_responses import error_body, new_id
 from appliance.protocol.pooling import GEOTIFF_TYPES
 from appliance.protocol.scenes import SCENE_FILES, parse_scene_body
 from appliance.serving.http.errors import APIError, read_json
+from appliance.serving.http.form_body import DATE, FILES, FORM_TYPE, spool_form
 from appliance.serving.http.frontend import Frontend
 from appliance.serving.http.geotiff_body import (checked_dates, content_type, query_dates, refuse_unknown_query,
                                                  spool_body, unsupported_body)
@@ -62,19 +65,27 @@ class SceneRoutes:
                 raise APIError(400, 'date: with a JSON body give the date in it: {"url": ..., "date": "YYYY-MM-DD"}',
                                param="date")
             url, field, date = self._url(await read_json(request))
+        elif kind == FORM_TYPE:
+            self._check_form(date)
+            field = FILES
         elif kind not in GEOTIFF_TYPES:
             raise unsupported_body(kind, self.frames, '{"url": ...}')
         date = checked_dates(date, self.frames, "date")
         job = self.jobs.add(scene_id)
         try:
-            if url is None:
+            if kind == FORM_TYPE:
+                job.inputs = job.date_input_paths(self.frames)
+                form = await spool_form(request, job.inputs)
+                date = checked_dates(form.date, self.frames, DATE)
+            elif url is None:
+                job.inputs = [job.input_path]
                 await spool_body(request, job.input_path)
             channel = self.frontend.open(job.id, None)  # 429 / 503 as every route
         except BaseException:
             self.jobs.forget(job)
             raise
         self.frontend.submit(channel, PoolJob(
-            None if url else job.input_path, url, job.output_path, field,
+            None if url else job.inputs if kind == FORM_TYPE else job.input_path, url, job.output_path, field,
             upload=url is None, date=date, report_dir=job.dir, progress=True))
         job.task = asyncio.get_running_loop().create_task(self._follow(job, channel))
         return JSONResponse(job.as_object(), status_code=202, headers={"Location": f"scenes/{job.id}"})
@@ -83,7 +94,7 @@ class SceneRoutes:
         self.jobs.prune()
         return JSONResponse({"object": "list", "data": [job.as_object() for job in self.jobs.newest_first()],
                              "max_request_bytes": self.max_bytes, "keep_s": self.jobs.keep_s,
-                             "max_kept": self.jobs.max_kept})
+                             "max_kept": self.jobs.max_kept, "frames": self.frames})
 
     async def get(self, request: Request):
         self.jobs.prune()
@@ -138,6 +149,16 @@ class SceneRoutes:
                 self.jobs.remove_outputs(job)
 
     # ---- helpers --------------------------------------------------------------------------------
+    def _check_form(self, date) -> None:
+        """A form carries a multi-date model's dates, each its own file, and their dates in it."""
+        if self.frames == 1:
+            raise APIError(400, "body: a multipart/form-data form carries the dates of a multi-date model, but this "
+                                "model takes one date: post the GeoTIFF itself as the body with Content-Type: "
+                                'image/tiff, or {"url": ...} as application/json', param="body")
+        if date is not None:
+            raise APIError(400, f"date: with a form give the dates in its {DATE} field: {DATE}=d1,d2,...",
+                           param="date")
+
     def _job(self, request: Request) -> SceneJob:
         scene_id = request.path_params["id"]
         job = self.jobs.get(scene_id)

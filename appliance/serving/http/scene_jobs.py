@@ -1,13 +1,14 @@
 """The scene jobs of `/v1/scenes` in the HTTP process: each job's state, its files, and how long it is kept.
 
-A job's files live in `<spool>/scenes/<id>/`: the uploaded input (`input.tif`, removed once the job
-ends), the mask the engine writes (`<id>.mask.tif`, with GDAL's `.aux.xml` and the STAC item
-`<id>.mask.stac.json` beside it: stac_out's naming, so the item's asset href is the name the mask is
-downloaded under) and the previews (`scene.png`, `mask.png`). Finished jobs (done or failed) are kept
-`keep_s` seconds after they finished and at most `max_kept` of them (the oldest finished go first);
-`prune` applies both, and deletes directories no job owns (a server restarted on the same spool, or an
-aborted job's writer that finished unwinding after its directory was removed). The routes prune on every
-call, so an idle server keeps its files until the next one.
+A job's files live in `<spool>/scenes/<id>/`: the uploaded input (`input.tif`, or a form's dates
+`input.date1.tif`, ...: the job's `inputs`, removed once the job ends), the mask the engine writes
+(`<id>.mask.tif`, with GDAL's `.aux.xml` and the STAC item `<id>.mask.stac.json` beside it: stac_out's
+naming, so the item's asset href is the name the mask is downloaded under) and the previews (`scene.png`,
+`mask.png`). Finished jobs (done or failed) are kept `keep_s` seconds after they finished and at most
+`max_kept` of them (the oldest finished go first); `prune` applies both, and deletes directories no job
+owns (a server restarted on the same spool, or an aborted job's writer that finished unwinding after its
+directory was removed). The routes prune on every call, so an idle server keeps its files until the next
+one.
 """
 import os
 import shutil
@@ -20,7 +21,8 @@ from appliance.protocol.scenes import SCENE_FILES
 from appliance.stages.geo.stac_out import stac_path
 
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
-INPUT_NAME = "input.tif"
+INPUT_NAME = "input.tif"  # a GeoTIFF body
+DATE_INPUT_NAME = "input.date{}.tif"  # a form's date i, from 1 (form_body.py)
 
 
 @dataclass
@@ -34,12 +36,17 @@ class SceneJob:
     error: Optional[Dict[str, Any]] = None   # an error body's `error` object
     result: Optional[Dict[str, Any]] = None  # the engine's summary (protocol.scenes.SceneSummary)
     files: List[str] = field(default_factory=list)
+    inputs: List[str] = field(default_factory=list)  # the upload's spooled files (input_path, or date_input_paths)
     finished_at: Optional[float] = None      # time.monotonic() when it ended (done or failed)
     task: Any = None                         # the asyncio task reading its events (asyncio keeps weak references)
 
     @property
     def input_path(self) -> str:
         return os.path.join(self.dir, INPUT_NAME)
+
+    def date_input_paths(self, dates: int) -> List[str]:
+        """Where a form's `dates` files are spooled, in time order."""
+        return [os.path.join(self.dir, DATE_INPUT_NAME.format(i)) for i in range(1, dates + 1)]
 
     @property
     def output_path(self) -> str:
@@ -127,10 +134,11 @@ class SceneJobs:
 
     @staticmethod
     def remove_input(job: SceneJob) -> None:
-        try:
-            os.remove(job.input_path)
-        except FileNotFoundError:
-            pass
+        for path in job.inputs:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
 
     @staticmethod
     def remove_outputs(job: SceneJob) -> None:

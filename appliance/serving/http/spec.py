@@ -22,6 +22,7 @@ from appliance.protocol.pooling import GEOTIFF_TYPES, PoolingBody, PoolingRespon
 from appliance.protocol.scenes import SCENE_FILES, Scene, SceneBody, SceneDeleted, SceneList
 from appliance.protocol.tokenize import (DetokenizeBody, DetokenizeResponse, TokenizeChatBody,
                                          TokenizeCompletionBody, TokenizerInfoResponse, TokenizeResponse)
+from appliance.serving.http.form_body import FORM_TYPE, form_schema
 from appliance.serving.http.frontend import Frontend
 from appliance.serving.http.route_table import BYTES, GET, JSON, POST, SSE, Route
 from appliance.serving.http.routes_generate import GenerateRoutes
@@ -103,11 +104,14 @@ class ApplianceSpec(LitSpec):
 
 
 def scene_routes(scenes: SceneRoutes) -> List[Route]:
-    """`/v1/scenes`: a scene job is accepted (202) at once, then polled, then its files fetched."""
+    """`/v1/scenes`: a scene job is accepted (202) at once, then polled, then its files fetched. A multi-date
+    model's server also takes its dates as a form of files (form_body.py)."""
+    form = {FORM_TYPE: form_schema(scenes.frames)} if scenes.frames > 1 else {}
     return [
-        Route("/v1/scenes", POST, scenes.create, body={**{kind: BYTES for kind in GEOTIFF_TYPES}, JSON: SceneBody},
+        Route("/v1/scenes", POST, scenes.create, body={**{kind: BYTES for kind in GEOTIFF_TYPES}, JSON: SceneBody,
+                                                       **form},
               query={"date": {**DATE_QUERY, "description": f"{DATE_QUERY['description']}; with a GeoTIFF body "
-                                                           "only (a JSON body carries its own)"}},
+                                                           "only (a JSON body or a form carries its own)"}},
               status="202", answers={JSON: Scene}, headers={"Location": "the scene's URL, relative: scenes/{id}"}),
         Route("/v1/scenes", GET, scenes.list, answers={JSON: SceneList}),
         Route("/v1/scenes/{id}", GET, scenes.get, answers={JSON: Scene}),
