@@ -72,6 +72,7 @@ def test_the_page_loads_with_no_error_and_shows_the_model_and_status(scene_serve
     page.wait_for_selector("#status .state.ready")
     page.wait_for_selector("#limits:not(:empty)")
     assert page.text_content("#model") == httpx.get(f"{scene_server.base}/v1/models").json()["data"][0]["id"]
+    assert page.is_visible("#date") and page.is_hidden("#dates")  # one date: no per-date pickers (test_crops_page)
     page.wait_for_selector("#status >> text=tiles/s", timeout=10_000)  # from two readings of /metrics
     unlabelled = page.evaluate("""[...document.querySelectorAll('input, textarea, button')]
         .filter(c => !(c.labels?.length || c.getAttribute('aria-label') || c.textContent.trim())).map(c => c.id)""")

@@ -1,6 +1,8 @@
 // The flood-map page for pooling pipelines. A GeoTIFF from disk (picker, or dropped anywhere on the
 // page) or the URL of a GeoTIFF or STAC item goes to POST v1/scenes (with the acquisition date when the
-// date field is filled: `?date=` for a file, `"date"` beside the URL); the page polls the scene for its
+// date field is filled: `?date=` for a file, `"date"` beside the URL); a multi-date model's page (T
+// `frames` in GET v1/scenes) also has T date pickers whose files go as one form, and T date fields in
+// place of the one (scene_dates.js), a stacked file taking all T dates. The page polls the scene for its
 // tiles until it is done, then shows the input's preview with the predicted mask over it, the water
 // figures, a legend, the reading of the pixel pointed at, and the mask and its STAC item to download.
 // Files come through fetch (with the API key when the server has one) as blobs, never by a URL holding
@@ -11,6 +13,7 @@ import { makeClient, ServerError } from "./api.js";
 import { byId, el } from "./dom.js";
 import { askKey } from "./key_dialog.js";
 import { factsEntries, legendItems, reading, readingNodes, waterText } from "./scene_facts.js";
+import { DateInputs, datesForm } from "./scene_dates.js";
 import { readPixels, SceneView } from "./scene_view.js";
 import { startStatus } from "./status.js";
 
@@ -20,7 +23,8 @@ const client = makeClient(askKey);
 const view = new SceneView(byId("viewer"), { onPoint: showReading });
 const state = {
   run: null, // the scene the page follows: {name, id, started, resumed, controller}; replaced when another starts
-  limits: null, // GET v1/scenes: max_request_bytes, keep_s
+  limits: null, // GET v1/scenes: max_request_bytes, keep_s, frames
+  dates: null, // a multi-date model's DateInputs
   result: null, // {id, summary, mask}: the scene shown, and mask.png's pixels
   urls: [], // object URLs of the pictures shown, revoked when replaced
 };
@@ -40,26 +44,50 @@ function messageOf(error) {
 
 // ---- a scene's run ---------------------------------------------------------------------------------
 function sendFile(file) {
-  if (!file || state.run) return;
-  const limit = state.limits?.max_request_bytes;
-  if (limit && file.size > limit) {
-    notice(`${file.name}: ${megabytes(file.size)} is more than this server takes (${megabytes(limit)}).`);
-    return;
-  }
+  if (!file || state.run || !fits(file.name, file.size)) return;
   const date = acquisitionDate();
-  const path = date ? `v1/scenes?date=${encodeURIComponent(date)}` : "v1/scenes";
+  if (date === undefined) return;
+  const path = date ? `v1/scenes?date=${encodeURIComponent([date].flat().join(","))}` : "v1/scenes";
   start(file.name, path, { headers: { "Content-Type": "image/tiff" }, body: file }, `uploading ${megabytes(file.size)}…`);
 }
 
 function sendUrl(url) {
   if (!url || state.run) return;
   const date = acquisitionDate();
+  if (date === undefined) return;
   const body = JSON.stringify(date ? { url, date } : { url });
   start(url, "v1/scenes", { headers: { "Content-Type": "application/json" }, body }, "sending the URL…");
 }
 
-// The date field's YYYY-MM-DD, or "" when it is empty: the server then takes the scene's own date.
-const acquisitionDate = () => byId("date").value;
+// A multi-date model's T files, in time order, as one form (the browser writes its Content-Type).
+function sendDates(files) {
+  const size = files.reduce((sum, file) => sum + file.size, 0);
+  const name = files.map((file) => file.name).join(" + ");
+  if (state.run || !fits(name, size)) return;
+  const dates = acquisitionDate();
+  if (dates === undefined) return;
+  start(name, "v1/scenes", { body: datesForm(files, dates) }, `uploading ${megabytes(size)}…`);
+}
+
+// False, once the person is told, when the upload is larger than the server takes.
+function fits(name, size) {
+  const limit = state.limits?.max_request_bytes;
+  const over = Boolean(limit) && size > limit;
+  if (over) notice(`${name}: ${megabytes(size)} is more than this server takes (${megabytes(limit)}).`);
+  return !over;
+}
+
+// The date field's YYYY-MM-DD, a multi-date model's T of them, or null when none is given (the server
+// then takes the scene's own); undefined, once the person is told, when only some of the T are.
+function acquisitionDate() {
+  if (!state.dates) return byId("date").value || null;
+  try {
+    return state.dates.given();
+  } catch (error) {
+    notice(error.message);
+    return undefined;
+  }
+}
 
 async function start(name, path, init, what) {
   const run = { name, id: null, started: performance.now(), controller: new AbortController() };
@@ -236,6 +264,11 @@ document.body.addEventListener("drop", (event) => {
   event.preventDefault();
   document.body.classList.remove("dragging");
   const files = [...event.dataTransfer.files];
+  if (state.dates && files.length === state.dates.frames && !state.run) {
+    state.dates.fill(files);
+    notice(`The ${files.length} files are in the date pickers in name order: check it, then map them.`);
+    return;
+  }
   if (files.length > 1) notice(`One scene at a time: ${files[0].name} is used.`);
   if (files.length) sendFile(files[0]);
   else sendUrl(event.dataTransfer.getData("text/uri-list").split("\n")[0].trim()); // a link dragged in
@@ -246,12 +279,21 @@ byId("side-by-side").addEventListener("change", (event) => view.sideBySide(event
 byId("download-mask").addEventListener("click", () => download("mask.tif"));
 byId("download-item").addEventListener("click", () => download("item.json"));
 
+// A multi-date model: the one-file picker takes a stacked file, and the T date rows give the dates.
+function showDateInputs(frames) {
+  state.dates = new DateInputs(byId("dates"), frames, { onSend: sendDates });
+  byId("date-row").hidden = true;
+  byId("drop-text").textContent = `Drop a stacked GeoTIFF of the ${frames} dates anywhere on the page, or`;
+  byId("picker-text").textContent = "Choose a stacked GeoTIFF…";
+}
+
 // One request at a time at start: a server with a key answers 401 and the page asks for the key once.
 async function load() {
   try {
     state.limits = await client.request("v1/scenes").then((response) => response.json());
     const { max_request_bytes: most, keep_s: keep } = state.limits;
     byId("limits").textContent = `Up to ${megabytes(most)} a scene; results are kept on the server for ${Math.round(keep / 60)} min.`;
+    if (state.limits.frames > 1) showDateInputs(state.limits.frames);
     const models = await client.request("v1/models").then((response) => response.json());
     byId("model").textContent = models.data[0]?.id ?? "";
   } catch (error) {
