@@ -84,8 +84,9 @@ class SceneRoutes:
         except BaseException:
             self.jobs.forget(job)
             raise
+        uploaded = job.inputs if kind == FORM_TYPE else job.input_path  # several dates' files, or one file
         self.frontend.submit(channel, PoolJob(
-            None if url else job.inputs if kind == FORM_TYPE else job.input_path, url, job.output_path, field,
+            None if url else uploaded, url, job.output_path, field,
             upload=url is None, date=date, report_dir=job.dir, progress=True))
         job.task = asyncio.get_running_loop().create_task(self._follow(job, channel))
         return JSONResponse(job.as_object(), status_code=202, headers={"Location": f"scenes/{job.id}"})
