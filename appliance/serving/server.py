@@ -199,6 +199,9 @@ class Supervisor:
 
     def stop(self) -> None:
         self.stopping.set()
+        # Before LitServe sends its SIGTERMs: a child whose parent's SIGTERM was merged into someone else's
+        # pending one reads this instead (stop_signals.py).
+        self.shared.mark_stopping()
         litserve_adapter.request_stop(self.server)
 
 

@@ -6,8 +6,9 @@ inside the LitAPI and the spec (multiprocessing values travel only that way, by 
   - the HTTP process writes `inflight` and `listening` (once it answered a request), and reads the rest
     (/health, /ready, 429 decisions);
   - the main process writes `draining` on a stop signal, waits for `inflight` to reach 0, reads
-    `listening` to know that the process clients reach on its address is its own, and writes
-    `phase` = DEAD once the engine loop has stopped or its process is gone (the loop writes no more).
+    `listening` to know that the process clients reach on its address is its own, writes `stopping`
+    before it stops the other processes (they read it when a stop signal arrives: stop_signals.py), and
+    writes `phase` = DEAD once the engine loop has stopped or its process is gone (the loop writes no more).
 """
 import multiprocessing as mp
 
@@ -22,6 +23,7 @@ class SharedState:
         self._inflight = ctx.Value("i", 0, lock=False)    # requests the HTTP process accepted, not yet answered
         self._draining = ctx.Value("b", False, lock=False)
         self._listening = ctx.Value("b", False, lock=False)
+        self._stopping = ctx.Value("b", False, lock=False)
 
     # One writer per field at a time (see the docstring), each value an aligned int written whole: plain
     # reads and writes suffice.
@@ -59,3 +61,10 @@ class SharedState:
 
     def mark_listening(self) -> None:
         self._listening.value = True
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self._stopping.value)
+
+    def mark_stopping(self) -> None:
+        self._stopping.value = True

@@ -6,8 +6,12 @@ its cgroup (systemd's default `KillMode=control-group`). All three must drain th
 main process acts on what it receives. Every process it starts (LitServe's manager, the HTTP process,
 the engine process, and theirs: tensor-parallel ranks, preprocess workers) starts with both signals
 blocked, inherited from the thread that starts them, and keeps them blocked. The two that must stop when
-the main process says so (HTTP, engine) wait for them on a thread and act only on a SIGTERM their parent
-sent, which is how LitServe stops its processes; any other delivery is dropped.
+the main process says so (HTTP, engine) wait for them on a thread and act on a SIGTERM their parent
+sent (how LitServe stops its processes), or on anyone's SIGTERM once the main process marked the server
+stopping (`SharedState.stopping`, set before it stops them); any other delivery is dropped. Linux keeps at
+most one SIGTERM pending per process, with its first sender's pid: the parent's SIGTERM that arrives
+while another sender's is still pending (a second SIGTERM to the whole group, on a busy machine) is
+merged into it and reads as theirs.
 """
 import logging
 import os
@@ -36,15 +40,16 @@ def start_deaf_thread(target: Callable[[], None], name: str) -> threading.Thread
     return thread
 
 
-def follow_parent(on_stop: Callable[[], None], process: str) -> None:
+def follow_parent(on_stop: Callable[[], None], process: str, parent_stopping: Callable[[], bool]) -> None:
     """In a child started with the stop signals blocked: call `on_stop()` (on a watcher thread) when the
-    parent sends SIGTERM; signals from anyone else are dropped."""
+    parent sends SIGTERM, or anyone does once `parent_stopping()` is true (the parent's may have been merged
+    into theirs: see above); other signals are dropped."""
     parent = os.getppid()
 
     def watch() -> None:
         while True:
             received = signal.sigwaitinfo(STOP_SIGNALS)
-            if received.si_signo == signal.SIGTERM and received.si_pid == parent:
+            if received.si_signo == signal.SIGTERM and (received.si_pid == parent or parent_stopping()):
                 on_stop()
                 return
             log.debug("%s process: %s from pid %d left to the main process", process,

@@ -74,7 +74,8 @@ def check_exit(server, sig, times, requests: int) -> None:
     assert server.proc.wait(timeout=120) == 0
     output = server.output_at_exit()
     assert "Traceback" not in output and "Error:" not in output, output
-    assert "Killing" not in output, output  # every process stopped when told, none was killed
+    # every process stopped when told, none was killed (LitServe's warning before it kills one)
+    assert "Did not terminate gracefully" not in output, output
     assert sum("ready: pipeline" in line for line in output.splitlines()) == 1, output
     if times == 1:
         assert f"stopped on {sig.name}: {requests} requests finished, 0 cut" in output, output

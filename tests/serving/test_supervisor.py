@@ -62,3 +62,13 @@ def test_an_answer_marked_by_our_http_process_is_announced_once(other_server, ca
         sup._announce_when_reachable()
     assert sup.announced and sup.failure is None and not litserver._shutdown_event.is_set()
     assert caplog.text.count("ready: test") == 1
+
+
+def test_the_server_is_marked_stopping_before_litserve_stops_its_processes():
+    """Its children read the mark when a SIGTERM arrives that may hide their parent's (stop_signals.py)."""
+    sup, litserver = supervisor(free_port())
+    marked_when_stopped = []
+    litserver._shutdown_event = SimpleNamespace(set=lambda: marked_when_stopped.append(sup.shared.stopping))
+    assert not sup.shared.stopping
+    sup.stop()
+    assert marked_when_stopped == [True]

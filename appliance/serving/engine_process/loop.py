@@ -35,8 +35,8 @@ class EngineLoop(LitLoop):
         # Stop signals stay blocked here (stop_signals.py); when the main process stops the server, the
         # watcher raises SystemExit in this thread, which closes the engine (and its TP ranks).
         signal.signal(signal.SIGTERM, _exit)
-        follow_parent(lambda: _thread.interrupt_main(signal.SIGTERM), "engine")
         shared, driver = lit_api.shared, lit_api.driver
+        follow_parent(lambda: _thread.interrupt_main(signal.SIGTERM), "engine", lambda: shared.stopping)
         try:
             for stage in driver.online.stages():
                 stage.setup()

@@ -24,7 +24,7 @@ class ProcessLink:
         if scope["type"] == "lifespan" and not self.following:
             self.following = True
             loop = asyncio.get_running_loop()
-            follow_parent(lambda: loop.call_soon_threadsafe(self._stop), "HTTP")
+            follow_parent(lambda: loop.call_soon_threadsafe(self._stop), "HTTP", lambda: self.shared.stopping)
         elif scope["type"] == "http" and not self.answered:
             self.answered = True
             self.shared.mark_listening()
