@@ -99,6 +99,9 @@ class GeoModelConfig:
     stac_bands: Optional[List[str]] = None
     # Multi-date models (model.prithvi.num_frames > 1): the band order of one stacked GeoTIFF holding every date.
     stacked_band_order: StackedBandOrder = StackedBandOrder.date_major
+    # The tile side the fine-tune was trained on (Sen1Floods11's 512-pixel chips; the Prithvi-EO-1.0
+    # fine-tunes' 224 crops): the `tile` stage's tile_size unless the pipeline sets its own.
+    tile_size: int = 512
 
 
 class ToolCallParser(str, Enum):

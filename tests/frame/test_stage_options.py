@@ -29,7 +29,7 @@ CHAT = ["pipeline=llava_chat"]
     (FLOOD + ["pipeline.stages.stitch.blending=linear"], "stitch.blending", "linear"),
     (FLOOD + ["pipeline.stages.normalize.means=[1,2,3,4,5,6]"], "normalize.means", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
     (FLOOD + ["pipeline.stages.tile.tile_size=${engine.max_batch_size}"], "tile.tile_size", 8),
-    (FLOOD, "tile.tile_size", 512),  # the dataclass default, though the YAML says `tile: {}`
+    (FLOOD, "tile.padding", "reflect"),  # the dataclass default, though the YAML says `tile: {}`
     (FLOOD, "tile.stage", "tile"),  # the node names its stage once composed
     (CHAT + ["pipeline.stages.engine.sampling.max_tokens=4"], "engine.sampling.max_tokens", 4),
     (CHAT + ["pipeline.stages.chat_prompt.workers=3"], "chat_prompt.workers", 3),
@@ -127,15 +127,16 @@ def test_every_model_file_starts_from_the_schema(model):
 @pytest.mark.parametrize("task, contract, count", [("flood", "sen1floods11", 6), ("burn_scars", "hls_burn_scars", 3),
                                                   ("crops", "hls_crops", 3)])
 def test_prithvi_models_share_one_geo_contract_per_task(task, contract, count):
-    """Bands, scale, classes and colours come from the task's contract; a model file may state only its
-    fine-tune's own normalisation (Prithvi-100M-sen1floods11's means and stds)."""
+    """Bands, scale, classes and colours come from the task's contract; a model file may state only what
+    its fine-tune saw differently: its normalisation (Prithvi-100M-sen1floods11's means and stds) and its
+    tile size (the Prithvi-EO-1.0 fine-tunes' 224)."""
     own = yaml.safe_load((conf_dir() / "model" / "geo" / f"{contract}.yaml").read_text())
     shared = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(GeoModelConfig), own))  # with defaults
     prithvi = [m for m in group_options("model") if m.startswith("prithvi") and m.endswith(task)]
     assert len(prithvi) == count
     for model in prithvi:
         stated = yaml.safe_load((conf_dir() / "model" / f"{model}.yaml").read_text()).get("geo") or {}
-        assert set(stated) <= {"means", "stds"}, model
+        assert set(stated) <= {"means", "stds", "tile_size"}, model
         geo = OmegaConf.to_container(compose([f"pipeline=prithvi_{task}", f"model={model}"]).model.geo)
         assert geo == {**shared, **stated}, model
 
@@ -148,6 +149,18 @@ def test_geo_stage_options_default_to_the_models_contract():
     normalize = next(s for s in pipeline.stages if s.id == "normalize")
     assert normalize.means.ravel().tolist() == [0.0] * 6
     assert normalize.stds.ravel().tolist() == pytest.approx(list(compose(FLOOD).model.geo.stds))
+
+
+def test_the_tile_size_is_the_models_unless_the_pipeline_sets_one():
+    from appliance.stages.build import build_pipeline
+
+    def tile_stage(overrides):
+        return next(s for s in build_pipeline(compose(overrides)).stages if s.name == "tile")
+
+    assert tile_stage(FLOOD).tile_size == 512
+    eo1 = FLOOD + ["model=prithvi_eo1_100m_flood", "model.checkpoint=/unused.pt"]
+    assert tile_stage(eo1).tile_size == 224 and tile_stage(eo1).stride == 224 - 224 // 8
+    assert tile_stage(eo1 + ["pipeline.stages.tile.tile_size=300"]).tile_size == 300
 
 
 def test_stage_ids_reach_the_built_stages():

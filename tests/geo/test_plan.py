@@ -113,7 +113,7 @@ def test_plan_tiles(height, width, tile, stride, ys, xs, extent):
 def test_effective_stride(tile_size, stride, overlap, expected):
     options = TileOptions(tile_size=tile_size, stride=stride, overlap=overlap)
     if isinstance(expected, int):
-        assert effective_stride(options) == expected
+        assert effective_stride(options, tile_size) == expected
     else:
         with pytest.raises(ConfigError, match=expected):
-            effective_stride(options)
+            effective_stride(options, tile_size)

@@ -272,5 +272,5 @@ def warmup_item(cfg, online) -> Optional[torch.Tensor]:
         return None
     from appliance.stages.geo.multidate import model_frames
 
-    size, frames = tile.options.tile_size, model_frames(cfg)
+    size, frames = tile.tile_size, model_frames(cfg)
     return torch.zeros(len(geo.bands), frames, size, size) if frames > 1 else torch.zeros(len(geo.bands), size, size)

@@ -16,6 +16,7 @@ from appliance.engine.geo_coords import COORDS_FIELD
 from appliance.errors import ConfigError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.plan import TilePlan, TileWindow, plan_tiles
+from appliance.stages.geo.raster_read import geo_contract
 from appliance.stages.geo.window_reader import SceneReader, open_scene
 
 
@@ -73,15 +74,14 @@ class TileOptions:
     """Give `stride` or `overlap` (= tile_size - stride), not both unless they agree; neither means
     overlap = tile_size // 8."""
 
-    tile_size: int = 512  # what the Sen1Floods11 fine-tunes saw
+    tile_size: Optional[int] = None  # None: model.geo.tile_size (what the fine-tune was trained on)
     stride: Optional[int] = None
     overlap: Optional[int] = None
     padding: Padding = Padding.reflect  # scenes smaller than a tile
 
 
-def effective_stride(tiling: TileOptions, where: str = "tile") -> int:
-    """The stride in pixels; ConfigError (naming `where`) when the options are inconsistent."""
-    size = tiling.tile_size
+def effective_stride(tiling: TileOptions, size: int, where: str = "tile") -> int:
+    """The stride in pixels for tiles of `size`; ConfigError (naming `where`) when the options are inconsistent."""
     if size < 1:
         raise ConfigError(f"{where}.tile_size: must be >= 1 (got {size})")
     if tiling.stride is not None and tiling.overlap is not None and tiling.stride != size - tiling.overlap:
@@ -109,10 +109,11 @@ class Tile(Stage):
 
     def __init__(self, options: TileOptions, cfg):
         super().__init__(options, cfg)
-        self.stride = effective_stride(options, self.name)
+        self.tile_size = options.tile_size if options.tile_size is not None else geo_contract(cfg, self.name).tile_size
+        self.stride = effective_stride(options, self.tile_size, self.name)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
-        size, mode = self.options.tile_size, self.options.padding.value
+        size, mode = self.tile_size, self.options.padding.value
         for record in records:
             scene = record["scene"]
             plan = plan_tiles(scene.height, scene.width, size, self.stride)
