@@ -6,13 +6,13 @@ between) -> FCN head (3x3 conv, BN, ReLU; dropout; 1x1 conv) -> bilinear resize 
 crop. Module names follow the reference so that its checkpoints load unchanged: `backbone.*`,
 `neck.fpn{1,2}.{0,1.ln,3}`, `decode_head.convs.N.{conv,bn}`, `decode_head.conv_seg`.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import nn
 
 from .encoder import PrithviViT
-from .model_input import as_frames, date_major_reshape, reflect_pad, resize_and_crop
+from .model_input import TileSegmentation
 
 NECK_LAYER_NORM_EPS = 1e-6
 
@@ -80,16 +80,15 @@ class FCNHead(nn.Module):
         return self.conv_seg(self.dropout(self.convs(x)))
 
 
-class PrithviFCNSegmentation(nn.Module):
+class PrithviFCNSegmentation(TileSegmentation):
     encoder_prefix = "backbone"  # where the encoder's keys start in a checkpoint
 
     def __init__(self, backbone: PrithviViT, neck_channels: int, head_channels: int, head_convs: int,
                  num_classes: int, head_dropout: float = 0.1, date_major: bool = False):
-        super().__init__()
+        super().__init__(date_major)
         self.backbone = backbone
         self.neck = ConvTransposeNeck(backbone.out_channels, neck_channels)
         self.decode_head = FCNHead(neck_channels, head_channels, head_convs, num_classes, head_dropout)
-        self.date_major = date_major
 
     @property
     def encoder(self) -> PrithviViT:
@@ -101,20 +100,8 @@ class PrithviFCNSegmentation(nn.Module):
         """Inputs are padded to a multiple of the patch: the neck needs whole patches, nothing more."""
         return self.backbone.patch_size[1]
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        temporal_coords: Optional[torch.Tensor] = None,
-        location_coords: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        """x: normalised [B, C, H, W] or [B, C, T, H, W] -> logits [B, num_classes, H, W]; the coordinates
-        as in `PrithviSegmentation.forward` (the published models of this layout use none)."""
-        x = as_frames(x)
-        if self.date_major:
-            x = date_major_reshape(x)
-        size = x.shape[-2:]
-        x = reflect_pad(x, self.pad_multiple)
-        last = self.backbone.depth - 1
-        tokens = self.backbone(x, [last], temporal_coords, location_coords)[0]
-        logits = self.decode_head(self.neck(tokens, self.backbone.token_grid(x)))
-        return resize_and_crop(logits, x.shape[-2:], size)
+    def logits(self, x: torch.Tensor, temporal_coords, location_coords) -> torch.Tensor:
+        """Padded [B, C, T, H, W] -> logits at its size (the neck's 16x undoes the patch's 16); the
+        coordinates as `PrithviSegmentation`'s (the published models of this layout use none)."""
+        tokens = self.backbone(x, [self.backbone.depth - 1], temporal_coords, location_coords)[0]
+        return self.decode_head(self.neck(tokens, self.backbone.token_grid(x)))

@@ -1,9 +1,11 @@
 """Shaping of a segmentation model's input and output, the same for both neck/head layouts: frames
-axis, the date-major reshape some checkpoints were trained with, reflect padding, centre crop."""
-from typing import Tuple
+axis, the date-major reshape some checkpoints were trained with, reflect padding, centre crop; and
+`TileSegmentation`, the forward that applies them around a layout's own network."""
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def as_frames(x: torch.Tensor) -> torch.Tensor:
@@ -51,3 +53,34 @@ def resize_and_crop(logits: torch.Tensor, padded: Tuple[int, int], size: Tuple[i
     (hp, wp), (h, w) = padded, size
     top, left = (hp - h) // 2, (wp - w) // 2
     return logits[..., top : top + h, left : left + w]
+
+
+class TileSegmentation(nn.Module):
+    """A segmentation model's forward around its network: the frames axis, the date-major reshape when the
+    checkpoint was trained with it, reflect padding to `pad_multiple`, then the logits resized and cropped
+    back. A layout gives `pad_multiple` and `logits(x, temporal_coords, location_coords)` of a padded x."""
+
+    def __init__(self, date_major: bool = False):
+        super().__init__()
+        self.date_major = date_major
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        temporal_coords: Optional[torch.Tensor] = None,
+        location_coords: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """x: normalised [B, C, H, W] or [B, C, T, H, W] -> logits [B, num_classes, H, W].
+
+        temporal_coords: [B, T, 2] (year, day of year); location_coords: [B, 2] (lat, lon). Each is used
+        only by models trained with that encoding and ignored otherwise.
+        """
+        x = as_frames(x)
+        if self.date_major:
+            x = date_major_reshape(x)
+        size = x.shape[-2:]
+        x = self._pad(x)
+        return resize_and_crop(self.logits(x, temporal_coords, location_coords), x.shape[-2:], size)
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        return reflect_pad(x, self.pad_multiple)

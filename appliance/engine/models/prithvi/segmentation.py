@@ -8,7 +8,6 @@ size (align_corners=False) -> centre crop back to the input size.
 (`conv_transpose_fcn.py`), as `prithvi.decoder` says; both answer to the registry's `PrithviSegmentation`.
 """
 from enum import Enum
-from typing import Optional
 
 import torch
 from torch import nn
@@ -20,16 +19,15 @@ from .conv_transpose_fcn import PrithviFCNSegmentation
 from .decoder import LearnedPyramid, SegmentationHead, SelectIndices, TokensToImage, UperNetDecoder
 from .encoder import PrithviViT
 from .loader import load_state, normalize_state_dict, read_checkpoint
-from .model_input import as_frames, date_major_reshape, reflect_pad, resize_and_crop
+from .model_input import TileSegmentation
 
 
-class PrithviSegmentation(nn.Module):
+class PrithviSegmentation(TileSegmentation):
     encoder_prefix = "encoder"  # where the encoder's keys start in a checkpoint
 
     def __init__(self, encoder: PrithviViT, selected_indices, decoder_channels: int, num_classes: int,
                  head_dropout: float = 0.1, date_major: bool = False):
-        super().__init__()
-        self.date_major = date_major
+        super().__init__(date_major)
         depth = encoder.depth
         if len(selected_indices) != 4 or not all(-depth <= i < depth for i in selected_indices):
             raise ValueError(
@@ -58,31 +56,12 @@ class PrithviSegmentation(nn.Module):
         """Inputs are padded to this multiple of pixels (2 x patch) so that the pyramid's max-pool is exact."""
         return 2 * self.encoder.patch_size[1]
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        temporal_coords: Optional[torch.Tensor] = None,
-        location_coords: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        """x: normalised [B, C, H, W] or [B, C, T, H, W] -> logits [B, num_classes, H, W].
-
-        temporal_coords: [B, T, 2] (year, day of year); location_coords: [B, 2] (lat, lon). Each is used
-        only by models trained with that encoding and ignored otherwise.
-        """
-        x = as_frames(x)
-        if self.date_major:
-            x = date_major_reshape(x)
-        size = x.shape[-2:]
-        x = self._pad(x)
-
+    def logits(self, x: torch.Tensor, temporal_coords, location_coords) -> torch.Tensor:
+        """Padded [B, C, T, H, W] -> logits at a quarter of its size (TileSegmentation resizes them)."""
         features = self.encoder(x, self.indices, temporal_coords, location_coords)
         _, tokens_to_image, pyramid = self.neck
         features = pyramid(tokens_to_image(features, self.encoder.token_grid(x)))
-        logits = self.head(self.decoder(features))
-        return resize_and_crop(logits, x.shape[-2:], size)
-
-    def _pad(self, x: torch.Tensor) -> torch.Tensor:
-        return reflect_pad(x, self.pad_multiple)
+        return self.head(self.decoder(features))
 
 
 def build_prithvi_segmentation(prithvi_cfg, in_chans: int, head_dropout: float = 0.1) -> nn.Module:
