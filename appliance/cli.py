@@ -59,8 +59,9 @@ examples:
 
 CONFIG_HELP = """\
 prints the config a run or server would use, as YAML, every value spelled out: stage options as the
-stages resolve them (a tile size left unset is the model's). A value that is not its default ends with a
-comment saying where it came from:
+stages resolve them (a tile size left unset is the model's), and the checkpoint's facts (context length,
+image token) where the config leaves them null. A value that is not its default ends with a comment
+saying where it came from:
   # model: model.geo.tile_size   a fact of the model        # pipeline: NAME   the pipeline's YAML
   # derived: tile_size // 8      a stage's rule             # override         the command line
 A starting point for a config file of your own (conf/pipeline/*.yaml hold only what differs).

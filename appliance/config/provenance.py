@@ -1,12 +1,15 @@
 """`appliance config`: the config a run uses, with where each value came from.
 
 Stage options are printed as the stages run them (`Stage.resolve_options`: a tile size left unset is the
-model's), and a value that is not its stage's or the schema's default ends its line with where it came from:
+model's), keys left null that the run reads from the checkpoint with the checkpoint's values
+(model_facts.py), and a value that is not its stage's or the schema's default ends its line with where it
+came from:
 
-  tile_size: 512  # model: model.geo.tile_size    a model fact the stage takes
-  overlap: 64  # derived: tile_size // 8           the stage's rule, from its other options
-  temperature: 0.0  # pipeline: llava_chat         the pipeline's YAML sets it
-  max_num_seqs: 7  # override                      the command line sets it
+  tile_size: 512  # model: model.geo.tile_size            a model fact the stage takes
+  max_model_len: 4096  # model: model.path/config.json    a fact of the checkpoint
+  overlap: 64  # derived: tile_size // 8                   the stage's rule, from its other options
+  temperature: 0.0  # pipeline: llava_chat                 the pipeline's YAML sets it
+  max_num_seqs: 7  # override                              the command line sets it
 
 The marks are comments: `yaml.safe_load` of the text gives the values alone (`resolved_tree`).
 """
@@ -17,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from appliance.config.commented_yaml import Path, commented_yaml, leaves
 from appliance.config.free_text import split_free_text
+from appliance.config.model_facts import CHECKPOINT, checkpoint_facts
 from appliance.config.schema import GROUP_SCHEMAS
 
 HEADER = ("the config this run uses; a comment names where a value came from when it is not the default:\n"
@@ -24,29 +28,23 @@ HEADER = ("the config this run uses; a comment names where a value came from whe
 
 
 def config_yaml(cfg: DictConfig, overrides: Sequence[str]) -> str:
-    """`cfg` (composed from `overrides`) with its stage options resolved, as commented YAML."""
-    tree, notes = resolved_tree(cfg), _notes(cfg, overrides)
-    return commented_yaml(tree, notes, HEADER)
+    """`cfg` (composed from `overrides`) with its derived values resolved, as commented YAML."""
+    return commented_yaml(*_resolved(cfg, overrides), HEADER)
 
 
 def resolved_tree(cfg: DictConfig) -> Dict[str, Any]:
-    """`cfg` as plain values, each stage node with the options its stage runs (every option spelled out)."""
+    """`cfg` as plain values, as the run uses them: each stage node with the options its stage runs (every
+    option spelled out), and the checkpoint's facts where `cfg` leaves them null."""
+    return _resolved(cfg, ())[0]
+
+
+def _resolved(cfg: DictConfig, overrides: Sequence[str]) -> Tuple[Dict[str, Any], Dict[Path, str]]:
+    """(the resolved tree, {path: where its value came from} for the values that are not their defaults)."""
     from appliance.stages.build import StageNode, stage_nodes
 
     tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    for node in stage_nodes(cfg.pipeline.stages, cfg):
-        resolved = node.cls.resolve_options(node.options, cfg).options
-        tree["pipeline"]["stages"][node.id] = StageNode(node.id, node.cls, resolved).normalized()
-    return tree
-
-
-def _notes(cfg: DictConfig, overrides: Sequence[str]) -> Dict[Path, str]:
-    """{path: where its value came from} for the values that are not their defaults."""
-    from appliance.stages.build import stage_nodes
-
     named = _overridden(overrides)
-    notes = {path: "override" for path in leaves(OmegaConf.to_container(cfg, resolve=True))
-             if any(_names(key, value, path) for key, value in named)}
+    notes = {path: "override" for path in leaves(tree) if any(_names(key, value, path) for key, value in named)}
     for node in stage_nodes(cfg.pipeline.stages, cfg):
         where = ("pipeline", "stages", node.id)
         schema = node.cls.options_for(cfg)
@@ -55,9 +53,19 @@ def _notes(cfg: DictConfig, overrides: Sequence[str]) -> Dict[Path, str]:
             if path not in default or default[path] != value:
                 notes.setdefault((*where, *path), f"pipeline: {cfg.pipeline.name}")
         resolved = node.cls.resolve_options(node.options, cfg)
+        tree["pipeline"]["stages"][node.id] = StageNode(node.id, node.cls, resolved.options).normalized()
         notes.update({(*where, option): f"model: {key}" for option, key in resolved.from_model.items()})
         notes.update({(*where, option): f"derived: {rule}" for option, rule in resolved.derived.items()})
-    return notes
+    for (*parents, key), value in checkpoint_facts(cfg).items():
+        _at(tree, parents)[key] = value
+        notes[(*parents, key)] = f"model: {CHECKPOINT}"
+    return tree, notes
+
+
+def _at(tree: Dict[str, Any], path: Sequence[str]) -> Dict[str, Any]:
+    for part in path:
+        tree = tree[part]
+    return tree
 
 
 def _overridden(overrides: Sequence[str]) -> List[Tuple[Path, Any]]:

@@ -1,5 +1,8 @@
 """`appliance config` prints the values a run uses (stage options resolved as the stages resolve them),
 each not-default value marked with where it came from, as YAML that reads back to those values."""
+import json
+from pathlib import Path
+
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -7,6 +10,7 @@ from omegaconf import OmegaConf
 from appliance.cli import main
 from appliance.config.commented_yaml import commented_yaml
 from appliance.config.compose import compose, group_options
+from appliance.config.model_facts import checkpoint_facts
 from appliance.config.provenance import resolved_tree
 from appliance.stages.build import build_pipeline
 
@@ -23,6 +27,12 @@ def printed(capsys, overrides):
     assert main(["config", *overrides]) == 0
     text = capsys.readouterr().out
     return text, [line.strip() for line in text.splitlines()]
+
+
+def at(tree, path):
+    for part in path:
+        tree = tree[part]
+    return tree
 
 
 def built_stage(overrides, name):
@@ -93,7 +103,10 @@ def test_the_printed_yaml_reads_back_to_the_values_the_run_uses(capsys, override
     composed = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     stages = composed["pipeline"].pop("stages")
     printed_stages = tree["pipeline"].pop("stages")
-    assert tree == composed, "only stage options are resolved"
+    for (*parents, key) in checkpoint_facts(cfg):
+        assert key in at(composed, parents) and at(composed, parents)[key] is None
+        del at(composed, parents)[key], at(tree, parents)[key]
+    assert tree == composed, "only stage options and the checkpoint's facts are resolved"
     for node, options in stages.items():
         for option, value in options.items():
             if value is not None:
@@ -107,6 +120,29 @@ def test_printed_stage_options_compose_back_to_the_same_stage(capsys):
     given = "{" + ", ".join(f"{key}: {value}" for key, value in tile.items()) + "}"
     again = built_stage(EO1 + [f"pipeline.stages.tile={given}"], "tile")
     assert (again.tile_size, again.stride) == (tile["tile_size"], tile["stride"]) == (224, 196)
+
+
+def test_a_llava_pipeline_prints_the_checkpoints_facts_the_run_reads(capsys):
+    text, lines = printed(capsys, ["pipeline=llava_chat"])
+    cfg = yaml.safe_load(text)
+    checkpoint = json.loads((Path(cfg["model"]["path"]) / "config.json").read_text())
+    vision = checkpoint["vision_config"]
+    assert cfg["engine"]["max_model_len"] == checkpoint["text_config"]["max_position_embeddings"]
+    assert cfg["model"]["vision_language"] == {
+        "image_input_type": "pixel_values", "image_token_id": checkpoint["image_token_index"],
+        "image_input_shape": [3, vision["image_size"], vision["image_size"]],
+        "image_feature_size": (vision["image_size"] // vision["patch_size"]) ** 2, "limit_per_prompt": 1}
+    assert f"max_model_len: {cfg['engine']['max_model_len']}  # model: model.path/config.json" in lines
+    # The pool engine (the vision tower alone) has no context length to print.
+    encode = yaml.safe_load(printed(capsys, ["pipeline=llava_encode"])[0])
+    assert encode["engine"]["max_model_len"] is None and encode["model"]["vision_language"]["image_token_id"]
+
+
+def test_a_model_whose_files_are_not_there_keeps_its_nulls(capsys):
+    text, _ = printed(capsys, ["pipeline=llava_chat", "model=llava_1_5_7b"])
+    cfg = yaml.safe_load(text)
+    assert cfg["model"]["path"] is None and cfg["engine"]["max_model_len"] is None
+    assert cfg["model"]["vision_language"]["image_token_id"] is None
 
 
 @pytest.mark.parametrize("value", [
