@@ -43,5 +43,6 @@ def _context_length(path: str) -> int:
     try:
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model.path: transformers cannot read {path}/config.json: {str(e).splitlines()[0]}") from None
+        first_line = str(e).splitlines()[0]
+        raise ConfigError(f"model.path: transformers cannot read {path}/config.json: {first_line}") from None
     return max_model_len(hf_config.get_text_config(), None)

@@ -13,7 +13,7 @@ came from:
 
 The marks are comments: `yaml.safe_load` of the text gives the values alone (`resolved_tree`).
 """
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
@@ -42,13 +42,14 @@ def _resolved(cfg: DictConfig, overrides: Sequence[str]) -> Tuple[Dict[str, Any]
     """(the resolved tree, {path: where its value came from} for the values that are not their defaults)."""
     from appliance.stages.build import StageNode, stage_nodes
 
-    tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    tree = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     named = _overridden(overrides)
     notes = {path: "override" for path in leaves(tree) if any(_names(key, value, path) for key, value in named)}
     for node in stage_nodes(cfg.pipeline.stages, cfg):
         where = ("pipeline", "stages", node.id)
-        schema = node.cls.options_for(cfg)
-        default = leaves({"stage": node.id, **OmegaConf.to_container(OmegaConf.structured(schema), enum_to_str=True)})
+        options = cast(Dict[str, Any], OmegaConf.to_container(OmegaConf.structured(node.cls.options_for(cfg)),
+                                                               enum_to_str=True))
+        default = leaves({"stage": node.id, **options})
         for path, value in leaves(node.normalized()).items():
             if path not in default or default[path] != value:
                 notes.setdefault((*where, *path), f"pipeline: {cfg.pipeline.name}")

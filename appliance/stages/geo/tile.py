@@ -7,7 +7,7 @@ GeoCoords, shared by its tiles). Records keep the scene's fields, so later stage
 """
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 import numpy as np
 import rasterio
@@ -114,12 +114,12 @@ class Tile(Stage):
     @classmethod
     def resolve_options(cls, options: TileOptions, cfg) -> ResolvedOptions:
         """tile_size from model.geo.tile_size when unset; stride and overlap both spelled out."""
-        from_model = {}
+        from_model: Dict[str, str] = {}
         size = options.tile_size
         if size is None:
             size, from_model["tile_size"] = geo_contract(cfg, cls.name).tile_size, "model.geo.tile_size"
         stride = effective_stride(options, size, cls.name)
-        derived = {}
+        derived: Dict[str, str] = {}
         if options.overlap is None:
             derived["overlap"] = "tile_size // 8" if options.stride is None else "tile_size - stride"
         if options.stride is None:
