@@ -58,8 +58,13 @@ examples:
 """
 
 CONFIG_HELP = """\
-prints the config a run or server would use, every default spelled out, as YAML: a starting point for
-a config file of your own (conf/pipeline/*.yaml hold only what differs).
+prints the config a run or server would use, as YAML, every value spelled out: stage options as the
+stages resolve them (a tile size left unset is the model's), and the checkpoint's facts (context length,
+image token) where the config leaves them null. A value that is not its default ends with a comment
+saying where it came from:
+  # model: model.geo.tile_size   a fact of the model        # pipeline: NAME   the pipeline's YAML
+  # derived: tile_size // 8      a stage's rule             # override         the command line
+A starting point for a config file of your own (conf/pipeline/*.yaml hold only what differs).
 
 examples:
   appliance config pipeline=llava_chat
@@ -154,7 +159,9 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
     cfg = compose(overrides)
     setup_logging(cfg.log_level or (SERVE_LEVEL if verb == "serve" else "WARNING"), cfg.log_format)
     if verb == "config":
-        print(OmegaConf.to_yaml(cfg, resolve=True), end="")  # free texts as given (free_text.py)
+        from appliance.config.provenance import config_yaml
+
+        print(config_yaml(cfg, overrides), end="")
         return 0
 
     from appliance.model_files import check_model_files

@@ -10,7 +10,7 @@ that stage's node, `{stage: <registered name>, <option>: <value>, ...}`; `stage`
 """
 import itertools
 import threading
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Set, Tuple, Type, Union
 
 from omegaconf import DictConfig
@@ -23,6 +23,15 @@ Record = Dict[str, Any]
 @dataclass
 class NoOptions:
     pass
+
+
+@dataclass(frozen=True)
+class ResolvedOptions:
+    """A stage's options as it runs them: each option left None to be derived is set, and said where from."""
+
+    options: Any
+    from_model: Dict[str, str] = field(default_factory=dict)  # option -> the model fact it copies
+    derived: Dict[str, str] = field(default_factory=dict)  # option -> the stage's rule that gave it
 
 
 class Stage:
@@ -38,8 +47,9 @@ class Stage:
 
     def __init__(self, options: Any, cfg: DictConfig):
         """Cheap: parse options and check them against the config. Never load weights or read files
-        here: `appliance config` builds every stage to validate its options."""
-        self.options = options
+        here: `appliance config` builds every stage to validate its options. `self.options` are the
+        options resolved (`resolve_options`): no None left that the stage derives."""
+        self.options = self.resolve_options(options, cfg).options
         self.cfg = cfg
         self.id = self.name  # the key of its node in pipeline.stages (build_pipeline sets it)
         self.shared = Shared()  # build_pipeline hands every stage of one pipeline the same one
@@ -49,6 +59,13 @@ class Stage:
         """The options dataclass a node takes under `cfg`: `Options`, unless which options apply depends on
         the config (the engine stage's on engine.kind); a field of `Options` not in it does not apply."""
         return cls.Options
+
+    @classmethod
+    def resolve_options(cls, options: Any, cfg: DictConfig) -> ResolvedOptions:
+        """`options` with those whose None means "derive" (from the model's facts, or from other options)
+        set to the values the stage will use: the stage runs these and `appliance config` prints them.
+        Pure: the same options and config give the same values. A stage that derives none keeps them."""
+        return ResolvedOptions(options)
 
     def check(self) -> None:
         """Validate files this stage will need (exist, readable, consistent); load no weights."""

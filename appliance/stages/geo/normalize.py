@@ -4,14 +4,14 @@
 Works in place on the tile's array and drops `pixels` from the record (the tensor shares its
 memory), so a tile costs one float32 array however many stages it passes.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional
 
 import numpy as np
 import torch
 
 from appliance.errors import ConfigError
-from appliance.pipeline import Record, Stage, register_stage
+from appliance.pipeline import Record, ResolvedOptions, Stage, register_stage
 from appliance.stages.geo.raster_read import geo_contract
 
 
@@ -31,8 +31,7 @@ class Normalize(Stage):
     def __init__(self, options, cfg):
         super().__init__(options, cfg)
         geo = geo_contract(cfg, self.name)
-        means = list(options.means if options.means is not None else geo.means)
-        stds = list(options.stds if options.stds is not None else geo.stds)
+        means, stds = list(self.options.means), list(self.options.stds)
         bands = len(geo.bands)
         if len(means) != bands or len(stds) != bands:
             raise ConfigError(
@@ -42,6 +41,14 @@ class Normalize(Stage):
             raise ConfigError(f"{self.name}.stds: must all be > 0 (got {stds})")
         self.means = np.asarray(means, dtype=np.float32)[:, None, None]
         self.stds = np.asarray(stds, dtype=np.float32)[:, None, None]
+
+    @classmethod
+    def resolve_options(cls, options: NormalizeOptions, cfg) -> ResolvedOptions:
+        """means and stds from model.geo when unset."""
+        geo = geo_contract(cfg, cls.name)
+        unset = [name for name in ("means", "stds") if getattr(options, name) is None]
+        values = {name: list(geo[name]) for name in unset}
+        return ResolvedOptions(replace(options, **values), {name: f"model.geo.{name}" for name in unset})
 
     def map(self, record: Record) -> Record:
         out = dict(record)

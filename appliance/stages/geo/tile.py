@@ -5,16 +5,16 @@ is smaller than a tile; [C, T, S, S] for a scene of T dates, every date's window
 scene key, plan, window), and for a model with time and location encodings `coords` (the scene's
 GeoCoords, shared by its tiles). Records keep the scene's fields, so later stages see `scene`, `output_path`.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 import numpy as np
 import rasterio
 
 from appliance.engine.geo_coords import COORDS_FIELD
 from appliance.errors import ConfigError
-from appliance.pipeline import Record, Stage, register_stage
+from appliance.pipeline import Record, ResolvedOptions, Stage, register_stage
 from appliance.stages.geo.plan import TilePlan, TileWindow, plan_tiles
 from appliance.stages.geo.raster_read import geo_contract
 from appliance.stages.geo.window_reader import SceneReader, open_scene
@@ -109,8 +109,23 @@ class Tile(Stage):
 
     def __init__(self, options: TileOptions, cfg):
         super().__init__(options, cfg)
-        self.tile_size = options.tile_size if options.tile_size is not None else geo_contract(cfg, self.name).tile_size
-        self.stride = effective_stride(options, self.tile_size, self.name)
+        self.tile_size, self.stride = self.options.tile_size, self.options.stride
+
+    @classmethod
+    def resolve_options(cls, options: TileOptions, cfg) -> ResolvedOptions:
+        """tile_size from model.geo.tile_size when unset; stride and overlap both spelled out."""
+        from_model: Dict[str, str] = {}
+        size = options.tile_size
+        if size is None:
+            size, from_model["tile_size"] = geo_contract(cfg, cls.name).tile_size, "model.geo.tile_size"
+        stride = effective_stride(options, size, cls.name)
+        derived: Dict[str, str] = {}
+        if options.overlap is None:
+            derived["overlap"] = "tile_size // 8" if options.stride is None else "tile_size - stride"
+        if options.stride is None:
+            derived["stride"] = "tile_size - overlap"
+        resolved = replace(options, tile_size=size, stride=stride, overlap=size - stride)
+        return ResolvedOptions(resolved, from_model, derived)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         size, mode = self.tile_size, self.options.padding.value

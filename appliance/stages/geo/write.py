@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Dict, Iterator, List, Optional
 
@@ -24,7 +24,7 @@ from rasterio.windows import Window
 
 from appliance.errors import ConfigError, InputError
 from appliance.output_files import AtomicFile, sibling_path
-from appliance.pipeline import Record, Stage, register_stage
+from appliance.pipeline import Record, ResolvedOptions, Stage, register_stage
 from appliance.stages.geo.acquisition import coords_tags
 from appliance.stages.geo.cog import overview_resampling, translate_to_cog
 from appliance.stages.geo.geotiff import open_raster, probe_geotiff
@@ -211,14 +211,21 @@ class RasterWrite(Stage):
             raise ConfigError(f"{self.name}.overview_resampling: {options.overview_resampling!r}; choose one of "
                               f"{', '.join(OVERVIEW_RESAMPLINGS)} (or null: mode for classes, average otherwise)")
         geo = geo_contract(cfg, self.name, required=False)
-        names = options.class_names
-        if names is None:
-            names = list(geo.class_names) if geo is not None else None
+        names = self.options.class_names
         if names is not None and not 1 <= len(names) < NODATA_CLASS:
             raise ConfigError(f"{self.name}.class_names: need 1..{NODATA_CLASS - 1} names (got {len(names)})")
         self.class_names = list(names) if names is not None else None
         names_key = "model.geo.class_names" if options.class_names is None else f"{self.name}.class_names"
         self.class_colours = model_colours(geo, names, names_key) if names is not None else None
+
+    @classmethod
+    def resolve_options(cls, options: RasterWriteOptions, cfg) -> ResolvedOptions:
+        """class_names from model.geo when unset and the model has a geo contract."""
+        geo = geo_contract(cfg, cls.name, required=False)
+        if options.class_names is not None or geo is None:
+            return ResolvedOptions(options)
+        return ResolvedOptions(replace(options, class_names=list(geo.class_names)),
+                               {"class_names": "model.geo.class_names"})
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         writers: Dict[str, List[MaskWriter]] = {}  # output path -> its class map (or probabilities)[, probabilities]
