@@ -12,7 +12,8 @@ from appliance.serving.http.errors import APIError
 from appliance.serving.http.routes_generate import AnswerShaper, GenerateRoutes
 from appliance.serving.messages import Tokens
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
 PIECES = ["Checking.", " <tool_", 'call>{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}</tool_call>']
 
 
