@@ -4,13 +4,15 @@ arguments. A whole answer is its text fed once, then `finish`: the same parser, 
 answer always agree.
 
 - `NamedCall`: the whole text is one call's arguments (a named tool choice).
-- `RequiredCalls`: the text is a JSON array of `{"name", "parameters"}` objects (`tool_choice: required`).
+- `RequiredCalls`: the text is a JSON array of `{"name", "parameters"}` objects (`tool_choice: required`),
+  each a call once its object closes.
 - `HermesCalls`: free text with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (the
   `hermes` parser of `auto`); text outside the blocks is content (whitespace at either end left out), a
   block that is not a valid call of a declared tool stays content as written.
 
 Arguments are passed on as the model wrote them (JSON text). Named and required answers are generated
-by the grammar, so only max_tokens can cut their arguments; an `auto` call is checked before it goes out.
+by the grammar, so only max_tokens can cut them: a named call's arguments then are cut (they stream as
+they come), a required answer's cut item is left out; an `auto` call is checked before it goes out.
 """
 import json
 from dataclasses import dataclass
@@ -145,12 +147,15 @@ class NamedCall:
 
 
 class RequiredCalls:
+    """Each item goes out once its object closes (the grammar made it valid): an item max_tokens cuts is
+    no call, and the calls before it stay whole (a model may add calls until max_tokens)."""
+
     def __init__(self):
         self.scanner = CallObjects("name", "parameters", in_array=True)
 
     def feed(self, text: str) -> List[Piece]:
         self.scanner.feed(text)
-        return new_pieces(self.scanner.calls)
+        return new_pieces([call for call in self.scanner.calls if call.complete])  # items close in order
 
     def finish(self) -> List[Piece]:
         return []

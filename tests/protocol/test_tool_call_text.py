@@ -60,6 +60,8 @@ CASES = [  # (calling, text, content, [(name, arguments)])
     (ToolCalling("named", "get_weather"), '{"city": "Oslo"}', None, [("get_weather", '{"city": "Oslo"}')]),
     (ToolCalling("required"), '[{"name": "a", "parameters": {"x": [1, "]}"]}}, {"name": "b", "parameters": {}}]',
      None, [("a", '{"x": [1, "]}"]}'), ("b", "{}")]),
+    (ToolCalling("required"), '[{"name": "a", "parameters": {}}, {"name": "b", "parameters": {"x": "ab',
+     None, [("a", "{}")]),  # a required item cut by max_tokens is no call
     (HERMES, TWO_CALLS, "Let me look.", [("get_weather", '{"city": "Paris \\"<x>\\"", "days": [1, {"n": 2}]}'),
                                           ("get_time", "{}")]),
     (HERMES, "No call here, 1 < 2 and <tool", "No call here, 1 < 2 and <tool", []),
@@ -100,6 +102,9 @@ def test_a_whole_answer_and_every_split_of_its_stream_agree(calling, text, conte
 
 def test_a_call_cut_by_max_tokens_keeps_length():
     assert ToolCallAnswer(ToolCalling("named", "f")).whole('{"a": ', "length")[2] == "length"
+    _, calls, reason = ToolCallAnswer(ToolCalling("required")).whole(
+        '[{"name": "a", "parameters": {}}, {"name": "b", "parameters": {"x', "length")
+    assert [c["function"]["name"] for c in calls] == ["a"] and reason == "length"
 
 
 def test_hermes_text_before_a_call_streams_and_the_call_goes_out_once_checked():
