@@ -116,13 +116,13 @@ def _loads(text: str):
         return None
 
 
-def new_pieces(calls: List[ScannedCall], first_index: int = 0) -> List[Piece]:
+def new_pieces(calls: List[ScannedCall]) -> List[Piece]:
     """What is new in `calls` since last asked: a call's start once its name is known, then its arguments."""
     out = []
     for i, call in enumerate(calls):
         if call.name is None:
             continue
-        piece = Piece(index=first_index + i)
+        piece = Piece(index=i)
         if not call.sent_name:
             call.sent_name = True
             piece.name = call.name
