@@ -19,6 +19,7 @@ from appliance.protocol import openai_tools
 from appliance.protocol.openai_tools import Tool, ToolCalling, ToolCalls, ToolChoice
 from appliance.protocol.openai_fields import (LENIENT, STRICT, Integer, Number, Text, TokenId, either, engine_range,
                                               integer, neutral, one_or_list)
+from appliance.protocol.strict_schema import strict_schema
 from appliance.protocol.validation import field_error
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's name for system in newer models
@@ -184,10 +185,12 @@ class GenerateBody(BaseModel):
             if kind == "json_object":
                 return json_object()
             if kind == "json_schema":
-                return StructuredOutput("json", json.dumps(self.response_format.json_schema.schema_))
+                return StructuredOutput("json", json.dumps(strict_schema(self.response_format.json_schema.schema_)))
             return None
         if self.structured_outputs is not None:
             kind, spec = next((k, v) for k, v in self.structured_outputs.specs().items() if v is not None)
+            if kind == "json":  # a schema, as an object or as JSON text (text that is not JSON: grammar() says so)
+                spec = strict_schema(_json_or_text(spec))
             return StructuredOutput(kind, spec if isinstance(spec, str) else json.dumps(spec))
         return None
 
@@ -199,8 +202,8 @@ class ChatCompletionRequest(GenerateBody):
     tools: Optional[List[Tool]] = Field(default=None, description="functions the model may call (docs/serving.md)")
     tool_choice: Optional[ToolChoice] = Field(default=None, description='"none", "auto" (the default with tools; '
                                               'needs model.tool_call_parser), "required" or a named function')
-    parallel_tool_calls: Optional[bool] = Field(default=None, description="false: at most one call (required); "
-                                                                          "default true")
+    parallel_tool_calls: Optional[bool] = Field(default=None, description="false: at most one call, in every "
+                                                                          "tool_choice; default true")
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
@@ -217,11 +220,20 @@ class ChatCompletionRequest(GenerateBody):
 
     def tool_calling(self) -> Optional[ToolCalling]:
         """What the answer holds (None: text): openai_tools.py."""
-        return openai_tools.tool_calling(self.tools, self.tool_choice, self.model_fields_set)
+        return openai_tools.tool_calling(self.tools, self.tool_choice, self.model_fields_set, self.parallel_tool_calls)
 
     def tool_constraint(self) -> Optional[StructuredOutput]:
         """The grammar of a named or required tool choice (None: none)."""
-        return openai_tools.constraint(self.tools or [], self.tool_calling(), self.parallel_tool_calls is not False)
+        return openai_tools.constraint(self.tools or [], self.tool_calling())
+
+
+def _json_or_text(spec: Any) -> Any:
+    if not isinstance(spec, str):
+        return spec
+    try:
+        return json.loads(spec)
+    except ValueError:
+        return spec
 
 
 def _prompt_kind(value: Any) -> Optional[str]:

@@ -4,16 +4,21 @@ arguments. A whole answer is its text fed once, then `finish`: the same parser, 
 answer always agree.
 
 - `NamedCall`: the whole text is one call's arguments (a named tool choice).
-- `RequiredCalls`: the text is a JSON array of `{"name", "parameters"}` objects (`tool_choice: required`).
+- `RequiredCalls`: the text is a JSON array of `{"name", "parameters"}` objects (`tool_choice: required`),
+  each a call once its object closes.
 - `HermesCalls`: free text with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (the
   `hermes` parser of `auto`); text outside the blocks is content (whitespace at either end left out), a
-  block that names no function stays content as written.
+  block that is not a valid call of a declared tool stays content as written.
 
-Arguments are passed on as the model wrote them (JSON text); an answer cut by max_tokens has them cut too.
+Arguments are passed on as the model wrote them (JSON text). Named and required answers are generated
+by the grammar, so only max_tokens can cut them: a named call's arguments then are cut (they stream as
+they come), a required answer's cut item is left out; an `auto` call is checked before it goes out.
 """
 import json
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
+
+import jsonschema
 
 PARSERS = ("hermes",)  # what model.tool_call_parser may name
 
@@ -111,13 +116,13 @@ def _loads(text: str):
         return None
 
 
-def new_pieces(calls: List[ScannedCall], first_index: int = 0) -> List[Piece]:
+def new_pieces(calls: List[ScannedCall]) -> List[Piece]:
     """What is new in `calls` since last asked: a call's start once its name is known, then its arguments."""
     out = []
     for i, call in enumerate(calls):
         if call.name is None:
             continue
-        piece = Piece(index=first_index + i)
+        piece = Piece(index=i)
         if not call.sent_name:
             call.sent_name = True
             piece.name = call.name
@@ -142,25 +147,33 @@ class NamedCall:
 
 
 class RequiredCalls:
+    """Each item goes out once its object closes (the grammar made it valid): an item max_tokens cuts is
+    no call, and the calls before it stay whole (a model may add calls until max_tokens)."""
+
     def __init__(self):
         self.scanner = CallObjects("name", "parameters", in_array=True)
 
     def feed(self, text: str) -> List[Piece]:
         self.scanner.feed(text)
-        return new_pieces(self.scanner.calls)
+        return new_pieces([call for call in self.scanner.calls if call.complete])  # items close in order
 
     def finish(self) -> List[Piece]:
         return []
 
 
 class HermesCalls:
+    """`auto` answers in the Hermes format. A block is a call only when, once closed, it is one JSON object
+    `{"name": <a declared tool>, "arguments": <an object valid for its schema>}` and, with
+    `parallel: false`, no call came before it; any other block (and one max_tokens cut) stays content as
+    written, as OpenAI never returns a call that does not parse. So a block is held back until it closes."""
     START, END = "<tool_call>", "</tool_call>"
 
-    def __init__(self):
+    def __init__(self, schemas: Dict[str, Dict[str, Any]], parallel: bool):
+        self.validators = {name: jsonschema.validators.validator_for(schema)(schema) for name, schema in schemas.items()}
+        self.parallel = parallel
         self.pending = ""        # text not yet classified (it may start a tag)
-        self.block: Optional[CallObjects] = None  # the open block's scanner
-        self.block_text = ""     # the open block's text, for a block that names no function
-        self.calls = 0           # calls started before the open block
+        self.block: Optional[str] = None  # the open block's text
+        self.calls = 0           # calls made so far
         self.spaces = ""         # content whitespace held back: it goes out only before more content
         self.content_started = False
 
@@ -168,46 +181,52 @@ class HermesCalls:
         self.pending += text
         out: List[Piece] = []
         while True:
+            tag = self.START if self.block is None else self.END
+            at = self.pending.find(tag)
+            end = at if at >= 0 else len(self.pending) - _partial_tag(self.pending, tag)
             if self.block is None:
-                at = self.pending.find(self.START)
-                end = at if at >= 0 else len(self.pending) - _partial_tag(self.pending, self.START)
                 out += self._content(self.pending[:end])
-                if at < 0:
-                    self.pending = self.pending[end:]
-                    return out
-                self.pending = self.pending[at + len(self.START):]
-                self.block, self.block_text = CallObjects("name", "arguments", in_array=False), ""
             else:
-                at = self.pending.find(self.END)
-                end = at if at >= 0 else len(self.pending) - _partial_tag(self.pending, self.END)
-                self.block.feed(self.pending[:end])
-                self.block_text += self.pending[:end]
-                out += new_pieces(self.block.calls[:1], self.calls)
-                if at < 0:
-                    self.pending = self.pending[end:]
-                    return out
-                self.pending = self.pending[at + len(self.END):]
+                self.block += self.pending[:end]
+            if at < 0:
+                self.pending = self.pending[end:]
+                return out
+            self.pending = self.pending[at + len(tag):]
+            if self.block is None:
+                self.block = ""
+            else:
                 out += self._close_block()
 
     def finish(self) -> List[Piece]:
         out = self.feed("")
-        if self.block is not None:  # cut off inside a block
-            self.block.feed(self.pending)
-            self.block_text += self.pending
-            out += new_pieces(self.block.calls[:1], self.calls) + self._close_block(closed=False)
+        if self.block is not None:  # cut off inside a block: not a call
+            out += self._content(self.START + self.block + self.pending)
         elif self.pending:
             out += self._content(self.pending)
-        self.pending = ""
+        self.block, self.pending = None, ""
         return out
 
-    def _close_block(self, closed: bool = True) -> List[Piece]:
-        named = bool(self.block.calls) and self.block.calls[0].name is not None
-        text = self.START + self.block_text + (self.END if closed else "")
-        self.block = None
-        if named:
-            self.calls += 1
-            return []
-        return self._content(text)
+    def _close_block(self) -> List[Piece]:
+        text, self.block = self.block, None
+        call = self._call(text)
+        if call is None:
+            return self._content(self.START + text + self.END)
+        self.calls += 1
+        return [Piece(index=self.calls - 1, name=call.name, arguments=call.arguments)]
+
+    def _call(self, text: str) -> Optional[ScannedCall]:
+        """The block's call, or None when it is not one this request accepts."""
+        value = _loads(text)
+        if not isinstance(value, dict) or set(value) != {"name", "arguments"} or not self.parallel and self.calls:
+            return None
+        validator = self.validators.get(value["name"]) if isinstance(value["name"], str) else None
+        if validator is None or not validator.is_valid(value["arguments"]):
+            return None
+        scanner = CallObjects("name", "arguments", in_array=False)
+        scanner.feed(text)
+        (call,) = scanner.calls
+        call.arguments = call.arguments.strip()  # as written, less the space before the closing brace
+        return call
 
     def _content(self, text: str) -> List[Piece]:
         if not text:
@@ -238,5 +257,5 @@ def parser_for(calling):
     if calling.mode == "required":
         return RequiredCalls()
     if calling.parser == "hermes":
-        return HermesCalls()
+        return HermesCalls({name: json.loads(schema) for name, schema in calling.schemas}, calling.parallel)
     raise ValueError(f"tool-call parser {calling.parser!r}; allowed: {', '.join(PARSERS)}")

@@ -12,6 +12,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "requir
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
                                            "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time"}}]
+STRICT_WEATHER = {**WEATHER, "additionalProperties": False}  # as the grammar reads it (strict_schema.py)
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
 
@@ -23,7 +24,7 @@ def chat(**fields):
 def test_a_named_choice_constrains_the_answer_to_the_functions_parameters():
     request = parse_chat(chat(tools=TOOLS, tool_choice=NAMED))
     assert (request.tool_calling.mode, request.tool_calling.name) == ("named", "get_weather")
-    assert json.loads(request.sampling["structured"].spec) == WEATHER
+    assert json.loads(request.sampling["structured"].spec) == STRICT_WEATHER
     assert request.tools == TOOLS  # rendered into the prompt
 
 
@@ -35,8 +36,8 @@ def test_required_constrains_to_a_list_of_calls_of_the_tools(parallel, most):
     assert schema["type"] == "array" and schema["minItems"] == 1 and schema.get("maxItems") == most
     calls = schema["items"]["anyOf"]
     assert [c["properties"]["name"]["enum"] for c in calls] == [["get_weather"], ["get_time"]]
-    assert calls[0]["properties"]["parameters"] == WEATHER
-    assert calls[1]["properties"]["parameters"] == {"type": "object", "properties": {}}  # none declared
+    assert calls[0]["properties"]["parameters"] == STRICT_WEATHER
+    assert calls[1]["properties"]["parameters"] == {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @pytest.mark.parametrize("fields, mode", [
@@ -52,6 +53,34 @@ def test_what_the_answer_holds(fields, mode):
     request = parse_chat(chat(**fields))
     assert (request.tool_calling.mode if request.tool_calling else None) == mode
     assert "structured" not in request.sampling  # only named and required choices constrain
+
+
+@pytest.mark.parametrize("fields, parallel", [({}, True), ({"parallel_tool_calls": True}, True),
+                                              ({"parallel_tool_calls": False}, False)])
+@pytest.mark.parametrize("choice", ["auto", "required", NAMED], ids=["auto", "required", "named"])
+def test_every_mode_knows_the_tools_schemas_and_whether_calls_may_be_parallel(choice, fields, parallel):
+    calling = parse_chat(chat(tools=TOOLS, tool_choice=choice, **fields)).tool_calling
+    assert calling.parallel is parallel
+    assert {name: json.loads(schema) for name, schema in calling.schemas} == {
+        "get_weather": STRICT_WEATHER, "get_time": {"type": "object", "properties": {}, "additionalProperties": False}}
+
+
+OBJECT = {"type": "object", "properties": {"shape": {"type": "string"}}}
+
+
+@pytest.mark.parametrize("fields", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": OBJECT}}},
+    {"structured_outputs": {"json": OBJECT}},
+    {"structured_outputs": {"json": json.dumps(OBJECT)}},
+], ids=["response_format", "structured_outputs", "structured_outputs as text"])
+def test_a_json_schema_answer_is_strict_too(fields):
+    assert json.loads(parse_chat(chat(**fields)).sampling["structured"].spec) == {**OBJECT,
+                                                                                   "additionalProperties": False}
+
+
+def test_json_object_stays_any_object():
+    assert json.loads(parse_chat(chat(response_format={"type": "json_object"})).sampling["structured"].spec) == {
+        "type": "object"}
 
 
 def test_a_conversation_with_calls_and_their_results_is_taken_as_sent():
@@ -80,6 +109,8 @@ BAD = [  # (body, param, fragment)
      "tools[0].function.parameters", "expected a JSON schema object"),
     (chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "thing"}}}],
           tool_choice="required"), "tools[0].function.parameters", "cannot compile"),
+    (chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "thing"}}}],
+          tool_choice="auto"), "tools[0].function.parameters", "not a valid JSON schema: 'thing' is not valid"),
     (chat(tools=TOOLS, tool_choice=NAMED, response_format={"type": "json_object"}), "tool_choice",
      "leave out response_format and structured_outputs"),
     (chat(messages=[{"role": "tool", "content": "12 C"}]), "messages[0].tool_call_id", "required in a tool message"),

@@ -38,6 +38,20 @@ def test_a_json_schema_answer_is_that_json(client, stream):
     assert value["shape"] in SHAPE_SCHEMA["properties"]["shape"]["enum"]
 
 
+OPEN_SCHEMA = {k: v for k, v in SHAPE_SCHEMA.items() if k != "additionalProperties"}  # as most clients write it
+
+
+@pytest.mark.parametrize("fields", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "shape", "schema": OPEN_SCHEMA}}},
+    {"extra_body": {"structured_outputs": {"json": OPEN_SCHEMA}}},
+], ids=["response_format", "structured_outputs"])
+def test_a_schema_that_leaves_additional_properties_unsaid_gets_only_its_keys(client, fields):
+    """Strict mode, as vLLM's xgrammar: the tiny model would otherwise add keys of its own until max_tokens."""
+    text, reason = ask(client, max_tokens=64, **fields)
+    assert reason == "stop"
+    check_shape(text)
+
+
 def check_shape(text):
     value = json.loads(text)
     assert set(value) == {"color", "shape"}

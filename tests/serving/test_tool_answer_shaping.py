@@ -12,7 +12,8 @@ from appliance.serving.http.errors import APIError
 from appliance.serving.http.routes_generate import AnswerShaper, GenerateRoutes
 from appliance.serving.messages import Tokens
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
 PIECES = ["Checking.", " <tool_", 'call>{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}</tool_call>']
 
 
@@ -61,3 +62,23 @@ def test_a_hermes_answer_whole_and_streamed():
     # every event's logprobs go out once, on a chunk of their own answer, even when its text was held back
     sent = [entry.token for c in chunks if c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
     assert sent == PIECES
+
+
+@pytest.mark.parametrize("text, parallel, content, calls", [
+    ('<tool_call>{"name": "fly", "arguments": {}}</tool_call>', True,
+     '<tool_call>{"name": "fly", "arguments": {}}</tool_call>', []),  # no such tool
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}</tool_call>', True,
+     '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}</tool_call>', []),  # unlisted key
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+     '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>', False,
+     '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>', ['{"city": "Oslo"}']),
+], ids=["undeclared", "invalid", "one-call"])
+def test_an_auto_answer_holds_only_calls_the_request_accepts(text, parallel, content, calls):
+    """The request's tools and parallel_tool_calls reach the parser through the route: what they refuse is
+    content, and an answer without a call finishes as text."""
+    whole = AnswerShaper("chatcmpl-3", "chat", auto_request(False, parallel_tool_calls=parallel), "m").whole(
+        [Tokens(text, 5, 20, None, "stop", 0, True)])
+    choice = ChatCompletion.model_validate(whole).choices[0]
+    assert choice.message.content == content
+    assert [call.function.arguments for call in choice.message.tool_calls or ()] == calls
+    assert choice.finish_reason == ("tool_calls" if calls else "stop")

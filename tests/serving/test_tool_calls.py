@@ -1,8 +1,9 @@
-"""Tool calling through `appliance serve` with the official `openai` client and LangChain: named and
-required choices (arguments valid for the function's schema), streamed calls that reassemble to the
-whole answer's, a two-turn round trip with the tool's result, and `auto` refused on a model without a
-tool-call parser. The tiny LLaVA knows shapes and colours only: its arguments are checked for validity,
-not for sense."""
+"""Tool calling through `appliance serve` with the official `openai` client and LangChain's defaults:
+named and required choices (arguments valid for the function's schema, also when the schema leaves
+`additionalProperties` unsaid or the function has no parameters), streamed calls that reassemble to the
+whole answer's, a two-turn round trip with the tool's result, a call cut by max_tokens, and `auto`
+refused on a model without a tool-call parser. The tiny LLaVA knows shapes and colours only: its
+arguments are checked for validity, not for sense."""
 import json
 from typing import Literal
 
@@ -10,7 +11,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from appliance.protocol.openai_answers import ChatCompletion, ChatCompletionChunk
 from tests.servers import data_url, image_question
@@ -23,7 +24,13 @@ SHAPE = {"type": "object", "additionalProperties": False, "required": ["shape"],
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                            "parameters": WEATHER}},
          {"type": "function", "function": {"name": "draw", "description": "Draw a shape", "parameters": SHAPE}}]
-SCHEMAS = {"get_weather": WEATHER, "draw": SHAPE}
+PAINT = {"type": "object", "required": ["shape", "color"],  # as LangChain and most hand-written schemas: no
+          "properties": {"shape": {"type": "string", "enum": ["square", "circle", "star"]},  # additionalProperties
+                         "color": {"type": "string", "enum": ["red", "orange", "blue"]}}}
+PAINT_TOOL = {"type": "function", "function": {"name": "paint", "description": "Paint a shape", "parameters": PAINT}}
+NO_PARAMETERS_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time now"}}
+SCHEMAS = {"get_weather": WEATHER, "draw": SHAPE, "paint": {**PAINT, "additionalProperties": False},
+           "get_time": {"type": "object", "properties": {}, "additionalProperties": False}}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
@@ -74,13 +81,53 @@ def test_a_named_choice_answers_one_call_of_that_function(client):
 
 
 def test_required_answers_calls_of_the_tools(client):
-    """The tiny model keeps adding calls until max_tokens: each finished call is valid, the cut one is
-    the last (its arguments as far as they came)."""
+    """The tiny model keeps adding calls until max_tokens: the item it cut is no call, every call is valid."""
     answer = ask(client, tool_choice="required")
     calls, reason = calls_of(answer.choices[0].message), answer.choices[0].finish_reason
     assert calls and all(name in SCHEMAS for name, _ in calls) and reason in ("tool_calls", "length")
-    check_calls(calls if reason == "tool_calls" else calls[:-1])
+    check_calls(calls)
     assert len({call.id for call in answer.choices[0].message.tool_calls}) == len(calls)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("parallel", [None, False], ids=["parallel", "one"])
+def test_required_with_a_schema_that_leaves_additional_properties_unsaid(client, stream, parallel):
+    """The schema is read strictly: the model cannot add keys of its own, so the arguments parse."""
+    fields = {} if parallel is None else {"parallel_tool_calls": parallel}
+    answer = client.chat.completions.create(model="llava-tiny", messages=[{"role": "user", "content": "Paint it."}],
+                                            temperature=0, max_tokens=96, tools=[PAINT_TOOL, TOOLS[1]],
+                                            tool_choice="required", stream=stream, **fields)
+    if stream:
+        _, calls, reason, _ = reassembled(answer)
+    else:
+        calls, reason = calls_of(answer.choices[0].message), answer.choices[0].finish_reason
+    assert calls and {name for name, _ in calls} <= {"paint", "draw"} and reason in ("tool_calls", "length")
+    assert len(calls) == 1 or parallel is None
+    check_calls(calls)
+
+
+def test_a_function_without_parameters_is_called_with_an_empty_object(client):
+    answer = client.chat.completions.create(model="llava-tiny", messages=QUESTION, temperature=0, max_tokens=32,
+                                            tools=[NO_PARAMETERS_TOOL],
+                                            tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert calls_of(answer.choices[0].message) == [("get_time", "{}")]
+    assert answer.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_call_max_tokens_cuts_finishes_with_length(client, stream):
+    """A free string is where the grammar lets the tiny model write on; max_tokens ends it, and says so."""
+    note = {"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+    answer = client.chat.completions.create(model="llava-tiny", messages=QUESTION, temperature=0, max_tokens=12,
+                                            tools=[note], tool_choice={"type": "function", "function": {"name": "note"}},
+                                            stream=stream)
+    if stream:
+        _, calls, reason, _ = reassembled(answer)
+    else:
+        calls, reason = calls_of(answer.choices[0].message), answer.choices[0].finish_reason
+    assert reason == "length"
+    assert calls[0][0] == "note" and calls[0][1].startswith('{"text": "')
 
 
 def test_required_without_parallel_calls_answers_one(client):
@@ -149,28 +196,46 @@ def chat_model(llava_server):
                                        temperature=0, max_tokens=96, max_retries=0, timeout=120)
 
 
-class GetWeather(BaseModel):
-    """The weather in a city."""
-    city: str = Field(max_length=12)  # bounded: the tiny model would fill a free string to max_tokens
-    unit: Literal["celsius", "fahrenheit"]
+class Paint(BaseModel):
+    """Paint a shape in a colour."""
+    shape: Literal["square", "circle", "star"]
+    color: Literal["red", "orange", "blue"]
 
 
-@pytest.mark.parametrize("choice", ["GetWeather", "required"])
-def test_langchain_bind_tools_gets_tool_calls(chat_model, choice):
-    # strict: additionalProperties false, else the schema lets the tiny model add keys until max_tokens
-    answer = chat_model.bind_tools([GetWeather], tool_choice=choice, parallel_tool_calls=False, strict=True).invoke(
-        "What is the weather in Oslo?")
-    assert [call["name"] for call in answer.tool_calls] == ["GetWeather"] and not answer.invalid_tool_calls
-    GetWeather(**answer.tool_calls[0]["args"])
-    assert answer.response_metadata["finish_reason"] == "tool_calls"
+@pytest.mark.parametrize("choice", ["Paint", "required", "any"])
+def test_langchain_bind_tools_defaults_get_tool_calls(chat_model, choice):
+    """No `strict`, no `parallel_tool_calls`: LangChain's schema says nothing of additionalProperties."""
+    function_calling = pytest.importorskip("langchain_core.utils.function_calling")
+    assert "additionalProperties" not in function_calling.convert_to_openai_tool(Paint)["function"]["parameters"]
+    answer = chat_model.bind_tools([Paint], tool_choice=choice).invoke("Paint a red square.")
+    assert answer.tool_calls and not answer.invalid_tool_calls
+    for call in answer.tool_calls:
+        assert call["name"] == "Paint"
+        Paint(**call["args"])
+    assert answer.response_metadata["finish_reason"] in (("tool_calls",) if choice == "Paint" else
+                                                         ("tool_calls", "length"))
 
 
 def test_langchain_structured_output_by_function_calling(chat_model):
-    class Shape(BaseModel):
-        """A shape and its colour."""
-        shape: Literal["square", "circle", "star"]
-        color: Literal["red", "orange", "blue"]
+    result = chat_model.with_structured_output(Paint, method="function_calling").invoke("Which shape is it?")
+    assert isinstance(result, Paint)
 
-    result = chat_model.with_structured_output(Shape, method="function_calling", strict=True).invoke(
-        "Which shape is it?")
-    assert isinstance(result, Shape)
+
+def test_langchain_agent_loop_of_two_turns(chat_model):
+    """The model calls the tool, the tool's result goes back as a ToolMessage, the model answers in text."""
+    tools = pytest.importorskip("langchain_core.tools")
+    messages_module = pytest.importorskip("langchain_core.messages")
+
+    @tools.tool
+    def paint(shape: Literal["square", "circle", "star"], color: Literal["red", "orange", "blue"]) -> str:
+        """Paint a shape in a colour."""
+        return f"painted a {color} {shape}"
+
+    conversation = [messages_module.HumanMessage("Paint a red square.")]
+    first = chat_model.bind_tools([paint], tool_choice="paint").invoke(conversation)
+    assert len(first.tool_calls) == 1 and not first.invalid_tool_calls
+    conversation += [first, paint.invoke(first.tool_calls[0])]  # a ToolMessage answering the call's id
+    assert isinstance(conversation[-1], messages_module.ToolMessage)
+    second = chat_model.bind_tools([paint], tool_choice="none").bind(max_tokens=8).invoke(conversation)
+    assert isinstance(second.content, str) and not second.tool_calls and not second.invalid_tool_calls
+    assert second.response_metadata["finish_reason"] in ("stop", "length")
