@@ -13,9 +13,12 @@ import datetime
 import json
 import logging
 import sys
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from appliance.errors import ConfigError
+
+if TYPE_CHECKING:
+    from appliance.config.schema import LogFormat
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SERVE_LEVEL = "INFO"  # `serve`'s level when log_level is unset: its start-up, ready, request and stats lines
@@ -23,14 +26,16 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LIBRARY_LOGGERS = ("litserve", "uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 
-def setup_logging(level: str, log_format: Any = "text") -> None:
-    """This process's root logger: one handler on stderr, in the chosen format, at `level`."""
+def setup_logging(level: str, log_format: "LogFormat") -> None:
+    """This process's root logger: one handler on stderr, in the chosen format (the composed config's
+    `log_format`), at `level`."""
+    from appliance.config.schema import LogFormat  # with the config, not with every import of this module
+
     name = str(level).upper()
     if name not in LEVELS:
         raise ConfigError(f"log_level: {level!r}; allowed: {', '.join(LEVELS)}")
     handler = logging.StreamHandler(sys.stderr)
-    fmt = str(getattr(log_format, "value", log_format))  # the config's enum member, or its value
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format is LogFormat.json else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)

@@ -168,7 +168,7 @@ def checkpoint_architecture(raw: dict) -> str:
 
 def _input_type(value: Any) -> ImageInputType:
     try:
-        return ImageInputType(getattr(value, "value", value))
+        return ImageInputType(value)  # a member from the composed config, or a name from a plain mapping
     except ValueError:
         allowed = ", ".join(t.value for t in ImageInputType)
         raise ConfigError(f"{_FIELD}.image_input_type: {value!r} (allowed: {allowed})") from None

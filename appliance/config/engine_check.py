@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
+from appliance.engine.config import EngineKind, Quantization
 from appliance.errors import ConfigError
 
 
@@ -15,12 +16,12 @@ def check_engine(cfg) -> None:
     engine = cfg.engine
     if engine.block_size < 1:
         raise ConfigError(f"engine.block_size must be >= 1, got {engine.block_size}")
-    if _name(engine.kind) != "generate":
-        if _name(engine.quantization) != "none":
-            raise ConfigError(f"engine.quantization={_name(engine.quantization)} applies to a language model "
+    if engine.kind is not EngineKind.generate:
+        if engine.quantization is not Quantization.none:
+            raise ConfigError(f"engine.quantization={engine.quantization.value} applies to a language model "
                               f"(engine.kind=generate); pool models run in engine.dtype")
         return
-    backend, device, dtype = _name(engine.attention_backend), str(engine.device), _name(engine.dtype)
+    backend, device, dtype = engine.attention_backend.value, str(engine.device), engine.dtype.value
     if dtype == "auto":  # what the engine will resolve it to, when the checkpoint declares it
         dtype = _auto_dtype(cfg.model, device)
     if backend == "cpu":
@@ -91,6 +92,3 @@ def _limits():
         log.setLevel(level)
     return XformersLimits.from_fmha(fmha)
 
-
-def _name(value) -> str:
-    return str(getattr(value, "value", value))

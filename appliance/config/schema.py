@@ -135,6 +135,8 @@ class LogFormat(str, Enum):
 class ServerLimits:
     max_request_bytes: int = 20 * 1024 * 1024  # an HTTP request body (413 above)
     max_media_bytes: int = 20 * 1024 * 1024  # each image, image-features file or GeoTIFF a request names (URL, file, data URL)
+    # an image's width x height, read from its header before decoding (8000 x 8000); under Pillow's own
+    # decompression-bomb warning (89.5 million), so ours is the error users see
     max_image_pixels: int = 64_000_000
     request_timeout_s: float = 600.0  # a request still unanswered after this long is aborted (504)
     fetch_timeout_s: float = 30.0  # a URL the request names must arrive within this (images, GeoTIFFs)

@@ -11,7 +11,7 @@ import torch
 from appliance.engine import cpu_kernels
 from appliance.engine.attention import CpuAttentionBackend, TorchAttentionBackend
 from appliance.engine.attention_probe import probe_backend
-from appliance.engine.config import dtype_name
+from appliance.engine.config import AttentionBackend, dtype_name
 from appliance.engine.xformers_attention import XformersAttentionBackend
 from appliance.engine.xformers_plan import XformersLimits, config_refusal
 
@@ -30,7 +30,7 @@ def cpu_backend_refusal(device: str, dtype: Optional[str]) -> Optional[str]:
     return None
 
 
-def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.float32, geometry=None,
+def select_backend(name: AttentionBackend, device: torch.device, dtype: torch.dtype = torch.float32, geometry=None,
                    probe=None, fmha=None, cpu_kernels_off: Optional[str] = None) -> str:
     """The backend's name. `auto`: xformers on CUDA where it runs every kind of step of this engine (its
     kernels' limits, then a probe forward of each kind at start; otherwise the torch backend and one
@@ -38,16 +38,15 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.f
     (`cpu_kernels_off` None; else why it does not), else torch. An explicit choice that cannot run raises
     ValueError with the reason, before any request. `geometry` (an AttentionGeometry) is needed on CUDA;
     `probe` and `fmha` replace the real ones in tests."""
-    name = getattr(name, "value", name)
-    if name == "auto":
+    if name is AttentionBackend.auto:
         if device.type == "cuda":
             return _auto_on_cuda(device, dtype, geometry, probe, fmha)
         if device.type == "cpu" and dtype in cpu_kernels.PAGED_DECODE_DTYPES and cpu_kernels_off is None:
             return CpuAttentionBackend.name
         return TorchAttentionBackend.name
-    if name == "torch":
+    if name is AttentionBackend.torch:
         return TorchAttentionBackend.name
-    if name == "cpu":
+    if name is AttentionBackend.cpu:
         why = cpu_backend_refusal(device.type, dtype_name(dtype))
         if why:
             raise ValueError(why)
@@ -55,13 +54,14 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype = torch.f
             raise ValueError(f"attention_backend=cpu: our CPU kernels are unavailable ({cpu_kernels_off}); use "
                              f"attention_backend=torch (or auto)")
         return CpuAttentionBackend.name
-    if name == "xformers":
+    if name is AttentionBackend.xformers:
         why = _xformers_refusal(device, dtype, geometry, probe, fmha)
         if why:
             raise ValueError(f"attention_backend=xformers cannot run here: {why}; use attention_backend=torch "
                              f"(or auto)")
         return XformersAttentionBackend.name
-    raise ValueError(f"unknown attention_backend {name!r}; choose auto, torch, cpu or xformers")
+    # EngineConfig holds members (a name becomes one when the config is built): anything else is a caller's bug
+    raise TypeError(f"attention_backend: expected an AttentionBackend member, got {name!r}")
 
 
 def make_backend(name: str, fmha=None):

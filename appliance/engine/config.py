@@ -1,7 +1,7 @@
 """The engine's configuration: a plain dataclass (the `engine` config group's schema) and the two
 helpers every engine needs from it. Imports neither Hydra nor torch nor the generation stack, so the
 pool engine (and a config tree) can use it alone; `appliance/config/schema.py` re-exports the names."""
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import List, Optional
 
@@ -55,24 +55,33 @@ class EngineConfig:
     quantization: Quantization = Quantization.none  # int8: the language model's linear layers, at load
     seed: int = 0
 
+    def __post_init__(self):
+        """Choices hold their Enum members, however the config was built (composed, a dict, a test's
+        `dtype="bfloat16"`): converted here once, so every reader compares members."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(f.type, type) and issubclass(f.type, Enum) and not isinstance(value, f.type):
+                try:
+                    setattr(self, f.name, f.type(value))
+                except ValueError:
+                    raise ValueError(f"engine.{f.name}: {value!r} is not one of "
+                                     f"{', '.join(m.value for m in f.type)}") from None
 
-def dtype_name(value) -> str:
-    """A dtype's or a config enum's plain name, as settings and logs write it: float32, int8."""
-    return str(getattr(value, "value", value)).replace("torch.", "")
+
+def dtype_name(dtype) -> str:
+    """A torch dtype's plain name, as settings and logs write it: float32, bfloat16."""
+    return str(dtype).replace("torch.", "")
 
 
-def resolve_dtype(name) -> "torch.dtype":
-    """The torch dtype of `engine.dtype` (a DType or its name). torch is imported here, not with the
-    module: composing a config needs this schema but not torch."""
+def resolve_dtype(dtype: DType) -> "torch.dtype":
+    """The torch dtype of `engine.dtype`. torch is imported here, not with the module: composing a config
+    needs this schema but not torch."""
     import torch
 
-    name = getattr(name, "value", name)
-    if name not in DType.__members__:
-        raise ValueError(f"engine.dtype {name!r} is not one of {', '.join(DType.__members__)}")
-    if name == DType.auto.value:
+    if dtype is DType.auto:
         raise ValueError("engine.dtype=auto names no dtype until the checkpoint is known; the engine "
                          "resolves it (memory_plan.plan_memory) before building the model")
-    return getattr(torch, name)
+    return getattr(torch, dtype.value)
 
 
 def engine_config_from(node) -> EngineConfig:

@@ -30,7 +30,7 @@ import torch
 
 from appliance.engine import cpu_kernels
 from appliance.engine.attention_select import select_backend
-from appliance.engine.config import EngineConfig, dtype_name, resolve_dtype
+from appliance.engine.config import EngineConfig, Quantization, dtype_name, resolve_dtype
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, kernel_problem
 
@@ -110,7 +110,7 @@ def plan_kernels(cfg: EngineConfig, host: Host, geometry, device: Optional[torch
     dtype = resolve_dtype(cfg.dtype)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():  # the probes' card
         attention = select_backend(cfg.attention_backend, device, dtype, geometry, probe, fmha, cpu_kernels_off=off)
-    if dtype_name(cfg.quantization) == "int8":
+    if cfg.quantization is Quantization.int8:
         problem = kernel_problem(device)
         if problem:
             raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
@@ -138,7 +138,7 @@ def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str]
         device=torch.device(cfg.device).type, dtype=dtype, cpu_kernels_off=cpu_kernels_off,
         packed_gemm=fp32_ours or (bf16_ours and not amx), bf16_units="avx512_bf16" in host.cpu_flags,
         bf16_weight_rows=BF16_WEIGHT_ROWS_NATIVE if bf16_ours and amx else range(0),
-        int8=int8_plan(host, ours) if dtype_name(cfg.quantization) == "int8" else None,
+        int8=int8_plan(host, ours) if cfg.quantization is Quantization.int8 else None,
         attention=attention, fused_ops=fp32_ours, argmax=fp32_ours)
 
 

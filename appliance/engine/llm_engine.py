@@ -55,7 +55,7 @@ class LLMEngine:
         """`tp_timeout_s` bounds TP start-up and each collective, so a hung rank raises instead of hanging.
         `host`: the machine the dtype, KV and kernel rules decide for (default: this one, read at start)."""
         cfg = engine_config_from(engine_config)
-        if getattr(cfg.kind, "value", cfg.kind) != EngineKind.generate.value:
+        if cfg.kind is not EngineKind.generate:
             raise ValueError("LLMEngine serves engine.kind=generate; use PoolEngine for kind=pool")
         hf_config = AutoConfig.from_pretrained(model_path)
         self.hf_config = hf_config

@@ -30,7 +30,7 @@ import torch
 
 from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.checkpoint_facts import CheckpointFacts
-from appliance.engine.config import DType, EngineConfig, dtype_name
+from appliance.engine.config import DType, EngineConfig, Quantization, dtype_name, resolve_dtype
 from appliance.engine.host import NATIVE_BF16_FLAGS, Host
 from appliance.errors import ConfigError
 
@@ -68,9 +68,8 @@ def plan_memory(cfg: EngineConfig, facts: CheckpointFacts, host: Host, source: s
 
 def choose_dtype(cfg: EngineConfig, facts: CheckpointFacts, host: Host, fits=lambda dtype: True):
     """(dtype, why) per the module docstring; `fits(dtype)` says whether the model fits in it."""
-    requested = getattr(cfg.dtype, "value", cfg.dtype)
-    if requested != DType.auto.value:
-        return getattr(torch, requested), f"engine.dtype={requested}"
+    if cfg.dtype is not DType.auto:
+        return resolve_dtype(cfg.dtype), f"engine.dtype={cfg.dtype.value}"
     own = dtype_name(facts.dtype)
     settled = auto_dtype_without_host(facts.dtype, str(cfg.device))
     if settled is not None:
@@ -104,7 +103,7 @@ class _Sizing:
         self.cfg, self.facts, self.host, self.kv, self.max_model_len = cfg, facts, host, kv, max_model_len
         self.world = max(1, cfg.tensor_parallel_size)
         self.cuda = str(cfg.device).startswith("cuda")
-        self.int8 = getattr(cfg.quantization, "value", cfg.quantization) == "int8"
+        self.int8 = cfg.quantization is Quantization.int8
 
     def weights(self, dtype: torch.dtype, int8: Optional[bool] = None) -> int:
         """Weights once loaded (int8 projections when this engine quantizes, unless `int8` says) on the

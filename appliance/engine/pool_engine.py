@@ -66,7 +66,7 @@ class PoolEngine:
                              f"on one device (no tensor parallelism); set it to 1")
         self.cfg = cfg
         self.device = torch.device(cfg.device)
-        if getattr(cfg.dtype, "value", cfg.dtype) == DType.auto.value:  # a model given built: its own dtype
+        if cfg.dtype is DType.auto:  # a model given built: its own dtype
             self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         else:
             self.dtype = resolve_dtype(cfg.dtype)
@@ -83,7 +83,7 @@ class PoolEngine:
         machine to size for (default: this one)."""
         from appliance.engine.models import get_model_class, model_architecture
         cfg = engine_config_from(app_cfg.engine)
-        if getattr(cfg.kind, "value", cfg.kind) != EngineKind.pool.value:
+        if cfg.kind is not EngineKind.pool:
             raise ValueError("PoolEngine serves engine.kind=pool; use LLMEngine for kind=generate")
         model_cls = get_model_class(model_architecture(app_cfg.model.architecture), EngineKind.pool)
         model = app_cfg.model
@@ -92,7 +92,7 @@ class PoolEngine:
             plan = plan_memory(cfg, model_checkpoint_facts(model), host, f"model {model.checkpoint or model.path}")
             cfg = dataclasses.replace(cfg, dtype=DType(plan.dtype_name))
             log.info("engine.dtype: %s (%s)", plan.dtype_name, plan.dtype_reason)
-        elif getattr(cfg.dtype, "value", cfg.dtype) == DType.auto.value:
+        elif cfg.dtype is DType.auto:
             cfg = dataclasses.replace(cfg, dtype=DType.float32)  # no checkpoint to read: the model's own rule
         return cls(model_cls.from_config(model, cfg), cfg)
 

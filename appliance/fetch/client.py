@@ -33,7 +33,7 @@ from appliance.fetch.policy import FetchPolicy
 from appliance.fetch.kept_connections import KeptConnections
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-CHUNK_BYTES = 1 << 16
+RECV_BYTES = 1 << 16
 HEADERS = {"User-Agent": "appliance-fetch", "Accept-Encoding": "identity", "Connection": "close"}
 KEEP_ALIVE_HEADERS = {k: v for k, v in HEADERS.items() if k != "Connection"}  # HTTP/1.1's default: kept
 # A kept connection the server closed while it sat idle fails like this before any answer: retried once,
@@ -293,7 +293,7 @@ class _Transfer:
             self._fail(f"{hop.where} sends {declared} bytes; the limit is {limit} bytes")
         total = 0
         while True:
-            chunk = self._read(sock, response, hop, min(CHUNK_BYTES, limit + 1 - total), total)
+            chunk = self._read(sock, response, hop, min(RECV_BYTES, limit + 1 - total), total)
             if not chunk:
                 break
             total += len(chunk)

@@ -7,8 +7,6 @@ from typing import Any
 
 from appliance.errors import ConfigError
 
-DEFAULT_MAX_BYTES = 20 * 1024 * 1024
-
 
 @dataclass(frozen=True, kw_only=True)
 class FetchPolicy:
@@ -17,7 +15,9 @@ class FetchPolicy:
     allowed_domains: tuple[str, ...] = ()
     connect_timeout_s: float = 5
     read_timeout_s: float = 10    # each socket read
-    total_timeout_s: float = 30   # the whole transfer, redirects included
+    # The whole transfer (redirects included) and the body's bytes: server.limits.fetch_timeout_s and
+    # max_media_bytes, given by the caller, so that no second default can disagree with the schema's.
+    total_timeout_s: float
     max_bytes: int
     max_redirects: int = 5
 
@@ -26,10 +26,11 @@ class FetchPolicy:
             raise ConfigError(f"allowed_domains (server.allowed_media_domains): expected a list of host names, "
                               f"got the string {self.allowed_domains!r}; write [{self.allowed_domains!r}]")
         object.__setattr__(self, "allowed_domains", tuple(_bare_host(d) for d in self.allowed_domains))
-        for name in ("connect_timeout_s", "read_timeout_s", "total_timeout_s"):
+        for name, shown in (("connect_timeout_s", "connect_timeout_s"), ("read_timeout_s", "read_timeout_s"),
+                            ("total_timeout_s", "total_timeout_s (server.limits.fetch_timeout_s)")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{name}: must be a number of seconds > 0, got {value!r}")
+                raise ConfigError(f"{shown}: must be a number of seconds > 0, got {value!r}")
         if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 1:
             raise ConfigError(f"max_bytes (server.limits.max_media_bytes): must be an integer >= 1, "
                               f"got {self.max_bytes!r}")
@@ -43,17 +44,15 @@ class FetchPolicy:
     @classmethod
     def from_server_config(cls, server_cfg: Any) -> "FetchPolicy":
         """The policy the server and the offline CLI share: `server.allowed_media_domains`,
-        `server.limits.max_media_bytes` and `server.limits.fetch_timeout_s` (total; default 30 s).
-        Missing keys take their defaults, so configs from before those keys existed still work."""
-        limits = _get(server_cfg, "limits") or {}
+        `server.limits.max_media_bytes` and `server.limits.fetch_timeout_s` (the total time) of the
+        composed config (a ServerConfig or its node), where the schema has given every key its value."""
+        limits = _get(server_cfg, "limits")
         domains = _get(server_cfg, "allowed_media_domains") or ()
         if not isinstance(domains, (str, bytes)):
             domains = tuple(domains)  # OmegaConf ListConfig, list or tuple
-        total = _get(limits, "fetch_timeout_s")
-        max_bytes = _get(limits, "max_media_bytes")
         return cls(allowed_domains=domains,
-                   total_timeout_s=30 if total is None else total,
-                   max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
+                   total_timeout_s=_get(limits, "fetch_timeout_s"),
+                   max_bytes=_get(limits, "max_media_bytes"))
 
 
 def normalize_host(host: str) -> str:

@@ -17,6 +17,8 @@ import tempfile
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, Optional
 
+from appliance.config.schema import MetricsNames
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                    40.0, 80.0, 160.0, 640.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
@@ -36,7 +38,6 @@ VLLM_SERIES = frozenset({
     "prompt_tokens", "generation_tokens", "request_success", "num_preemptions", "prefix_cache_queries",
     "prefix_cache_hits", "request_params_max_tokens", "iteration_tokens_total", "cache_config_info",
     "request_params_n", "request_max_num_generation_tokens"})
-SCHEMES = ("appliance", "vllm")
 CACHE_INFO_LABELS = ("block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching")  # vLLM's names
 
 
@@ -44,14 +45,11 @@ class MetricNames:
     """`server.metrics_names`: `appliance` names every series `appliance_<name>`; `vllm` names the series
     vLLM has `vllm:<name>` and the others `appliance_<name>`."""
 
-    def __init__(self, scheme: str = "appliance"):
-        scheme = str(getattr(scheme, "value", scheme))  # the config's enum member, or its value
-        if scheme not in SCHEMES:
-            raise ValueError(f"server.metrics_names: {scheme!r}; allowed: {', '.join(SCHEMES)}")
+    def __init__(self, scheme: MetricsNames = MetricsNames.appliance):
         self.scheme = scheme
 
     def __call__(self, name: str) -> str:
-        return f"vllm:{name}" if self.scheme == "vllm" and name in VLLM_SERIES else f"appliance_{name}"
+        return f"vllm:{name}" if self.scheme is MetricsNames.vllm and name in VLLM_SERIES else f"appliance_{name}"
 
 
 @contextmanager
@@ -127,7 +125,7 @@ class EngineMetrics:
         # first token plus the tokens generated (its metrics test: n requests sum to n * (prompt + output)).
         self.vllm_step_tokens = histogram("iteration_tokens_total", "Per engine step with output: prompt tokens "
                                           "of the answers it started (cache hits included) plus the tokens it "
-                                          "generated", STEP_BUCKETS) if names.scheme == "vllm" else None
+                                          "generated", STEP_BUCKETS) if names.scheme is MetricsNames.vllm else None
         self._cache_info = Gauge(names("cache_config_info"), "The KV cache's configuration (value 1)",
                                  ["model_name", *CACHE_INFO_LABELS], registry=None, multiprocess_mode="mostrecent")
         self.running = gauge("num_requests_running", "Requests the engine is running")

@@ -6,6 +6,7 @@ stages marked `online` (not the offline sources and sinks such as `chat_requests
 pool) and a tail (after the engine: stitching and writing for pooling models).
 """
 from dataclasses import dataclass
+from enum import Enum
 from typing import List, Optional
 
 from appliance.config.schema import EngineKind
@@ -15,9 +16,18 @@ from appliance.serving.engine_process.records import record_fields
 
 
 
+class ServedKind(str, Enum):
+    """What a server serves: its engine's kind, or `plain` (a pipeline with no engine stage: POST /predict),
+    which is no engine kind."""
+
+    generate = EngineKind.generate.value
+    pool = EngineKind.pool.value
+    plain = "plain"
+
+
 @dataclass
 class OnlinePipeline:
-    kind: str                   # "generate" | "pool" | "plain" (no engine stage: POST /predict)
+    kind: ServedKind
     head: List[Stage]
     engine: Optional[Stage]
     tail: List[Stage]
@@ -30,18 +40,18 @@ def split_online(pipeline: Pipeline, cfg) -> OnlinePipeline:
     """The online stages around the engine; ConfigError when the server could not feed them."""
     engines = [s for s in pipeline.stages if s.name == "engine"]
     if not engines:
-        return OnlinePipeline("plain", list(pipeline.stages), None, [])
+        return OnlinePipeline(ServedKind.plain, list(pipeline.stages), None, [])
     if len(engines) > 1:
         raise ConfigError(f"pipeline.stages: {len(engines)} engine stages ({', '.join(s.id for s in engines)}); "
                           "a server runs one engine")
     index = pipeline.stages.index(engines[0])
     head = [s for s in pipeline.stages[:index] if s.online]
     tail = [s for s in pipeline.stages[index + 1:] if s.online]
-    kind = "pool" if cfg.engine.kind == EngineKind.pool else "generate"
-    if kind == "generate" and tail:
+    kind = cfg.engine.kind
+    if kind is EngineKind.generate and tail:
         raise ConfigError(f"pipeline.stages.{tail[0].id} ({tail[0].name}) follows a generating engine; the server "
                           "streams the engine's tokens itself, so only offline stages may follow it")
     # A generating engine is fed by the chat head or, for /v1/completions, by the body's prompt.
-    check_graph([*head, engines[0], *tail], record_fields(kind), f"the {kind} API",
-                fed=lambda stage: stage.name == "engine" and kind == "generate")
-    return OnlinePipeline(kind, head, engines[0], tail)
+    check_graph([*head, engines[0], *tail], record_fields(kind), f"the {kind.value} API",
+                fed=lambda stage: stage.name == "engine" and kind is EngineKind.generate)
+    return OnlinePipeline(ServedKind(kind.value), head, engines[0], tail)

@@ -97,7 +97,7 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     for signum in STOP_SIGNALS:
         signal.signal(signum, supervisor.on_signal)
     threading.Thread(target=supervisor.watch, name="supervisor", daemon=True).start()
-    log.info("starting pipeline %s (%s), model %s, on %s: loading the model", cfg.pipeline.name, online.kind,
+    log.info("starting pipeline %s (%s), model %s, on %s: loading the model", cfg.pipeline.name, online.kind.value,
              cfg.model.name, address)
     settle_heap()  # before LitServe forks the HTTP process, which inherits the frozen heap
     failures = []

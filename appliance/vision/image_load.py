@@ -31,9 +31,6 @@ from appliance.fetch import FetchPolicy, Fetcher, fetch_bytes
 from appliance.fetch.local_files import allowed_path
 from appliance.vision.tiff_layout import tiff_layout
 
-DEFAULT_MAX_BYTES = 20 * 1024 * 1024
-DEFAULT_MAX_IMAGE_PIXELS = 40_000_000  # e.g. 8000 x 5000; a 336px model gains nothing from more
-
 
 @dataclass(frozen=True)
 class LoadedImage:
@@ -50,16 +47,17 @@ def load_image(
     source: Union[str, bytes, bytearray, memoryview],
     *,
     field: str = "image",
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    max_bytes: int,
+    max_image_pixels: int,
+    fetch_policy: FetchPolicy,
     allowed_dir: Optional[Union[str, os.PathLike]] = None,
-    fetch_policy: Optional[FetchPolicy] = None,
     fetcher: Optional[Fetcher] = None,
 ) -> LoadedImage:
     """Read `source` (raw bytes, `http(s)://`, `data:image/...;base64,`, or a path under `allowed_dir`).
 
-    URLs go through `fetcher(url, policy, field)` (default: the safe `appliance.fetch.fetch_bytes`)
-    under `fetch_policy` (default: no allowed domains, default timeouts, `max_bytes`)."""
+    The limits are the server's (`server.limits.max_media_bytes`, `max_image_pixels`, and
+    `FetchPolicy.from_server_config`), passed in so that this module holds no second copy of them.
+    URLs go through `fetcher(url, policy, field)` (default: the safe `appliance.fetch.fetch_bytes`)."""
     data = read_source(source, field=field, max_bytes=max_bytes, allowed_dir=allowed_dir,
                        fetch_policy=fetch_policy, fetcher=fetcher)
     image = decode_image(data, field=field, max_image_pixels=max_image_pixels)
@@ -71,9 +69,8 @@ def is_remote_image(source) -> bool:
     return isinstance(source, str) and source[:16].lower().startswith(("data:", "http://", "https://"))
 
 
-def read_source(source, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BYTES,
-                allowed_dir=None, fetch_policy: Optional[FetchPolicy] = None,
-                fetcher: Optional[Fetcher] = None) -> bytes:
+def read_source(source, *, field: str = "image", max_bytes: int, fetch_policy: FetchPolicy,
+                allowed_dir=None, fetcher: Optional[Fetcher] = None) -> bytes:
     """The encoded bytes behind `source`, at most `max_bytes` of them."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
@@ -88,7 +85,7 @@ def read_source(source, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BY
     if lowered.startswith("data:"):
         return decode_data_url(source, field=field, max_bytes=max_bytes)
     if lowered.startswith(("http://", "https://")):
-        data = fetch_remote(source, fetch_policy or FetchPolicy(max_bytes=max_bytes), field, fetcher)
+        data = fetch_remote(source, fetch_policy, field, fetcher)
         _check_byte_count(len(data), field, max_bytes)
         return data
     if lowered.startswith("file://"):
@@ -129,7 +126,7 @@ def _check_byte_count(n: int, field: str, max_bytes: int) -> None:
 
 # --- data: URLs -------------------------------------------------------------------------------
 
-def decode_data_url(url: str, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+def decode_data_url(url: str, *, field: str = "image", max_bytes: int) -> bytes:
     """`data:image/<type>;base64,<payload>` → bytes. Only base64 image payloads are accepted."""
     header, sep, payload = url.partition(",")
     if not sep:
@@ -177,8 +174,7 @@ def sniff_format(data: bytes) -> Optional[str]:
 
 # --- local files ------------------------------------------------------------------------------
 
-def read_local(path: str, *, field: str = "image", max_bytes: int = DEFAULT_MAX_BYTES,
-               allowed_dir=None) -> bytes:
+def read_local(path: str, *, field: str = "image", max_bytes: int, allowed_dir=None) -> bytes:
     """Read a file that resolves to a place inside `allowed_dir` (`fetch.local_files.allowed_path`)."""
     candidate = allowed_path(path, allowed_dir, field)
     try:
@@ -200,8 +196,7 @@ def read_local(path: str, *, field: str = "image", max_bytes: int = DEFAULT_MAX_
 
 # --- decoding ---------------------------------------------------------------------------------
 
-def decode_image(data: bytes, *, field: str = "image",
-                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image.Image:
+def decode_image(data: bytes, *, field: str = "image", max_image_pixels: int) -> Image.Image:
     """Encoded bytes → upright RGB. The pixel count is checked from the header before decoding."""
     try:
         with warnings.catch_warnings():

@@ -11,6 +11,7 @@ from appliance.engine import cpu_kernels
 from appliance.engine.attention import CpuAttentionBackend, TorchAttentionBackend
 from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.attention_select import make_backend, select_backend
+from appliance.engine.config import AttentionBackend, EngineConfig
 from appliance.engine.xformers_attention import XformersAttentionBackend
 from tests.engine.fake_fmha import fake_fmha
 
@@ -40,7 +41,7 @@ needs_cpu_kernels = pytest.mark.skipif(not cpu_kernels.available(),
     (torch.float16, "xformers"),
 ])
 def test_auto_on_cuda_picks_xformers_only_where_it_runs(dtype, expected):
-    assert xformers("auto", dtype) == expected
+    assert xformers(AttentionBackend.auto, dtype) == expected
 
 
 @pytest.mark.parametrize("name, kind", [("torch", TorchAttentionBackend), ("cpu", CpuAttentionBackend),
@@ -52,7 +53,7 @@ def test_each_runner_makes_its_own_backend_of_the_name(name, kind):
 
 def test_auto_with_a_block_size_xformers_refuses_falls_back_with_one_line(caplog):
     with caplog.at_level(logging.INFO, logger="appliance.engine.attention"):
-        backend = xformers("auto", torch.bfloat16, AttentionGeometry(4, 2, 64, 16))
+        backend = xformers(AttentionBackend.auto, torch.bfloat16, AttentionGeometry(4, 2, 64, 16))
     assert backend == "torch"
     assert len(caplog.records) == 1
     assert "engine.block_size=16" in caplog.text and "multiple of 64" in caplog.text
@@ -60,7 +61,7 @@ def test_auto_with_a_block_size_xformers_refuses_falls_back_with_one_line(caplog
 
 def test_auto_falls_back_when_the_probe_fails_and_says_why(caplog):
     with caplog.at_level(logging.INFO, logger="appliance.engine.attention"):
-        backend = xformers("auto", torch.float16, probe=failing_probe)
+        backend = xformers(AttentionBackend.auto, torch.float16, probe=failing_probe)
     assert backend == "torch"
     [record] = caplog.records
     assert record.levelno == logging.WARNING and "No operator found" in record.getMessage()
@@ -69,7 +70,7 @@ def test_auto_falls_back_when_the_probe_fails_and_says_why(caplog):
 
 def test_explicit_xformers_fails_at_start_with_the_probe_reason():
     with pytest.raises(ValueError, match="cannot run here: decode step failed: NotImplementedError"):
-        xformers("xformers", torch.float16, probe=failing_probe)
+        xformers(AttentionBackend.xformers, torch.float16, probe=failing_probe)
 
 
 @pytest.mark.parametrize("dtype, geometry, message", [
@@ -79,35 +80,36 @@ def test_explicit_xformers_fails_at_start_with_the_probe_reason():
 ])
 def test_explicit_xformers_that_cannot_run_names_the_constraint(dtype, geometry, message):
     with pytest.raises(ValueError, match=message):
-        xformers("xformers", dtype, geometry)
+        xformers(AttentionBackend.xformers, dtype, geometry)
 
 
 def test_explicit_xformers_on_cpu_is_a_clear_error():
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        select_backend("xformers", CPU, torch.float16, GEOMETRY, probe=passing_probe, fmha=fake_fmha())
+        select_backend(AttentionBackend.xformers, CPU, torch.float16, GEOMETRY, probe=passing_probe, fmha=fake_fmha())
 
 
 def test_auto_on_cuda_without_xformers_is_torch():
     if importlib.util.find_spec("xformers") is not None:
         pytest.skip("xformers is installed here")
-    assert select_backend("auto", CUDA, torch.bfloat16, GEOMETRY) == "torch"
+    assert select_backend(AttentionBackend.auto, CUDA, torch.bfloat16, GEOMETRY) == "torch"
     with pytest.raises(ValueError, match="xformers is not installed"):
-        select_backend("xformers", CUDA, torch.bfloat16, GEOMETRY)
+        select_backend(AttentionBackend.xformers, CUDA, torch.bfloat16, GEOMETRY)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_auto_on_cpu_never_probes(dtype):
-    assert select_backend("auto", CPU, dtype, probe=failing_probe) == "cpu"
+    assert select_backend(AttentionBackend.auto, CPU, dtype, probe=failing_probe) == "cpu"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_auto_picks_our_cpu_kernel_for_fp32_and_bf16_on_cpu(dtype):
-    assert select_backend("auto", CPU, dtype) == "cpu"
-    assert select_backend("auto", CPU, torch.float16) == "torch"
+    assert select_backend(AttentionBackend.auto, CPU, dtype) == "cpu"
+    assert select_backend(AttentionBackend.auto, CPU, torch.float16) == "torch"
 
 
 def test_auto_is_torch_on_cpu_with_cpu_kernels_off():
-    assert select_backend("auto", CPU, torch.float32, cpu_kernels_off="engine.cpu_kernels=false") == "torch"
+    off = "engine.cpu_kernels=false"
+    assert select_backend(AttentionBackend.auto, CPU, torch.float32, cpu_kernels_off=off) == "torch"
 
 
 @pytest.mark.parametrize("device, dtype, message", [
@@ -116,17 +118,19 @@ def test_auto_is_torch_on_cpu_with_cpu_kernels_off():
 ])
 def test_cpu_backend_where_it_cannot_run_is_a_clear_error(device, dtype, message):
     with pytest.raises(ValueError, match=message):
-        select_backend("cpu", device, dtype)
+        select_backend(AttentionBackend.cpu, device, dtype)
 
 
 def test_cpu_backend_with_kernels_off_says_why():
     with pytest.raises(ValueError, match=r"unavailable \(no compiler\)"):
-        select_backend("cpu", CPU, torch.float32, cpu_kernels_off="no compiler")
+        select_backend(AttentionBackend.cpu, CPU, torch.float32, cpu_kernels_off="no compiler")
 
 
 def test_unknown_backend_names_the_choices():
-    with pytest.raises(ValueError, match="auto, torch, cpu or xformers"):
-        select_backend("flash", CPU)
+    with pytest.raises(ValueError, match="engine.attention_backend: 'flash' is not one of auto, torch, cpu, xformers"):
+        EngineConfig(attention_backend="flash")
+    with pytest.raises(TypeError, match="expected an AttentionBackend member, got 'auto'"):
+        select_backend("auto", CPU)  # a name reaching it unconverted is a bug, never a silent choice
 
 
 @needs_cpu_kernels

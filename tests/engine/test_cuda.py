@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from appliance.config.schema import EngineConfig
+from appliance.config.schema import AttentionBackend, EngineConfig
 from appliance.engine.attention_select import select_backend
 from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.llm_engine import LLMEngine
@@ -37,7 +37,7 @@ SITUATIONS = {
 def xformers_reason():
     """None when the xformers backend passes its start-up probe on this GPU, else the reason."""
     try:
-        select_backend("xformers", CUDA, torch.float16, GEOMETRY)
+        select_backend(AttentionBackend.xformers, CUDA, torch.float16, GEOMETRY)
     except ValueError as e:
         return str(e)
     return None
@@ -55,14 +55,14 @@ def test_xformers_probe_passes_on_this_gpu(xformers_reason, dtype):
     if dtype == torch.float16:
         assert xformers_reason is None, xformers_reason
     else:
-        select_backend("xformers", CUDA, dtype, GEOMETRY)
+        select_backend(AttentionBackend.xformers, CUDA, dtype, GEOMETRY)
 
 
 @needs_xformers
 def test_auto_takes_xformers_only_where_it_runs(xformers_reason, caplog):
     with caplog.at_level(logging.INFO, logger="appliance.engine.attention"):
-        at_64 = select_backend("auto", CUDA, torch.bfloat16, GEOMETRY)
-        at_16 = select_backend("auto", CUDA, torch.bfloat16, AttentionGeometry(4, 2, 16, 16))
+        at_64 = select_backend(AttentionBackend.auto, CUDA, torch.bfloat16, GEOMETRY)
+        at_16 = select_backend(AttentionBackend.auto, CUDA, torch.bfloat16, AttentionGeometry(4, 2, 16, 16))
     assert at_64 == ("xformers" if xformers_reason is None else "torch")
     assert at_16 == "torch" and "engine.block_size=16" in caplog.text
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from appliance.engine.config import EngineConfig
+from appliance.engine.config import EngineConfig, EngineKind
 from appliance.engine.models import MODEL_REGISTRY, get_model_class, model_architecture
 from appliance.engine.models.base import CausalLM
 
@@ -37,23 +37,26 @@ def test_pool_path_imports_no_generation_stack():
     """PoolEngine and a pool model load without transformers or the generate engine's modules."""
     code = BLOCK.format(blocked=["transformers", "hydra", "omegaconf"]) + (
         "from appliance.engine.pool_engine import PoolEngine\n"
+        "from appliance.engine.config import EngineKind\n"
         "from appliance.engine.models import get_model_class\n"
-        "get_model_class('PrithviSegmentation', 'pool')\n"
+        "get_model_class('PrithviSegmentation', EngineKind.pool)\n"
         "gen = [m for m in ('llm_engine', 'model_runner', 'scheduler', 'attention', 'cpu_kernels', 'sampler')\n"
         "       if 'appliance.engine.' + m in sys.modules]\n"
         "print(gen)\n")
     assert run_python(code).strip() == "[]"
 
 
+GENERATE, POOL = EngineKind.generate, EngineKind.pool
+
+
 @pytest.mark.parametrize("architecture, kind, message", [
     # the shipped architectures, sorted (test plugins may have registered more in this process)
-    ("FooForCausalLM", "generate", "unknown model architecture 'FooForCausalLM'; registered: (.*, )?LlamaForCausalLM, "
-                                   "LlavaForConditionalGeneration, LlavaNextForConditionalGeneration, "
-                                   "MistralForCausalLM, PrithviSegmentation"),
-    ("PrithviSegmentation", "generate", "is not a generating model; run it with engine.kind=pool"),
-    ("LlamaForCausalLM", "pool", "has no pool mode; run it with engine.kind=generate"),
-    ("LlavaNextForConditionalGeneration", "pool", "has no pool mode"),
-    ("LlamaForCausalLM", "embed", "unknown engine kind 'embed'"),
+    ("FooForCausalLM", GENERATE, "unknown model architecture 'FooForCausalLM'; registered: (.*, )?LlamaForCausalLM, "
+                                 "LlavaForConditionalGeneration, LlavaNextForConditionalGeneration, "
+                                 "MistralForCausalLM, PrithviSegmentation"),
+    ("PrithviSegmentation", GENERATE, "is not a generating model; run it with engine.kind=pool"),
+    ("LlamaForCausalLM", POOL, "has no pool mode; run it with engine.kind=generate"),
+    ("LlavaNextForConditionalGeneration", POOL, "has no pool mode"),
 ])
 def test_registry_refuses_clearly(architecture, kind, message):
     with pytest.raises(ValueError, match=message):
@@ -61,13 +64,18 @@ def test_registry_refuses_clearly(architecture, kind, message):
 
 
 @pytest.mark.parametrize("architecture, kind, expected", [
-    ("MistralForCausalLM", "generate", "LlamaForCausalLM"),
-    ("LlavaForConditionalGeneration", "generate", "LlavaForConditionalGeneration"),
-    ("LlavaForConditionalGeneration", "pool", "LlavaVisionEncoder"),  # pool mode on LLaVA: its vision tower
-    ("PrithviSegmentation", "pool", "PrithviSegmentation"),
+    ("MistralForCausalLM", GENERATE, "LlamaForCausalLM"),
+    ("LlavaForConditionalGeneration", GENERATE, "LlavaForConditionalGeneration"),
+    ("LlavaForConditionalGeneration", POOL, "LlavaVisionEncoder"),  # pool mode on LLaVA: its vision tower
+    ("PrithviSegmentation", POOL, "PrithviSegmentation"),
 ])
 def test_registry_classes_by_kind(architecture, kind, expected):
     assert get_model_class(architecture, kind).__name__ == expected
+
+
+def test_an_unknown_engine_kind_is_refused_where_the_config_is_built():
+    with pytest.raises(ValueError, match="engine.kind: 'embed' is not one of generate, pool"):
+        EngineConfig(kind="embed")
 
 
 @pytest.mark.parametrize("declared, names, expected", [
@@ -126,7 +134,8 @@ def test_engine_config_is_a_plain_dataclass():
     from appliance.engine.config import engine_config_from, resolve_dtype
 
     assert schema.EngineConfig is EngineConfig  # the config tree's schema is the engine's own class
-    assert engine_config_from({"dtype": "bfloat16"}).dtype == "bfloat16"
+    assert engine_config_from({"dtype": "bfloat16"}).dtype is schema.DType.bfloat16  # typed at construction
+    assert EngineConfig(kind="pool", attention_backend="torch").kind is schema.EngineKind.pool
     assert resolve_dtype(schema.DType.float16) is torch.float16
-    with pytest.raises(ValueError, match="float32, bfloat16, float16"):
-        resolve_dtype("float8")
+    with pytest.raises(ValueError, match="engine.dtype: 'float8' is not one of auto, float32, bfloat16, float16"):
+        EngineConfig(dtype="float8")

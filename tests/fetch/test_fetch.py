@@ -16,7 +16,7 @@ LOOPBACK = ("127.0.0.1",)
 
 
 def policy(**overrides):
-    return FetchPolicy(**{"max_bytes": 1 << 20, **overrides})
+    return FetchPolicy(**{"max_bytes": 1 << 20, "total_timeout_s": 30, **overrides})
 
 
 def refused(url, pol, field=FIELD, **kwargs):

@@ -11,7 +11,7 @@ from tests.geo.hls import RangeServer
 from .conftest import BODY, wait_for
 
 FIELD = "data.data"
-LOOPBACK = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 20)
+LOOPBACK = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 20, total_timeout_s=30)
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(server):
 def test_a_kept_connection_serves_only_its_own_host_name_and_port(server, dns):
     other = type(server)()  # a second server: another port
     dns.names["files.test"] = ["127.0.0.1"]
-    policy = FetchPolicy(allowed_domains=("127.0.0.1", "files.test"), max_bytes=1 << 20)
+    policy = FetchPolicy(allowed_domains=("127.0.0.1", "files.test"), max_bytes=1 << 20, total_timeout_s=30)
     try:
         with KeptConnections() as pool:
             for _ in range(3):
@@ -67,7 +67,8 @@ def test_reuse_judges_the_kept_address_under_the_callers_policy(server):
     with KeptConnections() as pool:
         fetch_bytes(server.url("/body"), LOOPBACK, FIELD, connections=pool)
         with pytest.raises(InputError, match="resolves to 127.0.0.1, a loopback address"):
-            fetch_bytes(server.url("/body"), FetchPolicy(max_bytes=1 << 20), FIELD, connections=pool)
+            fetch_bytes(server.url("/body"), FetchPolicy(max_bytes=1 << 20, total_timeout_s=30), FIELD,
+                        connections=pool)
     assert len(server.requests) == 1  # refused before anything was sent
 
 
@@ -84,7 +85,7 @@ def test_a_redirect_from_a_kept_host_is_judged_on_its_own(server, dns):
 
 
 def test_a_failed_transfer_does_not_keep_its_connection(server):
-    small = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=100)
+    small = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=100, total_timeout_s=30)
     with KeptConnections() as pool:
         with pytest.raises(InputError, match="sends 10000 bytes; the limit is 100 bytes"):
             fetch_bytes(server.url("/big"), small, FIELD, connections=pool)

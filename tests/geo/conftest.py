@@ -11,6 +11,7 @@ from rasterio.errors import NotGeoreferencedWarning
 import appliance.stages.geo  # noqa: F401  (registers the geo stages)
 from appliance.config.schema import AppConfig
 from appliance.stages.build import build_pipeline
+from appliance.stages.geo.raster_read import RasterReadOptions
 from tests.geo import fake_engine  # noqa: F401  (registers fake_water_logits)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,6 +20,7 @@ synthetic = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(synthetic)
 
 # The Prithvi flood model's contract (NOTES.md), band names as written by synthetic_scenes.
+NODATA_FILL = RasterReadOptions().nodata_fill  # what inspect_scene gets from the raster_read stage
 GEO = {
     "bands": list(synthetic.BANDS),
     "means": [0.1412956, 0.13795798, 0.12353792, 0.30902815, 0.2044958, 0.11912015],

@@ -10,13 +10,13 @@ import rasterio
 from affine import Affine
 from omegaconf import OmegaConf
 
-from appliance.config.schema import PrithviConfig
+from appliance.config.schema import PrithviConfig, ServerLimits
 from appliance.errors import InputError
 from appliance.stages.geo.acquisition import model_coords, name_date, parse_date, parse_when, scene_centre
 from appliance.stages.geo.scene import inspect_scene
 from appliance.stages.geo.scene_sources import scene_spec
-from appliance.stages.geo.stac_in import load_item
-from tests.geo.conftest import GEO, make_cfg, synthetic, write_raster
+from appliance.stages.geo.stac_in import load_item as load_item_within
+from tests.geo.conftest import GEO, NODATA_FILL, make_cfg, synthetic, write_raster
 from tests.geo.hls import STAC_BANDS, split_bands, stac_item
 
 UTC = dt.timezone.utc
@@ -66,7 +66,11 @@ def _scene(path, crs="EPSG:32615", tags=None):
 
 
 def _inspect(source, date=None):
-    return inspect_scene(source, 0, GEO["bands"], model_scale=GEO["scale"], date=date)
+    return inspect_scene(source, 0, GEO["bands"], model_scale=GEO["scale"], date=date, nodata_fill=NODATA_FILL)
+
+
+def load_item(href):
+    return load_item_within(href, timeout_s=ServerLimits().fetch_timeout_s)
 
 
 def test_date_sources_in_order(tmp_path):

@@ -18,6 +18,7 @@ from appliance.fetch import FetchPolicy
 from appliance.stages.geo.scene import inspect_scene
 from appliance.stages.geo.served_scenes import served_scene_spec
 from tests.conftest import REPO, run_cli
+from tests.geo.conftest import NODATA_FILL
 from tests.geo.hls import RangeServer, masks_equal
 from tests.server_process import server_process
 from tests.servers import API_KEY, error
@@ -113,12 +114,12 @@ def test_every_date_of_a_url_list_is_read_through_the_fetcher():
     """Each date's own spec carries the request's RemoteReads (check_dates opens each date by it): no date
     falls back to GDAL's /vsicurl/, which would skip the fetcher's checks."""
     geo = compose(["pipeline=prithvi_crops"]).model.geo
-    policy = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30)
+    policy = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30, total_timeout_s=30)
     with RangeServer(SAMPLES) as source:
         urls = [f"{source.url}/{p.name}" for p in DATES]
         spec = served_scene_spec(urls, geo, policy, "data.data", [], frames=3)
         try:
-            info = inspect_scene(spec, 0, list(geo.bands), frames=3)
+            info = inspect_scene(spec, 0, list(geo.bands), frames=3, nodata_fill=NODATA_FILL)
         finally:
             spec.fetch.close()
     assert [d.fetch for d in spec.dates] == [spec.fetch] * 3 and info.fetch is spec.fetch

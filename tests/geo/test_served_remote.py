@@ -16,7 +16,7 @@ from appliance.stages.geo.scene import inspect_scene
 from appliance.stages.geo.served_scenes import check_served_href, served_scene_spec
 from tests.conftest import run_cli
 from tests.fetch.conftest import wait_for
-from tests.geo.conftest import GEO, synthetic
+from tests.geo.conftest import GEO, NODATA_FILL, synthetic
 from tests.geo.hls import RangeServer, masks_equal, split_bands
 from tests.servers import API_KEY, error
 
@@ -142,13 +142,13 @@ def test_an_allowed_bucket_is_read_by_gdal_with_the_servers_credentials(large, t
     bucket = tmp_path / "hls"
     bucket.mkdir()
     (bucket / "scene.tif").write_bytes(scene.read_bytes())
-    policy = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30)
+    policy = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30, total_timeout_s=30)
     with RangeServer(tmp_path) as endpoint:
         for name, value in dict(AWS_S3_ENDPOINT=endpoint.url.split("://")[1], AWS_VIRTUAL_HOSTING="FALSE",
                                 AWS_HTTPS="NO", AWS_NO_SIGN_REQUEST="YES").items():
             monkeypatch.setenv(name, value)
         spec = served_scene_spec("s3://hls/scene.tif", _geo(), policy, "data.data", ["hls"])
-        info = inspect_scene(spec, 0, GEO["bands"])
+        info = inspect_scene(spec, 0, GEO["bands"], nodata_fill=NODATA_FILL)
         assert (info.width, info.height) == (1024, 1024)
         assert wait_for(lambda: set(endpoint.sent) == {"hls/scene.tif"})  # counted after each body is sent
         with pytest.raises(InputError, match="bucket 'hls' is not one this server reads"):

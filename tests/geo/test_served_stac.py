@@ -72,7 +72,7 @@ def test_item_naming_a_server_file_is_refused(flood_server, hls_sample, tmp_path
 def test_range_file_reads_what_it_is_asked_and_honours_the_policy(tmp_path):
     data = np.random.default_rng(0).integers(0, 256, 3 * CHUNK_BYTES + 100, dtype=np.uint8).tobytes()
     (tmp_path / "big.bin").write_bytes(data)
-    local = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30)
+    local = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30, total_timeout_s=30)
     with RangeServer(tmp_path) as source:
         url = f"{source.url}/big.bin"
         reads = RemoteReads(local, "data.data")
@@ -85,9 +85,10 @@ def test_range_file_reads_what_it_is_asked_and_honours_the_policy(tmp_path):
         again = RangeFile(url, reads)  # GDAL opens a file again to read it: its chunks are kept
         assert again.read(CHUNK_BYTES + 5) == data[:CHUNK_BYTES + 5] and source.total_sent() == sent
         with pytest.raises(InputError, match="resolves to 127.0.0.1, a loopback address"):
-            RangeFile(url, RemoteReads(FetchPolicy(max_bytes=1 << 20), "data.data"))
+            RangeFile(url, RemoteReads(FetchPolicy(max_bytes=1 << 20, total_timeout_s=30), "data.data"))
         # max_media_bytes bounds all the request's reads of a file, not each range
-        capped = RangeFile(url, RemoteReads(FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=CHUNK_BYTES + 1),
+        capped = RangeFile(url, RemoteReads(FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=CHUNK_BYTES + 1,
+                                                        total_timeout_s=30),
                                             "data.data"))
         capped.seek(2 * CHUNK_BYTES)
         with pytest.raises(InputError, match=f"more than {CHUNK_BYTES + 1} bytes"):
@@ -97,7 +98,7 @@ def test_range_file_reads_what_it_is_asked_and_honours_the_policy(tmp_path):
 def test_range_file_reads_ahead_only_when_reading_in_file_order(tmp_path):
     data = np.random.default_rng(1).integers(0, 256, 40 * CHUNK_BYTES, dtype=np.uint8).tobytes()
     (tmp_path / "blocks.bin").write_bytes(data)
-    local = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30)
+    local = FetchPolicy(allowed_domains=("127.0.0.1",), max_bytes=1 << 30, total_timeout_s=30)
     block = CHUNK_BYTES + 1000  # a COG block: a little over a chunk, read by one call each
     with RangeServer(tmp_path) as source:
         url = f"{source.url}/blocks.bin"

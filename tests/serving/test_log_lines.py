@@ -4,6 +4,7 @@ import logging
 
 import pytest
 
+from appliance.config.schema import LogFormat
 from appliance.errors import ConfigError
 from appliance.logs import JsonFormatter, setup_logging
 from appliance.serving.engine_process.stats_log import StatsLog, generate_line, pool_line
@@ -49,7 +50,7 @@ def test_json_lines_carry_the_fields_as_keys():
 
 def test_an_unknown_log_level_is_a_config_error():
     with pytest.raises(ConfigError, match="log_level: 'LOUD'; allowed: DEBUG, INFO"):
-        setup_logging("LOUD")
+        setup_logging("LOUD", LogFormat.text)
 
 
 def stats_records(caplog, log, *turns):

@@ -5,6 +5,7 @@ tests cannot reach this)."""
 import pytest
 from omegaconf import OmegaConf
 
+from appliance.config.schema import ToolCallParser
 from appliance.protocol.openai_answers import ChatCompletion, ChatCompletionChunk
 from appliance.protocol.openai_requests import parse_chat
 from appliance.protocol.openai_responses import TokenLogprob
@@ -25,7 +26,7 @@ def routes(parser):
 def auto_request(stream, **fields):
     request = parse_chat({"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS, "stream": stream,
                           **fields})
-    request.tool_calling = routes("hermes")._with_parser(request.tool_calling)
+    request.tool_calling = routes(ToolCallParser.hermes)._with_parser(request.tool_calling)
     return request
 
 

@@ -5,7 +5,9 @@ import time
 import pytest
 import torch
 
+from appliance.config.schema import ServerConfig
 from appliance.errors import ConfigError, InputError
+from appliance.fetch import FetchPolicy
 from appliance.vision.clip_preprocess import ClipPreprocessConfig, clip_preprocess
 from appliance.vision.image_load import load_image
 from appliance.vision.preprocess_executor import PreprocessExecutor
@@ -42,7 +44,10 @@ def test_thread_pool_from_asyncio_keeps_the_loop_free():
 def test_user_errors_come_back_unchanged():
     with PreprocessExecutor(workers=1) as pool:
         with pytest.raises(InputError, match="not an image"):
-            pool.submit(load_image, b"junk").result()
+            limits = ServerConfig().limits
+            pool.submit(load_image, b"junk", max_bytes=limits.max_media_bytes,
+                        max_image_pixels=limits.max_image_pixels,
+                        fetch_policy=FetchPolicy.from_server_config(ServerConfig())).result()
 
 
 @pytest.mark.slow

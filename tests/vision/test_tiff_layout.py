@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from appliance.config.schema import ServerLimits
 from appliance.errors import InputError
 from appliance.vision.image_load import decode_image
 from appliance.vision.tiff_layout import tiff_layout
 
+PIXELS = ServerLimits().max_image_pixels
 SAMPLE = Path(__file__).resolve().parents[2] / "appliance" / "assets" / "samples" / "flood_sample.tif"
 
 
@@ -48,7 +50,7 @@ def test_no_layout_for_what_is_no_readable_tiff(data):
 
 def test_the_bundled_six_band_scene_sent_to_a_chat_model_says_why_it_is_refused():
     with pytest.raises(InputError) as caught:
-        decode_image(SAMPLE.read_bytes(), field="input")
+        decode_image(SAMPLE.read_bytes(), field="input", max_image_pixels=PIXELS)
     message = str(caught.value)
     assert message.startswith("input: a TIFF with 6 bands of 16-bit samples")
     assert "takes RGB or greyscale images" in message and "prithvi_flood" in message
@@ -57,4 +59,4 @@ def test_the_bundled_six_band_scene_sent_to_a_chat_model_says_why_it_is_refused(
 
 def test_a_file_that_is_no_image_keeps_the_list_of_formats():
     with pytest.raises(InputError, match="input: not an image Pillow can read; send PNG, JPEG"):
-        decode_image(b"hello", field="input")
+        decode_image(b"hello", field="input", max_image_pixels=PIXELS)

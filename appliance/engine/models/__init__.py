@@ -8,6 +8,7 @@ checkpoint runs its vision tower (`pipeline=llava_encode`).
 import importlib
 from typing import Optional
 
+from appliance.engine.config import EngineKind
 from appliance.engine.models.base import CausalLM, PoolModel
 
 MODEL_REGISTRY = {
@@ -21,8 +22,6 @@ MODEL_REGISTRY = {
 POOL_PARTS = {
     "LlavaForConditionalGeneration": ("appliance.engine.models.llava", "LlavaVisionEncoder"),
 }
-
-KINDS = ("generate", "pool")
 
 
 def model_architecture(declared: Optional[str], hf_config=None, model_path: str = "") -> Optional[str]:
@@ -41,24 +40,21 @@ def model_architecture(declared: Optional[str], hf_config=None, model_path: str 
     return names[0]
 
 
-def get_model_class(architecture: str, kind: str = "generate"):
+def get_model_class(architecture: str, kind: EngineKind = EngineKind.generate):
     """The class for `architecture` in engine `kind` (generate or pool), imported on demand so a model's
     dependencies load only when it is used. ValueError for an unknown architecture (listing the
     registered ones) or one without that kind."""
-    kind = getattr(kind, "value", kind)
-    if kind not in KINDS:
-        raise ValueError(f"unknown engine kind {kind!r}; choose {' or '.join(KINDS)}")
-    entry = (POOL_PARTS.get(architecture) if kind == "pool" else None) or MODEL_REGISTRY.get(architecture)
+    entry = (POOL_PARTS.get(architecture) if kind is EngineKind.pool else None) or MODEL_REGISTRY.get(architecture)
     if entry is None:
         raise ValueError(f"unknown model architecture {architecture!r}; registered: "
                          f"{', '.join(sorted(MODEL_REGISTRY))}")
     module, name = entry
     cls = getattr(importlib.import_module(module), name)
     generates = isinstance(cls, type) and issubclass(cls, CausalLM)
-    if kind == "generate" and not generates:
+    if kind is EngineKind.generate and not generates:
         raise ValueError(f"model architecture {architecture!r} ({name}) is not a generating model; run it "
                          f"with engine.kind=pool")
-    if kind == "pool" and (generates or not isinstance(cls, PoolModel)):
+    if kind is EngineKind.pool and (generates or not isinstance(cls, PoolModel)):
         raise ValueError(f"model architecture {architecture!r} ({name}) has no pool mode; run it with "
                          f"engine.kind=generate")
     return cls

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, List, Optional, Tuple
 import torch
 from torch import nn
 
-from appliance.engine.config import resolve_dtype
+from appliance.engine.config import DType, resolve_dtype
 from appliance.engine.context import StepContext
 from appliance.engine import loader
 from appliance.engine.loader import load_named_weights
@@ -146,7 +146,7 @@ class LlavaVisionEncoder(LlavaVisionTower):
             raise ValueError("model.path is not set; point it at a HF LLaVA model directory")
         device = torch.device(getattr(engine_cfg, "device", None) or "cpu")
         hf_config = AutoConfig.from_pretrained(model_cfg.path)
-        dtype = resolve_dtype(getattr(engine_cfg, "dtype", "float32"))
+        dtype = resolve_dtype(engine_cfg.dtype if engine_cfg is not None else DType.float32)
         tower = materialize(build_on_meta(lambda: cls(hf_config)), device, dtype)
         tower.load_weights(loader.iter_weights(model_cfg.path, keep=tower.needs))
         return tower

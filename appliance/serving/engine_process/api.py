@@ -36,9 +36,11 @@ class EngineAPI(ls.LitAPI):
         from appliance.serving.metrics import EngineMetrics, MetricNames
         from appliance.serving.engine_process.plain_driver import PlainDriver
         from appliance.serving.engine_process.pool_driver import PoolDriver
+        from appliance.serving.online_stages import ServedKind
 
         load_stages(self.cfg.plugins)  # a plugin may register models, not only the stages unpickled here
-        kind = {"generate": GenerateDriver, "pool": PoolDriver, "plain": PlainDriver}[self.online.kind]
+        kind = {ServedKind.generate: GenerateDriver, ServedKind.pool: PoolDriver,
+                ServedKind.plain: PlainDriver}[self.online.kind]
         metrics = EngineMetrics(self.cfg.server.served_model_name or self.cfg.model.name,
                                 MetricNames(self.cfg.server.metrics_names))
         self.driver = kind(self.cfg, self.online, metrics, self.shared)

@@ -3,6 +3,7 @@ build from a request, and what `split_online` checks the stages against."""
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Optional, Tuple
 
+from appliance.engine.config import EngineKind
 from appliance.stages.chat.template import ChatRendering
 
 
@@ -38,6 +39,6 @@ def as_record(value) -> Dict[str, Any]:
     return {f.name: getattr(value, f.name) for f in fields(value)}
 
 
-def record_fields(kind: str) -> Tuple[str, ...]:
+def record_fields(kind: EngineKind) -> Tuple[str, ...]:
     """The fields the server supplies to the online stages of a `generate` or `pool` pipeline."""
-    return tuple(f.name for f in fields(ChatRecord if kind == "generate" else SceneRecord))
+    return tuple(f.name for f in fields(ChatRecord if kind is EngineKind.generate else SceneRecord))

@@ -38,8 +38,9 @@ class GenerateRoutes:
         self.frontend = frontend
         self.defaults = sampling
         self.media_dir = cfg.server.allowed_local_media_dir
-        parser = cfg.model.get("tool_call_parser")
-        self.tool_parser: Optional[str] = getattr(parser, "value", parser)  # reads tool_choice "auto" answers
+        parser = cfg.model.tool_call_parser  # reads tool_choice "auto" answers
+        # its name, as the ToolCalling message carries it to the engine process
+        self.tool_parser: Optional[str] = parser.value if parser is not None else None
 
     async def chat(self, request: Request):
         return await self._handle(request, "chat")

@@ -19,11 +19,13 @@ from typing import Dict, List, Optional, Tuple
 from starlette.requests import Request
 from starlette.responses import Response
 
+from appliance.serving.online_stages import ServedKind
+
 STATIC = Path(__file__).with_name("static")
 INDEX, DOCS = "/index.html", "/docs.html"
 # The page for each kind of pipeline: a chat for generate, a flood map for pool (GeoTIFF scenes through
 # /v1/scenes); plain pipelines get a short page that says they have none and points to the API docs.
-PAGES = {"generate": "chat.html", "pool": "flood.html", "plain": "no_page.html"}
+PAGES = {ServedKind.generate: "chat.html", ServedKind.pool: "flood.html", ServedKind.plain: "no_page.html"}
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}
 ASSETS = tuple(sorted(f"/ui/{path.name}" for path in STATIC.iterdir() if path.suffix in (".js", ".css")))
@@ -50,7 +52,7 @@ class StaticFile:
         return Response(self.body, media_type=self.media_type, headers=HEADERS)
 
 
-def page_routes(kind: str, ui: bool) -> List[Tuple[str, StaticFile]]:
+def page_routes(kind: ServedKind, ui: bool) -> List[Tuple[str, StaticFile]]:
     """(path, file) of every page route: the docs page always; with `ui`, the kind's page at INDEX."""
     files: Dict[str, str] = {DOCS: "docs.html", **{path: path.removeprefix("/ui/") for path in ASSETS}}
     if ui:

@@ -11,6 +11,7 @@ from appliance.output_files import AtomicFile, sibling_path
 from appliance.stages.geo.class_colours import NODATA_GREY, Colour
 from appliance.stages.geo.geotiff import open_raster
 from appliance.stages.geo.legend import legend_entries, with_legend
+from appliance.stages.geo.stitch import NODATA_CLASS
 from appliance.stages.geo.window_reader import open_scene
 from appliance.stages.geo.band_headers import normalised_name
 
@@ -47,10 +48,10 @@ def preview_shape(width: int, height: int, max_size: int) -> Tuple[int, int]:
 
 
 def mask_classes(mask: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """(class per pixel, nodata per pixel) of mask bands [B, h, w]: uint8 classes with 255 nodata, or float
+    """(class per pixel, nodata per pixel) of mask bands [B, h, w]: uint8 classes with NODATA_CLASS at nodata, or float
     probabilities per class with NaN nodata (class = argmax)."""
     if mask.dtype == np.uint8:
-        return mask[0], mask[0] == 255
+        return mask[0], mask[0] == NODATA_CLASS
     nodata = np.isnan(mask).any(axis=0)
     return np.nan_to_num(mask).argmax(axis=0), nodata
 

@@ -15,6 +15,7 @@ Output rule (`plan_outputs`, pure):
   - any other `output`: a directory (created if missing) receiving `<stem><suffix>` per input.
 Nothing is read or written before every input and output of the run passes its checks.
 """
+import functools
 import os
 import tempfile
 from dataclasses import dataclass
@@ -148,6 +149,7 @@ class RasterInputs(Stage):
         self.model_bands = list(geo.bands) if geo is not None else []
         self.stac_bands = list(geo.stac_bands) if geo is not None and geo.get("stac_bands") else None
         self.frames = model_frames(cfg)
+        self.load_item = functools.partial(load_item, timeout_s=cfg.server.limits.fetch_timeout_s)
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
@@ -174,7 +176,7 @@ class RasterInputs(Stage):
 
     def _spec(self, value):
         if self.frames > 1:
-            return multidate_spec(value, self.frames, self.stac_bands, self.model_bands, load_item)
+            return multidate_spec(value, self.frames, self.stac_bands, self.model_bands, self.load_item)
         if isinstance(value, list) and len(value) == 1:
             value = value[0]  # `[[a.tif],[b.tif]]`: an inner list of one is that file, as for multi-date models
-        return scene_spec(value, self.stac_bands, self.model_bands, load_item)
+        return scene_spec(value, self.stac_bands, self.model_bands, self.load_item)

@@ -66,7 +66,8 @@ def inspect_scene(
     scale: Optional[float] = None,
     model_scale: float = 1.0,
     nodata: Optional[float] = None,
-    nodata_fill: float = 0.0,
+    *,
+    nodata_fill: float,  # the raster_read stage's option: its one default is there
     aoi: Optional[Aoi] = None,
     date=None,
     frames: int = 1,

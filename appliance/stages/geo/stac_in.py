@@ -15,7 +15,6 @@ from appliance.errors import ConfigError, InputError
 from appliance.stages.geo.scene_sources import SceneSpec, is_remote, resolve_href, scheme, shown
 
 MAX_ITEM_BYTES = 16 << 20
-ITEM_TIMEOUT_S = 30
 
 
 def _norm(name: str) -> str:
@@ -77,15 +76,16 @@ def item_spec(href: str, item: dict, stac_bands: Optional[Sequence[str]], model_
     return SceneSpec(name=href, files=files, per_band=True, labels=labels, links=(name,), datetime=when)
 
 
-def load_item(href: str) -> dict:
-    """The item's JSON from a local file or an http(s) URL (`appliance run`: the user's own network)."""
+def load_item(href: str, timeout_s: float) -> dict:
+    """The item's JSON from a local file or an http(s) URL (`appliance run`: the user's own network), a URL
+    within `timeout_s` (server.limits.fetch_timeout_s, the one rule for a URL's time)."""
     name = shown(href)
     try:
         if is_remote(href):
             if scheme(href) not in ("http", "https"):
                 raise InputError(f"{name}: STAC items are read from files or http(s) URLs; their assets may be s3://")
             request = urllib.request.Request(href, headers={"User-Agent": "appliance"})
-            with urllib.request.urlopen(request, timeout=ITEM_TIMEOUT_S) as response:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 text = response.read(MAX_ITEM_BYTES + 1)
         else:
             with open(href, "rb") as f:
