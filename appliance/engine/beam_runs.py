@@ -68,7 +68,8 @@ class BeamRuns:
             if run is None:
                 passed.append(out)
                 continue
-            run.entries[out.request_id] = out.logprobs[0]  # one token, so finished, with its top logprobs
+            assert out.logprobs, "a beam's request asks its one token's top logprobs"
+            run.entries[out.request_id] = out.logprobs[0]  # one token, so finished
             if len(run.entries) < len(run.round_ids):
                 continue
             run.search.advance([run.entries[rid] for rid in run.round_ids])

@@ -15,7 +15,7 @@ from typing import Collection, Dict, List, Optional, Sequence, Tuple
 class BeamSearchParams:
     width: int                    # beams kept each round, and answers returned (a request's `n`)
     max_tokens: int               # rounds: output tokens of the longest beam
-    length_penalty: float = 1.0   # the exponent of the length in the final ranking
+    length_penalty: float         # the exponent of the length in the final ranking (requests: default 1.0)
     ignore_eos: bool = False      # EOS is a token like any other: no beam finishes before max_tokens
 
     def __post_init__(self):

@@ -4,9 +4,9 @@ OpenAPI document shows (serving/http/openapi.py).
 
 Tool calling (`tools`, `tool_choice`, `parallel_tool_calls`, tool messages) lives in openai_tools.py.
 Beyond OpenAI, as vLLM: `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `structured_outputs`,
-`stream_options.continuous_usage_stats`, `use_beam_search` with `length_penalty`. Fields OpenAI clients send that the engine does not apply are
-accepted only at their neutral value. Unknown fields are refused; unknown keys inside a message are
-ignored, as vLLM does.
+`stream_options.continuous_usage_stats`, `use_beam_search` with `length_penalty`. Fields OpenAI clients
+send that the engine does not apply are accepted only at their neutral value. Unknown fields are refused;
+unknown keys inside a message are ignored, as vLLM does.
 """
 import json
 from typing import Any, Dict, List, Literal, Optional

@@ -12,7 +12,8 @@ LLAVA_TINY = Path(__file__).resolve().parents[2] / "appliance" / "assets" / "mod
 
 
 def test_each_round_keeps_the_width_best_candidates_and_eos_candidates_finish():
-    search = BeamSearch(prompt_len=3, params=BeamSearchParams(width=2, max_tokens=3), eos_token_ids={EOS})
+    params = BeamSearchParams(width=2, max_tokens=3, length_penalty=1.0)
+    search = BeamSearch(prompt_len=3, params=params, eos_token_ids={EOS})
     search.advance([{10: -0.1, 11: -0.5, EOS: -2.0, 12: -3.0}])
     assert [b.tokens for b in search.live] == [(10,), (11,)]
     assert search.finished == [Beam((EOS,), -2.0, "stop")]
@@ -39,14 +40,15 @@ def test_answers_rank_by_logprob_over_length_counting_the_prompt_and_not_the_eos
 
 
 def test_ignore_eos_keeps_every_beam_running():
-    search = BeamSearch(3, BeamSearchParams(width=1, max_tokens=1, ignore_eos=True), eos_token_ids={EOS})
+    params = BeamSearchParams(width=1, max_tokens=1, length_penalty=1.0, ignore_eos=True)
+    search = BeamSearch(3, params, eos_token_ids={EOS})
     search.advance([{EOS: -0.1, 5: -1.0}])
     assert search.best() == [Beam((EOS,), -0.1, "length")]
 
 
 def test_refuses_a_width_or_max_tokens_below_one():
     with pytest.raises(ValueError, match="width >= 1"):
-        BeamSearchParams(width=0, max_tokens=4)
+        BeamSearchParams(width=0, max_tokens=4, length_penalty=1.0)
 
 
 # ---- the engine against transformers ---------------------------------------------------------------
@@ -107,13 +109,14 @@ def test_beams_share_the_prompts_blocks_and_an_abort_frees_every_beam(tiny_llava
     engine, _, tokenizer = tiny_llava
     prompt = tokenizer("USER: What color is the shape? Tell me what you see in the picture. ASSISTANT:").input_ids
     before = engine.stats()
-    run_beam_searches(engine, [prompt], BeamSearchParams(3, max_tokens=6))
+    run_beam_searches(engine, [prompt], BeamSearchParams(3, max_tokens=6, length_penalty=1.0))
     after = engine.stats()
     full_blocks = len(prompt) // engine.cfg.block_size
     assert full_blocks >= 1
     # every round after the first finds the prompt's full blocks cached
-    assert after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"] >= 5 * full_blocks * engine.cfg.block_size
-    engine.add_beam_search(prompt, BeamSearchParams(2, max_tokens=8), ["x", "y"])
+    hits = after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
+    assert hits >= 5 * full_blocks * engine.cfg.block_size
+    engine.add_beam_search(prompt, BeamSearchParams(2, max_tokens=8, length_penalty=1.0), ["x", "y"])
     engine.step()
     engine.abort("y")
     assert not engine.has_unfinished() and not engine.beams.runs and not engine.beams.by_round
