@@ -47,7 +47,8 @@ class BeamRuns:
     def _launch(self, run: BeamRun) -> None:
         """One request per live beam, ids that name the first answer, the round and the beam."""
         search = run.search
-        params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=search.params.candidates)
+        params = SamplingParams(temperature=0.0, max_tokens=1,
+                                logprobs=min(search.candidates, self.engine.vocab_size))
         run.round_ids, run.entries = [], {}
         try:
             for number, beam in enumerate(search.live):

@@ -1,7 +1,7 @@
 """Beam search as vLLM serves it, as plain state: which beams live, which finished, which win.
 
-Each round every live beam proposes its 2 x width most likely next tokens (as transformers gathers
-2 x num_beams candidates, so that width of them survive whatever ends). A candidate ending on EOS is a
+Each round every live beam proposes its 2 x width most likely next tokens (as vLLM and transformers
+gather 2 x num_beams candidates, so that width of them survive whatever ends; more with several EOS ids). A candidate ending on EOS is a
 finished beam; the width best of the others, by cumulative logprob, live on. After `max_tokens` rounds
 the finished and the live beams are ranked by `cum_logprob / length ** length_penalty`, where length
 counts the prompt and the output without its EOS (vLLM's `get_beam_search_score`), and the width best
@@ -23,11 +23,6 @@ class BeamSearchParams:
             raise ValueError(f"beam search needs width >= 1 and max_tokens >= 1, got {self.width}, "
                              f"{self.max_tokens}")
 
-    @property
-    def candidates(self) -> int:
-        """Next tokens each live beam proposes a round (its top logprobs)."""
-        return 2 * self.width
-
 
 @dataclass(frozen=True)
 class Beam:
@@ -46,6 +41,12 @@ class BeamSearch:
         self.live: List[Beam] = [Beam((), 0.0)]
         self.finished: List[Beam] = []
         self.rounds = 0
+
+    @property
+    def candidates(self) -> int:
+        """Next tokens each live beam proposes a round (its top logprobs): 2 x width with one EOS id, more
+        with several (as transformers counts them), so that width of one beam's alone never end."""
+        return max(2, 1 + len(self.eos_token_ids)) * self.params.width
 
     @property
     def done(self) -> bool:

@@ -170,7 +170,8 @@ class GenerateBody(BaseModel):
                                             "best answers, best first; temperature, top_p, top_k and seed "
                                             "are ignored")
     length_penalty: Number = Field(default=1.0, description="beam search: answers rank by cumulative logprob / "
-                                                            "(tokens, prompt included) ** length_penalty")
+                                                            "(tokens, prompt included) ** length_penalty; 1.0 "
+                                                            "unless use_beam_search")
 
     @model_validator(mode="after")
     def _beam_search(self):

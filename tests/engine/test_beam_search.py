@@ -39,6 +39,12 @@ def test_answers_rank_by_logprob_over_length_counting_the_prompt_and_not_the_eos
     assert best[0].finish_reason == ("stop" if winner[-1] == EOS else "length")
 
 
+def test_each_beam_proposes_enough_candidates_that_width_of_them_never_end():
+    assert BeamSearch(3, BeamSearchParams(4, 8, 1.0), eos_token_ids={EOS}).candidates == 8
+    assert BeamSearch(3, BeamSearchParams(4, 8, 1.0), eos_token_ids={EOS, 7, 9}).candidates == 16
+    assert BeamSearch(3, BeamSearchParams(4, 8, 1.0, ignore_eos=True), eos_token_ids={EOS, 7}).candidates == 8
+
+
 def test_ignore_eos_keeps_every_beam_running():
     params = BeamSearchParams(width=1, max_tokens=1, length_penalty=1.0, ignore_eos=True)
     search = BeamSearch(3, params, eos_token_ids={EOS})
