@@ -150,8 +150,11 @@ class LLMEngine:
     def add_beam_search(self, prompt: Union[str, List[int]], params: BeamSearchParams, answer_ids: List[str],
                         mm_data=None) -> None:
         """Queue a beam search (beam_search.py); its `params.width` answers come out, best first, as the
-        finished outputs of `answer_ids` once the search ends. ValueError when the prompt can never fit."""
+        finished outputs of `answer_ids` once the search ends. ValueError when its longest beams could never
+        fit the context or the KV cache."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        # Its last round's beams are its longest sequences: each must fit the KV cache on its own.
+        self.scheduler.check_fits(Sequence(answer_ids[0], ids, SamplingParams(max_tokens=params.max_tokens), -1))
         if len(ids) + params.max_tokens > self.max_model_len:
             raise FieldError("max_tokens", f"the prompt is {len(ids)} tokens and max_tokens is {params.max_tokens}; "
                                            f"the model's context is {self.max_model_len} tokens")

@@ -127,3 +127,21 @@ def test_beams_share_the_prompts_blocks_and_an_abort_frees_every_beam(tiny_llava
     engine.abort("y")
     assert not engine.has_unfinished() and not engine.beams.runs and not engine.beams.by_round
     assert engine.stats()["kv_blocks_free"] == engine.stats()["kv_blocks_total"]
+
+
+def test_a_search_whose_longest_beams_cannot_fit_is_refused_before_it_starts():
+    if not (LLAVA_TINY / "config.json").is_file():
+        pytest.skip("appliance/assets/models/llava_tiny is not there (scripts/train_tiny_llava.py)")
+    from appliance.engine.config import EngineConfig
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import FieldError
+
+    prompt = list(range(3, 23))  # 20 tokens
+    with LLMEngine(str(LLAVA_TINY), EngineConfig(dtype="float32", num_kv_blocks=4, block_size=16)) as engine:
+        with pytest.raises(ValueError, match="needs up to 5 KV blocks"):  # 20 + 60 tokens in blocks of 16
+            engine.add_beam_search(prompt, BeamSearchParams(2, max_tokens=60, length_penalty=1.0), ["a", "b"])
+        assert not engine.has_unfinished() and not engine.beams.runs
+    with LLMEngine(str(LLAVA_TINY), EngineConfig(dtype="float32", num_kv_blocks=8, max_model_len=32)) as engine:
+        with pytest.raises(FieldError, match="context is 32 tokens") as info:
+            engine.add_beam_search(prompt, BeamSearchParams(2, max_tokens=13, length_penalty=1.0), ["a", "b"])
+        assert info.value.field == "max_tokens" and not engine.beams.runs
