@@ -1,11 +1,12 @@
 """Beam search as vLLM serves it, as plain state: which beams live, which finished, which win.
 
 Each round every live beam proposes its 2 x width most likely next tokens (as vLLM and transformers
-gather 2 x num_beams candidates, so that width of them survive whatever ends; more with several EOS ids). A candidate ending on EOS is a
-finished beam; the width best of the others, by cumulative logprob, live on. After `max_tokens` rounds
-the finished and the live beams are ranked by `cum_logprob / length ** length_penalty`, where length
-counts the prompt and the output without its EOS (vLLM's `get_beam_search_score`), and the width best
-are the answers. Running the beams is beam_runs.py's job.
+gather 2 x num_beams candidates, so that width of them survive whatever ends; more with several EOS
+ids). A candidate ending on EOS is a finished beam; the width best of the others, by cumulative
+logprob, live on. After `max_tokens` rounds the finished and the live beams are ranked by
+`cum_logprob / length ** length_penalty`, where length counts the prompt and the output without its
+EOS (vLLM's `get_beam_search_score`), and the width best are the answers. Running the beams is
+beam_runs.py's job.
 """
 from dataclasses import dataclass
 from typing import Collection, Dict, List, Optional, Sequence, Tuple
