@@ -8,6 +8,8 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from appliance.engine.attention_geometry import AttentionGeometry
+from appliance.engine.beam_runs import BeamRuns
+from appliance.engine.beam_search import BeamSearchParams
 from appliance.engine.block_manager import BlockManager
 from appliance.engine.checkpoint_facts import hf_checkpoint_facts
 from appliance.engine.config import DType, EngineConfig, EngineKind, engine_config_from
@@ -98,6 +100,7 @@ class LLMEngine:
         self.device = torch.device(cfg.device)
         self.detokenizers: Dict[str, IncrementalDetokenizer] = {}
         self.arrivals = itertools.count()
+        self.beams = BeamRuns(self)  # beam searches, each round's beams run as requests of this engine
         self.step_tokens = 0  # tokens the last step computed, prompt and output (the server's metrics)
 
     @classmethod
@@ -144,6 +147,19 @@ class LLMEngine:
         self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
         return request_id
 
+    def add_beam_search(self, prompt: Union[str, List[int]], params: BeamSearchParams, answer_ids: List[str],
+                        mm_data=None) -> None:
+        """Queue a beam search (beam_search.py); its `params.width` answers come out, best first, as the
+        finished outputs of `answer_ids` once the search ends. ValueError when its longest beams could never
+        fit the context or the KV cache."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        # Its last round's beams are its longest sequences: each must fit the KV cache on its own.
+        self.scheduler.check_fits(Sequence(answer_ids[0], ids, SamplingParams(max_tokens=params.max_tokens), -1))
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise FieldError("max_tokens", f"the prompt is {len(ids)} tokens and max_tokens is {params.max_tokens}; "
+                                           f"the model's context is {self.max_model_len} tokens")
+        self.beams.add(ids, params, answer_ids, mm_data)
+
     def _check_token_ids(self, params: SamplingParams) -> None:
         for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
             outside = [t for t in ids if not 0 <= t < self.vocab_size]
@@ -182,6 +198,8 @@ class LLMEngine:
         return derived
 
     def abort(self, request_id: str) -> None:
+        if self.beams.abort(request_id):
+            return
         seq = self.scheduler.requests.get(request_id)
         if seq is not None:
             self._finish(seq, "abort")
@@ -234,7 +252,7 @@ class LLMEngine:
                 self._finish(seq, reason)
                 out.finished, out.finish_reason = True, reason
             outputs.append(out)
-        return outputs
+        return self.beams.route(outputs)
 
     def _finish_reason(self, seq: Sequence, token: int, detok: IncrementalDetokenizer) -> Optional[str]:
         p = seq.sampling_params

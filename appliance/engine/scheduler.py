@@ -59,6 +59,13 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         if seq.request_id in self.requests:
             raise ValueError(f"request id {seq.request_id!r} is already in use")
+        self.check_fits(seq)
+        self.requests[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def check_fits(self, seq: Sequence) -> None:
+        """ValueError when the sequence could never run: a prompt that leaves no room in the context, or
+        more KV blocks at its longest than the cache has."""
         if answer_room(seq.num_prompt_tokens, self.max_model_len) < 1:
             raise ValueError(
                 f"request {seq.request_id!r}: prompt has {seq.num_prompt_tokens} tokens but "
@@ -72,8 +79,6 @@ class Scheduler:
                 f"+ max_tokens {seq.sampling_params.max_tokens or 'up to the context'}) but the cache has only "
                 f"{bm.num_blocks}; "
                 f"lower max_tokens or raise engine.kv_cache_memory_bytes / engine.num_kv_blocks")
-        self.requests[seq.request_id] = seq
-        self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

@@ -4,9 +4,9 @@ OpenAPI document shows (serving/http/openapi.py).
 
 Tool calling (`tools`, `tool_choice`, `parallel_tool_calls`, tool messages) lives in openai_tools.py.
 Beyond OpenAI, as vLLM: `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `structured_outputs`,
-`stream_options.continuous_usage_stats`. Fields OpenAI clients send that the engine does not apply are
-accepted only at their neutral value. Unknown fields are refused; unknown keys inside a message are
-ignored, as vLLM does.
+`stream_options.continuous_usage_stats`, `use_beam_search` with `length_penalty`. Fields OpenAI clients
+send that the engine does not apply are accepted only at their neutral value. Unknown fields are refused;
+unknown keys inside a message are ignored, as vLLM does.
 """
 import json
 from typing import Any, Dict, List, Literal, Optional
@@ -26,6 +26,10 @@ ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenA
 PART_TYPES = ("text", "image_url")
 MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 MAX_CHOICES = 128
+# Fields beam search does not apply (it ranks whole answers by their logprobs, not token by token):
+# refused with it rather than ignored.
+NOT_WITH_BEAM_SEARCH = ("stop", "stop_token_ids", "min_tokens", "logit_bias", "response_format",
+                        "structured_outputs", "logprobs", "top_logprobs", "echo", "tools")
 
 
 # ---- messages ------------------------------------------------------------------------------------
@@ -163,6 +167,24 @@ class GenerateBody(BaseModel):
     structured_outputs: Optional[StructuredOutputs] = None
     frequency_penalty: neutral(Number, 0, "the engine does not apply it") = None
     presence_penalty: neutral(Number, 0, "the engine does not apply it") = None
+    use_beam_search: Optional[bool] = Field(default=None, description="beam search of width n (vLLM's): the n "
+                                            "best answers, best first; temperature, top_p, top_k and seed "
+                                            "are ignored")
+    length_penalty: Number = Field(default=1.0, description="beam search: answers rank by cumulative logprob / "
+                                                            "(tokens, prompt included) ** length_penalty; 1.0 "
+                                                            "unless use_beam_search")
+
+    @model_validator(mode="after")
+    def _beam_search(self):
+        if not self.use_beam_search:
+            if self.length_penalty != 1.0:
+                raise field_error(f"{self.length_penalty}; only with use_beam_search: true", "length_penalty")
+            return self
+        for name in NOT_WITH_BEAM_SEARCH:
+            if getattr(self, name, None) not in (None, False):
+                raise field_error("not with use_beam_search: beam search ranks whole answers by their logprobs",
+                                  name)
+        return self
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -261,6 +283,9 @@ class CompletionRequest(GenerateBody):
 
     @model_validator(mode="after")
     def _best_of_is_n(self):
+        if self.use_beam_search and self.best_of not in (None, self.n):
+            raise field_error(f"{self.best_of}; with use_beam_search the beam width is n ({self.n}): give best_of "
+                              f"= n or leave it out", "best_of")
         if self.best_of not in (None, 1, self.n):
             raise field_error(f"{self.best_of}; allowed: 1 or n ({self.n}): every candidate is an answer",
                               "best_of")

@@ -83,6 +83,8 @@ class GenerateRequest:
     top_logprobs: Optional[int] = field(default=None)  # None: no logprobs; N: sampled token's plus the top N
     tools: Optional[List[Dict[str, Any]]] = None  # chat: the tools as sent, rendered into the prompt
     tool_calling: Optional[ToolCalling] = None   # chat: tool calls the answer holds (None: text only)
+    use_beam_search: bool = False                # the n answers to each prompt are a beam search's
+    length_penalty: float = 1.0                  # beam search: the length's exponent in the ranking
 
 
 def parse_chat(body: Any, defaults: Optional[Dict[str, Any]] = None, at: str = "",
@@ -135,6 +137,9 @@ def _common(parsed: GenerateBody, kind: str, defaults: Dict[str, Any], at: str,
             allow_stream: bool) -> GenerateRequest:
     if parsed.stream and not allow_stream:
         raise located(at, "stream", "True; batch requests cannot stream (use false)")
+    if parsed.use_beam_search and not allow_stream:
+        raise located(at, "use_beam_search", "True; batch requests cannot use beam search; send them to the "
+                                             "server (appliance serve)")
     sampling = {target: getattr(parsed, name) for name, target in SAMPLING_FIELDS.items()
                 if getattr(parsed, name) is not None}
     if parsed.logit_bias is not None:
@@ -145,7 +150,8 @@ def _common(parsed: GenerateBody, kind: str, defaults: Dict[str, Any], at: str,
     options = parsed.stream_options
     request = GenerateRequest(kind, sampling, parsed.model, n=parsed.n or 1, stream=bool(parsed.stream),
                               include_usage=bool(options and options.include_usage),
-                              continuous_usage=bool(options and options.continuous_usage_stats))
+                              continuous_usage=bool(options and options.continuous_usage_stats),
+                              use_beam_search=bool(parsed.use_beam_search), length_penalty=parsed.length_penalty)
     try:  # the ranges SamplingParams owns, and the request's fields together with the pipeline's defaults
         SamplingParams(**over_defaults(defaults, sampling))
     except SamplingError as e:

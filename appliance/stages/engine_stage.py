@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from appliance.config.schema import EngineKind
 from appliance.config.typed import typed_dataclass
+from appliance.engine.beam_search import BeamSearchParams
 from appliance.engine.geo_coords import COORDS_FIELD
 from appliance.engine.sampling_params import SamplingParams, over_defaults
 from appliance.engine.scheduler import answer_room
@@ -289,6 +290,21 @@ class EngineStage(Stage):
                                            mm_data=mm_data, sibling=sibling)
         except ValueError as e:  # e.g. a prompt longer than the model's context
             named = getattr(e, "field", None)  # a FieldError names the request field at fault
+            raise InputError(str(e) if named else f"{field}: {e}", param=named or field) from None
+
+    def add_beam_search(self, prompt: List[int], sampling: Optional[Dict[str, Any]], length_penalty: float,
+                        answer_ids: List[str], field: str, mm_data=None) -> None:
+        """Queue a beam search of width len(answer_ids) (the request's `n`) over `prompt`: its answers come
+        out as those ids' outputs, best first. `max_tokens` and `ignore_eos` are the request's over this
+        stage's; absent, the search runs to the end of the context (vLLM's default). InputError naming
+        the field at fault."""
+        sampling = over_defaults(self.options.sampling, sampling or {})
+        max_tokens = sampling.get("max_tokens") or answer_room(len(prompt), self.engine.max_model_len)
+        params = BeamSearchParams(len(answer_ids), max_tokens, length_penalty, bool(sampling.get("ignore_eos")))
+        try:
+            self.engine.add_beam_search(prompt, params, answer_ids, mm_data=mm_data)
+        except ValueError as e:
+            named = getattr(e, "field", None)
             raise InputError(str(e) if named else f"{field}: {e}", param=named or field) from None
 
     def prompt_ids(self, prompt: Union[str, List[int]], field: str = "prompt") -> List[int]:

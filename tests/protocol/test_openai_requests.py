@@ -59,6 +59,16 @@ def test_completion_prompts_are_normalised_to_a_list(prompt, prompts):
     assert parse_completion(completion(prompt=prompt)).prompts == prompts
 
 
+def test_beam_search_fields():
+    request = parse_completion(completion(use_beam_search=True, n=2, best_of=2, length_penalty=0.5, temperature=0.7))
+    assert (request.use_beam_search, request.length_penalty, request.n) == (True, 0.5, 2)
+    plain = parse_chat(chat(length_penalty=1.0))
+    assert (plain.use_beam_search, plain.length_penalty) == (False, 1.0)
+    assert parse_chat(chat(use_beam_search=True, n=3, stream=True)).use_beam_search  # one chunk per answer
+    with pytest.raises(InputError, match=r"line 2: body.use_beam_search: True; batch requests cannot use beam"):
+        parse_completion(completion(use_beam_search=True), at="line 2: body", allow_stream=False)
+
+
 def test_completion_fields():
     request = parse_completion(completion(n=2, best_of=2, echo=True, logprobs=0, suffix=""))
     assert (request.kind, request.n, request.echo, request.top_logprobs) == ("completion", 2, True, 0)
@@ -178,6 +188,18 @@ BAD = [  # (body, param, fragment), chat unless it has a prompt
     (completion(n=2, best_of=3), "best_of", "3; allowed: 1 or n (2)"),
     (completion(best_of=0), "best_of", ">= 1"),
     (completion(suffix="x"), "suffix", "allowed: '' only"),
+    (completion(use_beam_search=True, n=2, best_of=1), "best_of", "with use_beam_search the beam width is n (2)"),
+    (completion(use_beam_search=1), "use_beam_search", "expected true or false"),
+    (completion(length_penalty=0.5), "length_penalty", "only with use_beam_search: true"),
+    (completion(use_beam_search=True, length_penalty="long"), "length_penalty", "expected a number"),
+    (completion(use_beam_search=True, stop="."), "stop", "not with use_beam_search"),
+    (completion(use_beam_search=True, logprobs=1), "logprobs", "not with use_beam_search"),
+    (completion(use_beam_search=True, echo=True), "echo", "not with use_beam_search"),
+    (chat(use_beam_search=True, logprobs=True), "logprobs", "not with use_beam_search"),
+    (chat(use_beam_search=True, structured_outputs={"choice": ["a"]}), "structured_outputs",
+     "not with use_beam_search"),
+    (chat(use_beam_search=True, tools=[{"type": "function", "function": {"name": "f"}}],
+          tool_choice="required"), "tools", "not with use_beam_search"),
     (completion(top_logprobs=2), "top_logprobs", "unknown or unsupported field"),
 ]
 

@@ -9,8 +9,9 @@ delta when the client streams, the whole answer at the end otherwise) and their 
 
 A request asking `n` answers to each of its prompts is n engine requests per prompt (`engine_id`), the
 prompt's first answer and its siblings (`LLMEngine.add_request(sibling=...)`): the prompt is computed
-once and its KV blocks shared through the prefix cache. Events carry the answer's choice index; the
-request ends when every answer has.
+once and its KV blocks shared through the prefix cache. With `use_beam_search` the n answers to a prompt
+are one beam search's (`LLMEngine.add_beam_search`), each answer's whole text in one output when the
+search ends. Events carry the answer's choice index; the request ends when every answer has.
 
 `/tokenize`, `/detokenize` and `/tokenizer_info` jobs go to `Tokenizing` (tokenizing.py) and never enter the engine.
 """
@@ -169,10 +170,18 @@ class GenerateDriver(Driver):
             self.emit(message.uid, Done(message.result))
 
     def _add_answers(self, uid: str, session: Session, prompts: List[Tuple[List[int], Optional[list]]]) -> None:
-        """n engine requests per prompt: its first answer, then the others as its siblings."""
+        """n engine requests per prompt: its first answer, then the others as its siblings; or, with
+        `use_beam_search`, one beam search per prompt whose n answers come out under those ids."""
         request = session.request
         field = "messages" if request.kind == "chat" else "prompt"
         for number, (prompt, mm_data) in enumerate(prompts):
+            if request.use_beam_search:
+                ids = [engine_id(uid, number * request.n + answer) for answer in range(request.n)]
+                self.stage.add_beam_search(prompt, request.sampling, request.length_penalty, ids, field,
+                                           mm_data=mm_data)
+                session.answers.update((rid, ChoiceState(number * request.n + answer, number, len(prompt)))
+                                       for answer, rid in enumerate(ids))
+                continue
             first = None
             for answer in range(request.n):  # echo with logprobs: the first answer scores the prompt for all
                 index = number * request.n + answer
