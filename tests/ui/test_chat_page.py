@@ -1,7 +1,8 @@
 """The chat page of a generate pipeline (`GET /` of `pipeline=llava_chat`) in a real browser, against the
 shared tiny-LLaVA server (tests/servers.py): it loads clean, a chat with the sample image shows streamed
 the answer the API gives for the same body, errors show the server's own message, and model output, file
-names and server messages stay text. Screenshots at desktop and phone width go to the test's tmp dir."""
+names and server messages stay text (an answer renders as Markdown: test_chat_markdown.py). Screenshots
+at desktop and phone width go to the test's tmp dir."""
 import json
 
 import httpx
@@ -66,7 +67,7 @@ def test_a_chat_with_the_sample_image_streams_the_answer_the_api_gives(llava_ser
 
     api = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=120,
                      json={**body, "stream": False, "stream_options": None}).json()
-    shown = answer.locator(".text").text_content()
+    shown = answer.locator(".text").inner_text()  # the answer as rendered (Markdown), as people read it
     assert shown == api["choices"][0]["message"]["content"] and shown.strip()
     usage = api["usage"]
     stats = answer.locator(".stats").text_content()
@@ -133,7 +134,7 @@ def test_markup_in_answers_file_names_and_server_messages_shows_as_text(llava_se
         status=200, headers={"content-type": "text/event-stream"}, body=stream))
     send(page, MARKUP, {"name": f"{MARKUP}.png", "mimeType": "image/png", "buffer": SAMPLE_IMAGE.read_bytes()})
     answer = last_answer(page)
-    assert answer.locator(".text").text_content() == MARKUP
+    assert answer.locator(".text").inner_text() == MARKUP
     assert page.locator(".message.user .text").text_content() == MARKUP
     assert page.locator(".message.user figcaption").text_content() == f"{MARKUP}.png"
 
@@ -191,7 +192,7 @@ def test_a_json_schema_setting_asks_for_structured_output(llava_server, open_pag
         page.press("#prompt", "Enter")
     body = json.loads(sent.value.post_data)
     assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-    shown = last_answer(page).locator(".text").text_content()
+    shown = last_answer(page).locator(".text").inner_text()
     api = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=120,
                      json={**body, "stream": False, "stream_options": None}).json()
     assert shown == api["choices"][0]["message"]["content"]  # held to the schema (tests/serving cover how)
@@ -200,5 +201,5 @@ def test_a_json_schema_setting_asks_for_structured_output(llava_server, open_pag
     page.fill("#json_schema", "{not json")  # Regenerate checks the settings as sending does
     page.click(".message.assistant .actions >> text=Regenerate")
     assert page.text_content("#notice").startswith("JSON schema (settings): not valid JSON")
-    assert last_answer(page).locator(".text").text_content() == shown
+    assert last_answer(page).locator(".text").inner_text() == shown
     assert page.problems == []

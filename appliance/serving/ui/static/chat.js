@@ -6,7 +6,7 @@ import { makeClient, ServerError, sseData } from "./api.js";
 import { Composer } from "./composer.js";
 import { byId, el } from "./dom.js";
 import { askKey } from "./key_dialog.js";
-import { messageView } from "./messages.js";
+import { messageView, showAnswer } from "./messages.js";
 import { Settings } from "./settings.js";
 import { startStatus } from "./status.js";
 import { loadConversations, newConversation, saveConversations } from "./store.js";
@@ -190,7 +190,7 @@ async function answer(fields) {
         if (piece) {
           first ??= performance.now();
           reply.text += piece;
-          view.text.textContent = reply.text;
+          showAnswer(view.text, reply.text);
           view.node.scrollIntoView({ block: "end" });
         }
         if (choice.finish_reason) finish = choice.finish_reason;

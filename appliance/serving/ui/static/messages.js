@@ -1,8 +1,9 @@
-// One message of the conversation as an element: who speaks, the images, the text (as text), the error
-// the server gave, and under an answer its figures: time to first token, tokens/s, tokens in and out,
-// finish reason.
+// One message of the conversation as an element: who speaks, the images, the text (a question as text,
+// an answer as sanitised Markdown: markdown.js), the error the server gave, and under an answer its
+// figures: time to first token, tokens/s, tokens in and out, finish reason.
 
 import { el } from "./dom.js";
+import { markdownFragment } from "./markdown.js";
 
 export function statsLine(stats) {
   const parts = [];
@@ -13,9 +14,16 @@ export function statsLine(stats) {
   return parts.join(" · ");
 }
 
+// An answer's text, shown again as more of it streams in.
+export function showAnswer(node, text) {
+  node.replaceChildren(markdownFragment(text));
+}
+
 // actions: {edit, regenerate} callbacks or null; returns {node, text, stats, error} for live updates.
 export function messageView(message, speaker, actions) {
-  const text = el("div", { class: "text", text: message.text });
+  const answer = message.role === "assistant";
+  const text = el("div", { class: answer ? "text markdown" : "text", text: answer ? null : message.text });
+  if (answer) showAnswer(text, message.text);
   const stats = el("p", { class: "stats", text: message.stats ? statsLine(message.stats) : "" });
   const error = el("p", { class: "error", role: "alert", text: message.error ?? "", hidden: !message.error });
   const images = (message.images ?? []).map((image) =>
@@ -36,7 +44,7 @@ export function messageView(message, speaker, actions) {
     images.length ? el("div", { class: "images" }, ...images) : null,
     text,
     error,
-    message.role === "assistant" ? stats : null,
+    answer ? stats : null,
     buttons.length ? el("div", { class: "actions" }, ...buttons) : null,
   );
   return { node, text, stats, error };
