@@ -54,7 +54,7 @@ def test_a_markdown_answer_renders_as_lists_tables_and_code_with_a_copy_button(l
     assert code.text_content() == CODE and code.get_attribute("class") == "language-python"
     assert text.locator("b").count() == 0, "markup inside code is text"
     text.locator(".code-block button.copy").click()
-    page.wait_for_function("document.querySelector('.code-block .copy').textContent === 'Copied'")
+    text.locator(".code-block button.copy:has-text('Copied')").wait_for()
     assert page.evaluate("navigator.clipboard.readText()") == CODE.rstrip("\n")
     assert page.problems == []
 

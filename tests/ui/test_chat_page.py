@@ -4,6 +4,7 @@ the answer the API gives for the same body, errors show the server's own message
 names and server messages stay text (an answer renders as Markdown: test_chat_markdown.py). Screenshots
 at desktop and phone width go to the test's tmp dir."""
 import json
+import re
 
 import httpx
 import pytest
@@ -44,6 +45,10 @@ def last_answer(page):
 def test_the_page_loads_with_no_error_and_shows_model_and_status(llava_server, open_page):
     page = open_page(f"{llava_server.base}/")
     page.wait_for_selector("#status .state.ready")
+    rate = page.locator("#status >> text=tokens/s")
+    rate.wait_for(timeout=10_000)  # from two readings of /metrics
+    assert re.fullmatch(r"server \d+\.\d tokens/s", rate.text_content())  # labelled: the server's, all requests
+    assert "all requests" in rate.get_attribute("title")
     assert page.text_content("#model") == httpx.get(f"{llava_server.base}/v1/models").json()["data"][0]["id"]
     unlabelled = page.evaluate("""[...document.querySelectorAll('input, textarea, button')]
         .filter(c => !(c.labels?.length || c.getAttribute('aria-label') || c.textContent.trim())).map(c => c.id)""")
@@ -71,7 +76,10 @@ def test_a_chat_with_the_sample_image_streams_the_answer_the_api_gives(llava_ser
     assert shown == api["choices"][0]["message"]["content"] and shown.strip()
     usage = api["usage"]
     stats = answer.locator(".stats").text_content()
-    assert f"{usage['prompt_tokens']} tokens in, {usage['completion_tokens']} out" in stats, stats
+    figures = re.search(rf"answer {usage['completion_tokens']} tokens in (\d+\.\d\d) s, (\d+\.\d) tokens/s", stats)
+    assert figures, stats  # the message's one speed figure: the answer's tokens over its time
+    assert float(figures[2]) == pytest.approx(usage["completion_tokens"] / float(figures[1]), rel=0.05, abs=0.1)
+    assert stats.count("/s") == 1 and f"prompt {usage['prompt_tokens']} tokens" in stats, stats
     assert f"finish: {api['choices'][0]['finish_reason']}" in stats and "first token" in stats, stats
     assert page.locator(".message.user figcaption").text_content() == SAMPLE_IMAGE.name
     assert page.problems == []
@@ -109,6 +117,19 @@ def test_regenerate_edit_and_new_conversation(llava_server, open_page):
     page.click("#conversation-list .open >> text=Say something.")  # titled by its first question
     assert page.locator(".message.user .text").all_text_contents() == ["Say something else."]
     assert page.locator(".message.assistant").count() == 1
+    assert page.problems == []
+
+
+def test_an_answer_of_one_token_says_token(llava_server, open_page):
+    page = open_page(f"{llava_server.base}/")
+    chunks = [{"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]},
+              {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}]
+    stream = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"content-type": "text/event-stream"}, body=stream))
+    send(page, "Hello")
+    stats = last_answer(page).locator(".stats").text_content()
+    assert re.search(r"answer 1 token in \d+\.\d\d s, \d+\.\d tokens/s · prompt 1 token · finish: stop$", stats), stats
     assert page.problems == []
 
 

@@ -204,7 +204,7 @@ async function answer(fields) {
   const out = usage?.completion_tokens ?? null;
   reply.stats = {
     ttft_s: first === null ? null : (first - started) / 1000,
-    tokens_per_s: out > 1 && first !== null && ended > first ? (out - 1) / ((ended - first) / 1000) : null,
+    elapsed_s: (ended - started) / 1000, // sending to the last token: short answers arrive in one burst
     prompt_tokens: usage?.prompt_tokens ?? null,
     completion_tokens: out,
     finish_reason: finish,
