@@ -8,10 +8,13 @@ path, status, ...).
 
 LitServe (at import and in `LitServer.run`) and uvicorn (its default log config) give their loggers
 handlers of their own, in their own formats; `adopt_library_loggers` sends their records to ours.
+LitServe also logs a line through the root logger in each inference worker ("LitServe will use
+ApplianceSpec spec"); `QuietLibraryRoot` holds such records to LitServe's own level.
 """
 import datetime
 import json
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
@@ -36,6 +39,7 @@ def setup_logging(level: str, log_format: "LogFormat") -> None:
         raise ConfigError(f"log_level: {level!r}; allowed: {', '.join(LEVELS)}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format is LogFormat.json else logging.Formatter(TEXT_FORMAT))
+    handler.addFilter(QuietLibraryRoot())
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)
@@ -54,6 +58,16 @@ def adopt_library_loggers() -> None:
             logger.removeHandler(handler)
         logger.propagate = True
     logging.getLogger("litserve").setLevel(logging.WARNING)
+
+
+class QuietLibraryRoot(logging.Filter):
+    """Drops records below WARNING that LitServe's code logs through the root logger rather than its own
+    (which stays at WARNING): they repeat what our start-up lines say."""
+
+    LIBRARY_DIR = f"{os.sep}litserve{os.sep}"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and record.levelno < logging.WARNING and self.LIBRARY_DIR in record.pathname)
 
 
 class JsonFormatter(logging.Formatter):

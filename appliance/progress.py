@@ -16,6 +16,7 @@ import time
 from typing import Callable, Iterable, Optional, TextIO
 
 from appliance.errors import ConfigError
+from appliance.words import counted, plural
 
 DEFAULT_INTERVAL = 5.0  # seconds between plain lines when stderr is not a terminal
 
@@ -45,8 +46,9 @@ def duration(seconds: float) -> str:
 
 
 class Progress:
-    """`done` of `total` units of work under `label`. `rate_unit` (e.g. "tokens"): the rate shown counts
-    the `extra` units passed to `update` (tokens generated) rather than the units of work.
+    """`done` of `total` units of work under `label`; `unit` names one of them ("tile"). `rate_unit`
+    (e.g. "token"): the rate shown counts the `extra` units passed to `update` (tokens generated) rather
+    than the units of work.
     `enabled=False`: shows nothing (a stage's `progress: false`)."""
 
     def __init__(self, total: int, label: str, unit: str, rate_unit: Optional[str] = None,
@@ -64,7 +66,7 @@ class Progress:
             from tqdm import tqdm
 
             # leave=True: the bar stays, at its final count, on a line of its own.
-            self.bar = tqdm(total=total, desc=label, unit=unit, leave=True, file=self.stream)
+            self.bar = tqdm(total=total, desc=label, unit=plural(unit), leave=True, file=self.stream)
 
     def update(self, done: int = 1, extra: int = 0) -> None:
         """`done` more units of work finished, `extra` more rate units (tokens) produced."""
@@ -75,7 +77,7 @@ class Progress:
         if self.bar is not None:
             if self.rate_unit:
                 rate = self._rate(self.clock() - self.start)
-                self.bar.set_postfix_str(f"{rate:.1f} {self.rate_unit}/s", refresh=False)
+                self.bar.set_postfix_str(f"{rate:.1f} {plural(self.rate_unit)}/s", refresh=False)
             self.bar.update(done)
         elif self.done < self.total and self.clock() >= self.next_line:
             self._write(self.line())
@@ -98,8 +100,8 @@ class Progress:
         elapsed = self.clock() - self.start
         share = 100 * self.done // self.total if self.total else 100
         rate_unit = self.rate_unit or self.unit
-        head = (f"{self.label}: {self.done}/{self.total} {self.unit} ({share}%), "
-                f"{self._rate(elapsed):.1f} {rate_unit}/s")
+        head = (f"{self.label}: {self.done}/{counted(self.total, self.unit)} ({share}%), "
+                f"{self._rate(elapsed):.1f} {plural(rate_unit)}/s")
         if self.done >= self.total:
             return f"{head}, in {duration(elapsed)}"
         if not self.done:

@@ -24,7 +24,7 @@ class Terminal(io.StringIO):
         return True
 
 
-def plain(total, unit="tiles", **kwargs):
+def plain(total, unit="tile", **kwargs):
     stream, clock = io.StringIO(), Clock()
     return Progress(total, "scene.tif", unit, stream=stream, clock=clock, **kwargs), stream, clock
 
@@ -71,7 +71,7 @@ def test_the_last_line_comes_with_the_update_that_reaches_the_total():
 
 
 def test_answers_show_tokens_per_second_and_an_eta():
-    progress, stream, clock = plain(300, unit="answers", rate_unit="tokens", interval=5.0)
+    progress, stream, clock = plain(300, unit="answer", rate_unit="token", interval=5.0)
     clock.now += 2.0
     progress.update(0, 40)  # tokens before any answer is done: no ETA yet
     clock.now += 3.0
@@ -82,6 +82,18 @@ def test_answers_show_tokens_per_second_and_an_eta():
         "scene.tif: 0/300 answers (0%), 20.0 tokens/s, eta ?",
         "scene.tif: 3/300 answers (1%), 20.0 tokens/s, eta 16m30s",
     ]
+
+
+@pytest.mark.parametrize("total, unit, line", [
+    (1, "tile", "scene.tif: 1/1 tile (100%), 1.0 tiles/s, in 1s"),
+    (2, "tile", "scene.tif: 2/2 tiles (100%), 2.0 tiles/s, in 1s"),
+    (1, "answer", "scene.tif: 1/1 answer (100%), 1.0 answers/s, in 1s"),
+])
+def test_a_count_of_one_is_singular(total, unit, line):
+    progress, stream, clock = plain(total, unit=unit)
+    clock.now += 1.0
+    progress.update(total)
+    assert stream.getvalue().splitlines() == [line]
 
 
 def test_work_that_stops_short_gets_no_last_line():
@@ -95,7 +107,7 @@ def test_work_that_stops_short_gets_no_last_line():
 
 def test_disabled_shows_nothing_even_on_a_terminal():
     stream = Terminal()
-    progress = Progress(3, "scene.tif", "tiles", enabled=False, stream=stream, clock=Clock())
+    progress = Progress(3, "scene.tif", "tile", enabled=False, stream=stream, clock=Clock())
     assert progress.bar is None
     progress.update(3)
     progress.close()
@@ -104,7 +116,7 @@ def test_disabled_shows_nothing_even_on_a_terminal():
 
 def test_terminal_bar_ends_at_100_percent_on_its_own_line():
     stream = Terminal()
-    progress = Progress(81, "scene.tif", "tiles", stream=stream, clock=Clock())
+    progress = Progress(81, "scene.tif", "tile", stream=stream, clock=Clock())
     for _ in range(73):
         progress.update(1)
     progress.update(8)  # the last batch of tiles lands at once (what once left the bar at 73/81)
@@ -117,7 +129,7 @@ def test_terminal_bar_ends_at_100_percent_on_its_own_line():
 
 def test_terminal_bar_shows_tokens_per_second():
     stream, clock = Terminal(), Clock()
-    progress = Progress(2, "requests.jsonl", "answers", rate_unit="tokens", stream=stream, clock=clock)
+    progress = Progress(2, "requests.jsonl", "answer", rate_unit="token", stream=stream, clock=clock)
     clock.now += 2.0
     progress.update(1, 10)
     clock.now += 2.0

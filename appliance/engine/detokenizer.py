@@ -9,12 +9,14 @@ class IncrementalDetokenizer:
     emits what the window adds beyond the text of [prefix, read). A window ending in U+FFFD means a
     multi-byte character is split across tokens, so nothing is emitted until the next token completes
     it. Decoding a window with context (rather than single tokens) keeps leading spaces right for
-    tokenizers that drop them at the start of a decode.
+    tokenizers that drop them at the start of a decode. `context_ids`: the prompt ids the text continues
+    (its first word then keeps the space joining it to them); empty: the output is decoded alone, its
+    text that of `tokenizer.decode(output ids)`.
     """
 
-    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str] = ()):
+    def __init__(self, tokenizer, context_ids: Sequence[int], stop: Sequence[str] = ()):
         self.tokenizer = tokenizer
-        self.ids: List[int] = list(prompt_token_ids[-4:])  # a little prompt context for spacing
+        self.ids: List[int] = list(context_ids[-4:])  # a little prompt context for spacing
         self.prefix = 0
         self.read = len(self.ids)
         self.text = ""

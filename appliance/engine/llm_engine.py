@@ -144,7 +144,8 @@ class LLMEngine:
         if params.structured is not None:
             seq.matcher = self.grammars.matcher(params.structured)  # raises if the grammar cannot compile
         self.scheduler.add(seq)  # raises if the request can never fit
-        self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
+        context = ids if params.decode_after_prompt else []
+        self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, context, params.stop)
         return request_id
 
     def add_beam_search(self, prompt: Union[str, List[int]], params: BeamSearchParams, answer_ids: List[str],

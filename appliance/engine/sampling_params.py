@@ -33,7 +33,10 @@ class SamplingParams:
     temperature=0 means greedy. top_k=0 and top_p=1.0 disable those filters. `logprobs=N` returns the
     sampled token's log-probability plus the top N, computed from the raw (untempered, unmasked) logits.
     `logit_bias` ({token id: bias}) is added to the logits before any token is picked; `structured`
-    constrains the output to a grammar (structured_output.py).
+    constrains the output to a grammar (structured_output.py). `decode_after_prompt`: the output's text
+    continues the prompt's, so a first word keeps the space that joins it to the prompt (a completion, as
+    vLLM and OpenAI give it); False: the output ids decoded alone, as transformers' `decode` gives them
+    (a chat answer, which starts a new turn rather than continuing the prompt's text).
     """
 
     temperature: float = 1.0
@@ -49,6 +52,7 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None  # each prompt token's logprob (after the first) plus the top N
     logit_bias: Dict[int, float] = field(default_factory=dict)
     structured: Optional[StructuredOutput] = None
+    decode_after_prompt: bool = True
 
     def __post_init__(self):
         if isinstance(self.stop, str):

@@ -24,6 +24,9 @@ from appliance.protocol.validation import input_error, located
 SAMPLING_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
                    "top_p": "top_p", "top_k": "top_k", "seed": "seed", "min_tokens": "min_tokens",
                    "ignore_eos": "ignore_eos", "stop": "stop", "stop_token_ids": "stop_token_ids"}
+# A chat answer starts a new turn rather than continuing the prompt's text: its text is its ids decoded
+# alone, as transformers' decode gives them (no space carried over from the prompt).
+CHAT_ANSWER_SAMPLING = {"decode_after_prompt": False}
 TOKEN_IDS = "a non-empty list of token ids (integers >= 0)"
 # What an error says a field should be (by path, list indexes as []), where pydantic's words would not help.
 EXPECTED = {
@@ -93,6 +96,7 @@ def parse_chat(body: Any, defaults: Optional[Dict[str, Any]] = None, at: str = "
     paths (a batch file's `line 3: body`)."""
     parsed = _validate(ChatCompletionRequest, body, at)
     request = _common(parsed, "chat", defaults or {}, at, allow_stream)
+    request.sampling.update(CHAT_ANSWER_SAMPLING)
     request.messages = body["messages"]  # as sent: keys a message may carry beyond role and content stay
     if parsed.tools is not None and not allow_stream:  # a batch file's answers hold text only
         raise located(at, "tools", "batch requests cannot call tools; send them to the server (appliance serve)")

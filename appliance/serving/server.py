@@ -30,6 +30,7 @@ from appliance.serving.online_stages import OnlinePipeline, split_online
 from appliance.serving.startup import check_media_dir, check_scenes, claim_port, url
 from appliance.serving.stop_signals import STOP_SIGNALS, start_deaf_thread
 from appliance.serving.state import DEAD, READY, SharedState
+from appliance.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class Supervisor:
             why = f"on {first} after server.drain_timeout_s={self.drain_timeout_s:g} s"
         else:
             why = f"on {first}"
-        self.outcome = (f"stopped {why}: {_requests(finished)} finished, {cut} cut"
+        self.outcome = (f"stopped {why}: {counted(finished, 'request')} finished, {cut} cut"
                         + (" (ended with a 503)" if cut else ""))
         self.stop()
 
@@ -217,10 +218,6 @@ def reaches_a_server(host: str, port: int) -> bool:
         return False
     finally:
         connection.close()
-
-
-def _requests(count: int) -> str:
-    return f"{count} request" + ("" if count == 1 else "s")
 
 
 @contextmanager

@@ -184,7 +184,7 @@ def prompt_token_ids(stage: Stage, prompt: Union[str, List[int]], field: str) ->
 
 def answers_progress(total: int, label: str, options: EngineStageOptions) -> Progress:
     """Answers done of `total`, generated tokens/s and an ETA on stderr, for a batch (more than one answer)."""
-    return Progress(total, label, "answers", rate_unit="tokens", interval=options.progress_interval,
+    return Progress(total, label, "answer", rate_unit="token", interval=options.progress_interval,
                     enabled=options.progress and total > 1)
 
 

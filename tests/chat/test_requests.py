@@ -30,7 +30,7 @@ GOOD = [
 def test_good_lines(label, line, sampling):
     request = parse_batch_line(json.dumps(line), 3)
     assert request.custom_id == line["custom_id"] and request.line == 3
-    assert request.sampling == sampling
+    assert request.sampling == {**sampling, "decode_after_prompt": False}, "a chat answer is decoded alone"
     assert request.messages == line["body"]["messages"]
 
 

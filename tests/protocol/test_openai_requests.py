@@ -28,7 +28,8 @@ def test_a_full_chat_body_fills_the_request():
                               stream_options={"include_usage": True, "continuous_usage_stats": True}))
     assert request.sampling == {"max_tokens": 4, "temperature": 0.0, "top_p": 0.5, "top_k": 3, "seed": -7,
                                 "min_tokens": 1, "stop": "\n", "stop_token_ids": [2], "ignore_eos": True,
-                                "logit_bias": {17: -100.0, 5: 2.5}, "logprobs": 2}
+                                "logit_bias": {17: -100.0, 5: 2.5}, "logprobs": 2,
+                                "decode_after_prompt": False}
     assert (request.kind, request.model, request.n, request.top_logprobs) == ("chat", "m", 3, 2)
     assert request.stream and request.include_usage and request.continuous_usage
     assert isinstance(request.sampling["max_tokens"], int)
@@ -44,7 +45,8 @@ def test_messages_are_kept_as_sent_with_their_other_keys():
 
 def test_nulls_are_unset_and_defaults_apply():
     request = parse_chat(chat(temperature=None, n=None, stream=None, logprobs=None))
-    assert (request.sampling, request.n, request.stream, request.top_logprobs) == ({}, 1, False, None)
+    assert (request.sampling, request.n, request.stream, request.top_logprobs) == (
+        {"decode_after_prompt": False}, 1, False, None)
 
 
 @pytest.mark.parametrize("prompt, prompts", [
@@ -232,7 +234,8 @@ def test_the_body_must_be_an_object_and_a_batch_cannot_stream():
 def test_the_pipeline_defaults_are_checked_with_the_request():
     with pytest.raises(InputError, match=r"min_tokens must be in \[0, max_tokens=4\]"):
         parse_chat(chat(min_tokens=6), defaults={"max_tokens": 4})
-    assert parse_chat(chat(min_tokens=3), defaults={"max_tokens": 4}).sampling == {"min_tokens": 3}
+    assert parse_chat(chat(min_tokens=3), defaults={"max_tokens": 4}).sampling == {
+        "min_tokens": 3, "decode_after_prompt": False}
 
 
 def test_the_models_schemas_show_what_they_check():

@@ -1,12 +1,13 @@
 """The request line, the stats line and the JSON formatter, without a server."""
 import json
 import logging
+import os
 
 import pytest
 
 from appliance.config.schema import LogFormat
 from appliance.errors import ConfigError
-from appliance.logs import JsonFormatter, setup_logging
+from appliance.logs import JsonFormatter, QuietLibraryRoot, setup_logging
 from appliance.serving.engine_process.stats_log import StatsLog, generate_line, pool_line
 from appliance.serving.http.access_log import AccessLog, printable, request_line
 
@@ -38,6 +39,40 @@ def test_the_access_log_reads_what_routes_left_in_the_scope_state(caplog):
     assert record.fields["request_id"] == "pool-9" and record.fields["tiles"] == 4
     assert record.getMessage().startswith("POST /pooling 200 ") and "secret" not in record.getMessage()
     assert "prompt_tokens" not in record.fields
+
+
+@pytest.mark.parametrize("method, path, level", [
+    ("GET", "/health", logging.DEBUG),
+    ("GET", "/ready", logging.DEBUG),
+    ("GET", "/metrics", logging.DEBUG),
+    ("HEAD", "/ready", logging.DEBUG),
+    ("GET", "/v1/models", logging.INFO),
+    ("GET", "/", logging.INFO),
+    ("POST", "/v1/scenes", logging.INFO),
+    ("POST", "/metrics", logging.INFO),  # not a poll: a 405 worth seeing
+])
+def test_polls_are_debug_lines_and_other_requests_info(caplog, method, path, level):
+    with caplog.at_level(logging.DEBUG, logger="appliance.access"):
+        AccessLog().write({"method": method, "path": path}, 200, began=0.0)
+    assert [r.levelno for r in caplog.records] == [level]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="appliance.access"):
+        AccessLog().write({"method": method, "path": path}, 200, began=0.0)
+    assert len(caplog.records) == (level >= logging.INFO)
+
+
+LITSERVE_FILE = os.path.join("site-packages", "litserve", "loops", "loops.py")
+
+
+@pytest.mark.parametrize("name, level, path, shown", [
+    ("root", logging.INFO, LITSERVE_FILE, False),  # "LitServe will use ApplianceSpec spec"
+    ("root", logging.WARNING, LITSERVE_FILE, True),
+    ("root", logging.INFO, __file__, True),  # the root logger's other lines
+    ("litserve", logging.ERROR, LITSERVE_FILE, True),
+])
+def test_litserves_lines_on_the_root_logger_are_held_to_its_level(name, level, path, shown):
+    record = logging.LogRecord(name, level, os.path.join(os.sep, "venv", path), 1, "a line", None, None)
+    assert QuietLibraryRoot().filter(record) is shown
 
 
 def test_json_lines_carry_the_fields_as_keys():

@@ -5,11 +5,13 @@ import json
 import httpx
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest
+from appliance.protocol.openai_responses import token_decoder
 from tests.chat.conftest import batch_request, clear_samples, names_only, synthetic_shapes, write_jsonl
 from tests.conftest import run_cli
-from tests.servers import data_url, error, image_question, png_data_url
+from tests.servers import LLAVA_TINY, data_url, error, image_question, png_data_url
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,23 @@ def test_chat_streaming_and_not_give_the_same_greedy_answer(client):
     # 64 image placeholder tokens and the chat-templated text are all prompt tokens.
     assert whole.usage.prompt_tokens > 64
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+
+def test_a_chat_answer_reads_as_transformers_decode_of_its_tokens(client):
+    tokenizer = AutoTokenizer.from_pretrained(str(LLAVA_TINY))
+    text_of = token_decoder(tokenizer)  # a logprob entry's token: its id's text inside an answer
+    ids_of: dict = {}
+    for token_id in range(len(tokenizer)):
+        ids_of.setdefault(text_of(token_id), []).append(token_id)
+    ask = {"model": "llava-tiny", "messages": image_question(data_url()), "max_tokens": 16, "temperature": 0}
+    whole = client.chat.completions.create(**ask, logprobs=True)
+    tokens = [entry.token for entry in whole.choices[0].logprobs.content]
+    assert all(len(ids_of[token]) == 1 for token in tokens), "each answer token names one id"
+    expected = tokenizer.decode([ids_of[token][0] for token in tokens], skip_special_tokens=True)
+    assert tokens[0].startswith(" ") and not expected.startswith(" ")
+    assert whole.choices[0].message.content == expected
+    chunks = client.chat.completions.create(**ask, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
 
 
 def test_usage_and_finish_reason_are_exact(client):

@@ -83,6 +83,15 @@ def test_chat_requests_are_logged_with_their_tokens_and_without_secrets(chat_ser
         assert f" INFO {logger}: " in output
 
 
+def test_polls_stay_out_of_the_info_log_and_start_up_has_no_stray_lines(chat_server):
+    for path in ("/health", "/ready", "/metrics"):
+        assert httpx.get(f"{chat_server.base}{path}").status_code == 200
+    assert httpx.get(f"{chat_server.base}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    lines = wait_for(chat_server, lambda lines: request_lines(lines, "/v1/models") and lines)
+    assert [request_lines(lines, path) for path in ("/health", "/ready", "/metrics")] == [[], [], []]
+    assert not [line for line in lines if " root: " in line or "LitServe will use" in line], lines
+
+
 def test_the_stats_line_comes_with_traffic_and_stops_when_idle(chat_server):
     def stats():
         return [line for line in chat_server.output().splitlines() if " appliance.stats: " in line]

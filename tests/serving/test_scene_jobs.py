@@ -2,6 +2,7 @@
 how a job follows its events (routes_scenes.py), without a server: a clock the test moves, files in a temp
 directory, events handed out by a stand-in for the Frontend."""
 import asyncio
+import logging
 import os
 
 import pytest
@@ -191,12 +192,15 @@ def test_a_jobs_events_move_it_to_done_and_its_input_is_removed(tmp_path):
     assert routes.frontend.closed == ["channel"]
 
 
-def test_a_job_past_its_deadline_fails_with_the_504_and_keeps_no_files(tmp_path):
+def test_a_job_past_its_deadline_fails_with_the_504_and_keeps_no_files(tmp_path, caplog):
     deadline = APIError(504, "the request took longer than server.limits.request_timeout_s=1 s and was stopped")
     routes = scene_routes(tmp_path, [TileProgress(1, 9), deadline])
     job = routes.jobs.add()
     write_outputs(job, ("mask.tif",))
-    asyncio.run(routes._follow(job, "channel"))
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(routes._follow(job, "channel"))
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"scene {job.id} failed: {deadline.message}")], "one line with the scene's id and reason"
     assert job.status == FAILED and job.error["code"] == 504 and "request_timeout_s" in job.error["message"]
     assert Scene.model_validate(job.as_object()).error.type
     assert not os.path.exists(job.dir) and routes.frontend.closed == ["channel"]  # close aborts it in the engine

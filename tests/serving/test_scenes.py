@@ -242,6 +242,8 @@ def test_a_scene_that_is_no_geotiff_fails_with_v1_pools_message(server):
     assert failed["error"] == error(pooled)
     busy = get(server, f"/{failed['id']}/mask.tif")
     assert busy.status_code == 409 and "is failed" in error(busy)["message"]
+    warned = [line for line in server.output().splitlines() if f"scene {failed['id']} failed: " in line]
+    assert len(warned) == 1 and " WARNING " in warned[0] and failed["error"]["message"] in warned[0], warned
 
 
 def test_a_private_url_fails_the_scene_naming_url(server):

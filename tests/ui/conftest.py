@@ -35,11 +35,12 @@ def browser():
 
 @pytest.fixture
 def open_page(browser):
-    """open_page(url, viewport=DESKTOP) -> a Page with `.problems`, a list of what went wrong while it ran,
-    and `.requested`, the URLs it asked for from the start."""
+    """open_page(url, viewport=DESKTOP, init_script=None) -> a Page with `.problems`, a list of what went
+    wrong while it ran, and `.requested`, the URLs it asked for from the start; `init_script` runs in the
+    page before its own scripts."""
     contexts = []
 
-    def open_(url, viewport=DESKTOP):
+    def open_(url, viewport=DESKTOP, init_script=None):
         context = browser.new_context(viewport=viewport)
         contexts.append(context)
         page = context.new_page()
@@ -50,6 +51,8 @@ def open_page(browser):
         page.on("pageerror", lambda e: page.problems.append(f"exception: {e}"))
         page.on("requestfailed", lambda r: page.problems.append(f"failed: {r.url} {r.failure}"))
         page.on("response", lambda r: r.status >= 400 and page.problems.append(f"HTTP {r.status}: {r.url}"))
+        if init_script:
+            page.add_init_script(init_script)
         page.goto(url)
         return page
 

@@ -1,8 +1,10 @@
 """The chat page of a generate pipeline (`GET /` of `pipeline=llava_chat`) in a real browser, against the
 shared tiny-LLaVA server (tests/servers.py): it loads clean, a chat with the sample image shows streamed
 the answer the API gives for the same body, errors show the server's own message, and model output, file
-names and server messages stay text. Screenshots at desktop and phone width go to the test's tmp dir."""
+names and server messages stay text (an answer renders as Markdown: test_chat_markdown.py). Screenshots
+at desktop and phone width go to the test's tmp dir."""
 import json
+import re
 
 import httpx
 import pytest
@@ -43,6 +45,10 @@ def last_answer(page):
 def test_the_page_loads_with_no_error_and_shows_model_and_status(llava_server, open_page):
     page = open_page(f"{llava_server.base}/")
     page.wait_for_selector("#status .state.ready")
+    rate = page.locator("#status >> text=tokens/s")
+    rate.wait_for(timeout=10_000)  # from two readings of /metrics
+    assert re.fullmatch(r"server \d+\.\d tokens/s", rate.text_content())  # labelled: the server's, all requests
+    assert "all requests" in rate.get_attribute("title")
     assert page.text_content("#model") == httpx.get(f"{llava_server.base}/v1/models").json()["data"][0]["id"]
     unlabelled = page.evaluate("""[...document.querySelectorAll('input, textarea, button')]
         .filter(c => !(c.labels?.length || c.getAttribute('aria-label') || c.textContent.trim())).map(c => c.id)""")
@@ -66,11 +72,14 @@ def test_a_chat_with_the_sample_image_streams_the_answer_the_api_gives(llava_ser
 
     api = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=120,
                      json={**body, "stream": False, "stream_options": None}).json()
-    shown = answer.locator(".text").text_content()
+    shown = answer.locator(".text").inner_text()  # the answer as rendered (Markdown), as people read it
     assert shown == api["choices"][0]["message"]["content"] and shown.strip()
     usage = api["usage"]
     stats = answer.locator(".stats").text_content()
-    assert f"{usage['prompt_tokens']} tokens in, {usage['completion_tokens']} out" in stats, stats
+    figures = re.search(rf"answer {usage['completion_tokens']} tokens in (\d+\.\d\d) s, (\d+\.\d) tokens/s", stats)
+    assert figures, stats  # the message's one speed figure: the answer's tokens over its time
+    assert float(figures[2]) == pytest.approx(usage["completion_tokens"] / float(figures[1]), rel=0.05, abs=0.1)
+    assert stats.count("/s") == 1 and f"prompt {usage['prompt_tokens']} tokens" in stats, stats
     assert f"finish: {api['choices'][0]['finish_reason']}" in stats and "first token" in stats, stats
     assert page.locator(".message.user figcaption").text_content() == SAMPLE_IMAGE.name
     assert page.problems == []
@@ -111,6 +120,19 @@ def test_regenerate_edit_and_new_conversation(llava_server, open_page):
     assert page.problems == []
 
 
+def test_an_answer_of_one_token_says_token(llava_server, open_page):
+    page = open_page(f"{llava_server.base}/")
+    chunks = [{"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]},
+              {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}]
+    stream = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"content-type": "text/event-stream"}, body=stream))
+    send(page, "Hello")
+    stats = last_answer(page).locator(".stats").text_content()
+    assert re.search(r"answer 1 token in \d+\.\d\d s, \d+\.\d tokens/s · prompt 1 token · finish: stop$", stats), stats
+    assert page.problems == []
+
+
 def test_a_server_error_shows_the_server_own_message(llava_server, open_page):
     page = open_page(f"{llava_server.base}/")
     open_settings(page, temperature=-1)
@@ -133,7 +155,7 @@ def test_markup_in_answers_file_names_and_server_messages_shows_as_text(llava_se
         status=200, headers={"content-type": "text/event-stream"}, body=stream))
     send(page, MARKUP, {"name": f"{MARKUP}.png", "mimeType": "image/png", "buffer": SAMPLE_IMAGE.read_bytes()})
     answer = last_answer(page)
-    assert answer.locator(".text").text_content() == MARKUP
+    assert answer.locator(".text").inner_text() == MARKUP
     assert page.locator(".message.user .text").text_content() == MARKUP
     assert page.locator(".message.user figcaption").text_content() == f"{MARKUP}.png"
 
@@ -191,7 +213,7 @@ def test_a_json_schema_setting_asks_for_structured_output(llava_server, open_pag
         page.press("#prompt", "Enter")
     body = json.loads(sent.value.post_data)
     assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-    shown = last_answer(page).locator(".text").text_content()
+    shown = last_answer(page).locator(".text").inner_text()
     api = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=120,
                      json={**body, "stream": False, "stream_options": None}).json()
     assert shown == api["choices"][0]["message"]["content"]  # held to the schema (tests/serving cover how)
@@ -200,5 +222,5 @@ def test_a_json_schema_setting_asks_for_structured_output(llava_server, open_pag
     page.fill("#json_schema", "{not json")  # Regenerate checks the settings as sending does
     page.click(".message.assistant .actions >> text=Regenerate")
     assert page.text_content("#notice").startswith("JSON schema (settings): not valid JSON")
-    assert last_answer(page).locator(".text").text_content() == shown
+    assert last_answer(page).locator(".text").inner_text() == shown
     assert page.problems == []

@@ -4,12 +4,13 @@ small and name only relative URLs (the page works under a path prefix), and /ope
 In a browser, the page of a pipeline without one of its own shows the server's state only where no key
 is needed."""
 import re
+import tomllib
 
 import httpx
 import pytest
 
 from appliance.serving.ui.routes import ASSETS, CSP, INDEX, STATIC, prefix_redirect
-from tests.conftest import FRAME_CONF
+from tests.conftest import FRAME_CONF, REPO
 from tests.server_process import server_process
 from tests.servers import error
 
@@ -82,6 +83,20 @@ def test_the_page_files_are_small_and_name_only_relative_urls():
         assert not re.search(r"https?://", text), f"{path.name} names another origin"
         assert not re.search(r"""(?:src|href)=["']/|fetch\(["'`]/""", text), f"{path.name} names an absolute path"
         assert "innerHTML" not in text and "eval(" not in text, path.name
+
+
+def test_the_vendored_libraries_ship_with_their_licenses_in_the_package():
+    vendor = STATIC / "vendor"
+    readme = (vendor / "README.md").read_text()
+    for library in vendor.glob("*.js"):
+        row = next((line for line in readme.splitlines() if f"`{library.name}`" in line), None)
+        assert row, f"vendor/README.md does not list {library.name}"
+        licenses = re.findall(r"`([\w.-]+\.LICENSE)`", row)
+        assert licenses and all((vendor / name).is_file() for name in licenses), row
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["appliance"]
+    packaged = {path for pattern in patterns for path in (REPO / "appliance").glob(pattern)}
+    unshipped = [path.name for path in STATIC.rglob("*") if path.is_file() and path not in packaged]
+    assert unshipped == [], "pyproject.toml's package-data leaves them out of the package"
 
 
 @pytest.mark.parametrize("path", ["/ui/nope.js", "/ui/../conf"])

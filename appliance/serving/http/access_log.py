@@ -1,5 +1,7 @@
 """The request log: one INFO line per request, written by the Gate once the answer ended (a stream's
-too), on the `appliance.access` logger; `server.access_log: false` turns it off.
+too), on the `appliance.access` logger; `server.access_log: false` turns it off. Polls (`GET /health`,
+`/ready`, `/metrics`: probes, Prometheus, an open page every few seconds) are DEBUG lines, so the INFO
+log shows the requests people made.
 
 The line holds the method, the path (never the query string, headers or body: no API key or prompt
 reaches the log), the status, the duration and the request id; routes add what they know through the
@@ -15,6 +17,7 @@ from appliance.protocol.openai_responses import new_id
 LOGGER = "appliance.access"
 HEAD = ("method", "path", "status", "duration_ms")  # the line's first words, unnamed
 COUNTS = ("prompt_tokens", "completion_tokens", "tiles")  # what routes may put in the scope's state
+POLLS = ("/health", "/ready", "/metrics")  # asked again and again by probes and pages: DEBUG lines
 
 
 class AccessLog:
@@ -23,7 +26,8 @@ class AccessLog:
 
     def write(self, scope, status: int, began: float) -> None:
         """`began`: time.perf_counter() when the request arrived."""
-        if not self.log.isEnabledFor(logging.INFO):
+        level = logging.DEBUG if scope["method"] in ("GET", "HEAD") and scope["path"] in POLLS else logging.INFO
+        if not self.log.isEnabledFor(level):
             return
         state = scope.get("state") or {}
         fields: Dict[str, Any] = {"method": scope["method"], "path": printable(scope["path"]), "status": status,
@@ -36,7 +40,7 @@ class AccessLog:
         client = scope.get("client")
         if client:
             fields["client"] = client[0]
-        self.log.info(request_line(fields), extra={"fields": fields})
+        self.log.log(level, request_line(fields), extra={"fields": fields})
 
 
 def request_line(fields: Dict[str, Any]) -> str:

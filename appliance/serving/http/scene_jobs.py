@@ -10,6 +10,7 @@ owns (a server restarted on the same spool, or an aborted job's writer that fini
 directory was removed). The routes prune on every call, so an idle server keeps its files until the next
 one.
 """
+import logging
 import os
 import shutil
 import time
@@ -23,6 +24,7 @@ from appliance.stages.geo.stac_out import stac_path
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 INPUT_NAME = "input.tif"  # a GeoTIFF body
 DATE_INPUT_NAME = "input.date{}.tif"  # a form's date i, from 1 (form_body.py)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class SceneJob:
 
     def fail(self, error: Dict[str, Any], now: float) -> None:
         self.status, self.error, self.finished_at = FAILED, error, now
+        log.warning("scene %s failed: %s", self.id, error["message"])  # the access log saw only its 202
 
     def as_object(self) -> Dict[str, Any]:
         """The scene object of the API (protocol.scenes.Scene)."""

@@ -28,7 +28,9 @@ INDEX, DOCS = "/index.html", "/docs.html"
 PAGES = {ServedKind.generate: "chat.html", ServedKind.pool: "flood.html", ServedKind.plain: "no_page.html"}
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}
-ASSETS = tuple(sorted(f"/ui/{path.name}" for path in STATIC.iterdir() if path.suffix in (".js", ".css")))
+# Our modules and stylesheet, and beside them in vendor/ the libraries the page runs (with their licenses).
+ASSETS = tuple(sorted(f"/ui/{path.relative_to(STATIC).as_posix()}" for path in STATIC.rglob("*")
+                      if path.suffix in (".js", ".css")))
 PAGE_PATHS = (INDEX, DOCS, *ASSETS)  # open without the API key: they hold nothing of the server's
 ALIASES = {"/": INDEX, "/docs": DOCS, "/redoc": DOCS}
 # A prefix is plain path segments: anything else (`//host`, a scheme) would send the browser elsewhere.

@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from appliance.errors import InputError
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.protocol.openai_requests import parse_chat, parse_completion
+from appliance.protocol.openai_requests import CHAT_ANSWER_SAMPLING, parse_chat, parse_completion
 from appliance.stages.chat.run_question import question_keys, run_prompt, system_message
 from appliance.stages.engine_stage import sampling_defaults
 from appliance.vision.image_load import is_remote_image
@@ -122,7 +122,8 @@ def single_request(image: Optional[str], record: Record) -> ChatRequest:
         parts.append({"type": "image_url", "image_url": {"url": url}})
     parts.append({"type": "text", "text": prompt})
     system = system_message(record)
-    return ChatRequest("prompt", [*([system] if system else []), {"role": "user", "content": parts}], {})
+    return ChatRequest("prompt", [*([system] if system else []), {"role": "user", "content": parts}],
+                       dict(CHAT_ANSWER_SAMPLING))
 
 
 def check_batch_output(source: str, output: Any, overwrite: bool = False) -> str:

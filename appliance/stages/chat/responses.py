@@ -1,8 +1,8 @@
 """`chat_responses`: completions -> the answer text (single prompt) or the OpenAI batch output file.
 
-A single prompt yields `display` = the answer (surrounding whitespace stripped: a SentencePiece answer
-usually starts with a space) and `response` = the chat.completion object. A batch run
-collects its `request_count` answers and writes one line per request, in input order:
+A single prompt yields `display` = the answer (surrounding whitespace stripped) and `response` = the
+chat.completion object. A batch run collects its `request_count` answers and writes one line per
+request, in input order:
 
     {"id": "batch_req_...", "custom_id": ..., "response": {"status_code": 200, "request_id": "req_...",
      "body": <chat.completion or text_completion>}, "error": null}
@@ -27,6 +27,7 @@ from appliance.protocol.openai_responses import (Choice, answer_logprobs, chat_c
                                                  prompt_token_logprobs, text_completion, token_decoder, usage,
                                                  with_echo)
 from appliance.stages.engine_stage import model_tokenizer
+from appliance.words import counted
 
 
 def batch_line(custom_id: str, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -83,8 +84,7 @@ class ChatResponses(Stage):
             lines.append(batch_line(record["custom_id"], body))
             if len(lines) == record["request_count"]:
                 count = write_atomic(path, batches.pop(path))
-                answers = "answer" if count == 1 else "answers"
-                yield {"output_path": path, "display": f"wrote {count} {answers} to {path}"}
+                yield {"output_path": path, "display": f"wrote {counted(count, 'answer')} to {path}"}
         if batches or prompts:  # the stream ended early (an upstream error): nothing is written
             raise RuntimeError(f"chat_responses: incomplete batches for {', '.join(batches) or 'a request'}")
 

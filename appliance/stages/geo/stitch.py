@@ -83,7 +83,7 @@ def class_map(classes: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
 def tiles_progress(total: int, label: str, options: StitchOptions) -> Progress:
     """The scene's tiles done, on stderr unless `progress` is off (appliance/progress.py)."""
-    return Progress(total, label, "tiles", interval=options.progress_interval, enabled=options.progress)
+    return Progress(total, label, "tile", interval=options.progress_interval, enabled=options.progress)
 
 
 @register_stage

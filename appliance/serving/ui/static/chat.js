@@ -6,7 +6,7 @@ import { makeClient, ServerError, sseData } from "./api.js";
 import { Composer } from "./composer.js";
 import { byId, el } from "./dom.js";
 import { askKey } from "./key_dialog.js";
-import { messageView } from "./messages.js";
+import { messageView, showAnswer } from "./messages.js";
 import { Settings } from "./settings.js";
 import { startStatus } from "./status.js";
 import { loadConversations, newConversation, saveConversations } from "./store.js";
@@ -190,7 +190,7 @@ async function answer(fields) {
         if (piece) {
           first ??= performance.now();
           reply.text += piece;
-          view.text.textContent = reply.text;
+          showAnswer(view.text, reply.text);
           view.node.scrollIntoView({ block: "end" });
         }
         if (choice.finish_reason) finish = choice.finish_reason;
@@ -204,7 +204,7 @@ async function answer(fields) {
   const out = usage?.completion_tokens ?? null;
   reply.stats = {
     ttft_s: first === null ? null : (first - started) / 1000,
-    tokens_per_s: out > 1 && first !== null && ended > first ? (out - 1) / ((ended - first) / 1000) : null,
+    elapsed_s: (ended - started) / 1000, // sending to the last token: short answers arrive in one burst
     prompt_tokens: usage?.prompt_tokens ?? null,
     completion_tokens: out,
     finish_reason: finish,

@@ -1,6 +1,6 @@
 // The status strip: the server's own state from /ready and /metrics, refreshed every few seconds: ready
-// or draining, requests running and waiting, KV cache use, and the rate of one counter: tokens/s by
-// default, tiles/s on the flood page (`rate`). Both routes are open (probes and Prometheus need them
+// or draining, requests running and waiting, KV cache use, and the server's rate of one counter over the
+// last interval, every request's together: tokens/s by default, tiles/s on the flood page (`rate`). Both routes are open (probes and Prometheus need them
 // so), but with server.api_key set a page shows nothing of the server's state until it was given the
 // key: the strip stays empty until the page's client (api.js) has had an answer that is not a 401, so a
 // page makes one API request as it loads (the chat page's /v1/models).
@@ -16,7 +16,7 @@ function readMetrics(text) {
   return values;
 }
 
-const TOKENS = { counter: "generation_tokens_total", unit: "tok/s" };
+const TOKENS = { counter: "generation_tokens_total", unit: "tokens/s" };
 
 export async function startStatus(strip, client, rate = TOKENS) {
   let previous = null; // {tokens, at}: the counter's last reading, for its rate
@@ -37,7 +37,11 @@ export async function startStatus(strip, client, rate = TOKENS) {
         const now = performance.now();
         if (previous) {
           const perSecond = (tokens - previous.tokens) / ((now - previous.at) / 1000);
-          parts.push(el("span", { text: `${perSecond.toFixed(1)} ${rate.unit}` }));
+          // The server's rate, every request's, since the last reading: labelled so, unlike a message's.
+          parts.push(el("span", {
+            text: `server ${perSecond.toFixed(1)} ${rate.unit}`,
+            title: `${rate.unit} the server computed over the last ${EVERY_MS / 1000} s, all requests together`,
+          }));
         }
         previous = { tokens, at: now };
       }
