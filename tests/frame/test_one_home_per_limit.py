@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "appliance"
 # Where limits are declared: the config schemas (and the protocol models, which carry the request rules).
 HOMES = ("config/schema.py", "engine/config.py", "protocol/")
 LIMIT_NAME = re.compile(r"(^|_)(max_|nodata)|timeout|_bytes$|_pixels$|^(max|bytes|pixels|nodata)$")
+CALL_ARGUMENT = "call:"  # marks a keyword argument of a call among the names defined_limits finds
 FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.LShift: operator.lshift,
         ast.Pow: operator.pow, ast.FloorDiv: operator.floordiv}
 
@@ -90,7 +91,9 @@ def _defined_limits(source: str) -> Iterator[Tuple[int, str, float]]:
             pairs = [(a.arg, d) for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults)]
             pairs += [(a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
         elif isinstance(node, ast.Call):
-            pairs = [(k.arg, k.value) for k in node.keywords if k.arg]
+            # A keyword argument uses a value (`SamplingParams(max_tokens=1)`); it names a limit only when
+            # it copies or shadows the schema's, so it is kept apart from the definitions.
+            pairs = [(CALL_ARGUMENT + k.arg, k.value) for k in node.keywords if k.arg]
         for name, value_node in pairs:
             value = number(value_node)
             if value is not None and LIMIT_NAME.search(name.lower()):
@@ -101,7 +104,8 @@ def scan(files: Dict[str, str], limits: Sequence[Limit]) -> List[Finding]:
     """Findings over {path: source} against the schema's `limits`."""
     findings, seen = [], {}
     for path, source in sorted(files.items()):
-        for line, name, value in defined_limits(source):
+        for line, marked, value in defined_limits(source):
+            name = marked.removeprefix(CALL_ARGUMENT)
             where, bare = f"{path}:{line}", name.lower().removeprefix("default_")
             same_name = [lim for lim in limits if bare.endswith(lim.name)]
             same_value = [lim for lim in limits if unit(lim.name) and unit(lim.name) == unit(name)
@@ -112,10 +116,13 @@ def scan(files: Dict[str, str], limits: Sequence[Limit]) -> List[Finding]:
             elif same_value:
                 keys = " or ".join(lim.key for lim in same_value)
                 findings.append(Finding(where, name, value, f"copies {keys}; read that field instead"))
+            elif marked.startswith(CALL_ARGUMENT):
+                continue
             elif name in seen and seen[name][0] != path:
                 findings.append(Finding(where, name, value, f"also defined at {seen[name][1]}; "
                                         "give it one home (a schema field, or one module's constant)"))
-            seen.setdefault(name, (path, where))
+            else:
+                seen.setdefault(name, (path, where))
     return findings
 
 
@@ -153,6 +160,9 @@ def test_the_scanner_names_each_kind_of_second_home():
                            "NODATA_CLASS = 255\n"
                            "CHUNK = 20 * 1024 * 1024  # not a limit-like name\n"
                            "def f(max_tokens=16, port=30): pass\n"),
+        # Calls that pass different values under one name use settings; they define none.
+        "appliance/c.py": "run(SamplingParams(max_tokens=1))\n",
+        "appliance/d.py": "run(SamplingParams(max_tokens=2))\n",
     }
     found = [(f.where, f.name, f.why.split(";")[0]) for f in scan(files, LIMITS)]
     assert found == [
