@@ -118,7 +118,8 @@ def plan_kernels(cfg: EngineConfig, host: Host, geometry, device: Optional[torch
     off = cpu_kernels_off(cfg, device.type)
     dtype = resolve_dtype(cfg.dtype)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():  # the probes' card
-        attention = attention_select.select_backend(cfg.attention_backend, device, dtype, geometry, probe, fmha, cpu_kernels_off=off)
+        attention = attention_select.select_backend(cfg.attention_backend, device, dtype, geometry, probe, fmha,
+                                                    cpu_kernels_off=off)
     if dtype_name(cfg.quantization) == "int8":
         problem = kernel_problem(device)
         if problem:

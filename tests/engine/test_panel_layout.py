@@ -63,5 +63,5 @@ def test_panel_widths_are_defined_in_one_header():
     """No other kernel source or Python module defines a panel's width."""
     sources = [*ENGINE.glob("csrc/*"), *ENGINE.glob("*.py")]
     defining = [p.name for p in sources
-                if re.search(r"#define B?PANEL\b|kPanel|kGroupPanel|^\s*(GROUP_)?PANEL\s*=", p.read_text(), re.M)]
+                if re.search(r"#define B?PANEL\b|kPanel|kGroupPanel|^\s*(GROUP_)?PANEL\s*=", p.read_text(), re.MULTILINE)]
     assert defining == ["panel_layout.h"]

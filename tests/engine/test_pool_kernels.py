@@ -43,8 +43,8 @@ def kernel_lines(caplog):
     ("cpu", "bfloat16", AVX2, ["gemm bfloat16 every row=ours packed (avx2 fma, widened to fp32)"]),
     ("cpu", "bfloat16", AVX2 | {"avx512_bf16"}, ["gemm bfloat16 every row=ours packed (vdpbf16ps)"]),
     ("cpu", "bfloat16", AMX, ["gemm bfloat16 rows 1-2=ours bf16-weight, other rows=torch"]),
-    ("cuda", "bfloat16", AMX, ["kernels (pool, cuda, bfloat16): gemm bfloat16=torch; attention=torch sdpa "
-                               "(our CPU kernels off: engine.device=cuda)"]),
+    ("cuda", "bfloat16", AMX, [("kernels (pool, cuda, bfloat16): gemm bfloat16=torch; attention=torch sdpa "
+                                "(our CPU kernels off: engine.device=cuda)")]),
 ])
 def test_the_pool_plan_is_the_gemm_rules_and_torch_attention(device, dtype, cpu_features, fragments, monkeypatch):
     """The generate engine's GEMM rules for the host; nothing of the paged attention, fused ops or sampler."""
