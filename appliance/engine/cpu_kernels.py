@@ -30,8 +30,6 @@ from appliance.engine.config import dtype_name
 
 log = logging.getLogger(__name__)
 
-PANEL = 16  # output columns per packed fp32 panel (csrc/gemm_f32.c)
-GROUP_PANEL = 32  # output columns per packed bf16 or int8 panel (k in groups of 4 bytes)
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 
 
@@ -93,11 +91,11 @@ def fits(*tensors: torch.Tensor) -> bool:
 
 
 class PackedWeight:
-    """A linear layer's [N, K] weight repacked for our GEMM, zero-padded: fp32 as [ceil(N/16), K, 16] (16
-    outputs a panel, one k at a time); bf16 as [ceil(N/32), ceil(K/2), 64] and int8 as [ceil(N/32),
-    ceil(K/4), 128] (32 outputs a panel, each output's k pairs or quads side by side, as VDPBF16PS and
-    VPDPBUSD multiply them: CPUs with AVX512-BF16 / AVX512-VNNI), int8 as unsigned bytes (q + 128) with
-    its fp32 `scale` per output. `out`, if given, is the flat buffer (of `numel(N, K, dtype)` elements)
+    """A linear layer's [N, K] weight repacked for our GEMM, zero-padded, in the layout csrc/panel_layout.h
+    defines (the library says the shape: `shape`): fp32 in panels of outputs, one k at a time; bf16 and
+    int8 in wider panels, each output's k pairs or quads side by side, as VDPBF16PS and VPDPBUSD multiply
+    them (CPUs with AVX512-BF16 / AVX512-VNNI), int8 as unsigned bytes (q + 128) with its fp32 `scale` per
+    output. `out`, if given, is the flat buffer (of `numel(N, K, dtype)` elements)
     to pack into. A bf16 weight multiplies on the CPU's bf16 units (`bf16_units`, VDPBF16PS) or, without
     them, widened to fp32 in registers (AVX2/FMA) from the same panels; an int8 one on VPDPBUSD (`vnni`)
     or on AVX2 alone (VPMADDUBSW), the same product: the engine's kernel plan says which."""
@@ -119,10 +117,10 @@ class PackedWeight:
 
     @staticmethod
     def shape(out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> Tuple[int, int, int]:
-        if dtype == torch.float32:
-            return -(-out_features // PANEL), in_features, PANEL
-        group = 4 // dtype.itemsize  # k per 4-byte group: bf16 pairs, int8 quads
-        return -(-out_features // GROUP_PANEL), -(-in_features // group), group * GROUP_PANEL
+        """[panels, k rows, values a panel row] of an [N, K] weight of `dtype`, packed: the library's
+        layout (csrc/panel_layout.h), asked of it, never restated here."""
+        panels, rows, width = ops().packed_shape(out_features, in_features, dtype)
+        return panels, rows, width
 
     @staticmethod
     def numel(out_features: int, in_features: int, dtype: torch.dtype = torch.float32) -> int:

@@ -3,8 +3,10 @@
 `plan_kernels` builds a frozen `KernelPlan` from the engine's `Host` (its CPU flags), its settled dtype,
 `engine.quantization`, `engine.cpu_kernels`, `engine.attention_backend` and whether our CPU kernel library
 loaded; the engine logs `describe()` in one line and hands the plan to every rank's runner, which applies
-it to its model (packs weights, turns fused ops on) and its sampler. Layers read what the runner set;
-nothing else chooses a kernel, and nothing here is process-wide (two engines, two plans).
+it to its model (packs weights, turns fused ops on) and its sampler. A pool engine builds its own with
+`plan_pool_kernels` (the GEMM rules, for its model's linear layers) and applies it to its model the same
+way. Layers read what the engine set; nothing else chooses a kernel, and nothing here is process-wide
+(two engines, two plans).
 
 The rules (docs/engine.md, "Which kernels run"), for our CPU kernels running in an engine (on CPU, the
 library loaded, engine.cpu_kernels on):
@@ -29,7 +31,6 @@ from typing import Optional
 import torch
 
 from appliance.engine import cpu_kernels
-from appliance.engine.attention_select import select_backend
 from appliance.engine.config import EngineConfig, Quantization, dtype_name, resolve_dtype
 from appliance.engine.host import Host
 from appliance.engine.int8 import Int8Plan, kernel_problem
@@ -46,6 +47,7 @@ ATTENTION_KERNELS = {
     "cpu": "prefill=torch sdpa, decode=ours paged",
     "xformers": "prefill=xformers flash, decode=xformers split-k paged",
 }
+POOL_ATTENTION = "torch sdpa"  # pool models call it themselves: whole items, no KV cache
 
 
 @dataclass(frozen=True)
@@ -60,14 +62,19 @@ class KernelPlan:
     attention: str  # the attention backend: torch, cpu or xformers
     fused_ops: bool  # RMSNorm, rotary, SwiGLU and the KV write on our kernels
     argmax: bool  # the sampler's greedy argmax on our kernel
+    pool: bool = False  # a pool engine's plan: its models have linear layers and attention, nothing else here
 
     def describe(self) -> str:
-        """One line: which kernel runs each family."""
+        """One line: which kernel runs each family (a pool engine's: GEMM and attention, all it runs)."""
         ours = "ours" if self.fused_ops else "torch"
-        parts = [f"kernels ({self.device}, {dtype_name(self.dtype)}): {self._gemm()}", self._int8(),
-                 f"attention={self.attention} ({ATTENTION_KERNELS[self.attention]})",
+        head = f"kernels ({'pool, ' if self.pool else ''}{self.device}, {dtype_name(self.dtype)}): {self._gemm()}"
+        if self.pool:
+            return self._off(f"{head}; attention={POOL_ATTENTION}")
+        parts = [head, self._int8(), f"attention={self.attention} ({ATTENTION_KERNELS[self.attention]})",
                  f"rmsnorm/rotary/swiglu/kv-write={ours}", f"argmax={'ours' if self.argmax else 'torch'}"]
-        line = "; ".join(part for part in parts if part)
+        return self._off("; ".join(part for part in parts if part))
+
+    def _off(self, line: str) -> str:
         return line if self.cpu_kernels_off is None else f"{line} (our CPU kernels off: {self.cpu_kernels_off})"
 
     def _gemm(self) -> str:
@@ -105,16 +112,31 @@ def plan_kernels(cfg: EngineConfig, host: Host, geometry, device: Optional[torch
     AttentionGeometry (xformers checks it); `device`: where the start-up probes run (rank 0's;
     default cfg.device); `probe` and `fmha` replace xformers' in tests. ValueError, naming the setting,
     when an explicit choice cannot run (an attention backend, int8 weights without torch's kernel)."""
+    from appliance.engine import attention_select  # the paged backends: generate engines only, not the pool path
+
     device = device or torch.device(cfg.device)
     off = cpu_kernels_off(cfg, device.type)
     dtype = resolve_dtype(cfg.dtype)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():  # the probes' card
-        attention = select_backend(cfg.attention_backend, device, dtype, geometry, probe, fmha, cpu_kernels_off=off)
+        attention = attention_select.select_backend(cfg.attention_backend, device, dtype, geometry, probe, fmha,
+                                                    cpu_kernels_off=off)
     if cfg.quantization is Quantization.int8:
         problem = kernel_problem(device)
         if problem:
             raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
     return choose_kernels(cfg, host, off, attention)
+
+
+def plan_pool_kernels(cfg: EngineConfig, host: Host) -> KernelPlan:
+    """The plan of a pool engine configured by `cfg` (its dtype settled) on `host`: the GEMM rules above
+    for its models' linear layers (which the engine makes packable: linear.packable_linears); attention
+    stays torch's SDPA, which the models call on whole items (nothing paged), and there are no fused small
+    ops or sampler to plan. Pool models run unquantized (config/engine_check.py refuses int8 for them)."""
+    if cfg.quantization is not Quantization.none:
+        raise ValueError(f"engine.quantization={cfg.quantization.value}: pool models run unquantized; "
+                         f"use engine.quantization=none")
+    plan = choose_kernels(cfg, host, cpu_kernels_off(cfg, torch.device(cfg.device).type), "torch")
+    return dataclasses.replace(plan, fused_ops=False, argmax=False, pool=True)
 
 
 def cpu_kernels_off(cfg: EngineConfig, device_type: str) -> Optional[str]:

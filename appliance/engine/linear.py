@@ -6,7 +6,8 @@ the weights are loaded. `pack_for_cpu(model, bf16_units)`: each layer's weight i
 (bf16 weights for VDPBF16PS or, without bf16 units, for widening on AVX2/FMA) and the [N, K] copy is
 freed. `use_bf16_kernel(model, rows)`: steps of those many rows multiply bf16 weights on our few-row GEMM.
 `quantize_int8(model, plan)`, first: the decoder's projections keep int8 rows and scales instead
-(engine/int8.py), and packing leaves them be."""
+(engine/int8.py), and packing leaves them be. A pool model's plain `nn.Linear` layers take the same plan
+once `packable_linears` has swapped them for `PlanLinear`s holding the same parameters."""
 from collections import Counter
 from typing import List, Optional
 
@@ -52,6 +53,29 @@ class PackableLinear(nn.Module):
 
     def runs_bf16_kernel(self, x: torch.Tensor) -> bool:
         return bool(self.bf16_kernel_rows) and x.numel() // x.shape[-1] in self.bf16_kernel_rows
+
+
+class PlanLinear(PackableLinear):
+    """An `nn.Linear`'s own parameters (the same names in the state dict) behind PackableLinear's matmul."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
+
+def packable_linears(model: nn.Module) -> int:
+    """Swap every plain `nn.Linear` in `model` for a PlanLinear (subclasses, e.g. attention modules' output
+    projections that their owner reads as parameters, stay); returns how many were swapped."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, PlanLinear(child))
+                swapped += 1
+    return swapped
 
 
 def bf16_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

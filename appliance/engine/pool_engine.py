@@ -5,6 +5,11 @@ A request carries N items (a tensor [N, ...] or a list of same-shaped tensors, e
 models with time and location encodings). Each step stacks up to `max_batch_size` items, FCFS across
 requests, with their coordinates, runs one forward and scatters the rows back; a request finishes when
 all its items have run.
+
+Which kernel multiplies the model's linear layers is the engine's kernel plan's choice
+(`kernel_plan.plan_pool_kernels`), built once from the host (less `engine.cpu_features_off`) and the
+config, logged in one line, and applied to the model before any request: its plain `nn.Linear` layers
+made packable and packed for our GEMM where the plan says.
 """
 import dataclasses
 import itertools
@@ -16,9 +21,11 @@ import torch
 from torch import nn
 
 from appliance.engine.checkpoint_facts import model_checkpoint_facts
-from appliance.engine.config import DType, EngineConfig, EngineKind, engine_config_from, resolve_dtype
+from appliance.engine.config import DType, EngineConfig, EngineKind, dtype_name, engine_config_from, resolve_dtype
 from appliance.engine.geo_coords import GeoCoords, batch_coords, coords_kind
 from appliance.engine.host import Host
+from appliance.engine.kernel_plan import KernelPlan, plan_pool_kernels
+from appliance.engine.linear import pack_for_cpu, packable_linears, use_bf16_kernel
 from appliance.engine.memory_plan import plan_memory
 from appliance.engine.outputs import PoolOutput
 
@@ -57,7 +64,8 @@ def plan_batch(queue: Sequence[PoolRequest], max_batch_size: int) -> List[Tuple[
 
 
 class PoolEngine:
-    def __init__(self, model: nn.Module, engine_config: Optional[EngineConfig] = None):
+    def __init__(self, model: nn.Module, engine_config: Optional[EngineConfig] = None, host: Optional[Host] = None):
+        """`host`: the machine the kernel rules decide for (default: this one, read now)."""
         cfg = engine_config_from(engine_config)
         if cfg.max_batch_size < 1:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {cfg.max_batch_size}")
@@ -71,6 +79,12 @@ class PoolEngine:
         else:
             self.dtype = resolve_dtype(cfg.dtype)
         self.model = model.to(self.device, self.dtype).eval()
+        host = (host or Host.read(cfg.device)).without(cfg.cpu_features_off)
+        if cfg.cpu_features_off:
+            log.info("CPU features treated as absent (engine.cpu_features_off): %s", " ".join(cfg.cpu_features_off))
+        self.kernels = plan_pool_kernels(dataclasses.replace(cfg, dtype=DType(dtype_name(self.dtype))), host)
+        log.info("%s", self.kernels.describe())
+        apply_kernels(self.model, self.kernels)
         self.queue: Deque[PoolRequest] = deque()
         self.requests: Dict[str, PoolRequest] = {}
         self.ids = itertools.count()
@@ -87,14 +101,14 @@ class PoolEngine:
             raise ValueError("PoolEngine serves engine.kind=pool; use LLMEngine for kind=generate")
         model_cls = get_model_class(model_architecture(app_cfg.model.architecture), EngineKind.pool)
         model = app_cfg.model
+        host = (host or Host.read(cfg.device)).without(cfg.cpu_features_off)
         if getattr(model, "checkpoint", None) or getattr(model, "path", None):
-            host = (host or Host.read(cfg.device)).without(cfg.cpu_features_off)
             plan = plan_memory(cfg, model_checkpoint_facts(model), host, f"model {model.checkpoint or model.path}")
             cfg = dataclasses.replace(cfg, dtype=DType(plan.dtype_name))
             log.info("engine.dtype: %s (%s)", plan.dtype_name, plan.dtype_reason)
         elif cfg.dtype is DType.auto:
             cfg = dataclasses.replace(cfg, dtype=DType.float32)  # no checkpoint to read: the model's own rule
-        return cls(model_cls.from_config(model, cfg), cfg)
+        return cls(model_cls.from_config(model, cfg), cfg, host)
 
     def add_request(self, items: Union[torch.Tensor, List[torch.Tensor]], request_id: Optional[str] = None,
                     coords: Optional[GeoCoords] = None) -> str:
@@ -153,3 +167,13 @@ class PoolEngine:
             for out in self.step():
                 done[out.request_id] = out.output
         return [done[i] for i in ids]
+
+
+def apply_kernels(model: nn.Module, plan: KernelPlan) -> None:
+    """Make `model`'s linear layers take `plan`'s GEMM (as a generate engine's runner applies its plan)."""
+    if not (plan.packed_gemm or plan.bf16_weight_rows) or not packable_linears(model):
+        return
+    if plan.packed_gemm:
+        pack_for_cpu(model, plan.bf16_units)
+    if plan.bf16_weight_rows:
+        use_bf16_kernel(model, plan.bf16_weight_rows)

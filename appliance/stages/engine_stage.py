@@ -1,12 +1,14 @@
 """The `engine` stage: the one stage that owns the model.
 
 Pool mode (`engine.kind=pool`): each record's tensor is one item; items from consecutive records (tiles
-of one or many scenes) are batched up to `engine.max_batch_size` per forward. A record's `coords` (a
-`GeoCoords`, on the tiles of a scene for a model with time and location encodings) go with its item. Generate mode: each
+of one or many scenes) are batched up to `engine.max_batch_size` per forward (pooling.py, the rule `serve`
+follows too). A record's `coords` (a `GeoCoords`, on the tiles of a scene for a model with time and
+location encodings) go with its item. Generate mode: each
 record's prompt becomes a request (`n` of them when the record asks `n` answers: the first and its
 siblings, the prompt computed once); all requests in the stream are batched continuously.
 Records come out in the order they went in, with the engine's result added (`completion`: the first
-answer; `choices`: all `n`).
+answer; `choices`: all `n`). The stage is the engine's one handle: `appliance run` and `serve`'s drivers
+add, step and abort requests through it (`add_request`, `add_item`, `step`, `abort`, `has_unfinished`).
 
 The engine owns the model's tokenizer and context length. `model_tokenizer` and `model_context` give
 every stage of a pipeline (and the server) that one tokenizer, loaded once, and the engine's own rule
@@ -25,12 +27,12 @@ from omegaconf import OmegaConf
 from appliance.config.schema import EngineKind
 from appliance.config.typed import typed_dataclass
 from appliance.engine.beam_search import BeamSearchParams
-from appliance.engine.geo_coords import COORDS_FIELD
 from appliance.engine.sampling_params import SamplingParams, over_defaults
 from appliance.engine.scheduler import answer_room
 from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.progress import DEFAULT_INTERVAL, Progress, check_interval
+from appliance.stages.pooling import EngineSteps, pool_in_order
 
 
 @dataclass
@@ -122,18 +124,6 @@ def model_context(stage: Stage) -> int:
     return stage.shared.get("max_model_len", compute)
 
 
-def release_in_order(pending: Deque[Tuple[Any, Record]], outputs: Dict[Any, Any], input_field: str,
-                     output_field: str) -> Iterator[Record]:
-    """Pooling's rule, offline and served: records leave in the order they came, each as soon as its own
-    output and those of every record before it are in; the input tensor is dropped (done with: freed now)
-    and the output added. `pending`: (key, record) in arrival order; `outputs`: key -> output."""
-    while pending and pending[0][0] in outputs:
-        key, record = pending.popleft()
-        out = {k: v for k, v in record.items() if k != input_field}
-        out[output_field] = outputs.pop(key)
-        yield out
-
-
 def check_fits(prompt_tokens: int, limit: int, where: str, fix: str, detail: str = "",
                max_tokens: Optional[int] = None, param: Optional[str] = None) -> None:
     """InputError unless the prompt leaves room for at least one generated token (the engine refuses a
@@ -222,24 +212,8 @@ class EngineStage(Stage):
         return self._pool(records) if self.pool_mode else self._generate(records)
 
     def _pool(self, records: Iterator[Record]) -> Iterator[Record]:
-        batch_size = self.engine.cfg.max_batch_size
-        pending: Deque[Tuple[str, Record]] = deque()  # in arrival order
-        results: Dict[str, Any] = {}
-        for record in records:
-            request_id = self.engine.add_request([record[self.options.input]], coords=record.get(COORDS_FIELD))
-            pending.append((request_id, record))
-            if len(pending) - len(results) >= batch_size:
-                results.update(self._step_pool())
-                yield from self._release(pending, results)
-        while self.engine.has_unfinished():
-            results.update(self._step_pool())
-        yield from self._release(pending, results)
-
-    def _step_pool(self) -> Dict[str, Any]:
-        return {out.request_id: out.output[0] for out in self.engine.step()}
-
-    def _release(self, pending: Deque[Tuple[str, Record]], results: Dict[str, Any]) -> Iterator[Record]:
-        return release_in_order(pending, results, self.options.input, self.options.output)
+        return pool_in_order(records, EngineSteps(self), self.options.input, self.options.output,
+                             window=self.engine.cfg.max_batch_size)
 
     def _generate(self, records: Iterator[Record]) -> Iterator[Record]:
         pending: Deque[Tuple[List[str], Record]] = deque()
@@ -257,8 +231,8 @@ class EngineStage(Stage):
             pending.append((ids, record))
         progress = answers_progress(sum(len(ids) for ids, _ in pending), self._batch_name(), self.options)
         try:
-            while self.engine.has_unfinished():
-                outputs = self.engine.step()
+            while self.has_unfinished():
+                outputs = self.step()
                 done = {out.request_id: out for out in outputs if out.finished}
                 results.update(done)
                 progress.update(len(done), sum(len(out.new_token_ids) for out in outputs))
@@ -273,7 +247,21 @@ class EngineStage(Stage):
         source = self.cfg.get("input")
         return os.path.basename(source) if isinstance(source, str) else "answers"
 
-    # ---- one request: the batch above and `appliance serve`'s engine loop both add them here --------
+    # ---- the engine's requests: `appliance run` (above) and `appliance serve`'s drivers go through these ----
+    def add_item(self, item, coords=None) -> str:
+        """Queue one pool item (a tile [C, H, W]) with the coordinates it carries; returns its request id."""
+        return self.engine.add_request([item], coords=coords)
+
+    def step(self) -> list:
+        """One engine step: its outputs (pool: the requests finished; generate: every running one's)."""
+        return self.engine.step()
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
     def add_request(self, prompt: List[int], sampling: Optional[Dict[str, Any]], field: str,
                     request_id: Optional[str] = None, mm_ranges=None, mm_data=None, answer: int = 0,
                     sibling: Optional[str] = None) -> str:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from appliance.config.schema import EngineConfig
-from appliance.engine import kernel_plan, model_runner
+from appliance.engine import attention_select, model_runner
 from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.attention_probe import probe_backend, probe_steps
 from appliance.engine.llm_engine import LLMEngine
@@ -83,7 +83,7 @@ def install_xformers_on_cpu(monkeypatch, around_kernel=contextlib.nullcontext):
             kinds.append(ctx.kind)
             return super().prepare(step, ctx)
 
-    monkeypatch.setattr(kernel_plan, "select_backend", lambda *a, **k: "xformers")
+    monkeypatch.setattr(attention_select, "select_backend", lambda *a, **k: "xformers")
     monkeypatch.setattr(model_runner, "make_backend", lambda name: Recording(fmha))
     return kinds
 

@@ -11,12 +11,12 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
 #include "cpu_kernels.h"
+#include "panel_layout.h"
 
 namespace {
-
-constexpr int64_t kPanel = 16;  // output columns per packed panel (cpu_kernels.c)
 
 void check_f32(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());
@@ -53,24 +53,33 @@ void check_heads(const at::Tensor& t, const char* name) {
                     " must have contiguous heads ([T, H, D] with strides [any, D, 1]), got strides ", t.strides());
 }
 
-constexpr int64_t kGroupPanel = 32;  // output columns per packed bf16 or int8 panel, k in groups of 4 bytes
-
 // k per group of a bf16 (pairs) or int8 (quads) weight's panels.
 int64_t group_k(at::ScalarType dtype) { return dtype == at::kChar ? 4 : 2; }
+
+void check_packable(at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kChar,
+                    "weight must be float32, bfloat16 or int8, got ", dtype);
+}
+
+// The shape pack_weight packs an [n, k] weight of `dtype` into (panel_layout.h): what cpu_kernels.py sizes
+// its buffers by.
+std::vector<int64_t> packed_weight_shape(int64_t n, int64_t k, at::ScalarType dtype) {
+  check_packable(dtype);
+  TORCH_CHECK_VALUE(n >= 0 && k >= 0, "a weight's sizes must be >= 0, got [", n, ", ", k, "]");
+  std::vector<int64_t> shape(3);
+  packed_shape(n, k, at::elementSize(dtype), shape.data());
+  return shape;
+}
 
 void pack_weight(const at::Tensor& weight, const at::Tensor& out) {
   TORCH_CHECK_VALUE(weight.device().is_cpu() && weight.dim() == 2, "weight must be a 2-D CPU tensor, got ",
                     weight.sizes(), " on ", weight.device());
-  TORCH_CHECK_VALUE(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16 ||
-                    weight.scalar_type() == at::kChar, "weight must be float32, bfloat16 or int8, got ",
-                    weight.scalar_type());
+  check_packable(weight.scalar_type());
   TORCH_CHECK_VALUE(out.device().is_cpu() && out.dim() == 1 && out.scalar_type() == weight.scalar_type(),
                     "out must be a 1-D CPU tensor of the weight's dtype, got ", out.scalar_type(), " ", out.sizes());
   const int64_t n = weight.size(0), k = weight.size(1);
-  const int64_t g = group_k(weight.scalar_type());
-  const int64_t numel = weight.scalar_type() != at::kFloat  // bf16 and int8: group panels
-                            ? (n + kGroupPanel - 1) / kGroupPanel * ((k + g - 1) / g) * kGroupPanel * g
-                            : (n + kPanel - 1) / kPanel * k * kPanel;
+  const std::vector<int64_t> shape = packed_weight_shape(n, k, weight.scalar_type());
+  const int64_t numel = shape[0] * shape[1] * shape[2];
   TORCH_CHECK_VALUE(out.is_contiguous() && out.numel() == numel, "out must be a contiguous ", numel,
                     "-element buffer for a [", n, ", ", k, "] weight, got ", out.numel());
   const at::Tensor w = weight.contiguous();
@@ -101,13 +110,13 @@ at::Tensor linear_packed_groups(const at::Tensor& x_in, const at::Tensor& packed
   }
   check_rows(x_in, "x");
   const int64_t g = group_k(packed.scalar_type());
-  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == g * kGroupPanel, "packed weight must be a "
-                    "contiguous [panels, ceil(K/", g, "), ", g * kGroupPanel, "], got shape ", packed.sizes());
+  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == g * BPANEL, "packed weight must be a "
+                    "contiguous [panels, ceil(K/", g, "), ", g * BPANEL, "], got shape ", packed.sizes());
   const int64_t m = x_in.size(0), k = x_in.size(1), panels = packed.size(0);
   TORCH_CHECK_VALUE((k + g - 1) / g == packed.size(1), "packed linear takes input [..., ", g * packed.size(1) - g + 1,
                     " to ", g * packed.size(1), "], got ", x_in.sizes());
-  TORCH_CHECK_VALUE(out_features > (panels - 1) * kGroupPanel && out_features <= panels * kGroupPanel,
-                    "out_features ", out_features, " does not fit a weight packed in ", panels, " panels of 32");
+  TORCH_CHECK_VALUE(out_features > (panels - 1) * BPANEL && out_features <= panels * BPANEL,
+                    "out_features ", out_features, " does not fit a weight packed in ", panels, " panels of ", BPANEL);
   TORCH_CHECK_VALUE(int8 == scale.has_value(), int8 ? "an int8 weight needs its scales"
                                                     : "scales are for int8 weights only");
   const at::ScalarType y_type = int8 ? at::kFloat : fma ? x_in.scalar_type() : at::kBFloat16;
@@ -157,12 +166,12 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, int64_t 
   check_f32(x, "x", 2);
   check_f32(packed, "packed weight", 3);
   check_rows(x, "x");
-  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == kPanel, "packed weight must be a contiguous "
-                    "[panels, K, 16], got shape ", packed.sizes());
+  TORCH_CHECK_VALUE(packed.is_contiguous() && packed.size(2) == PANEL, "packed weight must be a contiguous "
+                    "[panels, K, ", PANEL, "], got shape ", packed.sizes());
   const int64_t m = x.size(0), k = packed.size(1), panels = packed.size(0);
   TORCH_CHECK_VALUE(x.size(1) == k, "packed linear takes input [..., ", k, "], got ", x.sizes());
-  TORCH_CHECK_VALUE(out_features > (panels - 1) * kPanel && out_features <= panels * kPanel, "out_features ",
-                    out_features, " does not fit a weight packed in ", panels, " panels of 16");
+  TORCH_CHECK_VALUE(out_features > (panels - 1) * PANEL && out_features <= panels * PANEL, "out_features ",
+                    out_features, " does not fit a weight packed in ", panels, " panels of ", PANEL);
   at::Tensor y = at::empty({m, out_features}, x.options());
   if (m > 0)
     linear_packed_f32(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k, packed.const_data_ptr<float>(),
@@ -343,6 +352,8 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, bool bf16_unit
 }  // namespace
 
 TORCH_LIBRARY(appliance, m) {
+  // No tensor to dispatch on: one kernel for every backend.
+  m.def("packed_shape(int out_features, int in_features, ScalarType dtype) -> int[]", &packed_weight_shape);
   m.def("pack_weight(Tensor weight, Tensor(a!) out) -> ()");
   m.def("linear_packed(Tensor x, Tensor packed, int out_features, Tensor? scale=None, bool units=True) -> "
         "Tensor");

@@ -5,8 +5,8 @@
 #pragma once
 
 #include "kernel_common.h"
+#include "panel_layout.h"
 
-#define BPANEL 32
 #define BMR 8
 #define BMC 192  // x rows per block: 192 KB of x pairs stay in L2 while the panels stream past
 #define BPREFETCH 64  // k groups ahead (8 KB) to prefetch while a panel is read from memory the first time

@@ -4,8 +4,8 @@
 #pragma once
 
 #include "kernel_common.h"
+#include "panel_layout.h"
 
-#define PANEL 16
 #define MR 6
 
 // Row i of a tile: x##i[kx] broadcast against the weight vectors w0, w1 into acc##i##0, acc##i##1 (for a

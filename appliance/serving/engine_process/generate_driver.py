@@ -55,8 +55,9 @@ class GenerateDriver(Driver):
         return {**super().message_handlers(), Prepared: self.on_prepared, Tokenized: self.on_tokenized}
 
     def start(self) -> None:
-        self.stage = self.online.engine  # the pipeline's `engine` stage: it adds requests as `appliance run` does
-        self.engine = self.stage.engine
+        # The pipeline's `engine` stage, the engine's one handle: requests are added, stepped and aborted
+        # through it as `appliance run` does; the model's facts (tokenizer, KV stats) are read from its engine.
+        self.stage = self.online.engine
         self.head = Pipeline(self.online.head, ready=True)
         self.sessions: Dict[str, Session] = {}
         # Requests in the engine that no step has run yet: their queue time is still to observe.
@@ -68,14 +69,14 @@ class GenerateDriver(Driver):
         # the stage's prompt_ids) while the loop's thread detokenizes. A fast tokenizer encodes and
         # decodes through shared borrows; only changing its truncation or padding would take it
         # exclusively, and nothing here does, so no lock is needed.
-        self.answer_events = AnswerEvents(self.emit, token_decoder(self.engine.tokenizer),
+        self.answer_events = AnswerEvents(self.emit, token_decoder(self.stage.engine.tokenizer),
                                           int(self.cfg.server.stream_interval))
-        self.observe = RequestMetrics(self.metrics, self.engine)
+        self.observe = RequestMetrics(self.metrics, self.stage.engine)
         self.stats_log = StatsLog(self.cfg.server.stats_interval_s, ("prompt_tokens", "generation_tokens"),
                                   generate_line)
-        ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
-        self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
-        cfg, blocks = self.engine.cfg, self.engine.stats()["kv_blocks_total"]
+        ids = self.stage.engine.tokenizer.encode("Hello")[:8] or [0]
+        self.stage.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
+        cfg, blocks = self.stage.engine.cfg, self.stage.engine.stats()["kv_blocks_total"]
         self.metrics.cache_config({"block_size": cfg.block_size, "num_gpu_blocks": blocks,
                                    "cache_dtype": cfg.dtype.value, "enable_prefix_caching": cfg.enable_prefix_caching})
 
@@ -163,7 +164,7 @@ class GenerateDriver(Driver):
         self.emit(uid, Admitted(prompt_tokens))
 
     def _detokenize(self, ids: List[int]) -> str:
-        return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.stage.engine.tokenizer.decode(ids, skip_special_tokens=True)
 
     def on_tokenized(self, message: Tokenized) -> None:
         if self.tokenizing.forget(message.uid):
@@ -204,19 +205,19 @@ class GenerateDriver(Driver):
         self.unstarted.pop(uid, None)
         self.several.discard(uid)
         for rid in session.answers if session is not None else ():
-            self.engine.abort(rid)  # every answer: a finished one is already gone from the engine
+            self.stage.abort(rid)  # every answer: a finished one is already gone from the engine
         return session is not None
 
     # ---- the step -------------------------------------------------------------------------------
     def busy(self) -> bool:
-        return self.engine.has_unfinished()
+        return self.stage.has_unfinished()
 
     def step(self) -> None:
-        if self.engine.has_unfinished():
+        if self.stage.has_unfinished():
             began = time.monotonic()
-            outputs = self.engine.step()
+            outputs = self.stage.step()
             now = time.monotonic()
-            self.metrics.step_tokens.observe(self.engine.step_tokens)
+            self.metrics.step_tokens.observe(self.stage.engine.step_tokens)
             if self.unstarted:
                 self.observe.started(self.unstarted, began, (request_of(out.request_id) for out in outputs))
             new_tokens = started_prompts = 0
@@ -257,7 +258,7 @@ class GenerateDriver(Driver):
     def publish(self) -> None:
         """The running count the HTTP side reads (every turn), then the Prometheus gauges, and the stats
         line when it is due."""
-        stats = self.engine.stats()
+        stats = self.stage.engine.stats()
         running = self.running_requests(stats["num_running"])
         self.shared.set_running(running)
         self.observe.publish(stats, self.sessions)
@@ -273,7 +274,7 @@ class GenerateDriver(Driver):
         pass over the running sequences only (never over every session)."""
         if not self.several:
             return sequences
-        return len({request_of(rid) for rid in self.engine.running_ids()})
+        return len({request_of(rid) for rid in self.stage.engine.running_ids()})
 
     def fail_all(self, failure: Failed) -> None:
         for uid in [*self.sessions, *self.tokenizing.pending]:

@@ -1,11 +1,12 @@
 """Pooling requests (GeoTIFF scenes) on the engine loop: tiles of every request share engine batches.
 
 Each request runs the pipeline's online stages (`raster_read -> tile -> normalize -> engine -> stitch ->
-raster_write`) in a preparer thread, with the `engine` stage replaced by an `EngineBridge`: tiles go to the
-loop's inbox (at most `2 x engine.max_batch_size` of one request in flight, so memory stays bounded), the
-loop adds them to the one `PoolEngine`, and each step's outputs go back to their requests' threads,
-which stitch and write as offline. An abort stops the request's thread at its next tile and drops its
-tiles from the engine; the writer's cleanup removes its temp file.
+raster_write`) in a preparer thread, with the `engine` stage replaced by an `EngineBridge`, which batches
+as `appliance run` does (stages/pooling.py) through the request's `PoolSession`: tiles go to the loop's
+inbox (at most two batches of one request in flight, so memory stays bounded), the loop adds them through
+the engine stage (the engine's one handle) to the one `PoolEngine`, and each step's outputs go back to
+their requests' threads, which stitch and write as offline. An abort stops the request's thread at its
+next tile and drops its tiles from the engine; the writer's cleanup removes its temp file.
 
 A scene job (`/v1/scenes`) asks for more: with `progress`, `TileProgress` events (once when the tile
 plan is known, then at most once per engine step, when its count changed); with `report_dir`, the
@@ -20,8 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -33,7 +33,7 @@ from appliance.serving.engine_process.inbox import Finished, TileReady, Unanswer
 from appliance.serving.engine_process.records import SceneRecord, as_record
 from appliance.serving.engine_process.stats_log import StatsLog, pool_line
 from appliance.serving.engine_process.driver import Driver
-from appliance.stages.engine_stage import release_in_order
+from appliance.stages.pooling import SERVED_BATCHES_IN_FLIGHT, pool_in_order
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +52,21 @@ class PoolSession:
         self.tiles_total: Optional[int] = None  # the scene's planned tiles, once its first tile arrived
         self.reported: Optional[int] = None  # `tiles` as the last TileProgress said (progress jobs)
 
-    def send(self, seq: int, item: torch.Tensor, total: Optional[int], coords=None) -> None:
+    # ---- the request thread's port (stages/pooling.py) ------------------------------------------------
+    def submit(self, seq: int, item: torch.Tensor, record: Record) -> None:
         if self.cancelled.is_set():
             raise RequestCancelled()
-        self.driver.post(TileReady(self.uid, seq, item, total, coords))
+        total = getattr(record.get("tile"), "count", None)  # a TileRef
+        self.driver.post(TileReady(self.uid, seq, item, total, record.get(COORDS_FIELD)))
 
-    def receive(self) -> Tuple[int, Any]:
-        seq, output = self.results.get()
-        if seq < 0:
-            raise RequestCancelled()
-        return seq, output
+    def collect(self, wait: bool) -> Dict[int, Any]:
+        done: Dict[int, Any] = {}
+        while wait or not self.results.empty():
+            seq, output = self.results.get()
+            if seq < 0:
+                raise RequestCancelled()
+            done[seq], wait = output, False
+        return done
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -73,32 +78,12 @@ class EngineBridge(Stage):
 
     name = "engine"
 
-    def __init__(self, session: PoolSession, input_field: str, output_field: str, in_flight: int):
+    def __init__(self, session: PoolSession, input_field: str, output_field: str, window: int):
         super().__init__(None, None)
-        self.session, self.input, self.output, self.in_flight = session, input_field, output_field, in_flight
+        self.session, self.input, self.output, self.window = session, input_field, output_field, window
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
-        pending: Deque[Tuple[int, Record]] = deque()
-        done: Dict[int, Any] = {}
-        for seq, record in enumerate(records):
-            total = getattr(record.get("tile"), "count", None)  # a TileRef
-            self.session.send(seq, record[self.input], total, record.get(COORDS_FIELD))
-            pending.append((seq, record))
-            while len(pending) - len(done) >= self.in_flight:
-                yield from self._release(pending, done, wait=True)
-            yield from self._release(pending, done, wait=False)
-        while pending:
-            yield from self._release(pending, done, wait=True)
-
-    def _release(self, pending, done, wait: bool) -> Iterator[Record]:
-        """Yield, in order, the records whose outputs are in; with `wait`, block for one more first."""
-        if wait:
-            seq, output = self.session.receive()
-            done[seq] = output
-        while not self.session.results.empty():
-            seq, output = self.session.receive()
-            done[seq] = output
-        yield from release_in_order(pending, done, self.input, self.output)
+        return pool_in_order(records, self.session, self.input, self.output, self.window)
 
 
 class PoolDriver(Driver):
@@ -106,18 +91,17 @@ class PoolDriver(Driver):
         return {**super().message_handlers(), TileReady: self.on_tile, Finished: self.on_finished}
 
     def start(self) -> None:
-        stage = self.online.engine
-        self.engine = stage.engine
-        self.input_field, self.output_field = stage.options.input, stage.options.output
-        self.in_flight = 2 * self.engine.cfg.max_batch_size
+        self.stage = self.online.engine  # the engine's one handle: tiles are added, stepped and aborted through it
+        self.input_field, self.output_field = self.stage.options.input, self.stage.options.output
+        self.window = SERVED_BATCHES_IN_FLIGHT * self.stage.engine.cfg.max_batch_size
         self.stages = Pipeline(self.online.stages(), ready=True)
         self.engine_index = len(self.online.head)
         self.sessions: Dict[str, PoolSession] = {}
         self.tiles: Dict[str, Tuple[str, int]] = {}  # engine request id -> (uid, seq)
         self.stats_log = StatsLog(self.cfg.server.stats_interval_s, ("tiles",), pool_line)
         item = warmup_item(self.cfg, self.online)
-        if item is not None:
-            self.engine.encode([item[None]])  # one forward, so the first request pays no start-up costs
+        if item is not None:  # one forward, so the first request pays no start-up costs
+            list(self.stage.process(iter([{self.input_field: item}])))
 
     # ---- requests -------------------------------------------------------------------------------
     def admit(self, uid: str, arrival: float, job: PoolJob) -> None:
@@ -153,7 +137,7 @@ class PoolDriver(Driver):
                 else:
                     source = local_scene_spec(source, geo, job.field, frames)
             record = as_record(SceneRecord(source, job.output_path, job.quicklook, job.bands, job.aoi, job.date))
-            bridge = EngineBridge(session, self.input_field, self.output_field, self.in_flight)
+            bridge = EngineBridge(session, self.input_field, self.output_field, self.window)
             last: Optional[Record] = None
             for last in self.stages.replaced(self.engine_index, bridge).run([record]):
                 pass
@@ -189,7 +173,7 @@ class PoolDriver(Driver):
         session = self.sessions.get(message.uid)
         if session is None:
             return  # aborted: its remaining tiles never reach the engine
-        self.tiles[self.engine.add_request([message.tile], coords=message.coords)] = (message.uid, message.seq)
+        self.tiles[self.stage.add_item(message.tile, message.coords)] = (message.uid, message.seq)
         if session.tiles_total is None and message.total is not None:
             session.tiles_total = message.total
             self.report_progress(session)
@@ -217,7 +201,7 @@ class PoolDriver(Driver):
             return False
         session.cancel()
         for request_id in [r for r, (owner, _) in self.tiles.items() if owner == uid]:
-            self.engine.abort(request_id)
+            self.stage.abort(request_id)
             del self.tiles[request_id]
         return True
 
@@ -228,11 +212,11 @@ class PoolDriver(Driver):
 
     # ---- the step -------------------------------------------------------------------------------
     def busy(self) -> bool:
-        return self.engine.has_unfinished()
+        return self.stage.has_unfinished()
 
     def step(self) -> None:
-        if self.engine.has_unfinished():
-            outputs = self.engine.step()
+        if self.stage.has_unfinished():
+            outputs = self.stage.step()
             self.stats_log.add("tiles", len(outputs))
             advanced: Dict[str, PoolSession] = {}
             for out in outputs:
