@@ -61,9 +61,9 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
 
     from appliance.serving.http import openapi
     from appliance.serving.engine_process.api import EngineAPI
-    from appliance.serving.http.errors import (LITSERVE_HEALTH, LITSERVE_INFO, APIError, api_error_handler,
-                                               http_exception_handler)
+    from appliance.serving.http.errors import LITSERVE_HEALTH, LITSERVE_INFO, APIError, RouteErrors, api_error_handler
     from appliance.serving.http.middleware import Gate
+    from appliance.serving.http.pages import Pages
     from appliance.serving.http.process_link import ProcessLink
     from appliance.serving.http.spec import ApplianceSpec
 
@@ -75,21 +75,26 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     events_rx, events_tx = mp.Pipe(duplex=False)
     container = OmegaConf.to_container(cfg, resolve=True)
     spec = ApplianceSpec(cfg, container, shared, spool, online, requests_tx, events_rx)
-    gate = {"routes": spec.route_paths(), "metrics": spec.frontend.http_metrics,
+    gate = {"routes": spec.routes, "metrics": spec.frontend.http_metrics,
             "max_bytes": int(cfg.server.limits.max_request_bytes),
             "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"),
             "access_log": bool(cfg.server.access_log)}
+    # Middlewares, innermost first: the pages (ahead of LitServe's `GET /`), the Gate, the link to the
+    # main process.
+    middlewares = [(Pages, {"routes": spec.pages}), (Gate, gate),
+                   (ProcessLink, {"frontend": spec.frontend, "shared": shared})]
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
     # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere
-    # (where the Gate answers 404: http/errors.py).
+    # (where the Gate answers 404: http/errors.py). /openapi.json is our route (the route table's), so
+    # FastAPI adds neither it nor its CDN-loading /docs.
     server = ls.LitServer(EngineAPI(cfg, online, shared, spec, requests_rx, events_tx), accelerator="cpu",
-                          timeout=False, middlewares=[(Gate, gate), (ProcessLink, {"frontend": spec.frontend,
-                                                                                   "shared": shared})],
+                          timeout=False, middlewares=middlewares, disable_openapi_url=True,
                           healthcheck_path=LITSERVE_HEALTH, info_path=LITSERVE_INFO)
-    for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
-                           (FastAPIHTTPException, http_exception_handler)):
+    route_errors = RouteErrors(spec.routes).http_exception
+    for error, handler in ((APIError, api_error_handler), (HTTPException, route_errors),
+                           (FastAPIHTTPException, route_errors)):
         server.app.add_exception_handler(error, handler)
-    openapi.install(server.app, spec.routes)
+    openapi.install(server.app, spec.routes.routes)
     litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
     address = url(cfg.server.host, cfg.server.port)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s), address=(cfg.server.host, cfg.server.port),

@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from appliance.serving.ui.routes import ASSETS, CSP, INDEX, STATIC, prefix_redirect
+from appliance.serving.ui.routes import ASSETS, CSP, STATIC, prefix_redirect
 from tests.conftest import FRAME_CONF
 from tests.server_process import server_process
 from tests.servers import error
@@ -54,8 +54,7 @@ def test_a_pool_server_with_a_key_serves_its_page_without_the_key_and_keeps_the_
 ])
 def test_prefix_redirect(path, prefix, served, expected):
     headers = [(b"x-forwarded-prefix", prefix)] if prefix is not None else []
-    routes = {INDEX} if served else set()
-    assert prefix_redirect({"path": path, "headers": headers}, routes) == expected
+    assert prefix_redirect({"path": path, "headers": headers}, served) == expected
 
 
 def test_a_proxy_prefix_sends_the_root_to_the_page_under_it(llava_server):
