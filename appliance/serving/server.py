@@ -26,6 +26,7 @@ from appliance.gc_tuning import settle_heap
 from appliance.pipeline import Pipeline
 from appliance.progress import silence
 from appliance.serving import litserve_adapter
+from appliance.serving.http.cors import check_cors_origins
 from appliance.serving.online_stages import OnlinePipeline, split_online
 from appliance.serving.startup import check_media_dir, check_scenes, claim_port, url
 from appliance.serving.stop_signals import STOP_SIGNALS, start_deaf_thread
@@ -43,6 +44,7 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
         raise ConfigError(f"server.preprocess_workers: {cfg.server.preprocess_workers}; allowed: 0 (the default "
                           "for the pipeline's kind) or more")
     check_media_dir(cfg.server.allowed_local_media_dir)
+    check_cors_origins(cfg.server.cors_origins)
     check_scenes(cfg.server.scenes)
     online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
     silence(online.stages())
@@ -61,6 +63,7 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
 
     from appliance.serving.http import openapi
     from appliance.serving.engine_process.api import EngineAPI
+    from appliance.serving.http.cors import cors_middleware
     from appliance.serving.http.errors import LITSERVE_HEALTH, LITSERVE_INFO, APIError, RouteErrors, api_error_handler
     from appliance.serving.http.middleware import Gate
     from appliance.serving.http.pages import Pages
@@ -80,9 +83,10 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
             "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"),
             "access_log": bool(cfg.server.access_log)}
     # Middlewares, innermost first: the pages (ahead of LitServe's `GET /`), the Gate, the link to the
-    # main process.
+    # main process, and outermost CORS where origins are listed (a preflight carries no key).
     middlewares = [(Pages, {"routes": spec.pages}), (Gate, gate),
-                   (ProcessLink, {"frontend": spec.frontend, "shared": shared})]
+                   (ProcessLink, {"frontend": spec.frontend, "shared": shared}),
+                   *cors_middleware(list(cfg.server.cors_origins), spec.routes)]
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
     # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere
     # (where the Gate answers 404: http/errors.py). /openapi.json is our route (the route table's), so

@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from appliance.cli import SERVE_HELP
+from appliance.errors import ConfigError
+from appliance.serving.http.cors import check_cors_origins
 from appliance.serving.http.route_table import EVERY, ROUTES, Ref, resolved, served
 from appliance.serving.http.served_routes import ServedRoutes
 from tests.conftest import REPO
@@ -67,3 +69,16 @@ POOL = ServedRoutes(served("pool", ui=True))
 def test_a_paths_methods_and_openness(path, methods, open_):
     assert POOL.methods(path) == methods
     assert POOL.is_open(path) == open_
+
+
+@pytest.mark.parametrize("origins, refused", [
+    ([], None), (["https://app.example.com"], None), (["http://localhost:5173", "*"], None),
+    (["https://app.example.com/"], "https://app.example.com/"), (["app.example.com"], "app.example.com"),
+    (["https://a.example", "ftp://b.example"], "ftp://b.example"),
+])
+def test_cors_origins_are_origins(origins, refused):
+    if refused is None:
+        check_cors_origins(origins)
+    else:
+        with pytest.raises(ConfigError, match=f"server.cors_origins: '{refused}' is not an origin"):
+            check_cors_origins(origins)

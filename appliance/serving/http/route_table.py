@@ -2,7 +2,7 @@
 
 spec.py adds the API routes to LitServe's app and pages.py serves the pages ahead of it; middleware.py
 reads which routes need the key (`auth`); errors.py which methods a path has (a 405's `Allow`) and which
-routes there are (a 404's message); openapi.py the
+routes there are (a 404's message); body_types.py which types a body may have (415); openapi.py the
 schemas of body and answer; `appliance serve --help` each route's one line (`routes_help`). A path may
 have one Route per method (each its own handler).
 
@@ -95,6 +95,11 @@ class Route:
     def openapi_path(self) -> str:
         """The path as OpenAPI writes it: `{model_id:path}` -> `{model_id}`."""
         return re.sub(r"\{(\w+):\w+\}", r"{\1}", self.path)
+
+    @property
+    def json_only(self) -> bool:
+        """True when the body is JSON and nothing else (body_types.py refuses any other type)."""
+        return set(self.body) == {JSON}
 
 
 def _page(path: str, handler: Callable, help: str, ui: bool = False) -> Route:

@@ -26,7 +26,8 @@ from appliance.protocol.scenes import SCENE_FILES, parse_scene_body
 from appliance.serving.http.errors import APIError, read_json
 from appliance.serving.http.form_body import DATE, FILES, spool_form
 from appliance.serving.http.frontend import Frontend
-from appliance.serving.http.geotiff_body import (checked_dates, content_type, query_dates, refuse_unknown_query,
+from appliance.serving.http.body_types import content_type
+from appliance.serving.http.geotiff_body import (checked_dates, query_dates, refuse_unknown_query,
                                                  spool_body, unsupported_body)
 from appliance.serving.http.route_table import FORM, GEOTIFF_TYPES
 from appliance.serving.http.scene_jobs import DONE, SceneJob, SceneJobs

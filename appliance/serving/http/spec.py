@@ -17,6 +17,7 @@ from typing import Callable, List, Optional, Tuple
 
 from litserve.specs.base import LitSpec
 
+from appliance.serving.http.body_types import json_only
 from appliance.serving.http.form_body import form_schema
 from appliance.serving.http.frontend import Frontend
 from appliance.serving.http.route_table import FORM, Route, served
@@ -63,7 +64,8 @@ class ApplianceSpec(LitSpec):
             if route.page:
                 self.pages.append((route, handler))
             else:
-                self.add_endpoint(route.path, handler, list(route.methods))
+                self.add_endpoint(route.path, json_only(route, handler) if route.json_only else handler,
+                                  list(route.methods))
 
     def _handlers(self, kind: str, cfg, spool_dir: str, online) -> Handlers:
         handlers = Handlers(OpsRoutes(self.frontend, cfg), PageFiles(kind))
