@@ -71,6 +71,7 @@ def cors_server(tmp_path_factory):
         yield server
 
 
+@pytest.mark.slow  # a server of its own
 def test_with_cors_origins_only_those_origins_are_allowed(cors_server):
     base = cors_server.base
     mine = httpx.get(f"{base}/version", headers={"Origin": APP}, timeout=10)
@@ -82,6 +83,7 @@ def test_with_cors_origins_only_those_origins_are_allowed(cors_server):
     assert refused.status_code == 415 and refused.headers["access-control-allow-origin"] == APP
 
 
+@pytest.mark.slow
 def test_with_cors_origins_a_preflight_is_answered_for_those_origins_only(cors_server):
     asks = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
     mine = httpx.options(f"{cors_server.base}/predict", headers={"Origin": APP, **asks}, timeout=10)
