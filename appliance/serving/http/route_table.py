@@ -6,8 +6,8 @@ routes there are (a 404's message); body_types.py which types a body may have (4
 schemas of body and answer; `appliance serve --help` each route's one line (`routes_help`). A path may
 have one Route per method (each its own handler).
 
-This module imports no model: `serve --help` reads it and must not wait for torch (the protocol models
-import it). So a schema is named by `Ref` and imported when the OpenAPI document is built: a pydantic model,
+This module imports no model: `serve --help` reads it and must not wait for torch (which some protocol
+models import). So a schema is named by `Ref` and imported when the OpenAPI document is built: a pydantic model,
 a tuple of models one of which the body is (a text or a chat), or a plain JSON schema (bytes: a GeoTIFF, a
 PNG). A streamed answer's schema is that of one event's data. A handler is a function of the server's
 `Handlers` (spec.py), whose objects answer the routes of its kind: an attrgetter, which the inference worker
