@@ -11,6 +11,7 @@ from appliance import __version__
 from appliance.errors import ConfigError, UserError
 from appliance.gc_tuning import settle_heap
 from appliance.logs import SERVE_LEVEL, setup_logging
+from appliance.serving.http.route_table import routes_help
 
 VERBS = {
     "run": "run the pipeline offline on `input=...` and write or print its results",
@@ -72,13 +73,11 @@ examples:
   appliance config pipeline=llava_chat engine=cuda server.port=8001
 """
 
-SERVE_HELP = """\
+SERVE_HELP = f"""\
 listens on http://SERVER.HOST:SERVER.PORT (default http://127.0.0.1:8000; server.host=0.0.0.0 for
-every interface) and answers, by the pipeline's engine kind:
-  generate (llava_chat)      POST /v1/chat/completions, POST /v1/completions, GET /v1/models
-  pool (prithvi_flood)       POST /pooling (vLLM's body), POST /v1/pool (a raw GeoTIFF), GET /v1/models
-  every pipeline             GET /health, /ready, /version, /metrics
-docs/serving.md lists every field, limit and metric.
+every interface) and answers, by the pipeline's engine kind ((open): answered without server.api_key):
+{routes_help()}
+docs/serving.md lists every route, field, limit and metric.
 
 examples:
   appliance serve pipeline=llava_chat

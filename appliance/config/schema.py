@@ -158,6 +158,8 @@ class ServerConfig:
     served_model_name: Optional[str] = None  # the model name clients send and /v1/models lists; None: model.name
     api_key: Optional[str] = None  # Bearer key on inference routes; also read from $APPLIANCE_API_KEY
     ui: bool = True  # GET / answers a page for people (chat for generate pipelines); false: 404 (docs/serving.md)
+    # origins (https://app.example.com) whose pages may call the API from a browser (CORS); none: no other origin
+    cors_origins: List[str] = field(default_factory=list)
     allowed_local_media_dir: Optional[str] = None  # client-named server files only under this directory
     allowed_media_domains: List[str] = field(default_factory=list)  # hosts fetched even at private addresses
     # s3:// buckets /pooling requests may name (read by GDAL with the server's AWS_* credentials); none: refused

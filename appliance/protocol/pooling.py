@@ -34,7 +34,6 @@ from appliance.protocol.validation import input_error
 
 
 MAX_BAND_FILES = 64  # a per-band list: more than any model's bands
-GEOTIFF_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")  # a GeoTIFF as the body (/v1/pool)
 
 
 class PoolingData(BaseModel):

@@ -26,6 +26,7 @@ from appliance.gc_tuning import settle_heap
 from appliance.pipeline import Pipeline
 from appliance.progress import silence
 from appliance.serving import litserve_adapter
+from appliance.serving.http.cors import check_cors_origins
 from appliance.serving.online_stages import OnlinePipeline, split_online
 from appliance.serving.startup import check_media_dir, check_scenes, claim_port, url
 from appliance.serving.stop_signals import STOP_SIGNALS, start_deaf_thread
@@ -44,6 +45,7 @@ def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
         raise ConfigError(f"server.preprocess_workers: {cfg.server.preprocess_workers}; allowed: 0 (the default "
                           "for the pipeline's kind) or more")
     check_media_dir(cfg.server.allowed_local_media_dir)
+    check_cors_origins(cfg.server.cors_origins)
     check_scenes(cfg.server.scenes)
     online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
     silence(online.stages())
@@ -62,9 +64,10 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
 
     from appliance.serving.http import openapi
     from appliance.serving.engine_process.api import EngineAPI
-    from appliance.serving.http.errors import (LITSERVE_HEALTH, LITSERVE_INFO, APIError, api_error_handler,
-                                               http_exception_handler)
+    from appliance.serving.http.cors import cors_middleware
+    from appliance.serving.http.errors import LITSERVE_HEALTH, LITSERVE_INFO, APIError, RouteErrors, api_error_handler
     from appliance.serving.http.middleware import Gate
+    from appliance.serving.http.pages import Pages
     from appliance.serving.http.process_link import ProcessLink
     from appliance.serving.http.spec import ApplianceSpec
 
@@ -76,21 +79,27 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     events_rx, events_tx = mp.Pipe(duplex=False)
     container = OmegaConf.to_container(cfg, resolve=True)
     spec = ApplianceSpec(cfg, container, shared, spool, online, requests_tx, events_rx)
-    gate = {"routes": spec.route_paths(), "metrics": spec.frontend.http_metrics,
+    gate = {"routes": spec.routes, "metrics": spec.frontend.http_metrics,
             "max_bytes": int(cfg.server.limits.max_request_bytes),
             "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"),
             "access_log": bool(cfg.server.access_log)}
+    # Middlewares, innermost first: the pages (ahead of LitServe's `GET /`), the Gate, the link to the
+    # main process, and outermost CORS where origins are listed (a preflight carries no key).
+    middlewares = [(Pages, {"routes": spec.pages}), (Gate, gate),
+                   (ProcessLink, {"frontend": spec.frontend, "shared": shared}),
+                   *cors_middleware(list(cfg.server.cors_origins), spec.routes)]
     # One inference worker whatever the device: the engine places itself (engine.device, TP ranks).
     # LitServe always adds its own health and info routes; ours answer /health, so its go elsewhere
-    # (where the Gate answers 404: http/errors.py).
+    # (where the Gate answers 404: http/errors.py). /openapi.json is our route (the route table's), so
+    # FastAPI adds neither it nor its CDN-loading /docs.
     server = ls.LitServer(EngineAPI(cfg, online, shared, spec, requests_rx, events_tx), accelerator="cpu",
-                          timeout=False, middlewares=[(Gate, gate), (ProcessLink, {"frontend": spec.frontend,
-                                                                                   "shared": shared})],
+                          timeout=False, middlewares=middlewares, disable_openapi_url=True,
                           healthcheck_path=LITSERVE_HEALTH, info_path=LITSERVE_INFO)
-    for error, handler in ((APIError, api_error_handler), (HTTPException, http_exception_handler),
-                           (FastAPIHTTPException, http_exception_handler)):
+    route_errors = RouteErrors(spec.routes).http_exception
+    for error, handler in ((APIError, api_error_handler), (HTTPException, route_errors),
+                           (FastAPIHTTPException, route_errors)):
         server.app.add_exception_handler(error, handler)
-    openapi.install(server.app, spec.routes)
+    openapi.install(server.app, spec.routes.routes)
     litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
     address = url(cfg.server.host, cfg.server.port)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s), address=(cfg.server.host, cfg.server.port),

@@ -272,6 +272,15 @@ def test_the_server_gets_object_storage_credentials_only_with_its_buckets(chart)
     assert batch["envFrom"] == [{"secretRef": {"name": "object-storage-credentials"}}]
 
 
+def test_the_server_allows_the_listed_origins_only(chart):
+    origins = ["https://app.example.com", "http://localhost:5173"]
+    docs = manifests(chart, {"server": {"corsOrigins": origins}})
+    expected = "server.cors_origins=['https://app.example.com','http://localhost:5173']"
+    assert expected in container(docs)["args"]
+    assert expected in helm_test_pod(docs)["spec"]["containers"][0]["args"], "helm test checks the same"
+    assert not any("cors_origins" in arg for arg in container(manifests(chart, {}))["args"])
+
+
 def test_model_weights_mount_read_only(chart):
     main = container(manifests(chart, {"model": {"existingClaim": "weights", "subPath": "llava"}}))
     pod = pod_spec(manifests(chart, {"model": {"existingClaim": "weights", "subPath": "llava"}}))
@@ -342,6 +351,8 @@ def test_an_extra_config_pipeline_gets_its_engine_kind_from_its_defaults(chart):
     ({"overrides": ["server.metrics_names=vllm"]}, "overrides: server.metrics_names=vllm; set metrics.names instead"),
     ({"overrides": ["server.allowed_s3_buckets=[hls]"]},
      "overrides: server.allowed_s3_buckets=[hls]; set server.s3.allowedBuckets instead"),
+    ({"overrides": ["server.cors_origins=[https://a.example]"]},
+     "overrides: server.cors_origins=[https://a.example]; set server.corsOrigins instead"),
     ({"server": {"s3": {"credentialsSecret": "s3-creds"}}},
      "server.s3.credentialsSecret: set server.s3.allowedBuckets too"),
 ])

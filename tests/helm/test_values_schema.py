@@ -37,6 +37,9 @@ SCHEMA = json.loads((CHART / "values.schema.json").read_text())
     ({"server": {"s3": {"allowedBuckets": ["s3://hls"]}}}, "at '/server/s3/allowedBuckets/0'",
      "does not match pattern"),
     ({"server": {"s3": {"allowedBuckets": "hls"}}}, "at '/server/s3/allowedBuckets'", "got string, want array"),
+    ({"server": {"corsOrigins": ["https://app.example.com/"]}}, "at '/server/corsOrigins/0'",
+     "does not match pattern"),
+    ({"server": {"corsOrigins": "https://app.example.com"}}, "at '/server/corsOrigins'", "got string, want array"),
 ])
 def test_mistakes_are_refused_naming_the_key(chart, values, where, message):
     with pytest.raises(helm_python.HelmValuesError) as refused:

@@ -75,7 +75,8 @@ def test_body_over_the_limit_is_413_before_it_is_read(server):
             yield b"y" * 10_000
         yield b'"}]}'
 
-    streamed = httpx.post(f"{server.base}/v1/chat/completions", content=chunks(), timeout=30)
+    streamed = httpx.post(f"{server.base}/v1/chat/completions", content=chunks(), timeout=30,
+                          headers={"Content-Type": "application/json"})
     assert streamed.status_code == 413, streamed.text
     assert chat(server.base).status_code == 200
 

@@ -13,6 +13,8 @@ from tests.chat.conftest import batch_request, clear_samples, names_only, synthe
 from tests.conftest import run_cli
 from tests.servers import LLAVA_TINY, data_url, error, image_question, png_data_url
 
+JSON_TYPE = {"Content-Type": "application/json"}
+
 
 @pytest.fixture(scope="module")
 def client(llava_server):
@@ -198,9 +200,10 @@ def test_unknown_model_is_404_and_bad_json_400(llava_server, client):
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
     assert info.value.body["param"] == "model" and "llava-tiny" in info.value.body["message"]
-    bad = httpx.post(f"{llava_server.base}/v1/chat/completions", content=b'{"messages": [', timeout=10)
+    bad = httpx.post(f"{llava_server.base}/v1/chat/completions", content=b'{"messages": [', headers=JSON_TYPE,
+                     timeout=10)
     assert bad.status_code == 400 and "not valid JSON" in error(bad)["message"]
-    nan = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=10,
+    nan = httpx.post(f"{llava_server.base}/v1/chat/completions", timeout=10, headers=JSON_TYPE,
                      content=b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}')
     assert nan.status_code == 400 and "NaN" in error(nan)["message"]
     route = httpx.get(f"{llava_server.base}/v1/nothing", timeout=10)

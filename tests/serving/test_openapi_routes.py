@@ -1,11 +1,14 @@
 """`/openapi.json` lists only routes the server answers: every path and method in it, asked with an empty
 body, gets anything but the 404 of an unknown route (a 400 for a body that is not valid, a 415 for the
-wrong type, a 404 naming its path parameter for a scene that does not exist), on both kinds of server."""
+wrong type, a 404 naming its path parameter for a scene that does not exist), on both kinds of server; a method a path does not take is a 405 whose `Allow` lists every method of the
+path."""
 import re
 
 import httpx
+import pytest
 
-from tests.servers import API_KEY
+from appliance.serving.http.route_table import GEOTIFF_TYPES
+from tests.servers import API_KEY, error
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -41,7 +44,22 @@ def test_every_route_in_the_flood_servers_document_answers(flood_server):
 def test_the_raw_pool_route_is_documented_as_bytes(flood_server):
     operation = httpx.get(f"{flood_server.base}/openapi.json", timeout=10).json()["paths"]["/v1/pool"]["post"]
     binary = {"type": "string", "format": "binary"}
-    assert operation["requestBody"]["content"] == {"image/tiff": {"schema": binary}}
+    assert operation["requestBody"]["content"] == {kind: {"schema": binary} for kind in GEOTIFF_TYPES}
     assert [(p["name"], p["in"], p["required"], p["schema"]["type"]) for p in operation["parameters"]] == [
         ("quicklook", "query", False, "boolean"), ("date", "query", False, "string")]
     assert set(operation["responses"]["200"]["content"]) == {"image/tiff", "image/png"}
+
+
+@pytest.mark.parametrize("method, path, allow", [
+    ("OPTIONS", "/v1/scenes", "GET, POST"),  # Starlette alone: "POST", the first route's
+    ("PUT", "/v1/scenes", "GET, POST"),
+    ("POST", "/v1/scenes/scene-x", "DELETE, GET"),
+    ("DELETE", "/v1/models/flood", "GET"),
+    ("POST", "/", "GET, HEAD"),  # the page: LitServe's own `GET /` is behind it
+    ("POST", "/index.html", "GET, HEAD"),  # a path only the page layer serves
+    ("DELETE", "/docs", "GET, HEAD"),
+])
+def test_a_405_lists_every_method_of_its_path(flood_server, method, path, allow):
+    answer = httpx.request(method, f"{flood_server.base}{path}", headers=AUTH, timeout=10)
+    assert answer.status_code == 405 and answer.headers["allow"] == allow, answer.text
+    assert error(answer)["message"] == f"{method} {path}: method not allowed; allowed: {allow}"

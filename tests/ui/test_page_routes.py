@@ -55,8 +55,7 @@ def test_a_pool_server_with_a_key_serves_its_page_without_the_key_and_keeps_the_
 ])
 def test_prefix_redirect(path, prefix, served, expected):
     headers = [(b"x-forwarded-prefix", prefix)] if prefix is not None else []
-    routes = {INDEX} if served else set()
-    assert prefix_redirect({"path": path, "headers": headers}, routes) == expected
+    assert prefix_redirect({"path": path, "headers": headers}, served) == expected
 
 
 def test_a_proxy_prefix_sends_the_root_to_the_page_under_it(llava_server):

@@ -7,7 +7,7 @@ from starlette.responses import JSONResponse
 
 from appliance.errors import InputError
 from appliance.protocol.openai_responses import error_body
-from appliance.serving.ui.routes import PAGE_PATHS
+from appliance.serving.http.served_routes import ServedRoutes
 
 
 class APIError(Exception):
@@ -31,31 +31,33 @@ async def api_error_handler(request: Request, error: APIError) -> JSONResponse:
 
 
 # LitServe always adds `GET /` and a health and an info route (server.py moves those two aside, since
-# ours answers /health); no client of ours uses them, so the Gate answers them as unknown routes.
+# ours answers /health); no client of ours uses them, so the Gate answers them as unknown routes (our
+# page at `/` is answered before them: pages.py).
 LITSERVE_HEALTH, LITSERVE_INFO = "/litserve/health", "/litserve/info"
 LITSERVE_ROUTES = ("/", LITSERVE_HEALTH, LITSERVE_INFO)
 
 
-async def http_exception_handler(request: Request, error) -> JSONResponse:
-    """FastAPI's and Starlette's own errors (404 route, 405 method) in the same shape."""
-    detail = getattr(error, "detail", None) or str(error)
-    status = getattr(error, "status_code", 500)
-    if status == 404:
-        detail = no_such_route(request)
-    elif status == 405:
-        detail = f"{request.method} {request.url.path}: method not allowed"
-    return error_response(status, str(detail), headers=getattr(error, "headers", None))
+class RouteErrors:
+    """FastAPI's and Starlette's own errors (404 route, 405 method) in our shape, read against the routes
+    this server serves: a 405's `Allow` lists every method of its path (Starlette names only those of the
+    first route that matches, and each method of ours is its own route), and a path that only our page
+    layer serves answers 405 to a method it does not take, not 404."""
 
+    def __init__(self, served: ServedRoutes):
+        self.served = served
 
-def no_such_route(request: Request) -> str:
-    return f"{request.url.path}: no such route; this server answers {', '.join(_route_paths(request))}"
-
-
-def _route_paths(request: Request) -> list:
-    """The documented routes of the app serving `request` (the pipeline decides which there are); the page's
-    files are not API routes."""
-    return sorted({route.path for route in request.app.routes if getattr(route, "include_in_schema", True)
-                   and route.path not in LITSERVE_ROUTES + PAGE_PATHS})
+    async def http_exception(self, request: Request, error) -> JSONResponse:
+        detail = getattr(error, "detail", None) or str(error)
+        status = getattr(error, "status_code", 500)
+        headers = getattr(error, "headers", None)
+        path = request.url.path
+        methods = self.served.methods(path) if status in (404, 405) else []
+        if methods and request.method not in methods:
+            status, detail = 405, f"{request.method} {path}: method not allowed; allowed: {', '.join(methods)}"
+            headers = {**(headers or {}), "Allow": ", ".join(methods)}
+        elif status == 404:
+            detail = self.served.no_such_route(path)
+        return error_response(status, str(detail), headers=headers)
 
 
 async def parse_body(request: Request, parse):

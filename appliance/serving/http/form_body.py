@@ -20,7 +20,6 @@ from starlette.requests import Request
 
 from appliance.serving.http.errors import APIError
 
-FORM_TYPE = "multipart/form-data"
 FILES, DATE = "files", "date"
 MAX_DATE_BYTES = 4096  # a date field: 64 dates of YYYY-MM-DD with commas fit many times over
 EXAMPLE_DATE = datetime.date(2023, 4, 15)

@@ -1,5 +1,5 @@
 """What `/v1/pool` and `/v1/scenes` share of a request whose body is the GeoTIFF itself: their query
-parameters checked by name, the body's content type, the body spooled to a file as it streams in, and
+parameters checked by name, a body of the wrong type refused, the body spooled to a file as it streams in, and
 the `?date=` it may carry (a multi-date model's T dates: `?date=d1&date=d2&date=d3` or `?date=d1,d2,d3`).
 
 A raw body is one file: for a multi-date model, one stacked GeoTIFF of its T dates (`model.geo.
@@ -21,11 +21,6 @@ def refuse_unknown_query(request: Request, allowed: Sequence[str]) -> None:
     if unknown:
         raise APIError(400, f"{unknown[0]}: unknown query parameter; allowed: {', '.join(allowed)}",
                        param=unknown[0])
-
-
-def content_type(request: Request) -> str:
-    """The body's media type, lower case, without parameters ('' when missing)."""
-    return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
 def query_dates(request: Request) -> Any:

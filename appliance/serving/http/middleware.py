@@ -2,9 +2,10 @@
 
 For every request it checks the API key and the body limit, counts the answer by route and status, and
 (with `server.access_log`, on by default) writes the request's log line once the answer ended
-(access_log.py). `/` asked through a proxy that names its path prefix is sent to the page's path under
-it (appliance/serving/ui/routes.py, `prefix_redirect`); LitServe's own routes (`GET /`, its health and
-info) get the 404 of an unknown route.
+(access_log.py). Which routes need the key is the route table's word (route_table.py, `auth`). `/` asked
+through a proxy that names its path prefix is sent to the page's path under it (appliance/serving/ui/
+routes.py, `prefix_redirect`); LitServe's own routes (its `GET /` where we serve no page there, its health
+and info) get the 404 of an unknown route.
 A plain ASGI class, not Starlette's BaseHTTPMiddleware, which buffers streams and hides client
 disconnects from the routes.
 """
@@ -14,13 +15,10 @@ import time
 from typing import Callable, Iterable, Optional
 
 from appliance.protocol.openai_responses import error_body
-from starlette.requests import Request
-
 from appliance.serving.http.access_log import AccessLog
-from appliance.serving.http.errors import LITSERVE_ROUTES, APIError, no_such_route
-from appliance.serving.ui.routes import PAGE_PATHS, aliased, prefix_redirect
-
-OPEN_PATHS = ("/health", "/ready", "/version", "/metrics", "/docs", "/openapi.json", *PAGE_PATHS)
+from appliance.serving.http.errors import LITSERVE_ROUTES, APIError
+from appliance.serving.http.served_routes import ServedRoutes
+from appliance.serving.ui.routes import INDEX, prefix_redirect
 
 
 async def send_error(send, status: int, message: str, headers: Iterable = ()) -> None:
@@ -39,13 +37,13 @@ async def send_redirect(send, location: str) -> None:
 
 
 class Gate:
-    def __init__(self, app, routes: Iterable[str], metrics: Callable, max_bytes: int,
+    def __init__(self, app, routes: ServedRoutes, metrics: Callable, max_bytes: int,
                  api_key: Optional[str] = None, access_log: bool = True):
-        """`routes`: our routes' paths (counted by path; any other path counts as "other"); `metrics`:
+        """`routes`: the server's routes (counted by path; any other path counts as "other"); `metrics`:
         returns the process's HttpMetrics (made on first use, in the HTTP process); `api_key`: required
-        on every route but the open ones (probes, metrics, docs); `access_log`: one line per request."""
+        on every route but the open ones (probes, metrics, docs, pages); `access_log`: one line per request."""
         self.app = app
-        self.routes = frozenset(routes)
+        self.routes = routes
         self.metrics = metrics
         self.max_bytes = max_bytes
         self.key = api_key.encode() if api_key else None
@@ -54,9 +52,7 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        asked = scope["path"]
-        redirect = prefix_redirect(scope, self.routes)
-        scope = aliased(scope, self.routes)  # `/` and `/docs`: our pages (appliance/serving/ui/routes.py)
+        redirect = prefix_redirect(scope, INDEX in self.routes.paths)
         began = time.perf_counter() if self.access is not None else 0.0
         status = None  # the answer's, once it started
 
@@ -73,18 +69,19 @@ class Gate:
                 await self.app(scope, self._limited(receive), counted)
         finally:
             status = 500 if status is None else status
-            route = scope["path"] if scope["path"] in self.routes else "other"
+            route = scope["path"] if scope["path"] in self.routes.paths else "other"
             self.metrics().request(route, status)
             if self.access is not None:
-                self.access.write(scope if scope["path"] == asked else {**scope, "path": asked}, status, began)
+                self.access.write(scope, status, began)
 
     async def _admit(self, scope, send) -> bool:
         """LitServe's routes, the API key and the declared body size; False once a refusal was sent."""
-        if scope["path"] in LITSERVE_ROUTES:
-            await send_error(send, 404, no_such_route(Request(scope)))
+        path = scope["path"]
+        if path in LITSERVE_ROUTES and path not in self.routes.paths:
+            await send_error(send, 404, self.routes.no_such_route(path))
             return False
         headers = dict(scope["headers"])
-        if self.key is not None and scope["path"] not in OPEN_PATHS:
+        if self.key is not None and not self.routes.is_open(path):
             given = headers.get(b"x-api-key") or b""
             auth = headers.get(b"authorization", b"")
             if auth[:7].lower() == b"bearer ":

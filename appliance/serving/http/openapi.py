@@ -3,20 +3,21 @@
 The routes parse their own bodies (appliance/protocol: errors that name the field) and answer plain
 dicts (no model is built per request), and LitServe adds them with neither a body nor a response model,
 so FastAPI can infer neither; `install` adds both to the document, once, from the route table
-(spec.py's `Route`s: the models that validate each body and describe each answer). An answer's model
-is a component (`#/components/schemas/ChatCompletion`); a request's schema stays inline, its nested
+(route_table.py's `Route`s: the models that validate each body and describe each answer). An answer's model
+is a component (`#/components/schemas/ChatCompletion`; the table names it by `Ref`, imported here); a request's schema stays inline, its nested
 models components. A streamed answer is `text/event-stream`, one schema per event (as OpenAPI 3.1 reads
 a stream): its `data` is a chunk model's JSON (`contentSchema`), an error's, or `[DONE]`. Bytes (a
 GeoTIFF, a PNG) are binary strings. Path parameters (`{id}`) are declared here, since the handlers take
 them from the request. Only the table's documented routes are listed: not LitServe's own
-(`GET /`, its health and info: the Gate answers them 404), nor the pages' files, which are no API.
+(`GET /`, its health and info: the Gate answers them 404), nor the pages' files, which are no API, nor
+the document itself.
 For clients, the docs page (`/docs`) and the schema-driven fuzz tests.
 """
 import re
 from typing import Any, Dict, Iterable
 
 from appliance.protocol.openai_answers import ErrorResponse
-from appliance.serving.http.route_table import JSON, SSE, Route
+from appliance.serving.http.route_table import JSON, SSE, Route, resolved
 
 REF = "#/components/schemas/{model}"
 
@@ -36,7 +37,7 @@ def install(app, routes: Iterable[Route]) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for path, item in schema.get("paths", {}).items():
                 for method, operation in item.items():
-                    _describe(documented[path, method], operation, components)
+                    _describe(resolved(documented[path, method]), operation, components)
             app.openapi_schema = schema
         return app.openapi_schema
 

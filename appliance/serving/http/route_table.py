@@ -1,32 +1,193 @@
-"""`Route`: one route of the API stated once, for both its uses: spec.py adds it to the app (path,
-methods, handler), and openapi.py describes it from the same entry (what its body and its answer are).
+"""The routes of `appliance serve`, each stated once (`ROUTES`) with every fact the server and its help read.
 
-A path may have one Route per method (each its own handler). A schema is a pydantic model, a tuple of models one of which the body is (a text or a chat), or a plain
-JSON schema (bytes: a GeoTIFF, a PNG). A streamed answer's schema is that of one event's data.
+spec.py adds the API routes to LitServe's app and pages.py serves the pages ahead of it; middleware.py
+reads which routes need the key (`auth`); errors.py which methods a path has (a 405's `Allow`) and which
+routes there are (a 404's message); body_types.py which types a body may have (415); openapi.py the
+schemas of body and answer; `appliance serve --help` each route's one line (`routes_help`). A path may
+have one Route per method (each its own handler).
+
+This module imports no model: `serve --help` reads it and must not wait for torch (which some protocol
+models import). So a schema is named by `Ref` and imported when the OpenAPI document is built: a pydantic model,
+a tuple of models one of which the body is (a text or a chat), or a plain JSON schema (bytes: a GeoTIFF, a
+PNG). A streamed answer's schema is that of one event's data. A handler is a function of the server's
+`Handlers` (spec.py), whose objects answer the routes of its kind: an attrgetter, which the inference worker
+can unpickle with the rest of the spec (LitServe sends it there).
 """
+import dataclasses
+import importlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Tuple
+from operator import attrgetter
+from typing import Any, Callable, Dict, List, Tuple
 
-JSON, SSE = "application/json", "text/event-stream"
+JSON, SSE, FORM = "application/json", "text/event-stream", "multipart/form-data"
+GEOTIFF_TYPES = ("image/tiff", "image/geotiff", "application/octet-stream")  # a GeoTIFF as the body
 BYTES = {"type": "string", "format": "binary"}
-GET, POST = ("GET",), ("POST",)
+GET, POST, DELETE, PAGE = ("GET",), ("POST",), ("DELETE",), ("GET", "HEAD")
+GENERATE, POOL, PLAIN = ("generate",), ("pool",), ("plain",)  # the engine kinds a route is served for
+ENGINES, EVERY = GENERATE + POOL, GENERATE + POOL + PLAIN
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An object of another module, imported when first read (a protocol model, a constant)."""
+    module: str
+    name: str
+
+    def load(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)
+
+
+def resolved(value: Any) -> Any:
+    """`value` with every Ref in it (in dicts and tuples, a Route's schemas too) replaced by what it names."""
+    if isinstance(value, Route):
+        return dataclasses.replace(value, body=resolved(value.body), answers=resolved(value.answers),
+                                   query=resolved(value.query), params=resolved(value.params))
+    if isinstance(value, Ref):
+        return value.load()
+    if isinstance(value, dict):
+        return {key: resolved(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(resolved(item) for item in value)
+    return value
+
+
+def _openai(name: str) -> Ref:
+    return Ref("appliance.protocol.openai_models", name)
+
+
+def _answer(name: str) -> Ref:
+    return Ref("appliance.protocol.openai_answers", name)
+
+
+def _tokenize(name: str) -> Ref:
+    return Ref("appliance.protocol.tokenize", name)
+
+
+def _scenes(name: str) -> Ref:
+    return Ref("appliance.protocol.scenes", name)
+
+
+def _pooling(name: str) -> Ref:
+    return Ref("appliance.protocol.pooling", name)
 
 
 @dataclass(frozen=True)
 class Route:
     path: str                      # Starlette's form: a typed parameter is `{model_id:path}`
     methods: Tuple[str, ...]
-    handler: Callable
+    handler: Callable              # Handlers -> the function that answers the route (spec.py)
+    help: str                      # one line, for `appliance serve --help`
+    kinds: Tuple[str, ...] = EVERY  # the engine kinds whose servers serve it
+    auth: bool = True              # needs the API key (when the server has one)
+    page: bool = False             # a page's file: served ahead of LitServe's routes (pages.py), no API
+    ui: bool = False               # served only with `server.ui`
+    main: bool = False             # the kind's main route: LitServe's `api_path` (spec.py)
     body: Dict[str, Any] = field(default_factory=dict)     # content type -> the body's schema
     answers: Dict[str, Any] = field(default_factory=dict)  # content type -> the 200 answer's schema
     query: Dict[str, Any] = field(default_factory=dict)    # query parameter -> its schema (all optional)
     params: Dict[str, Any] = field(default_factory=dict)   # path parameter -> its schema (default: a string)
     status: str = "200"            # the status of a success (a job accepted: 202)
     headers: Dict[str, str] = field(default_factory=dict)  # a success's headers -> what they say
-    documented: bool = True        # False: no API (the pages' files): left out of /openapi.json
+    documented: bool = True        # False: left out of /openapi.json and a 404's list (pages, the document)
 
     @property
     def openapi_path(self) -> str:
         """The path as OpenAPI writes it: `{model_id:path}` -> `{model_id}`."""
         return re.sub(r"\{(\w+):\w+\}", r"{\1}", self.path)
+
+    @property
+    def json_only(self) -> bool:
+        """True when the body is JSON and nothing else (body_types.py refuses any other type)."""
+        return set(self.body) == {JSON}
+
+
+def _page(path: str, handler: Callable, help: str, ui: bool = False) -> Route:
+    """A page's route: open, served ahead of LitServe's routes, no API."""
+    return Route(path, PAGE, handler, help, auth=False, page=True, ui=ui, documented=False)
+
+
+INDEX = "/index.html"  # the page's own path: where a proxy's prefix is sent (ui/routes.py)
+DATE_QUERY = {"type": "string", "examples": ["2024-06-30"],  # /v1/pool's and /v1/scenes' `?date=`
+              "description": "the scene's acquisition date, YYYY-MM-DD, for models with a time encoding"}
+GEOTIFF_BODY = {kind: BYTES for kind in GEOTIFF_TYPES}
+SCENE_FILE = {"type": "string", "enum": _scenes("SCENE_FILES")}
+
+ROUTES: Tuple[Route, ...] = (
+    # every server
+    Route("/health", GET, attrgetter("ops.health"), "200 while the engine lives, 503 once it died", auth=False),
+    Route("/ready", GET, attrgetter("ops.ready"), "200 once the model is loaded and warm", auth=False),
+    Route("/version", GET, attrgetter("ops.version"), "the version, pipeline and model", auth=False),
+    Route("/metrics", GET, attrgetter("ops.metrics"), "Prometheus metrics", auth=False),
+    Route("/openapi.json", GET, attrgetter("ops.openapi"), "this API's OpenAPI document", auth=False,
+          documented=False),
+    _page("/", attrgetter("pages.index"), "the page for people (server.ui)", ui=True),
+    _page(INDEX, attrgetter("pages.index"), "the same page, at the path a proxy's prefix names", ui=True),
+    _page("/docs", attrgetter("pages.docs"), "the API docs, a page"),
+    _page("/docs.html", attrgetter("pages.docs"), "the API docs, at their former path"),
+    _page("/redoc", attrgetter("pages.docs"), "the API docs, at FastAPI's other path"),
+    _page("/ui/{file:path}", attrgetter("pages.asset"), "the pages' scripts and styles"),
+    # engines
+    Route("/v1/models", GET, attrgetter("ops.models"), "the served model", kinds=ENGINES,
+          answers={JSON: _answer("ModelList")}),
+    Route("/v1/models/{model_id:path}", GET, attrgetter("ops.model"), "the served model's card", kinds=ENGINES,
+          answers={JSON: _answer("ModelCard")}),
+    # generate
+    Route("/v1/chat/completions", POST, attrgetter("generate.chat"), "OpenAI chat completions, streamed or not",
+          kinds=GENERATE, main=True, body={JSON: _openai("ChatCompletionRequest")},
+          answers={JSON: _answer("ChatCompletion"), SSE: _answer("ChatCompletionChunk")}),
+    Route("/v1/completions", POST, attrgetter("generate.completions"), "OpenAI completions, streamed or not",
+          kinds=GENERATE, body={JSON: _openai("CompletionRequest")},
+          answers={JSON: _answer("Completion"), SSE: _answer("CompletionChunk")}),
+    Route("/tokenize", POST, attrgetter("tokenize.tokenize"), "a text or a chat as the model's token ids (vLLM's)",
+          kinds=GENERATE, body={JSON: (_tokenize("TokenizeCompletionBody"), _tokenize("TokenizeChatBody"))},
+          answers={JSON: _tokenize("TokenizeResponse")}),
+    Route("/detokenize", POST, attrgetter("tokenize.detokenize"), "token ids back to text (vLLM's)", kinds=GENERATE,
+          body={JSON: _tokenize("DetokenizeBody")}, answers={JSON: _tokenize("DetokenizeResponse")}),
+    Route("/tokenizer_info", GET, attrgetter("tokenize.tokenizer_info"), "the tokenizer's settings (vLLM's)",
+          kinds=GENERATE, answers={JSON: _tokenize("TokenizerInfoResponse")}),
+    # pool
+    Route("/pooling", POST, attrgetter("pool.pooling"), "a GeoTIFF scene in vLLM's IO-processor body", kinds=POOL,
+          main=True, body={JSON: _pooling("PoolingBody")}, answers={JSON: _pooling("PoolingResponse")}),
+    Route("/v1/pool", POST, attrgetter("pool.raw"), "a GeoTIFF as the body, its mask (or quicklook) as the answer",
+          kinds=POOL, body=GEOTIFF_BODY, query={"quicklook": {"type": "boolean"}, "date": DATE_QUERY},
+          answers={"image/tiff": BYTES, "image/png": BYTES}),
+    # `/v1/scenes`: a scene job is accepted (202) at once, then polled, then its files fetched. A multi-date
+    # model's server also takes its dates as a form of files (spec.py adds the form: form_body.py).
+    Route("/v1/scenes", POST, attrgetter("scenes.create"), "a scene as a job: a GeoTIFF, a URL, a form of dates", kinds=POOL,
+          body={**GEOTIFF_BODY, JSON: _scenes("SceneBody")},
+          query={"date": {**DATE_QUERY, "description": f"{DATE_QUERY['description']}; with a GeoTIFF body only "
+                                                       "(a JSON body or a form carries its own)"}},
+          status="202", answers={JSON: _scenes("Scene")}, headers={"Location": "the scene's URL, relative: scenes/{id}"}),
+    Route("/v1/scenes", GET, attrgetter("scenes.list"), "the scenes kept", kinds=POOL,
+          answers={JSON: _scenes("SceneList")}),
+    Route("/v1/scenes/{id}", GET, attrgetter("scenes.get"), "a scene: its progress, then its summary", kinds=POOL,
+          answers={JSON: _scenes("Scene")}),
+    Route("/v1/scenes/{id}", DELETE, attrgetter("scenes.delete"), "stop a scene and delete its files", kinds=POOL,
+          answers={JSON: _scenes("SceneDeleted")}),
+    Route("/v1/scenes/{id}/{file}", GET, attrgetter("scenes.file"), "a done scene's file", kinds=POOL,
+          params={"file": SCENE_FILE},
+          answers={kind: BYTES for kind in ("image/tiff", "application/geo+json", "image/png")}),
+    # plain
+    Route("/predict", POST, attrgetter("predict.predict"), "the pipeline's inputs in, its records out", kinds=PLAIN,
+          main=True, body={JSON: {"type": "object", "description": "the pipeline's inputs"}}),
+)
+
+
+def served(kind: str, ui: bool) -> List[Route]:
+    """The routes a server of this engine kind serves (`ui`: `server.ui`)."""
+    return [route for route in ROUTES if kind in route.kinds and (ui or not route.ui)]
+
+
+def routes_help() -> str:
+    """`appliance serve --help`'s list of routes: by engine kind, then those of every server."""
+    groups = [("generate (llava_chat)", GENERATE), ("pool (prithvi_flood)", POOL), ("plain (no engine stage)", PLAIN),
+              ("generate and pool", ENGINES), ("every pipeline", EVERY)]
+    lines = []
+    for title, kinds in groups:
+        lines.append(f"  {title}:")
+        for route in ROUTES:
+            if route.kinds == kinds:
+                key = "" if route.auth else " (open)"
+                lines.append(f"    {' '.join(route.methods):<8} {route.openapi_path:<24} {route.help}{key}")
+    return "\n".join(lines)

@@ -46,6 +46,10 @@ class OpsRoutes:
 
         return Response(await asyncio.to_thread(render), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def openapi(self, request: Request):
+        """The OpenAPI document (openapi.py): our route, in place of FastAPI's (LitServer(disable_openapi_url=True))."""
+        return JSONResponse(request.app.openapi())
+
     async def models(self, request: Request):
         return JSONResponse({"object": "list", "data": [self._card()]})
 

@@ -28,11 +28,13 @@ from starlette.responses import JSONResponse, Response
 from appliance.errors import InputError
 from appliance.fetch.local_files import allowed_path
 from appliance.protocol.openai_responses import new_id
-from appliance.protocol.pooling import GEOTIFF_TYPES, parse_pooling, pooling_response
+from appliance.protocol.pooling import parse_pooling, pooling_response
 from appliance.serving.http.errors import APIError, error_response, parse_body
 from appliance.serving.http.frontend import ClientGone, Frontend
-from appliance.serving.http.geotiff_body import (checked_dates, content_type, query_dates, refuse_unknown_query,
+from appliance.serving.http.body_types import content_type
+from appliance.serving.http.geotiff_body import (checked_dates, query_dates, refuse_unknown_query,
                                                  spool_body, unsupported_body)
+from appliance.serving.http.route_table import GEOTIFF_TYPES
 from appliance.serving.messages import Done, Failed, PoolJob
 from appliance.serving.http.routes_generate import check_model
 from appliance.stages.geo.aoi import parse_aoi

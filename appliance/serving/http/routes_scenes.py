@@ -22,13 +22,14 @@ from starlette.responses import FileResponse, JSONResponse
 
 from appliance.errors import InputError
 from appliance.protocol.openai_responses import error_body, new_id
-from appliance.protocol.pooling import GEOTIFF_TYPES
 from appliance.protocol.scenes import SCENE_FILES, parse_scene_body
 from appliance.serving.http.errors import APIError, read_json
-from appliance.serving.http.form_body import DATE, FILES, FORM_TYPE, spool_form
+from appliance.serving.http.form_body import DATE, FILES, spool_form
 from appliance.serving.http.frontend import Frontend
-from appliance.serving.http.geotiff_body import (checked_dates, content_type, query_dates, refuse_unknown_query,
+from appliance.serving.http.body_types import content_type
+from appliance.serving.http.geotiff_body import (checked_dates, query_dates, refuse_unknown_query,
                                                  spool_body, unsupported_body)
+from appliance.serving.http.route_table import FORM, GEOTIFF_TYPES
 from appliance.serving.http.scene_jobs import DONE, SceneJob, SceneJobs
 from appliance.serving.messages import Done, Failed, PoolJob, TileProgress
 from appliance.stages.geo.multidate import check_date_count, model_bands, model_frames
@@ -65,7 +66,7 @@ class SceneRoutes:
                 raise APIError(400, 'date: with a JSON body give the date in it: {"url": ..., "date": "YYYY-MM-DD"}',
                                param="date")
             url, field, date = self._url(await read_json(request))
-        elif kind == FORM_TYPE:
+        elif kind == FORM:
             self._check_form(date)
             field = FILES
         elif kind not in GEOTIFF_TYPES:
@@ -73,7 +74,7 @@ class SceneRoutes:
         date = checked_dates(date, self.frames, "date")
         job = self.jobs.add(scene_id)
         try:
-            if kind == FORM_TYPE:
+            if kind == FORM:
                 job.inputs = job.date_input_paths(self.frames)
                 form = await spool_form(request, job.inputs)
                 date = checked_dates(form.date, self.frames, DATE)
@@ -84,7 +85,7 @@ class SceneRoutes:
         except BaseException:
             self.jobs.forget(job)
             raise
-        uploaded = job.inputs if kind == FORM_TYPE else job.input_path  # several dates' files, or one file
+        uploaded = job.inputs if kind == FORM else job.input_path  # several dates' files, or one file
         self.frontend.submit(channel, PoolJob(
             None if url else uploaded, url, job.output_path, field,
             upload=url is None, date=date, report_dir=job.dir, progress=True))

@@ -1,10 +1,9 @@
-"""The page's files as routes, each answered with headers that let it run nothing but its own files.
+"""The pages' files, each answered with headers that let it run nothing but its own files.
 
-LitServe registers its own `GET /` and FastAPI its CDN-loading `GET /docs` before our spec's routes, and
-Starlette answers with the first route that matches; so our pages live at `/index.html` and `/docs.html`,
-and the Gate (http/middleware.py) sends `/`, `/docs` and `/redoc` to them (`ALIASES`) when they are
-served. Both pages sit at the root, so the same relative asset URLs (`ui/chat.js`) work from the alias
-and from the page's own path, and behind a proxy that mounts the server under a prefix.
+The route table (http/route_table.py) says where they are served: the kind's page at `/` (and
+`/index.html`), the docs page at `/docs` (and `/docs.html`, `/redoc`), their scripts and styles at
+`/ui/<name>`. Both pages sit at the root, so the same relative asset URLs (`ui/chat.js`) work from every
+path of a page and behind a proxy that mounts the server under a prefix.
 
 Such a proxy (an Ingress with a rewrite) sends both `/prefix` and `/prefix/` to our `/`, and from the
 first the browser resolves the page's relative URLs outside the prefix. The server cannot tell the two
@@ -14,15 +13,15 @@ they resolve.
 """
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Optional
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from appliance.serving.online_stages import ServedKind
+from appliance.serving.http.route_table import INDEX
 
 STATIC = Path(__file__).with_name("static")
-INDEX, DOCS = "/index.html", "/docs.html"
 # The page for each kind of pipeline: a chat for generate, a flood map for pool (GeoTIFF scenes through
 # /v1/scenes); plain pipelines get a short page that says they have none and points to the API docs.
 PAGES = {ServedKind.generate: "chat.html", ServedKind.pool: "flood.html", ServedKind.plain: "no_page.html"}
@@ -31,8 +30,6 @@ TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=u
 # Our modules and stylesheet, and beside them in vendor/ the libraries the page runs (with their licenses).
 ASSETS = tuple(sorted(f"/ui/{path.relative_to(STATIC).as_posix()}" for path in STATIC.rglob("*")
                       if path.suffix in (".js", ".css")))
-PAGE_PATHS = (INDEX, DOCS, *ASSETS)  # open without the API key: they hold nothing of the server's
-ALIASES = {"/": INDEX, "/docs": DOCS, "/redoc": DOCS}
 # A prefix is plain path segments: anything else (`//host`, a scheme) would send the browser elsewhere.
 PREFIX = re.compile(r"(?:/[A-Za-z0-9._~-]+)+")
 # Only this origin's files run or load; thumbnails of attached images are data: and blob: URLs.
@@ -50,28 +47,33 @@ class StaticFile:
         self.body = path.read_bytes()
         self.media_type = TYPES[path.suffix]
 
-    async def answer(self, request: Request) -> Response:
+    def response(self) -> Response:
         return Response(self.body, media_type=self.media_type, headers=HEADERS)
 
 
-def page_routes(kind: ServedKind, ui: bool) -> List[Tuple[str, StaticFile]]:
-    """(path, file) of every page route: the docs page always; with `ui`, the kind's page at INDEX."""
-    files: Dict[str, str] = {DOCS: "docs.html", **{path: path.removeprefix("/ui/") for path in ASSETS}}
-    if ui:
-        files[INDEX] = PAGES[kind]
-    return [(path, StaticFile(name)) for path, name in files.items()]
+class PageFiles:
+    """The handlers of the page routes of a pipeline's kind; each returns None for a file it has not."""
+
+    def __init__(self, kind: str):
+        self.page = StaticFile(PAGES[kind])
+        self.docs_page = StaticFile("docs.html")
+        self.assets = {path.removeprefix("/ui/"): StaticFile(path.removeprefix("/ui/")) for path in ASSETS}
+
+    async def index(self, request: Request) -> Response:
+        return self.page.response()
+
+    async def docs(self, request: Request) -> Response:
+        return self.docs_page.response()
+
+    async def asset(self, request: Request) -> Optional[Response]:
+        file = self.assets.get(request.path_params["file"])
+        return None if file is None else file.response()
 
 
-def aliased(scope: dict, routes) -> dict:
-    """The request's scope, its path one of our pages' if it names one by its alias and that page is served."""
-    target = ALIASES.get(scope["path"])
-    return {**scope, "path": target} if target in routes else scope
-
-
-def prefix_redirect(scope: dict, routes) -> Optional[str]:
+def prefix_redirect(scope: dict, page_served: bool) -> Optional[str]:
     """`<prefix>/index.html` for `/` asked through a proxy that names its prefix, where the page is served;
     else None (a prefix that is not plain path segments is ignored)."""
-    if scope["path"] != "/" or INDEX not in routes:
+    if scope["path"] != "/" or not page_served:
         return None
     prefix = dict(scope["headers"]).get(b"x-forwarded-prefix", b"").decode("latin-1").rstrip("/")
     return f"{prefix}{INDEX}" if PREFIX.fullmatch(prefix) else None

@@ -112,6 +112,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if hasPrefix "server.metrics_names=" . -}}
 {{- fail (printf "overrides: %s; set metrics.names instead (the autoscaler's metric and the dashboard follow it)" .) -}}
 {{- end -}}
+{{- if hasPrefix "server.cors_origins=" . -}}
+{{- fail (printf "overrides: %s; set server.corsOrigins instead (values.schema.json checks each origin)" .) -}}
+{{- end -}}
 {{- if hasPrefix "server.allowed_s3_buckets=" . -}}
 {{- fail (printf "overrides: %s; set server.s3.allowedBuckets instead (server.s3.credentialsSecret reaches the server with it)" .) -}}
 {{- end -}}
@@ -141,6 +144,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $quoted := list -}}
 {{- range . -}}{{- $quoted = append $quoted (printf "'%s'" .) -}}{{- end -}}
 {{- $args = append $args (printf "server.allowed_s3_buckets=[%s]" (join "," $quoted)) -}}
+{{- end -}}
+{{- with .Values.server.corsOrigins -}}
+{{- $quoted := list -}}
+{{- range . -}}{{- $quoted = append $quoted (printf "'%s'" .) -}}{{- end -}}
+{{- $args = append $args (printf "server.cors_origins=[%s]" (join "," $quoted)) -}}
 {{- end -}}
 {{- $args = concat $args (include "appliance.gpuOverrides" . | fromJsonArray) .Values.overrides -}}
 {{- toJson $args -}}
