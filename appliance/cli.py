@@ -17,7 +17,7 @@ VERBS = {
     "run": "run the pipeline offline on `input=...` and write or print its results",
     "serve": "serve the pipeline over HTTP on server.host:server.port",
     "config": "print the composed, resolved config as YAML",
-    "check": "validate the config, model files, stage graph and local inputs without loading weights",
+    "check": "make every check run and serve make before they load a model, and print ok or run's error",
 }
 
 
@@ -49,13 +49,19 @@ examples:
 """
 
 CHECK_HELP = """\
-checks, without loading weights: the config (every key and stage option), the model's files, the stage
-graph, and the local files the run names (input=, prompt_file=); prints one `ok:` line or one error.
+checks, without loading weights, what `run` and `serve` check before they load a model: the config (every
+key and stage option), the model's files, the stage graph, the server.* settings, and, when a run's keys
+are given (input=, output=, prompt=, ...), the run's inputs and outputs as its stages read them: GeoTIFF
+headers against the model's bands and dates, aoi against the scene, date, images decoded within
+server.limits, every line of a .jsonl batch, prompt_file, the prompt a chat needs, where outputs go
+(a missing output directory is created, as run creates it). URLs are left to the run. Prints one `ok:`
+line, or `run`'s (or `serve`'s) one-line error with exit code 2.
 
 examples:
   appliance check pipeline=prithvi_flood model=prithvi_300m_tl_flood model.checkpoint=/models/flood.pt
   appliance check pipeline=llava_chat model=llava_1_5_7b model.path=/models/llava-1.5-7b-hf
-  appliance check pipeline=prithvi_flood input=scene.tif
+  appliance check pipeline=prithvi_flood input=scene.tif output=mask.tif
+  appliance check pipeline=llava_chat input=requests.jsonl output=answers.jsonl
 """
 
 CONFIG_HELP = """\
@@ -163,27 +169,30 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
         print(config_yaml(cfg, overrides), end="")
         return 0
 
+    from appliance.config.run_inputs import names_a_run, run_record
     from appliance.model_files import check_model_files
     from appliance.stages.build import build_pipeline
 
     check_model_files(cfg.model)
     pipeline = build_pipeline(cfg)
-    if verb == "check":
-        from appliance.config.run_inputs import check_local_inputs
+    if verb == "serve":
+        _check_servable(cfg, pipeline)
+        from appliance.serving.server import serve
 
+        return serve(cfg, pipeline)  # its settings, then the model's files, then the model
+    # What the run's stages would refuse before they set up (inputs, outputs, prompts), found before
+    # Pipeline.check reads the model's files: such a mistake costs the config's time, not the model's.
+    record = run_record(cfg)
+    done, records = pipeline.preflight([record]) if verb == "run" or names_a_run(record) else (0, [record])
+    if verb == "check":
+        from appliance.serving.startup import check_server_settings
+
+        check_server_settings(cfg)
         pipeline.check()
-        check_local_inputs(cfg)
         names = " -> ".join(stage.name for stage in pipeline.stages)
         print(f"ok: pipeline {cfg.pipeline.name} ({names}), model {cfg.model.name}")
         return 0
-    if verb == "run":
-        return _run(cfg, pipeline)
-    _check_servable(cfg, pipeline)
-    from appliance.serving.server import serve
-    from appliance.serving.startup import check_stats_interval
-
-    check_stats_interval(cfg.server.stats_interval_s)
-    return serve(cfg, pipeline)
+    return _run(pipeline, records, done)
 
 
 def _check_servable(cfg, pipeline) -> None:
@@ -198,12 +207,10 @@ def _check_servable(cfg, pipeline) -> None:
                           f"(the server cannot run it: {e})") from None
 
 
-def _run(cfg, pipeline) -> int:
+def _run(pipeline, records, start: int) -> int:
+    """Run the stages from `start` on: those before it made `records` in the preflight already."""
     pipeline.check()
-    # Plain Python values: stages see lists as lists, not OmegaConf nodes.
-    record = {field: OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
-              for field, value in ((f, cfg.get(f)) for f in cfg.pipeline.inputs)}
-    stream = pipeline.run([record])
+    stream = pipeline.run(records, start)
     try:
         for count, result in enumerate(stream):
             if count == 0:

@@ -11,7 +11,7 @@ that stage's node, `{stage: <registered name>, <option>: <value>, ...}`; `stage`
 import itertools
 import threading
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Set, Tuple, Type, Union
+from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Type, Union
 
 from omegaconf import DictConfig
 
@@ -69,6 +69,12 @@ class Stage:
 
     def check(self) -> None:
         """Validate files this stage will need (exist, readable, consistent); load no weights."""
+
+    def preflight(self, records: List[Record]) -> Optional[List[Record]]:
+        """The checks `process` would make of `records` that need no `setup` (no weights, tokenizer or
+        network), through the same functions; then what `process` would pass on, when that is all of it
+        and needed no setup (a run goes on from there), else None: the pipeline's preflight ends here."""
+        return None
 
     def setup(self) -> None:
         """Load heavy resources (weights, processors). Called once before the first record."""
@@ -144,16 +150,28 @@ class Pipeline:
         for stage in self.stages:
             stage.check()
 
+    def preflight(self, records: List[Record]) -> Tuple[int, List[Record]]:
+        """Each stage's `preflight` in order, each fed what the one before passed on, up to the first that
+        cannot tell its output: what `run` would refuse before any setup, found without one. Returns how
+        many stages that went through and what the last passed on, for `run(..., start=)` to go on from."""
+        for index, stage in enumerate(self.stages):
+            passed = stage.preflight(records)
+            if passed is None:
+                return index, records
+            records = passed
+        return len(self.stages), records
+
     def setup(self) -> None:
         """Set every stage up now (a server does this before it reports healthy)."""
         for index in range(len(self.stages)):
             self._setup(index)
 
-    def run(self, records: Iterable[Record]) -> Iterator[Record]:
-        """Chain the stages. A stage not yet set up is set up when its first record arrives, so bad
+    def run(self, records: Iterable[Record], start: int = 0) -> Iterator[Record]:
+        """Chain the stages, from stage `start` (`records`: what the stage before it passed on, as
+        `preflight` returns). A stage not yet set up is set up when its first record arrives, so bad
         input found by early stages is reported before any weights load."""
         stream: Iterator[Record] = iter(records)
-        for index in range(len(self.stages)):
+        for index in range(start, len(self.stages)):
             stream = self._process(index, stream)
         return stream
 

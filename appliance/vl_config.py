@@ -70,7 +70,7 @@ def resolve_vision_language(model_cfg: Any) -> ResolvedVL:
         raise ConfigError(f"model.architecture: declared {declared_arch}, checkpoint says {checkpoint_arch}")
 
     vl = _get(model_cfg, "vision_language")
-    input_type = _input_type(_get(vl, "image_input_type", ImageInputType.pixel_values))
+    input_type = declared_input_type(model_cfg)
     derived = derive(config, input_type)
     for name, value in derived.items():
         check_field(name, _get(vl, name), value)
@@ -79,6 +79,12 @@ def resolve_vision_language(model_cfg: Any) -> ResolvedVL:
         raise ConfigError(f"{_FIELD}.limit_per_prompt: must be a positive integer, got {limit!r}")
     return ResolvedVL(architecture=declared_arch, image_input_type=input_type, limit_per_prompt=limit,
                       max_image_feature_size=max_feature_size(config), **derived)
+
+
+def declared_input_type(model_cfg: Any) -> ImageInputType:
+    """What the model's requests carry per image (`model.vision_language.image_input_type`): declared,
+    not read from the checkpoint."""
+    return _input_type(_get(_get(model_cfg, "vision_language"), "image_input_type", ImageInputType.pixel_values))
 
 
 def derive(config: Any, input_type: ImageInputType) -> dict:

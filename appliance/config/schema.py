@@ -10,12 +10,10 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-# Field metadata of AppConfig's per-run keys (read by `free_text_keys` and `local_path_keys`):
-# FREE_TEXT: the command line's `key=...` reaches the pipeline as the shell passed it, past Hydra's override
-# grammar and OmegaConf's `${...}` (appliance/config/free_text.py); LOCAL_PATHS: paths `appliance check` and
-# `run` expect to exist (URLs aside).
+# Field metadata of AppConfig's per-run keys (read by `free_text_keys`): FREE_TEXT: the command line's
+# `key=...` reaches the pipeline as the shell passed it, past Hydra's override grammar and OmegaConf's
+# `${...}` (appliance/config/free_text.py).
 FREE_TEXT = {"free_text": True}
-LOCAL_PATHS = {"local_paths": True}
 
 # The engine group's schema lives with the engine (a plain dataclass; the engine imports no Hydra).
 from appliance.engine.config import AttentionBackend, DType, EngineConfig, EngineKind  # noqa: F401
@@ -195,14 +193,14 @@ class AppConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     # Per-invocation arguments of `appliance run`.
-    input: Optional[Any] = field(default=None, metadata=LOCAL_PATHS)  # a path or a list of paths
+    input: Optional[Any] = None  # a path or a list of paths
     aoi: Optional[Any] = None  # geo: [xmin, ymin, xmax, ymax] limiting the run (lon/lat unless aoi_crs)
     aoi_crs: Optional[str] = None
     date: Optional[Any] = None  # geo: the scenes' acquisition date (YYYY-MM-DD) when their sources lack one
     output: Optional[Any] = None
     prompt: Optional[str] = field(default=None, metadata=FREE_TEXT)  # chat: the question
     # chat: the question read from a UTF-8 file (for long ones)
-    prompt_file: Optional[str] = field(default=None, metadata={**FREE_TEXT, **LOCAL_PATHS})
+    prompt_file: Optional[str] = field(default=None, metadata=FREE_TEXT)
     system: Optional[str] = field(default=None, metadata=FREE_TEXT)  # chat: a system message before the question
     overwrite: bool = False
     log_level: Optional[str] = None  # None: INFO for `serve` (start-up, ready, request and stats lines), else WARNING
@@ -213,11 +211,6 @@ class AppConfig:
 def free_text_keys() -> List[str]:
     """Root keys whose command-line value is taken verbatim (FREE_TEXT)."""
     return [f.name for f in fields(AppConfig) if f.metadata.get("free_text")]
-
-
-def local_path_keys() -> List[str]:
-    """Root keys whose values name local files (LOCAL_PATHS)."""
-    return [f.name for f in fields(AppConfig) if f.metadata.get("local_paths")]
 
 
 GROUP_SCHEMAS = {

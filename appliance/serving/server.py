@@ -26,9 +26,8 @@ from appliance.gc_tuning import settle_heap
 from appliance.pipeline import Pipeline
 from appliance.progress import silence
 from appliance.serving import litserve_adapter
-from appliance.serving.http.cors import check_cors_origins
 from appliance.serving.online_stages import OnlinePipeline, split_online
-from appliance.serving.startup import check_media_dir, check_scenes, claim_port, url
+from appliance.serving.startup import check_server_settings, claim_port, url
 from appliance.serving.stop_signals import STOP_SIGNALS, start_deaf_thread
 from appliance.serving.state import DEAD, READY, SharedState
 from appliance.words import counted
@@ -37,16 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def serve(cfg: DictConfig, pipeline: Pipeline) -> int:
+    check_server_settings(cfg)  # first: the settings cost nothing to check, the model's files seconds
     pipeline.check()
-    if cfg.server.stream_interval < 1:
-        raise ConfigError(f"server.stream_interval: {cfg.server.stream_interval}; allowed: 1 or more "
-                          "(tokens per streamed chunk)")
-    if cfg.server.preprocess_workers < 0:
-        raise ConfigError(f"server.preprocess_workers: {cfg.server.preprocess_workers}; allowed: 0 (the default "
-                          "for the pipeline's kind) or more")
-    check_media_dir(cfg.server.allowed_local_media_dir)
-    check_cors_origins(cfg.server.cors_origins)
-    check_scenes(cfg.server.scenes)
     online = split_online(pipeline, cfg)  # a pipeline the server cannot feed fails here, before any start-up
     silence(online.stages())
     from appliance.serving.metrics import multiprocess_dir

@@ -72,6 +72,24 @@ def url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
+def check_server_settings(cfg) -> None:
+    """Every `server.*` setting `appliance serve` refuses before it loads a model (`appliance check` makes
+    the same checks); the port is claimed later, when the server starts (`claim_port`)."""
+    from appliance.serving.http.cors import check_cors_origins
+
+    server = cfg.server
+    if server.stream_interval < 1:
+        raise ConfigError(f"server.stream_interval: {server.stream_interval}; allowed: 1 or more "
+                          "(tokens per streamed chunk)")
+    if server.preprocess_workers < 0:
+        raise ConfigError(f"server.preprocess_workers: {server.preprocess_workers}; allowed: 0 (the default "
+                          "for the pipeline's kind) or more")
+    check_media_dir(server.allowed_local_media_dir)
+    check_cors_origins(server.cors_origins)
+    check_scenes(server.scenes)
+    check_stats_interval(server.stats_interval_s)
+
+
 def check_stats_interval(seconds: float) -> None:
     """`server.stats_interval_s`: 0 (no stats line) or a positive number of seconds."""
     if seconds < 0:

@@ -66,7 +66,12 @@ def load_image(
 
 def is_remote_image(source) -> bool:
     """An image the request carries itself (data: URL) or names on the web (http(s)): no server file."""
-    return isinstance(source, str) and source[:16].lower().startswith(("data:", "http://", "https://"))
+    return isinstance(source, str) and (source[:16].lower().startswith("data:") or is_web_image(source))
+
+
+def is_web_image(source) -> bool:
+    """An image named on the web (http(s)): reading it takes the network."""
+    return isinstance(source, str) and source[:16].lower().startswith(("http://", "https://"))
 
 
 def read_source(source, *, field: str = "image", max_bytes: int, fetch_policy: FetchPolicy,
@@ -84,7 +89,7 @@ def read_source(source, *, field: str = "image", max_bytes: int, fetch_policy: F
     lowered = source[:16].lower()
     if lowered.startswith("data:"):
         return decode_data_url(source, field=field, max_bytes=max_bytes)
-    if lowered.startswith(("http://", "https://")):
+    if is_web_image(source):
         data = fetch_remote(source, fetch_policy, field, fetcher)
         _check_byte_count(len(data), field, max_bytes)
         return data

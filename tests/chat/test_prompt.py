@@ -220,7 +220,7 @@ def test_each_image_is_capped_by_max_media_bytes_not_the_body_limit(llava15_dir,
     overrides = llava_overrides(llava15_dir, False, "server.limits.max_media_bytes=1000",
                                 "server.limits.max_request_bytes=5")
     side = ImageSide.from_config(compose(overrides))
-    assert side.max_bytes == side.fetch_policy.max_bytes == 1000
+    assert side.reading.max_bytes == side.reading.fetch_policy.max_bytes == 1000
     big = tmp_path / "noise.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(big)
     _refused(overrides, {"input": str(big), "prompt": "What?"}, "the limit is 1000 bytes")

@@ -82,7 +82,8 @@ def test_stage_options_are_checked_by_the_verbs():
              "<name>.mask.tif", "appliance run pipeline=prithvi_flood input=scene.tif output=mask.tif",
              "aoi=[XMIN,YMIN,XMAX,YMAX]", "lon/lat degrees unless aoi_crs", "aoi_crs=CRS", "prompt_file=PATH",
              "system=TEXT"]),
-    ("check", ["examples:", "appliance check pipeline=prithvi_flood input=scene.tif", "local files"]),
+    ("check", ["examples:", "appliance check pipeline=prithvi_flood input=scene.tif output=mask.tif",
+               "the server.* settings", "as its stages read them", "URLs are left to the run"]),
     ("config", ["examples:", "appliance config pipeline=llava_chat"]),
     ("serve", ["llava_chat", "prithvi_flood", "http://127.0.0.1:8000", "/v1/chat/completions", "/pooling",
                "/health", "appliance serve pipeline=llava_chat"]),
@@ -128,14 +129,17 @@ SAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "assets" / "sample
 
 
 def test_check_verifies_the_local_inputs_a_run_names(capsys, tmp_path):
-    _user_error(capsys, ["check", "pipeline=prithvi_flood", "input=missing.tif"], "input: missing.tif: no such file")
-    _user_error(capsys, ["check", "pipeline=prithvi_flood", f"input=[{SAMPLES / 'flood_sample.tif'},gone.tif]"],
-                "input: gone.tif: no such file")
-    _user_error(capsys, ["check", "pipeline=prithvi_flood", f"input={tmp_path}"], "is a directory")
-    _user_error(capsys, ["check", "pipeline=llava_chat", "prompt_file=q (1).txt"], "prompt_file: q (1).txt: no such")
-    scenes = f"input=[{SAMPLES / 'flood_sample.tif'},https://x.test/b.tif]"  # a URL is the run's to fetch
-    assert main(["check", "pipeline=prithvi_flood", scenes]) == 0
+    flood = SAMPLES / "flood_sample.tif"
+    _user_error(capsys, ["check", "pipeline=prithvi_flood", "input=missing.tif"], "missing.tif: no such file")
+    _user_error(capsys, ["check", "pipeline=prithvi_flood", f"input=[{flood},gone.tif]", f"output={tmp_path}"],
+                "gone.tif: no such file")
+    _user_error(capsys, ["check", "pipeline=prithvi_flood", f"input={tmp_path}"], "is not a file; expected a GeoTIFF")
+    _user_error(capsys, ["check", "pipeline=llava_chat", "prompt_file=q (1).txt"], "prompt_file: cannot read q (1).txt")
+    scenes = f"input=[{flood},https://x.test/b.tif]"  # a URL is the run's to fetch
+    assert main(["check", "pipeline=prithvi_flood", scenes, f"output={tmp_path}"]) == 0
     assert capsys.readouterr().out.startswith("ok: pipeline prithvi_flood")
+    assert main(["check", "pipeline=llava_chat"]) == 0, "no run's inputs: a config to serve"
+    assert capsys.readouterr().out.startswith("ok: pipeline llava_chat")
 
 
 def test_a_pipeline_the_server_cannot_feed_is_called_offline_only(capsys):

@@ -3,7 +3,7 @@ ConfigMap's files written where the pod would see them, under a temporary root).
 CUDA and TP=2 command lines check here too. A bad override fails here, not in the cluster."""
 import json
 import os
-import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -13,9 +13,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from appliance.config.compose import compose
-from tests.conftest import assert_user_error, run_cli
+from tests.conftest import REPO, assert_user_error, run_cli
 from tests.helm.conftest import PROFILES, by_kind, container, helm_test_pod, manifests, pod_spec, profile_values
 
+SAMPLES = REPO / "appliance" / "assets" / "samples"
 SHIM = """#!/bin/sh
 exec "{python}" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
 """
@@ -67,17 +68,30 @@ def check(args, env):
 
 
 def inputs_below(args, root: Path) -> list:
-    """`args` with the volume's /data inputs moved below `root`, where they are made (empty files: `check`
-    only asks that a local input exists; URLs it leaves to the run)."""
+    """`args` with the volume's /data inputs and output moved below `root`, each input there a copy of a
+    sample scene the model takes (`check` reads a run's local scenes as the run does; URLs it leaves to the
+    run)."""
+    pipeline = next(arg.split("=", 1)[1] for arg in args if arg.startswith("pipeline="))
     moved = []
     for arg in args:
         if arg.startswith("input="):
-            for path in re.findall(r'"(/data/[^"]+)"', arg):
-                (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-                (root / path.lstrip("/")).touch()
+            for scene in json.loads(arg.split("=", 1)[1]):
+                for position, path in enumerate(scene):
+                    if path.startswith("/data/"):
+                        target = root / path.lstrip("/")
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(sample_scene(pipeline, len(scene), position), target)
+        if arg.startswith(("input=", "output=")):
             arg = arg.replace('"/data/', f'"{root}/data/')
         moved.append(arg)
     return moved
+
+
+def sample_scene(pipeline: str, files: int, position: int) -> Path:
+    """A shipped sample standing in for file `position` of a scene of `files` files."""
+    if pipeline == "prithvi_crops":
+        return SAMPLES / (f"crops_sample_date{position + 1}.tif" if files > 1 else "crops_sample_stacked.tif")
+    return SAMPLES / f"{pipeline.removeprefix('prithvi_')}_sample.tif"
 
 
 def input_arg(scenes) -> str:
@@ -178,7 +192,7 @@ def test_helm_test_fails_on_a_bad_override_and_on_missing_weights(chart):
                              "overrides": ["model=llava_1_5_7b", "model.path=/models/llava-1.5-7b-hf"]})
     assert_user_error(check(helm_test_args(docs), {}), "model.path: /models/llava-1.5-7b-hf is not a directory")
     docs = manifests(chart, profile_values("prithvi-flood-batch"))  # its scenes are not on this volume
-    assert_user_error(check(helm_test_args(docs), {}), "input: /data/", "no such file")
+    assert_user_error(check(helm_test_args(docs), {}), "/data/sentinel2/2024-07-01_T32ULC.tif: no such file")
 
 
 def test_an_unknown_pipeline_fails_the_check(chart, tmp_path):

@@ -62,7 +62,7 @@ POOL = ServedRoutes(served("pool", ui=True))
     ("/health", ["GET"], True),
     ("/", ["GET", "HEAD"], True),
     ("/ui/flood.js", ["GET", "HEAD"], True),
-    ("/ui/a/b.js", [], False),  # {file} is one segment
+    ("/ui/vendor/marked.js", ["GET", "HEAD"], True),  # {file:path}: the vendored libraries below ui/
     ("/v1/chat/completions", [], False),  # another kind's route
     ("/nothing", [], False),
 ])

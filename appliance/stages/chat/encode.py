@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from appliance.errors import ConfigError, InputError
 from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
-from appliance.stages.chat.images import ImageSide
+from appliance.stages.chat.images import ImageReading, ImageSide
 
 
 @dataclass
@@ -50,6 +50,15 @@ class VisionInputs(Stage):
                 item = self.side.prepare(str(source), "input", media_dir=str(source.parent))
                 yield {**record, "pixel_values": item.pixel_values, "features_path": str(target),
                        "image_index": index, "image_count": len(pairs)}
+
+    def preflight(self, records: List[Record]) -> None:
+        """Every image and features file checked (`_plan`) and every image read and decoded as
+        `ImageSide.prepare` reads it; preprocessing takes the checkpoint's processor: the preflight ends here."""
+        reading = ImageReading.from_server_config(self.cfg.server)
+        for record in records:
+            for source, _ in self._plan(record):
+                reading.load(str(source), "input", str(source.parent))
+        return None
 
     def _plan(self, record: Record) -> List[Tuple[Path, Path]]:
         """(image, features file) pairs, all checked before any work."""

@@ -24,10 +24,29 @@ from appliance.errors import ConfigError, InputError
 from appliance.fetch import FetchPolicy
 from appliance.vision.anyres import anyres_preprocess
 from appliance.vision.clip_preprocess import ClipPreprocessConfig, clip_preprocess, load_preprocess_config
-from appliance.vision.image_load import load_image, read_local
+from appliance.vision.image_load import LoadedImage, load_image, read_local
 from appliance.vl_config import ResolvedVL, resolve_vision_language
 
 FEATURE_SUFFIXES = (".safetensors", ".pt")
+
+
+@dataclass(frozen=True)
+class ImageReading:
+    """How a request's image file or URL is read: `server.limits` and the fetch rule, the same for the
+    server and the offline CLI. Needs nothing of the checkpoint, so a run checks its images with it
+    before the model's files are read (`ChatPrompt.preflight`)."""
+    max_bytes: int
+    max_image_pixels: int
+    fetch_policy: FetchPolicy
+
+    @classmethod
+    def from_server_config(cls, server: Any) -> "ImageReading":
+        limits = server.limits
+        return cls(int(limits.max_media_bytes), int(limits.max_image_pixels), FetchPolicy.from_server_config(server))
+
+    def load(self, url: str, field: str, media_dir: Optional[str]) -> LoadedImage:
+        return load_image(url, field=field, max_bytes=self.max_bytes, max_image_pixels=self.max_image_pixels,
+                          allowed_dir=media_dir, fetch_policy=self.fetch_policy)
 
 
 @dataclass(frozen=True)
@@ -35,9 +54,7 @@ class ImageSide:
     vl: ResolvedVL
     preprocess: Optional[ClipPreprocessConfig]  # None for image_features
     anyres: Optional[AnyresConfig]              # LLaVA-NeXT only
-    max_bytes: int
-    max_image_pixels: int
-    fetch_policy: FetchPolicy  # the same rule for the server and the offline CLI
+    reading: ImageReading
 
     @classmethod
     def from_config(cls, cfg: Any) -> "ImageSide":
@@ -55,16 +72,13 @@ class ImageSide:
                 and tuple(vl.image_input_shape[1:]) != tuple(preprocess.output_hw):
             raise ConfigError(f"model.path: preprocessor_config.json makes {list(preprocess.output_hw)} images, "
                               f"the vision tower takes {list(vl.image_input_shape[1:])}")
-        limits = cfg.server.limits
-        return cls(vl, preprocess, anyres, int(limits.max_media_bytes), int(limits.max_image_pixels),
-                   FetchPolicy.from_server_config(cfg.server))
+        return cls(vl, preprocess, anyres, ImageReading.from_server_config(cfg.server))
 
     def prepare(self, url: str, field: str, media_dir: Optional[str]) -> ImageItem:
         """Load and preprocess one image; `offset` is left 0 for the caller to set."""
         if self.preprocess is None:
             return self._features(url, field, media_dir)
-        loaded = load_image(url, field=field, max_bytes=self.max_bytes, max_image_pixels=self.max_image_pixels,
-                            allowed_dir=media_dir, fetch_policy=self.fetch_policy)
+        loaded = self.reading.load(url, field, media_dir)
         size = (loaded.image.height, loaded.image.width)
         if self.anyres is not None:
             pixels = anyres_preprocess(loaded.image, self.preprocess).pixel_values
@@ -78,7 +92,7 @@ class ImageSide:
         if not url.lower().endswith(FEATURE_SUFFIXES) or "://" in url[:32] or url.startswith("data:"):
             raise InputError(f"{field}: this model takes image features (image_input_type=image_features): "
                              "give a .safetensors or .pt file inside the allowed media directory", param=field)
-        data = read_local(url, field=field, max_bytes=self.max_bytes, allowed_dir=media_dir)
+        data = read_local(url, field=field, max_bytes=self.reading.max_bytes, allowed_dir=media_dir)
         features = load_features(data, url, field)
         expected = tuple(self.vl.image_input_shape)
         if tuple(features.shape) != expected:

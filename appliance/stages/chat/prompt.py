@@ -22,15 +22,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Tuple, Union
 
+from appliance.config.schema import ImageInputType
 from appliance.engine.multimodal import ImageItem, mm_ranges
 from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, attempt, register_stage
-from appliance.stages.chat.images import ImageSide
+from appliance.stages.chat.images import ImageReading, ImageSide
 from appliance.stages.chat.template import (ChatRendering, check_image_tokens, encode_rendered,
                                             expand_placeholders, render_text, template_messages)
 from appliance.stages.chat.tool_prompt import with_tools
 from appliance.stages.engine_stage import (check_fits, check_text_fits, model_context, model_longest_token,
                                      model_tokenizer, prompt_token_ids)
+from appliance.vision.image_load import is_web_image
+from appliance.vl_config import declared_input_type
 
 
 CHAT_COMPLETION = ChatRendering()  # how a chat completion's prompt is made (frozen)
@@ -79,6 +82,22 @@ class ChatPrompt(Stage):
         if self.multimodal:
             ImageSide.from_config(self.cfg)  # config.json, preprocessor_config.json, declared facts
 
+    def preflight(self, records: List[Record]) -> None:
+        """Every request's local images (files, data: URLs) read and decoded as `ImageSide.prepare` reads
+        them, within `server.limits`; an http(s) image is the run's to fetch. Rendering the text takes the
+        tokenizer, so the preflight ends here."""
+        takes_pixels = self.multimodal and declared_input_type(self.cfg.model) is ImageInputType.pixel_values
+        reading = ImageReading.from_server_config(self.cfg.server)
+        for record in records:
+            if record.get("messages") is None:
+                continue  # a completion's prompt: text or token ids
+            _, urls = template_messages(record["messages"], parts=True)
+            self._check_takes_images(urls, record["where"])
+            for url, field in urls:
+                if takes_pixels and not is_web_image(url):
+                    reading.load(url, at(record["where"], field), record["media_dir"])
+        return None
+
     def setup(self) -> None:
         from appliance.vision.preprocess_executor import PreprocessExecutor
 
@@ -124,9 +143,7 @@ class ChatPrompt(Stage):
         parts = self.options.content_format == "parts" or (self.options.content_format == "auto" and self.multimodal)
         chat, tools = with_tools(record["messages"], record.get("tools"), self.tokenizer, record.get("describe_tools"))
         messages, urls = template_messages(chat, parts)
-        if urls and self.images is None:
-            raise InputError(f"{at(where, urls[0][1])}: model {self.cfg.model.name} takes no images; "
-                             "send text only or choose a vision-language model", param=urls[0][1])
+        self._check_takes_images(urls, where)
         if self.images is not None and len(urls) > self.images.vl.limit_per_prompt:
             raise InputError(f"{where}: {len(urls)} images in one request; this model allows "
                              f"{self.images.vl.limit_per_prompt} (model.vision_language.limit_per_prompt)",
@@ -141,6 +158,11 @@ class ChatPrompt(Stage):
         futures = [images.add(self.images.prepare, url, at(where, field), record["media_dir"])
                    for url, field in urls]
         return ids, futures
+
+    def _check_takes_images(self, urls: List[Tuple[str, str]], where: str) -> None:
+        if urls and not self.multimodal:
+            raise InputError(f"{at(where, urls[0][1])}: model {self.cfg.model.name} takes no images; "
+                             "send text only or choose a vision-language model", param=urls[0][1])
 
     def _completion_ids(self, record: Record) -> List[int]:
         """A completion's prompt as token ids, checked to fit; errors name it (`prompt[1]` of several)."""

@@ -210,3 +210,6 @@ class ChatRequests(Stage):
                 for number, prompt in enumerate(prompts):
                     yield {**common, "completion_prompt": prompt, "prompt_number": number,
                            "prompt_count": len(prompts)}
+
+    def preflight(self, records: List[Record]) -> List[Record]:
+        return list(self.process(iter(records)))  # local files only: a remote image is chat_prompt's to fetch

@@ -30,7 +30,7 @@ from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.geotiff import probe_geotiff
 from appliance.stages.geo.multidate import given_dates, input_scenes, model_frames, multidate_spec
 from appliance.stages.geo.raster_read import geo_contract
-from appliance.stages.geo.scene_sources import is_remote, scene_spec, shown, stem
+from appliance.stages.geo.scene_sources import is_remote, is_stac_item, scene_spec, shown, stem
 from appliance.stages.geo.stac_in import load_item
 
 TIFF_SUFFIXES = (".tif", ".tiff")
@@ -153,26 +153,39 @@ class RasterInputs(Stage):
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
-            aoi = parse_aoi(record.get("aoi"), record.get("aoi_crs"))
-            date = given_dates(record.get("date"), self.frames, "date")
-            if self.frames > 1:
-                values = input_scenes(as_path_list(record.get("input"), depth=3), self.frames)
-            else:
-                values = as_path_list(record.get("input"))
-            names = [first_file(value) for value in values]  # what names a mask
-            pairs = plan_outputs(names, record.get("output"), self.options.suffix)  # before any network
-            specs = [self._spec(value) for value in values]
-            local = [f for spec in specs for f in spec.files if not is_remote(f)]
-            for spec in specs:
-                for position, file in enumerate(spec.files):
+            yield from self._scenes(record, network=True)
+
+    def preflight(self, records: List[Record]) -> Optional[List[Record]]:
+        # Without the network: a STAC item named by URL is not read, a remote file's header not probed;
+        # a run that names either has its scenes checked as the run reads them.
+        scenes = [scene for record in records for scene in self._scenes(record, network=False)]
+        remote = any(s["input_path"] is None or any(map(is_remote, s["input_path"].files)) for s in scenes)
+        return None if remote else scenes
+
+    def _scenes(self, record: Record, network: bool) -> Iterator[Record]:
+        """The record's scenes, once every input and output has passed its checks (`input_path` None:
+        a STAC item by URL, left unread without the `network`)."""
+        aoi = parse_aoi(record.get("aoi"), record.get("aoi_crs"))
+        date = given_dates(record.get("date"), self.frames, "date")
+        if self.frames > 1:
+            values = input_scenes(as_path_list(record.get("input"), depth=3), self.frames)
+        else:
+            values = as_path_list(record.get("input"))
+        names = [first_file(value) for value in values]  # what names a mask
+        pairs = plan_outputs(names, record.get("output"), self.options.suffix)  # before any network
+        specs = [self._spec(value) if network or not _item_url(value) else None for value in values]
+        local = [f for spec in specs if spec is not None for f in spec.files if not is_remote(f)]
+        for spec in specs:
+            for position, file in enumerate(spec.files if spec is not None else ()):
+                if network or not is_remote(file):
                     probe_geotiff(file, spec.label(position))
-            for src, dst in pairs:
-                check_output(src, dst, bool(record.get("overwrite", False)), local)
-            for directory in sorted({os.path.dirname(dst) for _, dst in pairs}):
-                check_writable_dir(directory)
-            for index, (spec, (_, dst)) in enumerate(zip(specs, pairs)):
-                yield {**record, "input_path": spec, "output_path": dst, "scene_index": index, "aoi": aoi,
-                       "date": date}
+        for src, dst in pairs:
+            check_output(src, dst, bool(record.get("overwrite", False)), local)
+        for directory in sorted({os.path.dirname(dst) for _, dst in pairs}):
+            check_writable_dir(directory)
+        for index, (spec, (_, dst)) in enumerate(zip(specs, pairs)):
+            yield {**record, "input_path": spec, "output_path": dst, "scene_index": index, "aoi": aoi,
+                   "date": date}
 
     def _spec(self, value):
         if self.frames > 1:
@@ -180,3 +193,10 @@ class RasterInputs(Stage):
         if isinstance(value, list) and len(value) == 1:
             value = value[0]  # `[[a.tif],[b.tif]]`: an inner list of one is that file, as for multi-date models
         return scene_spec(value, self.stac_bands, self.model_bands, self.load_item)
+
+
+def _item_url(value: Any) -> bool:
+    """An entry that names a STAC item by URL (reading it takes the network)."""
+    if isinstance(value, list):
+        return any(_item_url(v) for v in value)
+    return is_remote(value) and is_stac_item(value)

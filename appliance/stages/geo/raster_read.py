@@ -94,6 +94,9 @@ class RasterRead(Stage):
             coords = model_coords(self.encodings, scene.acquisitions, scene.centre, scene.name)
             yield {**record, "scene": replace(scene, coords=coords)}
 
+    def preflight(self, records: List[Record]) -> List[Record]:
+        return list(self.process(iter(records)))  # headers only; raster_inputs passes on local scenes alone
+
     def _date(self, value):
         if self.frames > 1:
             return value if isinstance(value, tuple) else parse_dates(value, self.frames, "date")
