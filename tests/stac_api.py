@@ -82,8 +82,8 @@ class StacApi:
                    "-c full_page_writes=off")
         subprocess.run(self._as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(self.dir / "pg.log"),
                                           "-o", options, "-w", "start"]), check=True, capture_output=True)
-        from pypgstac.migrate import Migrate
         from pypgstac.db import PgstacDB
+        from pypgstac.migrate import Migrate
 
         with PgstacDB(dsn=self.dsn) as db:
             Migrate(db).run_migration()

@@ -51,7 +51,7 @@ def write_item(root: Path, base_url: str, tile: str, day: dt.date, cloud: float,
         ds.transform = transform
     files = split_bands(scene, root / name, prefix=name)
     scene.unlink()
-    item = stac_item_dict(root / name / "item.json", [f"{base_url}/{name}/{f.name}" for f in files], bands)
+    item = stac_item_dict(root / f"{name}.json", [f"{base_url}/{name}/{f.name}" for f in files], bands)
     lon_lat = transform_bounds(CRS, "EPSG:4326", transform.c, transform.f - 30.0 * SIZE,
                                transform.c + 30.0 * SIZE, transform.f)
     west, south, east, north = lon_lat
@@ -64,7 +64,7 @@ def write_item(root: Path, base_url: str, tile: str, day: dt.date, cloud: float,
         "datetime": f"{day.isoformat()}T16:58:49Z", "eo:cloud_cover": cloud, "grid:code": f"MGRS-{tile}",
         "proj:code": CRS, "proj:shape": [SIZE, SIZE], "proj:transform": list(transform)[:6], "platform": "sentinel-2b",
     }
-    (root / name / "item.json").write_text(json.dumps(item))  # the same item, to run alone
+    (root / f"{name}.json").write_text(json.dumps(item))  # the same item, to run alone (input=)
     return item
 
 
