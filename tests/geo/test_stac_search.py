@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from appliance.errors import InputError
 from appliance.stages.geo.search_plan import plan_scenes, tile_of, when
-from appliance.stages.geo.stac_search import run_search
+from appliance.stages.geo.stac_search import cloud_params, run_search
 from tests.geo.conftest import make_cfg, run_geo
 from tests.geo.hls import STAC_BANDS, masks_equal
 from tests.geo.stac_catalog import CLOUD_COVER, COLLECTION, TILES, item_id
@@ -45,6 +45,17 @@ def test_the_cloud_filter_leaves_out_the_cloudy_items(stac_catalog):
     expected = [i for i in stac_catalog.items if i["properties"]["eo:cloud_cover"] <= 50]
     assert len(expected) == 3 * sum(c <= 50 for c in CLOUD_COVER) == 18
     assert ids(found) == ids(expected)
+
+
+def test_the_query_extension_form_of_the_cloud_filter_gives_the_same_items(stac_catalog):
+    """The form used where an API lacks CQL2: this API offers both, so both forms are checked here."""
+    from pystac_client import Client
+
+    client = Client.open(stac_catalog.api_url)
+    cql2 = [i.to_dict() for i in client.search(collections=[COLLECTION], **cloud_params(50, True, False)).items()]
+    query = [i.to_dict() for i in client.search(collections=[COLLECTION], **cloud_params(50, False, True)).items()]
+    assert len(query) == 18 and ids(query) == ids(cql2)
+    assert all(i["properties"]["eo:cloud_cover"] <= 50 for i in query)
 
 
 def test_bbox_and_datetime_narrow_the_search(stac_catalog):
@@ -118,6 +129,23 @@ def test_appliance_run_over_a_search_maps_each_scene_with_the_demo_model(stac_ca
     assert alone.returncode == 0, alone.stderr
     for i in items:
         assert masks_equal(tmp_path / "out" / f"{i['id']}.mask.tif", tmp_path / "alone" / f"{i['id']}.mask.tif")
+
+
+def test_appliance_run_over_a_search_maps_three_dates_a_scene_for_the_crops_model(stac_catalog, tmp_path):
+    dates = "2024-04-01/2024-05-05"  # 04-01, 04-11, 04-21 (85 % cloud), 05-01: three clear dates, one scene
+    run = appliance("run", "pipeline=prithvi_crops", *search_args(stac_catalog, TILES[1], dates, 50),
+                    f"output={tmp_path}/out/")
+    assert run.returncode == 0, run.stderr
+    items = [i for i in stac_catalog.items if tile_of(i) == TILES[1] and i["properties"]["eo:cloud_cover"] <= 50][:3]
+    first = items[0]["id"]
+    assert sorted(os.listdir(tmp_path / "out")) == [f"{first}.mask.stac.json", f"{first}.mask.tif"]
+    alone = appliance("run", "pipeline=prithvi_crops",
+                      f"input=[{','.join(str(stac_catalog.root / (i['id'] + '.json')) for i in items)}]",
+                      f"output={tmp_path}/alone.tif")
+    assert alone.returncode == 0, alone.stderr
+    assert masks_equal(tmp_path / "out" / f"{first}.mask.tif", tmp_path / "alone.tif")
+    stac = json.loads((tmp_path / "out" / f"{first}.mask.stac.json").read_text())
+    assert stac["properties"]["appliance:acquisition_dates"] == ["2024-04-01", "2024-04-11", "2024-05-01"]
 
 
 def test_appliance_check_lists_what_would_run_and_what_is_skipped(stac_catalog):
