@@ -168,6 +168,7 @@ def test_appliance_check_lists_what_would_run_and_what_is_skipped(stac_catalog):
     (["search.bbox=[10,0,5,1]"], "search.bbox"),
     (["search.datetime=2024-06-30/2024-04-01"], "search.datetime"),
     (["search.url=http://127.0.0.1:9/"], "search.url"),
+    (["input=scene.tif"], "input"),
 ])
 def test_bad_search_keys_end_the_run_with_one_line_and_exit_2(stac_catalog, tmp_path, args, key):
     base = {"search.url": stac_catalog.api_url, "search.collections": f"[{COLLECTION}]"}

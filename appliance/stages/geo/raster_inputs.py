@@ -34,7 +34,7 @@ from appliance.stages.geo.multidate import given_dates, input_scenes, model_fram
 from appliance.stages.geo.raster_read import geo_contract
 from appliance.stages.geo.scene_sources import is_remote, scene_spec, shown, stem
 from appliance.stages.geo.search_plan import self_href
-from appliance.stages.geo.search_scenes import found_scenes, scene_spec_of
+from appliance.stages.geo.search_scenes import check_one_source, found_scenes, scene_spec_of
 from appliance.stages.geo.stac_in import load_item
 
 log = logging.getLogger(__name__)
@@ -189,8 +189,7 @@ class RasterInputs(Stage):
 
     def _searched(self, record, aoi):
         """`search.*`'s scenes (search_scenes.py): the masks are named by each scene's first item."""
-        if record.get("input") not in (None, "", []):
-            raise InputError("input: give either input= or search.url, not both", param="input")
+        check_one_source(record.get("input"))
         found = found_scenes(self.search, aoi, self.stac_bands, self.frames)
         for skipped in found.skipped:
             log.warning("search: skipped %s: %s", skipped.item_id, skipped.reason)

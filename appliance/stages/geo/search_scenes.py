@@ -18,6 +18,12 @@ class FoundScenes:
     found: int  # items the API answered
 
 
+def check_one_source(input: Any) -> None:
+    """A run takes its scenes from `input` or from a search, never both."""
+    if input not in (None, "", []):
+        raise InputError("input: give either input= or search.url, not both", param="input")
+
+
 def found_scenes(search: Any, aoi, stac_bands: Optional[Sequence[str]], frames: int) -> FoundScenes:
     """Search and plan; InputError naming `search` when nothing is left to map."""
     if not stac_bands:
@@ -46,6 +52,7 @@ def search_listing(cfg: Any) -> List[str]:
     from appliance.stages.geo.aoi import parse_aoi
     from appliance.stages.geo.multidate import model_frames
 
+    check_one_source(cfg.get("input"))
     geo = cfg.model.get("geo")
     stac_bands = list(geo.stac_bands) if geo is not None and geo.get("stac_bands") else None
     aoi = parse_aoi(cfg.get("aoi"), cfg.get("aoi_crs"))
