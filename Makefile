@@ -20,7 +20,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 # The browser tests (tests/ui) drive Debian's chromium through Playwright (its own browser download
-# cannot work offline): installed here where we are root with apt-get; elsewhere those tests skip, saying why.
+# cannot work offline), the STAC API tests a throwaway PostgreSQL with PostGIS (tests/stac_api.py): both
+# installed here where we are root with apt-get; elsewhere those tests skip, saying why.
 $(VENV)/.test-installed: $(VENV)/.installed
 	@echo "== installing the test extras (pytest, HTTP clients, Helm SDK, fuzzers, Playwright): quiet until pip is done"
 	$(BIN)/pip install --quiet -e '.[test]'
@@ -29,6 +30,12 @@ $(VENV)/.test-installed: $(VENV)/.installed
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	elif [ ! -x /usr/bin/chromium ]; then \
 		echo "== /usr/bin/chromium is missing and apt-get cannot run here: the browser tests (tests/ui) will skip"; \
+	fi
+	@if ! ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "== installing Debian's PostgreSQL and PostGIS for the STAC API tests (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-15-postgis-3 >/dev/null; \
+	elif ! ls /usr/share/postgresql/*/extension/postgis.control >/dev/null 2>&1; then \
+		echo "== PostgreSQL with PostGIS is missing and apt-get cannot run here: the STAC API tests (tests/geo) will skip"; \
 	fi
 	touch $@
 

@@ -189,6 +189,10 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
 
         check_server_settings(cfg)
         pipeline.check()
+        from appliance.stages.geo.search_scenes import search_listing
+
+        for line in search_listing(cfg):  # a search's items: what would run, what is skipped and why
+            print(line)
         names = " -> ".join(stage.name for stage in pipeline.stages)
         print(f"ok: pipeline {cfg.pipeline.name} ({names}), model {cfg.model.name}")
         return 0

@@ -17,6 +17,7 @@ FRAME_CONF = REPO / "tests" / "frame" / "conf"
 SLOW = (
     "tests/chat/test_cli_e2e.py",  # `appliance run` on chat pipelines, a process a case
     "tests/geo/test_cli_e2e.py",  # the same for flood masks
+    "tests/geo/test_stac_search.py",  # a real STAC API (PostgreSQL, pgstac) started once, `appliance` processes
     "tests/chat/test_encode.py::test_features_from_llava_encode_give_the_same_answers_as_pixels",
     "tests/chat/test_encode.py::test_llava_encode_refuses_bad_input_before_writing",
     "tests/frame/test_cli.py::test_config_prints_composed_yaml_for_both_pipelines",

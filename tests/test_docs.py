@@ -4,7 +4,8 @@
   arguments split as the shell splits them, run through the CLI's `main` from a checkout-like directory;
   files it names that a reader would have downloaded stand in as bundled ones (`model.path`: the tiny
   LLaVA's folder; `model.checkpoint`: an empty file of that name, which `check` does not read; `input`:
-  the bundled sample of that kind).
+  the bundled sample of that kind; `search.url`: the tests' STAC API, tests/geo/test_stac_search.py's
+  synthetic catalog).
 - README's Python and curl client examples against real servers: the chat ones against the shared
   tiny-LLaVA server (tests/servers.py, `pipeline=llava_chat` as README starts it), the flood ones
   against a server started from README's own `appliance serve pipeline=prithvi_flood ...` line. An
@@ -27,6 +28,7 @@ import rasterio
 
 from appliance.cli import main
 from tests.conftest import REPO
+from tests.geo.conftest import stac_catalog  # noqa: F401  (the STAC API a docs' search line is checked against)
 from tests.server_process import server_process
 from tests.servers import LLAVA_TINY, SAMPLE_IMAGE, SAMPLE_SCENE
 
@@ -67,12 +69,14 @@ def test_the_docs_have_commands_to_run_and_every_verb_is_known():
     assert set(verbs) <= set(RUN) | set(NOT_RUN), verbs
 
 
-def stand_ins(argv, tmp_path):
+def stand_ins(argv, tmp_path, request):
     """argv with the files a reader would have downloaded replaced by bundled ones."""
     out = []
     for arg in argv:
         key, _, value = arg.partition("=")
-        if key == "model.path" and not (REPO / value).is_dir():
+        if key == "search.url":
+            arg = f"{key}={request.getfixturevalue('stac_catalog').api_url}"
+        elif key == "model.path" and not (REPO / value).is_dir():
             arg = f"{key}={LLAVA_TINY}"
         elif key == "model.checkpoint" and not (REPO / value).is_file():
             stand_in = tmp_path / value.rsplit("/", 1)[-1]
@@ -86,13 +90,14 @@ def stand_ins(argv, tmp_path):
 
 @pytest.mark.parametrize("where,argv", [c for c in COMMANDS if c[1][0] in RUN],
                          ids=lambda case: case if isinstance(case, str) else " ".join(case)[:60])
-def test_config_and_check_lines_work_as_written(where, argv, tmp_path, monkeypatch, capsys):
+def test_config_and_check_lines_work_as_written(where, argv, tmp_path, monkeypatch, capsys, request):
     monkeypatch.chdir(REPO)  # the docs' relative paths are the repository's
-    code = main(stand_ins(argv, tmp_path))
+    code = main(stand_ins(argv, tmp_path, request))
     out, err = capsys.readouterr()
     assert code == 0, f"{where}: appliance {' '.join(argv)}\n{err}"
     if argv[0] == "check":
-        assert out.startswith("ok: pipeline "), out
+        assert out.splitlines()[-1].startswith("ok: pipeline "), out
+        assert all(line.startswith(("run ", "skip ", "search: ")) for line in out.splitlines()[:-1]), out
     else:
         assert "pipeline:" in out and "model:" in out
 

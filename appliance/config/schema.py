@@ -187,6 +187,18 @@ class PipelineConfig:
 
 
 @dataclass
+class SearchConfig:
+    """`appliance run`'s scenes from a STAC API search instead of `input=` (geo pipelines; docs/geo.md)."""
+    url: Optional[str] = None  # the STAC API's root (its landing page); None: no search
+    collections: List[str] = field(default_factory=list)  # collection ids to search; empty: all
+    bbox: Optional[List[float]] = None  # [west, south, east, north] in lon/lat; None: the run's aoi
+    datetime: Optional[str] = None  # START/END (ISO 8601, `..` open), or one date
+    max_cloud_cover: Optional[float] = None  # percent, 0..100: items with more eo:cloud_cover are left out
+    max_items: int = 100  # at most this many items found (every page counted)
+    page_size: int = 100  # items per page the API is asked for
+
+
+@dataclass
 class AppConfig:
     pipeline: PipelineConfig = MISSING
     model: ModelConfig = MISSING
@@ -197,6 +209,7 @@ class AppConfig:
     aoi: Optional[Any] = None  # geo: [xmin, ymin, xmax, ymax] limiting the run (lon/lat unless aoi_crs)
     aoi_crs: Optional[str] = None
     date: Optional[Any] = None  # geo: the scenes' acquisition date (YYYY-MM-DD) when their sources lack one
+    search: SearchConfig = field(default_factory=SearchConfig)  # geo: scenes from a STAC API search
     output: Optional[Any] = None
     prompt: Optional[str] = field(default=None, metadata=FREE_TEXT)  # chat: the question
     # chat: the question read from a UTF-8 file (for long ones)

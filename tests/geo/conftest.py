@@ -84,3 +84,27 @@ def write_raster(path, data, crs="EPSG:32615", nodata=None, descriptions=None):
             for band, name in enumerate(descriptions or [], 1):
                 dst.set_band_description(band, name)
     return path
+
+
+@pytest.fixture(scope="session")
+def stac_catalog(tmp_path_factory):
+    """A real STAC API (tests/stac_api.py) holding the synthetic HLS items of tests/geo/stac_catalog.py, whose
+    band COGs a range-request server serves: started once per session. (api_url, items, cog_root, cog_url)."""
+    from tests.geo.hls import RangeServer
+    from tests.geo.stac_catalog import collection, write_catalog
+    from tests.stac_api import StacApi, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(f"no STAC API: {reason}")
+    root = tmp_path_factory.mktemp("stac-cogs")
+    with RangeServer(root) as cogs:
+        items = write_catalog(root, cogs.url)
+        with StacApi() as api:
+            api.load(collection(items), items)
+            yield CatalogUnderTest(api.url, items, root, cogs.url)
+
+
+class CatalogUnderTest:
+    def __init__(self, api_url, items, root, cog_url):
+        self.api_url, self.items, self.root, self.cog_url = api_url, items, root, cog_url

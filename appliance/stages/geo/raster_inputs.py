@@ -6,7 +6,9 @@ of per-band GeoTIFFs in the model's band order: `input=[a.tif, b.tif]` is two sc
 `input=[[a.tif],[b.tif]]` is `input=[a.tif,b.tif]`, the shape the Helm Job renders for any model). Its stem names the mask: the file's,
 the first band file's, or the item file's. A multi-date model's (model.prithvi.num_frames T > 1) scene is
 T dates or one stacked file (multidate.py): `input=[d1.tif, d2.tif, d3.tif]` is ONE scene of three dates,
-`input=[[d1.tif, d2.tif, d3.tif], [e1.tif, e2.tif, e3.tif]]` two; its first date names the mask.
+`input=[[d1.tif, d2.tif, d3.tif], [e1.tif, e2.tif, e3.tif]]` two; its first date names the mask. Instead of
+`input`, `search.url` (and the other `search.*` keys) takes the scenes a STAC API search finds
+(search_scenes.py); each scene's first item (its id) names the mask.
 
 Output rule (`plan_outputs`, pure):
   - no `output`: `<stem><suffix>` beside each input (suffix `.mask.tif` by default); a remote input
@@ -16,6 +18,7 @@ Output rule (`plan_outputs`, pure):
 Nothing is read or written before every input and output of the run passes its checks.
 """
 import functools
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -31,7 +34,11 @@ from appliance.stages.geo.geotiff import probe_geotiff
 from appliance.stages.geo.multidate import given_dates, input_scenes, model_frames, multidate_spec
 from appliance.stages.geo.raster_read import geo_contract
 from appliance.stages.geo.scene_sources import is_remote, is_stac_item, scene_spec, shown, stem
+from appliance.stages.geo.search_plan import self_href
+from appliance.stages.geo.search_scenes import check_one_source, found_scenes, scene_spec_of
 from appliance.stages.geo.stac_in import load_item
+
+log = logging.getLogger(__name__)
 
 TIFF_SUFFIXES = (".tif", ".tiff")
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # the installed `appliance` package
@@ -150,30 +157,35 @@ class RasterInputs(Stage):
         self.stac_bands = list(geo.stac_bands) if geo is not None and geo.get("stac_bands") else None
         self.frames = model_frames(cfg)
         self.load_item = functools.partial(load_item, timeout_s=cfg.server.limits.fetch_timeout_s)
+        self.search = cfg.get("search") if cfg is not None else None
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
             yield from self._scenes(record, network=True)
 
     def preflight(self, records: List[Record]) -> Optional[List[Record]]:
-        # Without the network: a STAC item named by URL is not read, a remote file's header not probed;
-        # a run that names either has its scenes checked as the run reads them.
+        # Without the network: a search is not run, a STAC item named by URL is not read, a remote file's
+        # header not probed; a run that names any of them has its scenes checked as the run reads them.
+        if self._searching():
+            for record in records:
+                check_one_source(record.get("input"))
+            return None
         scenes = [scene for record in records for scene in self._scenes(record, network=False)]
         remote = any(s["input_path"] is None or any(map(is_remote, s["input_path"].files)) for s in scenes)
         return None if remote else scenes
+
+    def _searching(self) -> bool:
+        return self.search is not None and bool(self.search.get("url"))
 
     def _scenes(self, record: Record, network: bool) -> Iterator[Record]:
         """The record's scenes, once every input and output has passed its checks (`input_path` None:
         a STAC item by URL, left unread without the `network`)."""
         aoi = parse_aoi(record.get("aoi"), record.get("aoi_crs"))
         date = given_dates(record.get("date"), self.frames, "date")
-        if self.frames > 1:
-            values = input_scenes(as_path_list(record.get("input"), depth=3), self.frames)
+        if self._searching():
+            pairs, specs = self._searched(record, aoi)
         else:
-            values = as_path_list(record.get("input"))
-        names = [first_file(value) for value in values]  # what names a mask
-        pairs = plan_outputs(names, record.get("output"), self.options.suffix)  # before any network
-        specs = [self._spec(value) if network or not _item_url(value) else None for value in values]
+            pairs, specs = self._given(record, network)
         local = [f for spec in specs if spec is not None for f in spec.files if not is_remote(f)]
         for spec in specs:
             for position, file in enumerate(spec.files if spec is not None else ()):
@@ -186,6 +198,27 @@ class RasterInputs(Stage):
         for index, (spec, (_, dst)) in enumerate(zip(specs, pairs)):
             yield {**record, "input_path": spec, "output_path": dst, "scene_index": index, "aoi": aoi,
                    "date": date}
+
+    def _given(self, record, network: bool):
+        """`input=`'s scenes: (input, output) pairs (planned before any network) and their SceneSpecs
+        (None for a STAC item by URL, without the `network`)."""
+        if self.frames > 1:
+            values = input_scenes(as_path_list(record.get("input"), depth=3), self.frames)
+        else:
+            values = as_path_list(record.get("input"))
+        names = [first_file(value) for value in values]  # what names a mask
+        pairs = plan_outputs(names, record.get("output"), self.options.suffix)
+        return pairs, [self._spec(value) if network or not _item_url(value) else None for value in values]
+
+    def _searched(self, record, aoi):
+        """`search.*`'s scenes (search_scenes.py): the masks are named by each scene's first item."""
+        check_one_source(record.get("input"))
+        found = found_scenes(self.search, aoi, self.stac_bands, self.frames)
+        for skipped in found.skipped:
+            log.warning("search: skipped %s: %s", skipped.item_id, skipped.reason)
+        names = [self_href(scene[0]) for scene in found.scenes]
+        pairs = plan_outputs(names, record.get("output"), self.options.suffix)
+        return pairs, [scene_spec_of(scene, self.stac_bands, self.model_bands) for scene in found.scenes]
 
     def _spec(self, value):
         if self.frames > 1:
