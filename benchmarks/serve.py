@@ -362,7 +362,8 @@ def llava_messages(tmp, n_requests: int) -> list:
 
 def streamed_chat(body: dict) -> bytes:
     """A chat body as the light client sends it: streamed, with the usage chunk."""
-    return json.dumps({**body, "model": "llava-tiny", "stream": True, "stream_options": {"include_usage": True}}).encode()
+    streamed = {"stream": True, "stream_options": {"include_usage": True}}
+    return json.dumps({**body, "model": "llava-tiny", **streamed}).encode()
 
 
 def llava_part(args, tmp):
@@ -438,7 +439,8 @@ def llava_part(args, tmp):
     for c in levels:
         ratio, wall, timings, offline_rate, cpu, offline_cpu = served[c]
         ms = {role: seconds / n_requests * 1e3 for role, seconds in cpu.items()}
-        print(row(f"serve c={c}", wall, timings) + f"   {sum(ms.values()):.2f} ms ({ms['http']:.2f}, {ms['engine']:.2f})")
+        print(row(f"serve c={c}", wall, timings)
+              + f"   {sum(ms.values()):.2f} ms ({ms['http']:.2f}, {ms['engine']:.2f})")
         print(f"{'offline run':14s} {offline_rate:9.1f}   served/offline = {ratio:.2f} (appliance run on the same "
               f"batch, model loaded, the mean of the runs before and after; CPU {offline_cpu / n_requests * 1e3:.2f} "
               "ms per request)")

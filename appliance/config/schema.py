@@ -18,7 +18,7 @@ FREE_TEXT = {"free_text": True}
 LOCAL_PATHS = {"local_paths": True}
 
 # The engine group's schema lives with the engine (a plain dataclass; the engine imports no Hydra).
-from appliance.engine.config import AttentionBackend, DType, EngineConfig, EngineKind  # noqa: F401
+from appliance.engine.config import AttentionBackend, DType, EngineConfig, EngineKind  # noqa: E402, F401 - re-export
 
 
 class ImageInputType(str, Enum):
@@ -111,7 +111,8 @@ class ToolCallParser(str, Enum):
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    architecture: str = MISSING  # registry key, e.g. LlamaForCausalLM, LlavaForConditionalGeneration, PrithviSegmentation
+    # registry key, e.g. LlamaForCausalLM, LlavaForConditionalGeneration, PrithviSegmentation
+    architecture: str = MISSING
     path: Optional[str] = None  # directory in HF layout (config.json + safetensors + tokenizer)
     checkpoint: Optional[str] = None  # single-file checkpoint (terratorch .pt or .safetensors)
     vision_language: Optional[VisionLanguageConfig] = None
@@ -134,7 +135,8 @@ class LogFormat(str, Enum):
 @dataclass
 class ServerLimits:
     max_request_bytes: int = 20 * 1024 * 1024  # an HTTP request body (413 above)
-    max_media_bytes: int = 20 * 1024 * 1024  # each image, image-features file or GeoTIFF a request names (URL, file, data URL)
+    # each image, image-features file or GeoTIFF a request names (URL, file, data URL)
+    max_media_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 64_000_000
     request_timeout_s: float = 600.0  # a request still unanswered after this long is aborted (504)
     fetch_timeout_s: float = 30.0  # a URL the request names must arrive within this (images, GeoTIFFs)

@@ -121,7 +121,7 @@ def check(tools: Optional[List[Tool]], choice: Any, calling: Optional[ToolCallin
             try:
                 StructuredOutput("json", json.dumps(function_schema(tool.function))).check()
             except ValueError as e:
-                raise field_error(str(e), f"tools[{i}].function.parameters")
+                raise field_error(str(e), f"tools[{i}].function.parameters") from e
 
 
 def constraint(tools: List[Tool], calling: Optional[ToolCalling], parallel: bool) -> Optional[StructuredOutput]:

@@ -92,7 +92,8 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     openapi.install(server.app, spec.routes)
     litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
     address = url(cfg.server.host, cfg.server.port)
-    supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s), address=(cfg.server.host, cfg.server.port),
+    supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s),
+                            address=(cfg.server.host, cfg.server.port),
                             ready_line=f"ready: pipeline {cfg.pipeline.name} on {address} (model loaded, warm-up done)")
     for signum in STOP_SIGNALS:
         signal.signal(signum, supervisor.on_signal)

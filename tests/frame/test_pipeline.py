@@ -35,7 +35,8 @@ def test_interpolated_options_resolve(frame_conf):
 @pytest.mark.parametrize(
     "stages, inputs, fragments",
     [
-        ({"first": {"stage": "nope"}}, ["input"], ["pipeline.stages.first.stage", "unknown stage 'nope'", "read_numbers"]),
+        ({"first": {"stage": "nope"}}, ["input"],
+         ["pipeline.stages.first.stage", "unknown stage 'nope'", "read_numbers"]),
         ({"factor": {"factor": 2}}, ["input"], ["pipeline.stages.factor", "'stage' key"]),
         ({"scale": "x"}, ["input"], ["pipeline.stages.scale", "'stage' key"]),
         ({"read_numbers": {}, "scale": {"factr": 2}}, ["input"],

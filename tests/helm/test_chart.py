@@ -118,7 +118,8 @@ def test_serve_mode(chart):
     # The Grafana dashboard, for the sidecar.
     dashboard = kinds["ConfigMap"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(dashboard["data"]["appliance.json"]) == json.loads((CHART / "dashboards/appliance.json").read_text())
+    dashboard_file = json.loads((CHART / "dashboards/appliance.json").read_text())
+    assert json.loads(dashboard["data"]["appliance.json"]) == dashboard_file
 
 
 def test_vllm_metric_names_reach_the_server_the_autoscaler_and_the_dashboard(chart):

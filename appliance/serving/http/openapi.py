@@ -46,8 +46,8 @@ def install(app, routes: Iterable[Route]) -> None:
 def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any]) -> None:
     errors = {"description": "an error (a stream that has started sends it as an event instead)",
               "content": {JSON: {"schema": _component(ErrorResponse, components)}}}
-    operation["responses"] = {"4XX": errors, "5XX": errors, **{  # FastAPI's default success: 200
-        route.status: spec for code, spec in operation.get("responses", {}).items() if code == "200"}}
+    success = operation.get("responses", {}).get("200")  # FastAPI's default success, under the route's status
+    operation["responses"] = {"4XX": errors, "5XX": errors, **({route.status: success} if success is not None else {})}
     parameters = [{"name": name, "in": "path", "required": True, "schema": route.params.get(name, {"type": "string"})}
                   for name in re.findall(r"\{(\w+)\}", route.openapi_path)]
     parameters += [{"name": name, "in": "query", "required": False, "schema": schema}

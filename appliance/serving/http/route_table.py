@@ -1,7 +1,8 @@
 """`Route`: one route of the API stated once, for both its uses: spec.py adds it to the app (path,
 methods, handler), and openapi.py describes it from the same entry (what its body and its answer are).
 
-A path may have one Route per method (each its own handler). A schema is a pydantic model, a tuple of models one of which the body is (a text or a chat), or a plain
+A path may have one Route per method (each its own handler). A schema is a pydantic model, a tuple of models one of
+which the body is (a text or a chat), or a plain
 JSON schema (bytes: a GeoTIFF, a PNG). A streamed answer's schema is that of one event's data.
 """
 import re

@@ -116,5 +116,6 @@ def scene_routes(scenes: SceneRoutes) -> List[Route]:
         Route("/v1/scenes", GET, scenes.list, answers={JSON: SceneList}),
         Route("/v1/scenes/{id}", GET, scenes.get, answers={JSON: Scene}),
         Route("/v1/scenes/{id}", ("DELETE",), scenes.delete, answers={JSON: SceneDeleted}),
-        Route("/v1/scenes/{id}/{file}", GET, scenes.file, params={"file": {"type": "string", "enum": list(SCENE_FILES)}},
+        Route("/v1/scenes/{id}/{file}", GET, scenes.file,
+              params={"file": {"type": "string", "enum": list(SCENE_FILES)}},
               answers={kind: BYTES for kind in ("image/tiff", "application/geo+json", "image/png")})]

@@ -3,7 +3,8 @@
 A scene (`scene_sources.scene_spec`) is a GeoTIFF path or URL, a STAC item (`.json`, path or URL), or a list
 of per-band GeoTIFFs in the model's band order: `input=[a.tif, b.tif]` is two scenes,
 `input=[[b02.tif, b03.tif, ...]]` one scene from per-band files (an inner list of one file is that file:
-`input=[[a.tif],[b.tif]]` is `input=[a.tif,b.tif]`, the shape the Helm Job renders for any model). Its stem names the mask: the file's,
+`input=[[a.tif],[b.tif]]` is `input=[a.tif,b.tif]`, the shape the Helm Job renders for any model). Its stem names
+the mask: the file's,
 the first band file's, or the item file's. A multi-date model's (model.prithvi.num_frames T > 1) scene is
 T dates or one stacked file (multidate.py): `input=[d1.tif, d2.tif, d3.tif]` is ONE scene of three dates,
 `input=[[d1.tif, d2.tif, d3.tif], [e1.tif, e2.tif, e3.tif]]` two; its first date names the mask.
