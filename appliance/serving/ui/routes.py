@@ -21,9 +21,10 @@ from starlette.responses import Response
 
 STATIC = Path(__file__).with_name("static")
 INDEX, DOCS = "/index.html", "/docs.html"
-# The page for each kind of pipeline: a chat for generate, a flood map for pool (GeoTIFF scenes through
-# /v1/scenes); plain pipelines get a short page that says they have none and points to the API docs.
-PAGES = {"generate": "chat.html", "pool": "flood.html", "plain": "no_page.html"}
+# The page for each kind of pipeline: a chat for generate, a map for pool (GeoTIFF scenes through
+# /v1/scenes: water, burn scars, crops); plain pipelines get a short page that says they have none and
+# points to the API docs.
+PAGES = {"generate": "chat.html", "pool": "map.html", "plain": "no_page.html"}
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}
 ASSETS = tuple(sorted(f"/ui/{path.name}" for path in STATIC.iterdir() if path.suffix in (".js", ".css")))

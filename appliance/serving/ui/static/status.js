@@ -1,6 +1,6 @@
 // The status strip: the server's own state from /ready and /metrics, refreshed every few seconds: ready
 // or draining, requests running and waiting, KV cache use, and the rate of one counter: tokens/s by
-// default, tiles/s on the flood page (`rate`). Both routes are open (probes and Prometheus need them
+// default, tiles/s on the map page (`rate`). Both routes are open (probes and Prometheus need them
 // so), but with server.api_key set a page shows nothing of the server's state until it was given the
 // key: the strip stays empty until the page's client (api.js) has had an answer that is not a 401, so a
 // page makes one API request as it loads (the chat page's /v1/models).
