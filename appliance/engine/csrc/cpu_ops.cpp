@@ -16,7 +16,7 @@
 
 namespace {
 
-constexpr int64_t kPanel = 16;  // output columns per packed panel (cpu_kernels.c)
+constexpr int64_t kPanel = 16;  // output columns per packed panel (panel16.h: PANEL)
 
 void check_f32(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());

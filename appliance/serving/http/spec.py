@@ -40,7 +40,7 @@ MAIN_ROUTE = {"generate": "/v1/chat/completions", "pool": "/pooling", "plain": "
 
 class ApplianceSpec(LitSpec):
     def __init__(self, cfg, cfg_container: dict, shared, spool_dir: str, online, requests, events):
-        """`online`: the pipeline's online stages (split.OnlinePipeline); `requests`, `events`: the HTTP
+        """`online`: the pipeline's online stages (online_stages.OnlinePipeline); `requests`, `events`: the HTTP
         side's ends of the pipes to and from the engine loop."""
         kind = online.kind
         super().__init__()
