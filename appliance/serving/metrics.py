@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                    40.0, 80.0, 160.0, 640.0)
@@ -168,7 +168,8 @@ class HttpMetrics:
         self._requests = Counter("appliance_http_requests", "HTTP requests by route and status",
                                  ["model_name", "route", "status"], registry=None)
         self.model_name = model_name
-        self._series = {}  # (route, status) -> its counter: `labels()` takes a lock and builds a key each call
+        # (route, status) -> its counter: `labels()` takes a lock and builds a key each call
+        self._series: Dict[Tuple[str, int], Any] = {}
 
     def request(self, route: str, status: int) -> None:
         series = self._series.get((route, status))

@@ -136,7 +136,7 @@ class Supervisor:
         self.exit_code = 0
         self.failure: Optional[Exception] = None
         self.outcome = ""  # the line said once every process stopped
-        self.signals = []  # names of the stop signals received, in order
+        self.signals: list[str] = []  # names of the stop signals received, in order
         self.stop_now = threading.Event()
         self.stopping = threading.Event()
 

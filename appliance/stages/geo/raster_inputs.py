@@ -20,7 +20,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -88,7 +88,7 @@ def plan_outputs(inputs: Sequence[str], output: Optional[str], suffix: str = ".m
                 f"output: {len(inputs)} inputs need an output directory, got the file name {output}", param="output"
             )
         pairs = [(inputs[0], output)] if is_file else [(src, named(src, output)) for src in inputs]
-    seen = {}
+    seen: Dict[str, Any] = {}
     for src, dst in pairs:
         key = os.path.normpath(os.path.abspath(dst))
         if key in seen:
