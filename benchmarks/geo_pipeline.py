@@ -45,10 +45,10 @@ REPO = Path(__file__).resolve().parents[1]
 DATES = ("2023-04-15", "2023-07-01", "2023-09-15")  # the scenes' acquisition dates (TL models encode them)
 sys.path.insert(0, str(REPO))
 
-from appliance.config.compose import compose  # noqa: E402
-from appliance.engine.models.prithvi import build_prithvi_segmentation, load_prithvi, save_safetensors  # noqa: E402
-from appliance.stages.build import build_pipeline  # noqa: E402
-from appliance.stages.geo.multidate import model_frames  # noqa: E402
+from appliance.config.compose import compose
+from appliance.engine.models.prithvi import build_prithvi_segmentation, load_prithvi, save_safetensors
+from appliance.stages.build import build_pipeline
+from appliance.stages.geo.multidate import model_frames
 
 
 def load_synthetic():
@@ -275,7 +275,8 @@ def rss_rows(args, checkpoint, synthetic, tmp, dtype_name):
 
 def table(header, rows):
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
     print("\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]))
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import serve  # noqa: E402
+import serve
 
 
 async def one_round(server, bodies, concurrency):

@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_shapes import COLOR_QUESTIONS, COLORS, SHAPE_QUESTIONS, SHAPES, generate, qa_pairs  # noqa: E402
-from tiny_llava_files import (IMAGE_TOKEN, IMAGE_TOKENS, build_model, build_processor,  # noqa: E402
+from synthetic_shapes import COLOR_QUESTIONS, COLORS, SHAPE_QUESTIONS, SHAPES, generate, qa_pairs
+from tiny_llava_files import (IMAGE_TOKEN, IMAGE_TOKENS, build_model, build_processor,
                               build_tokenizer, save)
 
 REPO = Path(__file__).resolve().parents[1]

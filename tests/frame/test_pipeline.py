@@ -8,7 +8,7 @@ from appliance.config.compose import compose
 from appliance.errors import ConfigError, InputError
 from appliance.pipeline import STAGES, Stage, register_stage
 from appliance.stages.build import build_pipeline
-from tests.frame import stages as frame_stages  # noqa: F401  (registers the test stages)
+from tests.frame import stages as frame_stages  # registers the test stages
 
 
 def with_stages(frame_conf, stages, inputs=("input",)):

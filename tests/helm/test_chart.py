@@ -77,7 +77,8 @@ def test_serve_mode(chart):
     kinds = by_kind(docs)
     pod, main = pod_spec(docs), container(docs)
     pod_labels = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
-    selects = lambda selector: selector.items() <= pod_labels.items()  # noqa: E731
+    def selects(selector):
+        return selector.items() <= pod_labels.items()
 
     # The Service reaches the pods on the named port; the ServiceMonitor scrapes that Service's port.
     service = kinds["Service"]["spec"]
