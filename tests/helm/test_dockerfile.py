@@ -11,7 +11,8 @@ VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 
 def instructions():
     """(INSTRUCTION, arguments) with continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.splitlines() if not line.lstrip().startswith("#")))
+    kept = "\n".join(line for line in DOCKERFILE.splitlines() if not line.lstrip().startswith("#"))
+    text = re.sub(r"\\\n", " ", kept)
     return [tuple(line.split(None, 1)) for line in text.splitlines() if line.strip()]
 
 
