@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast lint install clean
 
 $(BIN)/python:
 	@echo "== creating the virtual environment $(VENV)"
@@ -58,7 +58,13 @@ demo: install
 	$(BIN)/appliance run pipeline=llava_chat input=appliance/assets/samples/orange_star.png \
 		prompt="What color is the shape?"
 
-test: install $(VENV)/.test-installed
+# The static gate, run before the tests: ruff over the tree, mypy over the package (both configured in
+# pyproject.toml).
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check
+	$(BIN)/mypy appliance
+
+test: install $(VENV)/.test-installed lint
 	$(BIN)/python -m pytest
 
 # Everything but the slow tier (tests/conftest.py SLOW: CLI and server processes, TP ranks, end-to-end

@@ -5,7 +5,6 @@ import signal
 import sys
 from typing import List, Optional
 
-from omegaconf import OmegaConf
 
 from appliance import __version__
 from appliance.errors import ConfigError, UserError

@@ -41,10 +41,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from real_scale import SHAPES, WARMUP_IDS, all_decoding_rate, build, text_prompt  # noqa: E402 - benchmarks/ on the path
-from serve import Server  # noqa: E402
+from real_scale import SHAPES, WARMUP_IDS, all_decoding_rate, build, text_prompt  # benchmarks/ on the path
+from serve import Server
 
-from appliance.engine.host import Host  # noqa: E402 - real_scale puts the repository on the path
+from appliance.engine.host import Host  # real_scale puts the repository on the path
 
 STREAMS = 8
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}

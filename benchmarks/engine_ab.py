@@ -18,7 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_throughput import bench_model, generate_tok_s, make_requests  # noqa: E402
+from engine_throughput import bench_model, generate_tok_s, make_requests
 
 
 def build(path, variant):

@@ -38,14 +38,14 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from appliance.fetch import FetchPolicy  # noqa: E402
-from appliance.pipeline import Pipeline  # noqa: E402
-from appliance.serving.engine_process.records import SceneRecord, as_record  # noqa: E402
-from appliance.stages.build import build_pipeline  # noqa: E402
-from appliance.stages.geo.cog import translate_to_cog  # noqa: E402
-from appliance.stages.geo.served_scenes import served_scene_spec  # noqa: E402
-from tests.geo.conftest import GEO, make_cfg, synthetic  # noqa: E402  (registers the fake engine)
-from tests.geo.hls import file_sizes, split_bands, stac_item  # noqa: E402
+from appliance.fetch import FetchPolicy
+from appliance.pipeline import Pipeline
+from appliance.serving.engine_process.records import SceneRecord, as_record
+from appliance.stages.build import build_pipeline
+from appliance.stages.geo.cog import translate_to_cog
+from appliance.stages.geo.served_scenes import served_scene_spec
+from tests.geo.conftest import GEO, make_cfg, synthetic  # registers the fake engine
+from tests.geo.hls import file_sizes, split_bands, stac_item
 
 
 SERVER = """

@@ -45,10 +45,10 @@ REPO = Path(__file__).resolve().parents[1]
 DATES = ("2023-04-15", "2023-07-01", "2023-09-15")  # the scenes' acquisition dates (TL models encode them)
 sys.path.insert(0, str(REPO))
 
-from appliance.config.compose import compose  # noqa: E402
-from appliance.engine.models.prithvi import build_prithvi_segmentation, load_prithvi, save_safetensors  # noqa: E402
-from appliance.stages.build import build_pipeline  # noqa: E402
-from appliance.stages.geo.multidate import model_frames  # noqa: E402
+from appliance.config.compose import compose
+from appliance.engine.models.prithvi import build_prithvi_segmentation, load_prithvi, save_safetensors
+from appliance.stages.build import build_pipeline
+from appliance.stages.geo.multidate import model_frames
 
 
 def load_synthetic():
@@ -60,7 +60,8 @@ def load_synthetic():
 
 def overrides(args, checkpoint, dtype, stride=None):
     out = [f"pipeline={args.pipeline}", f"model={args.model}", f"model.checkpoint={checkpoint}",
-           f"pipeline.stages.tile.tile_size={args.tile}", f"engine.max_batch_size={args.batch}", f"engine.dtype={dtype}"]
+           f"pipeline.stages.tile.tile_size={args.tile}", f"engine.max_batch_size={args.batch}",
+           f"engine.dtype={dtype}"]
     return out + ([f"pipeline.stages.tile.stride={stride}"] if stride else [])
 
 
@@ -274,7 +275,8 @@ def rss_rows(args, checkpoint, synthetic, tmp, dtype_name):
 
 def table(header, rows):
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
     print("\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]))
 
 
@@ -289,7 +291,8 @@ def naive_child(args):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pipeline", default="prithvi_flood", help="conf/pipeline/ file: prithvi_flood, prithvi_crops ...")
+    parser.add_argument("--pipeline", default="prithvi_flood",
+                        help="conf/pipeline/ file: prithvi_flood, prithvi_crops ...")
     parser.add_argument("--model", default="prithvi_tiny_tl_flood", help="conf/model/ file (random weights)")
     parser.add_argument("--tile", type=int, default=224)
     parser.add_argument("--batch", type=int, default=8, help="engine.max_batch_size, and the bare batches")
@@ -322,7 +325,8 @@ def main() -> None:
         scene = synthetic.write_scene(tmp / "speed.tif", side, side, seed=1)
         for dtype_name in args.dtypes.split(","):
             if not args.skip_speed:
-                print(f"\nSpeed: {side}x{side} scene ({args.grid}x{args.grid} tiles of {args.tile}), {args.repeat} interleaved rounds")
+                print(f"\nSpeed: {side}x{side} scene ({args.grid}x{args.grid} tiles of {args.tile}), "
+                      f"{args.repeat} interleaved rounds")
                 table(["run", "dtype", "tiles", "best s", "median s", "tiles/s", "Mpx/s", "vs bare (best)",
                        "vs bare (median)", "outside the model: s (% of model)"],
                       speed_rows(args, checkpoint, scene, tmp, dtype_name))

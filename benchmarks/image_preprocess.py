@@ -22,9 +22,9 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from appliance.vision.anyres import anyres_preprocess  # noqa: E402
-from appliance.vision.clip_preprocess import ClipPreprocessConfig, clip_preprocess  # noqa: E402
-from appliance.vision.preprocess_executor import PreprocessExecutor  # noqa: E402
+from appliance.vision.anyres import anyres_preprocess
+from appliance.vision.clip_preprocess import ClipPreprocessConfig, clip_preprocess
+from appliance.vision.preprocess_executor import PreprocessExecutor
 
 MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 CLIP = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}, "resample": 3,

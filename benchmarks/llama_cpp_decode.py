@@ -22,7 +22,8 @@ CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML
 
 The GGUF converter comes with the sdist, in vendor/llama.cpp (it uses the gguf-py beside it):
 
-    ~/llamacpp/bin/pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 && tar xzf llama_cpp_python-0.3.36.tar.gz
+    ~/llamacpp/bin/pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36
+    tar xzf llama_cpp_python-0.3.36.tar.gz
 
 benchmarks/cpu_vs_llama_cpp.py (`--llama-src llama_cpp_python-0.3.36/vendor/llama.cpp`) converts
 real_scale.py's checkpoint with it once (its `gguf_source` says what the converter needs changed) and runs

@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_throughput import bench_model, generate_tok_s, make_requests  # noqa: E402
+from engine_throughput import bench_model, generate_tok_s, make_requests
 
 
 def cache_full_blocks_rehash_all(self, seq) -> None:

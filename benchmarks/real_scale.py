@@ -61,7 +61,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from serve import access_log_settings  # noqa: E402 - benchmarks/ is on the path only from here
+from serve import access_log_settings  # benchmarks/ is on the path only from here
 
 TINY_LLAVA = REPO / "appliance" / "assets" / "models" / "llava_tiny"
 SHAPES = {
@@ -581,7 +581,8 @@ def table(rows) -> str:
     header = ["run", "dtype", *cols]
     lines = [[name, r.get("dtype", ""), *[_fmt(r.get(c)) for c in cols]] for name, r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
-    fmt = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    def fmt(cells):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
     return "\n".join([fmt(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, lines)])
 
 

@@ -58,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from engine_throughput import build_model, make_requests  # noqa: E402
+from engine_throughput import build_model, make_requests
 
 SAMPLE_IMAGE = REPO / "appliance" / "assets" / "samples" / "orange_star.png"
 
@@ -260,7 +260,8 @@ def row(label, wall, timings):
     tpot = [(t[1] - t[0]) / (t[2] - 1) for t in timings if t[2] > 1]
     itl = [x for t in timings for x in t[3]]
     tokens = sum(t[2] for t in timings)
-    ms = lambda v: f"{v * 1e3:7.1f}"  # noqa: E731
+    def ms(v):
+        return f"{v * 1e3:7.1f}"
     return (f"{label:14s} {tokens / wall:9.1f} {ms(pct(ttft, 50))} {ms(pct(ttft, 99))} {ms(pct(tpot, 50))} "
             f"{ms(pct(tpot, 99))} {ms(pct(itl, 50))} {ms(pct(itl, 99))} {ms(pct(e2e, 50))} {ms(pct(e2e, 99))}")
 
@@ -347,7 +348,7 @@ def offline_engine(model, requests, max_seqs) -> float:
 def llava_messages(tmp, n_requests: int) -> list:
     """`n_requests` one-image questions' messages over 8 distinct images (saved under `tmp`), so the
     encoder and prefix caches see repeats as a real workload's would."""
-    from tests.chat.conftest import clear_samples, synthetic_shapes  # noqa: E402
+    from tests.chat.conftest import clear_samples, synthetic_shapes
 
     images = [image for image, _ in clear_samples(synthetic_shapes(), 8, first_seed=5000)]
     urls = []
@@ -362,7 +363,8 @@ def llava_messages(tmp, n_requests: int) -> list:
 
 def streamed_chat(body: dict) -> bytes:
     """A chat body as the light client sends it: streamed, with the usage chunk."""
-    return json.dumps({**body, "model": "llava-tiny", "stream": True, "stream_options": {"include_usage": True}}).encode()
+    streamed = {"stream": True, "stream_options": {"include_usage": True}}
+    return json.dumps({**body, "model": "llava-tiny", **streamed}).encode()
 
 
 def llava_part(args, tmp):
@@ -438,7 +440,8 @@ def llava_part(args, tmp):
     for c in levels:
         ratio, wall, timings, offline_rate, cpu, offline_cpu = served[c]
         ms = {role: seconds / n_requests * 1e3 for role, seconds in cpu.items()}
-        print(row(f"serve c={c}", wall, timings) + f"   {sum(ms.values()):.2f} ms ({ms['http']:.2f}, {ms['engine']:.2f})")
+        print(row(f"serve c={c}", wall, timings)
+              + f"   {sum(ms.values()):.2f} ms ({ms['http']:.2f}, {ms['engine']:.2f})")
         print(f"{'offline run':14s} {offline_rate:9.1f}   served/offline = {ratio:.2f} (appliance run on the same "
               f"batch, model loaded, the mean of the runs before and after; CPU {offline_cpu / n_requests * 1e3:.2f} "
               "ms per request)")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import serve  # noqa: E402
+import serve
 
 
 async def one_round(server, bodies, concurrency):
@@ -61,7 +61,8 @@ def main():
             for build, server in servers.items():
                 before = server.cpu_seconds()
                 wall, timings = asyncio.run(one_round(server, bodies, args.concurrency))
-                ms = {role: (seconds - before[role]) / len(bodies) * 1e3 for role, seconds in server.cpu_seconds().items()}
+                ms = {role: (seconds - before[role]) / len(bodies) * 1e3
+                      for role, seconds in server.cpu_seconds().items()}
                 results[build].append((sum(t[2] for t in timings) / wall, ms["http"], ms["engine"]))
     print(f"{len(bodies)} tiny-LLaVA image questions per round, {args.concurrency} in flight, {args.rounds} rounds; "
           "CPU per request, median [each round]")

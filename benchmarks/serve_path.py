@@ -26,20 +26,20 @@ os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="serve
 sys.path.insert(0, str(Path.cwd()))  # the checkout it runs from (another build: cd into it)
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-import uvloop  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from fastapi import FastAPI  # noqa: E402
+import uvloop
+from omegaconf import OmegaConf
+from fastapi import FastAPI
 
-import serve  # noqa: E402
-from appliance.config.compose import compose  # noqa: E402
-from appliance.serving import pipes  # noqa: E402
-from appliance.serving.http.frontend import Frontend  # noqa: E402
-from appliance.serving.messages import Admitted, Tokens  # noqa: E402
-from appliance.serving.http.middleware import Gate  # noqa: E402
-from appliance.serving.http.routes_generate import GenerateRoutes  # noqa: E402
-from appliance.stages.engine_stage import sampling_defaults  # noqa: E402
-from appliance.serving.http.errors import APIError, api_error_handler  # noqa: E402
-from appliance.serving.state import READY, SharedState  # noqa: E402
+import serve
+from appliance.config.compose import compose
+from appliance.serving import pipes
+from appliance.serving.http.frontend import Frontend
+from appliance.serving.messages import Admitted, Tokens
+from appliance.serving.http.middleware import Gate
+from appliance.serving.http.routes_generate import GenerateRoutes
+from appliance.stages.engine_stage import sampling_defaults
+from appliance.serving.http.errors import APIError, api_error_handler
+from appliance.serving.state import READY, SharedState
 
 PATH = "/v1/chat/completions"
 

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from serve import Server, pct  # noqa: E402
+from serve import Server, pct
 
 
 def session_rss(pid: int) -> int:

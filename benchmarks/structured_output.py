@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_throughput import bench_model  # noqa: E402
+from engine_throughput import bench_model
 
 SCHEMA = {"type": "object", "required": ["labels"], "properties": {
     "labels": {"type": "array", "minItems": 64, "items": {"type": "string", "maxLength": 12}}}}

@@ -94,7 +94,7 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
         for name, t in model.state_dict().items():
             if not t.is_floating_point() or name.endswith("pos_embed"):
                 continue
-            def rnd(scale):
+            def rnd(scale, t=t):
                 return torch.randn(t.shape, generator=gen) * scale
             if name.endswith("running_mean"):
                 new = rnd(0.1)
@@ -116,7 +116,8 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--frames", type=int, default=1, help="dates a sample (num_frames); >1: the multi-date fixture")
-    parser.add_argument("--out", default=None, help="default tests/fixtures/prithvi_golden, or prithvi_golden_t<frames>")
+    parser.add_argument("--out", default=None,
+                        help="default tests/fixtures/prithvi_golden, or prithvi_golden_t<frames>")
     args = parser.parse_args()
     if args.frames > 1:
         return main_frames(args.frames, Path(args.out or FIXTURES / f"prithvi_golden_t{args.frames}"))

@@ -54,7 +54,8 @@ def _rng(seed: Union[int, random.Random, None]) -> random.Random:
 
 
 def make_sample(seed: Union[int, random.Random, None] = 0, *, shape: Optional[str] = None,
-                color: Optional[str] = None, min_side: int = 64, max_side: int = 512) -> tuple[Image.Image, ShapeLabels]:
+                color: Optional[str] = None, min_side: int = 64,
+                max_side: int = 512) -> tuple[Image.Image, ShapeLabels]:
     """One image and its labels; `shape`/`color` force a choice (for balanced sets)."""
     rng = _rng(seed)
     shape = shape or rng.choice(SHAPES)

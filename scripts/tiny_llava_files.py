@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_shapes import (COLOR_ANSWERS, COLOR_QUESTIONS, COLORS, SHAPE_ANSWERS,  # noqa: E402
+from synthetic_shapes import (COLOR_ANSWERS, COLOR_QUESTIONS, COLORS, SHAPE_ANSWERS,
                               SHAPE_QUESTIONS, SHAPES)
 
 IMAGE_SIZE, PATCH_SIZE = 112, 14

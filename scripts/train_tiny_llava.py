@@ -4,7 +4,8 @@
 transformers' `LlavaForConditionalGeneration` (tiny CLIP vision tower + 2-layer GELU projector + tiny
 Llama) learns to answer "What color is the shape?" / "What shape is this?" about the images of
 scripts/synthetic_shapes.py. transformers is both the trainer and the reference: inputs come from the
-saved `AutoProcessor` (scripts/tiny_llava_files.py: LLaVA-1.5 chat template, pad-to-square CLIP preprocessing, `<image>` expanded to
+saved `AutoProcessor` (scripts/tiny_llava_files.py: LLaVA-1.5 chat template, pad-to-square CLIP preprocessing,
+`<image>` expanded to
 IMAGE_TOKENS placeholders), the loss covers only the answer tokens and the final `</s>`, and the
 held-out score uses `generate` with greedy decoding.
 
@@ -34,8 +35,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_shapes import COLOR_QUESTIONS, COLORS, SHAPE_QUESTIONS, SHAPES, generate, qa_pairs  # noqa: E402
-from tiny_llava_files import (IMAGE_TOKEN, IMAGE_TOKENS, build_model, build_processor,  # noqa: E402
+from synthetic_shapes import COLOR_QUESTIONS, COLORS, SHAPE_QUESTIONS, SHAPES, generate, qa_pairs
+from tiny_llava_files import (IMAGE_TOKEN, IMAGE_TOKENS, build_model, build_processor,
                               build_tokenizer, save)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -297,7 +298,8 @@ def main(argv=None) -> None:
         "eval": {"images": args.eval_count, "questions_per_image": 2, "seed": EVAL_SEED, "decoding": "greedy",
                  "seconds": round(time.time() - t1, 1), "wrong_examples": scores["wrong_examples"]},
         "vision_pretrain": stage1,
-        "train": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "vision_lr_scale": 0.25, "seed": TRAIN_SEED,
+        "train": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "vision_lr_scale": 0.25,
+                  "seed": TRAIN_SEED,
                   "examples": args.steps * args.batch_size, "seconds": round(train_seconds, 1),
                   "pool_images": args.pool,
                   "threads": args.threads, "dtype": "float32", "loss_log": log[-5:]},

@@ -100,7 +100,8 @@ class StacApi:
                     return
             except OSError:
                 if self.api.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the STAC API did not start: {(self.dir / 'api.log').read_text()[-2000:]}")
+                    raise RuntimeError("the STAC API did not start: "
+                                       f"{(self.dir / 'api.log').read_text()[-2000:]}") from None
                 time.sleep(0.2)
 
     def load(self, collection: dict, items: Iterable[dict]) -> None:

@@ -34,3 +34,14 @@ def test_test_installs_chromium_for_the_browser_tests_before_running_them(tmp_pa
                                     plan.index("apt-get install -y -qq chromium"), plan.index("-m pytest"))
     assert extras < chromium < pytest_run
     assert "[ ! -x /usr/bin/chromium ]" in plan and "DEBIAN_FRONTEND=noninteractive" in plan
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_test_runs_the_static_gate_after_installing_it_and_before_the_tests(tmp_path):
+    venv = tmp_path / "venv"
+    plan = subprocess.run(["make", "-n", "test", f"VENV={venv}"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout
+    extras, ruff, mypy, pytest_run = (plan.index("pip install --quiet -e '.[test]'"),
+                                      plan.index(f"{venv}/bin/ruff check"), plan.index(f"{venv}/bin/mypy appliance"),
+                                      plan.index("-m pytest"))
+    assert extras < ruff < mypy < pytest_run

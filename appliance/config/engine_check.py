@@ -86,7 +86,7 @@ def _limits():
     log.setLevel(logging.ERROR)
     try:
         from xformers.ops import fmha
-    except Exception:  # e.g. built for another torch: the engine reports it at start
+    except Exception:  # noqa: BLE001 - e.g. built for another torch: the engine reports it at start
         return XFORMERS_0_0_35
     finally:
         log.setLevel(level)

@@ -57,9 +57,9 @@ def _resolved(cfg: DictConfig, overrides: Sequence[str]) -> Tuple[Dict[str, Any]
         tree["pipeline"]["stages"][node.id] = StageNode(node.id, node.cls, resolved.options).normalized()
         notes.update({(*where, option): f"model: {key}" for option, key in resolved.from_model.items()})
         notes.update({(*where, option): f"derived: {rule}" for option, rule in resolved.derived.items()})
-    for (*parents, key), value in checkpoint_facts(cfg).items():
-        _at(tree, parents)[key] = value
-        notes[(*parents, key)] = f"model: {CHECKPOINT}"
+    for fact, value in checkpoint_facts(cfg).items():
+        _at(tree, fact[:-1])[fact[-1]] = value
+        notes[fact] = f"model: {CHECKPOINT}"
     return tree, notes
 
 

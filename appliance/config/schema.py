@@ -16,7 +16,7 @@ from omegaconf import MISSING
 FREE_TEXT = {"free_text": True}
 
 # The engine group's schema lives with the engine (a plain dataclass; the engine imports no Hydra).
-from appliance.engine.config import AttentionBackend, DType, EngineConfig, EngineKind  # noqa: F401
+from appliance.engine.config import AttentionBackend, DType, EngineConfig, EngineKind  # noqa: E402, F401 - re-export
 
 
 class ImageInputType(str, Enum):
@@ -109,7 +109,8 @@ class ToolCallParser(str, Enum):
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    architecture: str = MISSING  # registry key, e.g. LlamaForCausalLM, LlavaForConditionalGeneration, PrithviSegmentation
+    # registry key, e.g. LlamaForCausalLM, LlavaForConditionalGeneration, PrithviSegmentation
+    architecture: str = MISSING
     path: Optional[str] = None  # directory in HF layout (config.json + safetensors + tokenizer)
     checkpoint: Optional[str] = None  # single-file checkpoint (terratorch .pt or .safetensors)
     vision_language: Optional[VisionLanguageConfig] = None
@@ -132,7 +133,8 @@ class LogFormat(str, Enum):
 @dataclass
 class ServerLimits:
     max_request_bytes: int = 20 * 1024 * 1024  # an HTTP request body (413 above)
-    max_media_bytes: int = 20 * 1024 * 1024  # each image, image-features file or GeoTIFF a request names (URL, file, data URL)
+    # each image, image-features file or GeoTIFF a request names (URL, file, data URL)
+    max_media_bytes: int = 20 * 1024 * 1024
     # an image's width x height, read from its header before decoding (8000 x 8000); under Pillow's own
     # decompression-bomb warning (89.5 million), so ours is the error users see
     max_image_pixels: int = 64_000_000

@@ -113,7 +113,8 @@ class PagedAttention(cpu_kernels.KernelLayer):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.use_cpu_kernels and cpu_kernels.fits(k, v, self.k_cache) and k.stride(1) == v.stride(1) == self.head_dim:
+        if (self.use_cpu_kernels and cpu_kernels.fits(k, v, self.k_cache)
+                and k.stride(1) == v.stride(1) == self.head_dim):
             cpu_kernels.write_kv(k, v, ctx.slot_mapping, self.k_cache, self.v_cache)
         else:
             self.k_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = k

@@ -58,7 +58,7 @@ def probe_backend(backend, geometry: AttentionGeometry, device: torch.device, dt
             with torch.inference_mode():
                 got, want = (_run(b, step, geometry, device, dtype) for b in (backend, reference))
                 err = (got.float() - want.float()).abs().max().item()
-        except Exception as e:  # the kernel library's refusal or failure, whatever its type
+        except Exception as e:  # noqa: BLE001 - the kernel library's refusal or failure, whatever its type
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
             return f"{kind} step failed: {type(e).__name__}: {' | '.join(lines[:3])}"
         if not err <= atol:

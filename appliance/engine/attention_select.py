@@ -93,7 +93,7 @@ def _xformers_refusal(device, dtype, geometry, probe, fmha) -> Optional[str]:
         raise ValueError("select_backend needs the model's attention geometry to check xformers")
     try:
         backend = XformersAttentionBackend(fmha)
-    except Exception as e:  # e.g. an xformers built for another torch fails on import
+    except Exception as e:  # noqa: BLE001 - e.g. an xformers built for another torch fails on import
         return f"importing xformers failed: {_first_line(e)}"
     why = config_refusal(geometry.block_size, dtype, geometry.head_dim, XformersLimits.from_fmha(backend.fmha))
     return why or (probe or probe_backend)(backend, geometry, device, dtype)

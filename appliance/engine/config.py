@@ -3,7 +3,10 @@ helpers every engine needs from it. Imports neither Hydra nor torch nor the gene
 pool engine (and a config tree) can use it alone; `appliance/config/schema.py` re-exports the names."""
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DType(str, Enum):

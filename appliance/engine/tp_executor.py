@@ -66,7 +66,7 @@ def rank_main(rank: int, world: int, port: int, model_path: str, cfg: EngineConf
             runner.execute(step)
     except EOFError:
         pass
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - reported to rank 0, then this process exits
         report = traceback.format_exc()
         print(f"tensor-parallel rank {rank} failed:\n{report}", file=sys.stderr, flush=True)
         try:
@@ -205,7 +205,7 @@ class TPExecutor:
         if runner is not None and runner.device.type == "cuda" and runner.tp.group is not None:
             try:
                 runner.tp.group.abort()  # frees rank 0's stream from a collective whose peer is gone
-            except Exception:  # already broken: the shutdown below is what matters
+            except Exception:  # noqa: BLE001 - already broken: the shutdown below is what matters
                 pass
         self.shutdown(graceful=False)
         detail = f"\nworker traceback:\n{report}" if report else ""

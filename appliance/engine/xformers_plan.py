@@ -90,7 +90,8 @@ def step_refusal(kind: str, block_size: int, dtype, head_dim: Optional[int], lim
     return None
 
 
-def plan(kind: str, block_size: int, dtype, head_dim: int, limits: XformersLimits) -> Tuple[Optional[str], Optional[str]]:
+def plan(kind: str, block_size: int, dtype, head_dim: int,
+         limits: XformersLimits) -> Tuple[Optional[str], Optional[str]]:
     """(op name, None) when xformers can run this kind of step, else (None, why)."""
     why = step_refusal(kind, block_size, dtype, head_dim, limits)
     return (None, why) if why else (op_for(kind), None)

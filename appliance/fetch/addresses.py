@@ -30,7 +30,7 @@ def resolve(host: str, port: int) -> list[Address]:
                                                        proto=socket.IPPROTO_TCP):
         if family not in (socket.AF_INET, socket.AF_INET6):
             continue
-        address = Address(family, sockaddr, ipaddress.ip_address(sockaddr[0].split("%", 1)[0]))
+        address = Address(family, sockaddr, ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0]))
         if address not in found:
             found.append(address)
     if not found:

@@ -41,7 +41,7 @@ class PinnedHTTPConnection(http.client.HTTPConnection):
         super().__init__(host, port, timeout=connect_timeout_s)
         self.addresses, self.deadline = tuple(addresses), deadline
         self.auto_open = 0  # never reconnect behind the caller's back: connect() is called once, by it
-        self.reused = False  # True once it has served a response and been kept (pool.py)
+        self.reused = False  # True once it has served a response and been kept (kept_connections.py)
 
     def connect(self) -> None:
         self.sock = open_socket(self.addresses, self.timeout, self.deadline)

@@ -1,5 +1,6 @@
 """The value types OpenAI request bodies are made of, as pydantic types: no type coercion (a bool is not
-a number, "5" is not an integer), though an integer may be written 4.0, and numbers are finite. `either` builds a union whose member a function picks, so an error is about the
+a number, "5" is not an integer), though an integer may be written 4.0, and numbers are finite. `either` builds a
+union whose member a function picks, so an error is about the
 member the client meant (`<tag>` names stay out of error paths: protocol/validation.py).
 """
 from typing import Any, Callable, Optional, Union

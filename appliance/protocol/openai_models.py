@@ -197,7 +197,7 @@ class GenerateBody(BaseModel):
             try:
                 structured.check()
             except ValueError as e:  # a grammar that cannot compile: refused here, naming the field
-                raise field_error(str(e), "response_format" if self.response_format else "structured_outputs")
+                raise field_error(str(e), "response_format" if self.response_format else "structured_outputs") from e
         return self
 
     def structured(self) -> Optional[StructuredOutput]:

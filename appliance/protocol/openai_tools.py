@@ -138,7 +138,7 @@ def check(tools: Optional[List[Tool]], choice: Any, calling: Optional[ToolCallin
             try:
                 StructuredOutput("json", json.dumps(function_schema(tool.function))).check()
             except ValueError as e:
-                raise field_error(str(e), f"tools[{i}].function.parameters")
+                raise field_error(str(e), f"tools[{i}].function.parameters") from e
 
 
 def _check_readable(tools: List[Tool]) -> None:
@@ -148,7 +148,7 @@ def _check_readable(tools: List[Tool]) -> None:
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as e:
-            raise field_error(f"not a valid JSON schema: {e.message}", f"tools[{i}].function.parameters")
+            raise field_error(f"not a valid JSON schema: {e.message}", f"tools[{i}].function.parameters") from None
 
 
 def constraint(tools: List[Tool], calling: Optional[ToolCalling]) -> Optional[StructuredOutput]:

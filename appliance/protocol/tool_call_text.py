@@ -169,7 +169,8 @@ class HermesCalls:
     START, END = "<tool_call>", "</tool_call>"
 
     def __init__(self, schemas: Dict[str, Dict[str, Any]], parallel: bool):
-        self.validators = {name: jsonschema.validators.validator_for(schema)(schema) for name, schema in schemas.items()}
+        self.validators = {name: jsonschema.validators.validator_for(schema)(schema)
+                           for name, schema in schemas.items()}
         self.parallel = parallel
         self.pending = ""        # text not yet classified (it may start a tag)
         self.block: Optional[str] = None  # the open block's text

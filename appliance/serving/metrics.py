@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 from appliance.config.schema import MetricsNames
 
@@ -166,7 +166,8 @@ class HttpMetrics:
         self._requests = Counter("appliance_http_requests", "HTTP requests by route and status",
                                  ["model_name", "route", "status"], registry=None)
         self.model_name = model_name
-        self._series = {}  # (route, status) -> its counter: `labels()` takes a lock and builds a key each call
+        # (route, status) -> its counter: `labels()` takes a lock and builds a key each call
+        self._series: Dict[Tuple[str, int], Any] = {}
 
     def request(self, route: str, status: int) -> None:
         series = self._series.get((route, status))

@@ -93,7 +93,8 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     openapi.install(server.app, spec.routes.routes)
     litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
     address = url(cfg.server.host, cfg.server.port)
-    supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s), address=(cfg.server.host, cfg.server.port),
+    supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s),
+                            address=(cfg.server.host, cfg.server.port),
                             ready_line=f"ready: pipeline {cfg.pipeline.name} on {address} (model loaded, warm-up done)")
     for signum in STOP_SIGNALS:
         signal.signal(signum, supervisor.on_signal)
@@ -136,7 +137,7 @@ class Supervisor:
         self.exit_code = 0
         self.failure: Optional[Exception] = None
         self.outcome = ""  # the line said once every process stopped
-        self.signals = []  # names of the stop signals received, in order
+        self.signals: list[str] = []  # names of the stop signals received, in order
         self.stop_now = threading.Event()
         self.stopping = threading.Event()
 

@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 from PIL import Image
 
-from appliance.anyres_plan import (LLAVA_NEXT_PINPOINTS, AnyresConfig, fit_within, grid_shape,  # noqa: F401
+from appliance.anyres_plan import (LLAVA_NEXT_PINPOINTS, AnyresConfig, fit_within, grid_shape,  # noqa: F401 - re-exported
                                    llava_next_feature_count, select_pinpoint)
 from appliance.errors import ConfigError
 from appliance.vision.clip_preprocess import ClipPreprocessConfig, clip_preprocess_batch, resize_image, to_rgb

@@ -206,7 +206,7 @@ def decode_image(data: bytes, *, field: str = "image", max_image_pixels: int) ->
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image: Image.Image = Image.open(io.BytesIO(data))
             width, height = image.size
             if width * height > max_image_pixels:
                 raise InputError(f"{field}: image is {width}x{height} = {width * height} pixels; "

@@ -57,7 +57,8 @@ def test_features_from_llava_encode_give_the_same_answers_as_pixels(tmp_path):
         assert list(load_file(features_file)["image_features"].shape) == [64, 64]
         for question in ("What color is the shape?", "What shape is this?"):
             from_pixels = run_cli("run", "pipeline=llava_chat", f"input={image}", f"prompt={question}")
-            from_features = run_cli("run", "pipeline=llava_chat", "model.vision_language.image_input_type=image_features",
+            from_features = run_cli("run", "pipeline=llava_chat",
+                                    "model.vision_language.image_input_type=image_features",
                                     f"input={features_file}", f"prompt={question}")
             assert from_pixels.returncode == 0 and from_features.returncode == 0, from_features.stderr
             assert from_features.stdout == from_pixels.stdout != ""

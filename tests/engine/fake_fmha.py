@@ -78,7 +78,8 @@ class _Op:
 
     @classmethod
     def shape_not_supported_reasons(cls, Mq, Mkv, K, Kv):
-        return [f"max(query.shape[-1], value.shape[-1]) > {cls.SUPPORTED_MAX_K}"] if max(K, Kv) > cls.SUPPORTED_MAX_K else []
+        too_big = max(K, Kv) > cls.SUPPORTED_MAX_K
+        return [f"max(query.shape[-1], value.shape[-1]) > {cls.SUPPORTED_MAX_K}"] if too_big else []
 
 
 class SplitKFwOp(_Op):

@@ -293,7 +293,8 @@ def _decode_args(**change):
 
 
 @pytest.mark.parametrize("change, error, message", [
-    (dict(block_tables=torch.tensor([[0, 4], [2, 3]])), IndexError, r"block_tables\[0, 1\] = 4 is outside the cache's 4 blocks"),
+    (dict(block_tables=torch.tensor([[0, 4], [2, 3]])), IndexError,
+     r"block_tables\[0, 1\] = 4 is outside the cache's 4 blocks"),
     (dict(block_tables=torch.tensor([[0, 1], [-1, 3]])), IndexError, r"block_tables\[1, 0\] = -1"),
     (dict(context_lens=torch.tensor([5, 9])), IndexError, r"context_lens\[1\] = 9 is outside 1..8"),
     (dict(context_lens=torch.tensor([0, 8])), IndexError, r"context_lens\[0\] = 0"),
@@ -324,15 +325,18 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
     (lambda: cpu_kernels.rotary_(torch.randn(2, 8, 4).transpose(1, 2), torch.randn(2, 2, 8), torch.tensor([0, 1]),
                                  torch.randn(16, 8), torch.randn(16, 8)),
      ValueError, "contiguous heads"),
-    (lambda: cpu_kernels.rms_norm(torch.randn(3, 8), torch.randn(7), 1e-6), ValueError, r"weight must be contiguous \[8\]"),
+    (lambda: cpu_kernels.rms_norm(torch.randn(3, 8), torch.randn(7), 1e-6), ValueError,
+     r"weight must be contiguous \[8\]"),
     (lambda: cpu_kernels.rms_norm(torch.randn(3, 8, dtype=torch.float64), torch.randn(8), 1e-6), ValueError, "float32"),
     (lambda: cpu_kernels.silu_mul(torch.randn(3, 7)), ValueError, r"\[M, 2I\]"),
     (lambda: cpu_kernels.argmax_rows(torch.ones(3, 4, dtype=torch.int32)), ValueError, "x must be float32"),
     (lambda: cpu_kernels.argmax_rows(torch.ones(3)), ValueError, "x must be 2-D"),
     (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8), cpu_kernels.PackedWeight(torch.randn(4, 8)).data, 17),
      ValueError, "out_features 17 does not fit"),
-    (lambda: cpu_kernels.ops().pack_weight(torch.randn(4, 8), torch.empty(10)), ValueError, "contiguous 128-element buffer"),
-    (lambda: cpu_kernels.ops().pack_weight(torch.randn(40, 7).to(torch.bfloat16), torch.empty(10, dtype=torch.bfloat16)),
+    (lambda: cpu_kernels.ops().pack_weight(torch.randn(4, 8), torch.empty(10)), ValueError,
+     "contiguous 128-element buffer"),
+    (lambda: cpu_kernels.ops().pack_weight(torch.randn(40, 7).to(torch.bfloat16),
+                                           torch.empty(10, dtype=torch.bfloat16)),
      ValueError, "contiguous 512-element buffer"),  # 2 panels x 4 k pairs x 64
     (lambda: cpu_kernels.ops().pack_weight(torch.randn(4, 8), torch.empty(128, dtype=torch.bfloat16)),
      ValueError, "out must be a 1-D CPU tensor of the weight's dtype"),

@@ -72,7 +72,8 @@ def test_configs_that_can_run_compose(overrides):
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["pipeline=llava_chat", "engine=cuda", "engine.attention_backend=cpu"], "engine.attention_backend=cpu needs engine.device=cpu"),
+    (["pipeline=llava_chat", "engine=cuda", "engine.attention_backend=cpu"],
+     "engine.attention_backend=cpu needs engine.device=cpu"),
     (["pipeline=llava_chat", "engine.block_size=0"], "engine.block_size must be >= 1"),
 ])
 def test_other_impossible_engine_settings(overrides, fragment):

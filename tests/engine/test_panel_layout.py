@@ -62,6 +62,6 @@ def test_the_shape_of_a_dtype_that_does_not_pack_is_refused():
 def test_panel_widths_are_defined_in_one_header():
     """No other kernel source or Python module defines a panel's width."""
     sources = [*ENGINE.glob("csrc/*"), *ENGINE.glob("*.py")]
-    defining = [p.name for p in sources
-                if re.search(r"#define B?PANEL\b|kPanel|kGroupPanel|^\s*(GROUP_)?PANEL\s*=", p.read_text(), re.MULTILINE)]
+    definition = re.compile(r"#define B?PANEL\b|kPanel|kGroupPanel|^\s*(GROUP_)?PANEL\s*=", re.MULTILINE)
+    defining = [p.name for p in sources if definition.search(p.read_text())]
     assert defining == ["panel_layout.h"]

@@ -45,7 +45,7 @@ class LocalServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # chunked responses need 1.1
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 server.requests.append((self.path, self.headers.get("Host")))
                 route = urllib.parse.urlsplit(self.path).path.strip("/").split("/")[0]
                 getattr(server, f"route_{route.replace('-', '_')}", server.route_missing)(self)

@@ -1,6 +1,7 @@
 """Config composition against the schemas, and every bad-override case, in-process."""
 import pytest
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError
 
 from appliance.config.compose import compose, group_options
 from appliance.config.schema import DType, EngineKind
@@ -47,7 +48,7 @@ def test_config_is_struct_and_typed():
     cfg = compose(["engine.block_size=32", "server.port=9000"])
     assert cfg.engine.block_size == 32 and cfg.server.port == 9000
     assert cfg.server.host == "127.0.0.1", "loopback by default"
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigAttributeError):
         cfg.engine.not_a_field = 1
     assert OmegaConf.is_config(cfg)
 

@@ -8,7 +8,7 @@ from appliance.config.compose import compose
 from appliance.errors import ConfigError, InputError
 from appliance.pipeline import STAGES, Stage, register_stage
 from appliance.stages.build import build_pipeline
-from tests.frame import stages as frame_stages  # noqa: F401  (registers the test stages)
+from tests.frame import stages as frame_stages  # registers the test stages
 
 
 def with_stages(frame_conf, stages, inputs=("input",)):
@@ -35,7 +35,8 @@ def test_interpolated_options_resolve(frame_conf):
 @pytest.mark.parametrize(
     "stages, inputs, fragments",
     [
-        ({"first": {"stage": "nope"}}, ["input"], ["pipeline.stages.first.stage", "unknown stage 'nope'", "read_numbers"]),
+        ({"first": {"stage": "nope"}}, ["input"],
+         ["pipeline.stages.first.stage", "unknown stage 'nope'", "read_numbers"]),
         ({"factor": {"factor": 2}}, ["input"], ["pipeline.stages.factor", "'stage' key"]),
         ({"scale": "x"}, ["input"], ["pipeline.stages.scale", "'stage' key"]),
         ({"read_numbers": {}, "scale": {"factr": 2}}, ["input"],

@@ -57,7 +57,8 @@ def test_stages_keep_their_order_and_can_be_appended_or_dropped():
 
 @pytest.mark.parametrize("overrides, fragments", [
     (FLOOD + ["pipeline.stages.tile.overlapp=64"],
-     ["pipeline.stages.tile.overlapp", "unknown option for stage 'tile'", "allowed: tile_size, stride, overlap, padding"]),
+     ["pipeline.stages.tile.overlapp", "unknown option for stage 'tile'",
+      "allowed: tile_size, stride, overlap, padding"]),
     (FLOOD + ["pipeline.stages.tile.overlap=big"], ["pipeline.stages.tile.overlap", "Integer", "stage 'tile'"]),
     (FLOOD + ["pipeline.stages.stitch.blending=gaussian"],
      ["pipeline.stages.stitch.blending", "cosine, linear, none", "stage 'stitch'"]),
@@ -76,8 +77,10 @@ def test_stages_keep_their_order_and_can_be_appended_or_dropped():
      ["pipeline.stages.chat_prompt.content_format", "auto, parts"]),
     (CHAT + ["pipeline.stages.engine.sampling.max_tokns=3"],
      ["pipeline.stages.engine.sampling.max_tokns", "allowed: temperature"]),
-    (CHAT + ["pipeline.stages.engine.sampling.max_tokens=abc"], ["pipeline.stages.engine.sampling.max_tokens", "Integer"]),
-    (CHAT + ["pipeline.stages.engine.sampling.temperature=-1"], ["pipeline.stages.engine.sampling", "temperature must be >= 0"]),
+    (CHAT + ["pipeline.stages.engine.sampling.max_tokens=abc"],
+     ["pipeline.stages.engine.sampling.max_tokens", "Integer"]),
+    (CHAT + ["pipeline.stages.engine.sampling.temperature=-1"],
+     ["pipeline.stages.engine.sampling", "temperature must be >= 0"]),
     (FLOOD + ["pipeline.stages.tile.stride=1000"], ["pipeline.stages.tile.stride", "1..tile_size=512"]),
     (FLOOD + ["pipeline.stages.stitch.progress_interval=0"],
      ["pipeline.stages.stitch.progress_interval", "a number of seconds above 0"]),

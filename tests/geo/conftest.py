@@ -47,7 +47,8 @@ def make_cfg(nodes=None, **kwargs):
     cfg = OmegaConf.merge(OmegaConf.structured(AppConfig), {
         "model": {"name": "fake-flood", "architecture": "Fake", "geo": GEO},
         "engine": {"kind": "pool", "max_batch_size": 4},
-        "pipeline": {"name": "geo-test", "inputs": ["input", "output", "overwrite"], "stages": nodes or stages(**kwargs)},
+        "pipeline": {"name": "geo-test", "inputs": ["input", "output", "overwrite"],
+                     "stages": nodes or stages(**kwargs)},
     })
     return cfg
 

@@ -158,7 +158,8 @@ def test_tiles_of_a_tl_model_carry_their_scene_coords(tmp_path):
         pipeline = build_pipeline(cfg)
         pipeline.setup()
         try:
-            records = list(pipeline.run([{"input": str(scene), "output": str(tmp_path / "m.tif"), "date": "2024-06-30"}]))
+            record = {"input": str(scene), "output": str(tmp_path / "m.tif"), "date": "2024-06-30"}
+            records = list(pipeline.run([record]))
         finally:
             pipeline.close()
         assert len(records) == 2  # 64 rows x 96 columns in 64-pixel tiles

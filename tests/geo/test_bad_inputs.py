@@ -60,7 +60,8 @@ def make_bad(kind, src):
     elif kind == "truncated_band_interleaved":  # the last band's blocks are the ones missing
         dn = np.ones((6, 64, 64), np.int16)
         with rasterio.open(scene, "w", driver="GTiff", width=64, height=64, count=6, dtype="int16",
-                           interleave="band", blockysize=1, crs="EPSG:32615", transform=Affine(30, 0, 0, 0, -30, 0)) as dst:
+                           interleave="band", blockysize=1, crs="EPSG:32615",
+                           transform=Affine(30, 0, 0, 0, -30, 0)) as dst:
             dst.write(dn)
         data = scene.read_bytes()
         scene.write_bytes(data[:-100])

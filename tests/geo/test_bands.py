@@ -22,7 +22,8 @@ UNNAMED = (None,) * 6
         (["2", "GREEN", "3", "4", "5", "6"], NAMED, [2, 2, 3, 4, 5, 6]),  # repeats are the user's call
         (None, (None,) * 4, "has 4 bands but the model expects 6 (BLUE, GREEN, RED, NIR_NARROW, SWIR_1, SWIR_2)"),
         (None, ("A", "B", "C", "D", "E", "F", "G"), "bands: 1:A, 2:B"),
-        (["Blue", "Green", "Red", "NIR", "SWIR_1", "SWIR_2"], NAMED, "has no band named NIR (available: 1:BLUE, 2:GREEN"),
+        (["Blue", "Green", "Red", "NIR", "SWIR_1", "SWIR_2"], NAMED,
+         "has no band named NIR (available: 1:BLUE, 2:GREEN"),
         (["B02", "B03"], NAMED, "has no band named B02, B03"),
         (["7"], NAMED, "has no band 7: band indexes are 1..6"),
         (["0"], NAMED, "has no band 0"),

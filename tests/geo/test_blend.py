@@ -8,7 +8,8 @@ from appliance.stages.geo.plan import axis_overlaps, plan_tiles
 
 
 @pytest.mark.parametrize("kind", [Blending.cosine, Blending.linear])
-@pytest.mark.parametrize("length, tile, stride", [(1000, 256, 192), (1000, 512, 448), (300, 128, 96), (97, 32, 9), (64, 64, 48)])
+@pytest.mark.parametrize("length, tile, stride",
+                         [(1000, 256, 192), (1000, 512, 448), (300, 128, 96), (97, 32, 9), (64, 64, 48)])
 def test_ramps_sum_to_one_everywhere(kind, length, tile, stride):
     """Complementary ramps over each overlap: the raw weights already partition unity."""
     plan = plan_tiles(length, 1, tile, stride)

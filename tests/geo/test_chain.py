@@ -30,7 +30,8 @@ def test_mask_matches_labels_and_input_grid(scene, tmp_path):
     records = run_geo(str(path), out)
     assert len(records) == 1
     display = records[0]["display"]
-    assert re.fullmatch(rf"wrote {re.escape(str(out))}: 400x300, 12 tiles, water \d+\.\d%, nodata \d+\.\d%", display), display
+    assert re.fullmatch(rf"wrote {re.escape(str(out))}: 400x300, 12 tiles, water \d+\.\d%, nodata \d+\.\d%",
+                        display), display
     mask, profile = read(out, 1)
     labels, _ = read(labels_path, 1)
     _, source = read(path)
@@ -100,7 +101,8 @@ def test_several_inputs_into_a_directory(tmp_path):
     synthetic.write_scene(a, 100, 120, seed=1)
     synthetic.write_scene(b, 90, 70, seed=2)
     records = run_geo([str(a), str(b)], tmp_path / "masks")
-    assert [r["output_path"] for r in records] == [str(tmp_path / "masks" / "a.mask.tif"), str(tmp_path / "masks" / "b.mask.tif")]
+    masks = tmp_path / "masks"
+    assert [r["output_path"] for r in records] == [str(masks / "a.mask.tif"), str(masks / "b.mask.tif")]
     assert read(tmp_path / "masks" / "b.mask.tif", 1)[0].shape == (90, 70)
 
 

@@ -77,8 +77,10 @@ def test_no_declared_colours_gives_the_defaults(scene, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, fragments", [
-    (["model.geo.class_colours=[[1,2,3]]"], ["model.geo.class_colours", "1 colour for 2 classes", "unburned, burn_scar"]),
-    (["model.geo.class_colours=[[1,2,3],[0,0,256]]"], ["model.geo.class_colours", "burn_scar", "[0, 0, 256]", "0..255"]),
+    (["model.geo.class_colours=[[1,2,3]]"],
+     ["model.geo.class_colours", "1 colour for 2 classes", "unburned, burn_scar"]),
+    (["model.geo.class_colours=[[1,2,3],[0,0,256]]"],
+     ["model.geo.class_colours", "burn_scar", "[0, 0, 256]", "0..255"]),
     (["model.geo.class_colours=[[1,2,3],[-1,0,0]]"], ["model.geo.class_colours", "burn_scar", "[-1, 0, 0]"]),
     (["model.geo.class_colours=[[1,2,3],[0,0]]"], ["model.geo.class_colours", "burn_scar", "[0, 0]"]),
     (["model.geo.class_colours=[[1,2,3],[0,0,x]]"], ["model.geo.class_colours"]),

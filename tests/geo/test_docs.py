@@ -15,7 +15,8 @@ SAMPLES = REPO / "appliance" / "assets" / "samples"
 
 def documented_file():
     text = (REPO / "docs" / "geo.md").read_text()
-    block = re.search(r"## `conf/pipeline/prithvi_flood.yaml`, every option spelled out.*?```yaml\n(.*?)```", text, re.S).group(1)
+    block = re.search(r"## `conf/pipeline/prithvi_flood.yaml`, every option spelled out.*?```yaml\n(.*?)```",
+                      text, re.S).group(1)
     return block
 
 

@@ -48,7 +48,8 @@ def test_stac_item_with_relative_hrefs_makes_the_same_mask(bands, tmp_path):
 def test_item_without_a_band_names_the_missing_band(bands, tmp_path):
     _, files, _ = bands
     item = stac_item(tmp_path / "item.json", [str(f) for f in files[:4]])  # no swir16, swir22
-    with pytest.raises(InputError, match=r"item.json: has no asset for band\(s\) swir16, swir22 .*its assets: B02 \(blue\), .*B8A \(nir08\), Fmask"):
+    with pytest.raises(InputError, match=r"item.json: has no asset for band\(s\) swir16, swir22 "
+                                         r".*its assets: B02 \(blue\), .*B8A \(nir08\), Fmask"):
         run_geo(str(item), tmp_path / "m.tif")
     assert not (tmp_path / "m.tif").exists()
 

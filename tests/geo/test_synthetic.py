@@ -23,7 +23,8 @@ def test_surfaces_have_their_signatures():
     dn, labels = synthetic.make_scene(300, 400, seed=2)
     assert set(np.unique(labels)) == {0, 1, 255}
     nodata = (dn == synthetic.NODATA_DN).all(axis=0)
-    assert nodata.any() and (labels[nodata] == 255).all() and not ((dn == synthetic.NODATA_DN).any(axis=0) & ~nodata).any()
+    assert nodata.any() and (labels[nodata] == 255).all()
+    assert not ((dn == synthetic.NODATA_DN).any(axis=0) & ~nodata).any()
     water = dn[:, labels == 1].mean(axis=1)
     land = dn[:, labels == 0].mean(axis=1)
     blue, green, red, nir, swir1, swir2 = range(6)

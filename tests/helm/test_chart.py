@@ -77,7 +77,8 @@ def test_serve_mode(chart):
     kinds = by_kind(docs)
     pod, main = pod_spec(docs), container(docs)
     pod_labels = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
-    selects = lambda selector: selector.items() <= pod_labels.items()  # noqa: E731
+    def selects(selector):
+        return selector.items() <= pod_labels.items()
 
     # The Service reaches the pods on the named port; the ServiceMonitor scrapes that Service's port.
     service = kinds["Service"]["spec"]
@@ -118,7 +119,8 @@ def test_serve_mode(chart):
     # The Grafana dashboard, for the sidecar.
     dashboard = kinds["ConfigMap"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(dashboard["data"]["appliance.json"]) == json.loads((CHART / "dashboards/appliance.json").read_text())
+    dashboard_file = json.loads((CHART / "dashboards/appliance.json").read_text())
+    assert json.loads(dashboard["data"]["appliance.json"]) == dashboard_file
 
 
 def test_vllm_metric_names_reach_the_server_the_autoscaler_and_the_dashboard(chart):

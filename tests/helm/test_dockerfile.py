@@ -11,7 +11,8 @@ VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 
 def instructions():
     """(INSTRUCTION, arguments) with continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(l for l in DOCKERFILE.splitlines() if not l.lstrip().startswith("#")))
+    kept = "\n".join(line for line in DOCKERFILE.splitlines() if not line.lstrip().startswith("#"))
+    text = re.sub(r"\\\n", " ", kept)
     return [tuple(line.split(None, 1)) for line in text.splitlines() if line.strip()]
 
 
@@ -34,7 +35,8 @@ def test_the_image_runs_as_the_charts_user_on_its_port():
     user = next(args for op, args in instructions() if op == "USER")
     assert user == f"{VALUES['podSecurityContext']['runAsUser']}:{VALUES['podSecurityContext']['runAsGroup']}"
     assert next(args for op, args in instructions() if op == "EXPOSE") == str(VALUES["server"]["port"])
-    assert "APPLIANCE_CONF_DIR=/opt/appliance/conf" in DOCKERFILE and 'cp -r /src/conf "$APPLIANCE_CONF_DIR"' in DOCKERFILE
+    assert "APPLIANCE_CONF_DIR=/opt/appliance/conf" in DOCKERFILE
+    assert 'cp -r /src/conf "$APPLIANCE_CONF_DIR"' in DOCKERFILE
 
 
 def test_the_build_context_keeps_what_the_install_needs():

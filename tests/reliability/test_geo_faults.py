@@ -1,7 +1,8 @@
 """Geospatial faults, through `appliance run pipeline=prithvi_flood` as users run it (subprocesses, the
 embedded demo model): interrupted runs, a corrupt block mid-scene, a full disk, and two runs racing
 for one output. (Read-only and unwritable output directories are refused before any compute:
-tests/geo/test_bad_inputs.py and tests/geo/test_cli_e2e.py.) In every case the output directory ends with a whole mask or nothing: no partial file,
+tests/geo/test_bad_inputs.py and tests/geo/test_cli_e2e.py.) In every case the output directory ends with a whole
+mask or nothing: no partial file,
 no temp file."""
 import os
 import resource

@@ -130,12 +130,14 @@ def test_pooling_overload_is_refused_not_queued_without_end(tmp_path):
             concurrent.futures.ThreadPoolExecutor(1 + bound) as pool:
         body = {"data": {"data": f"{source.url}/scene.tif", "data_format": "url"}}
         try:
-            post = lambda: httpx.post(f"{server.base}/pooling", json=body, timeout=120)  # noqa: E731
+            def post():
+                return httpx.post(f"{server.base}/pooling", json=body, timeout=120)
             accepted = [pool.submit(post)]
             assert fetching.wait(30)  # the first scene holds the one thread
             for waiting in range(1, bound + 1):
                 accepted.append(pool.submit(post))
-                wait_for_metric(server.base, "appliance_num_requests_waiting", waiting)  # admitted (and counted) before the next arrives
+                # admitted (and counted) before the next arrives
+                wait_for_metric(server.base, "appliance_num_requests_waiting", waiting)
             for _ in range(4):
                 refused = httpx.post(f"{server.base}/pooling", json=body, timeout=10)
                 assert refused.status_code == 429, refused.text

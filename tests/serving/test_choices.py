@@ -201,7 +201,8 @@ def test_the_batch_verb_answers_completions_as_the_server(client, tmp_path):
     bodies = [{"prompt": ["The shape is", "What color is"], "n": 2, "echo": True, "logprobs": 1, "max_tokens": 5,
                "temperature": 0},
               {"prompt": [[1, 50, 60, 70]], "logprobs": 0, "max_tokens": 4, "temperature": 0},
-              {"prompt": "Is it red?", "max_tokens": 5, "extra_body": {"structured_outputs": {"choice": ["yes", "no"]}}}]
+              {"prompt": "Is it red?", "max_tokens": 5,
+               "extra_body": {"structured_outputs": {"choice": ["yes", "no"]}}}]
     lines = [completion_request(f"c{i}", **{k: v for k, v in body.items() if k != "extra_body"},
                                 **body.get("extra_body", {})) for i, body in enumerate(bodies)]
     batch = write_jsonl(tmp_path / "requests.jsonl", lines)

@@ -160,7 +160,7 @@ def test_sixteen_concurrent_image_questions_are_answered_right(llava_server, cli
                 model="llava-tiny", messages=image_question(url), max_tokens=12, temperature=0) for url in alone])
 
     together = asyncio.run(ask_all())
-    for (url, (answer, colour)), result in zip(alone.items(), together):
+    for (_url, (answer, colour)), result in zip(alone.items(), together):
         assert result.choices[0].message.content == answer
         assert names_only(result.choices[0].message.content, colour, shapes.COLORS)
 

@@ -1,7 +1,7 @@
 """`/openapi.json` lists only routes the server answers: every path and method in it, asked with an empty
 body, gets anything but the 404 of an unknown route (a 400 for a body that is not valid, a 415 for the
-wrong type, a 404 naming its path parameter for a scene that does not exist), on both kinds of server; a method a path does not take is a 405 whose `Allow` lists every method of the
-path."""
+wrong type, a 404 naming its path parameter for a scene that does not exist), on both kinds of server; a
+method a path does not take is a 405 whose `Allow` lists every method of the path."""
 import re
 
 import httpx

@@ -104,5 +104,6 @@ def test_every_inbox_message_has_one_handler_in_the_worker_kinds_that_receive_it
     for kind, handlers in kinds.items():
         assert set(handlers) == expected[kind], kind
         assert all(handler.__self__.__class__ is kind for handler in handlers.values())
-    messages = {value for value in vars(inbox).values() if isinstance(value, type) and value.__module__ == inbox.__name__}
+    messages = {value for value in vars(inbox).values()
+                if isinstance(value, type) and value.__module__ == inbox.__name__}
     assert messages == set().union(*expected.values())  # no message nobody handles

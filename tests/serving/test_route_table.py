@@ -61,7 +61,7 @@ POOL = ServedRoutes(served("pool", ui=True))
     ("/v1/models/a/b", ["GET"], False),  # {model_id:path} takes slashes
     ("/health", ["GET"], True),
     ("/", ["GET", "HEAD"], True),
-    ("/ui/flood.js", ["GET", "HEAD"], True),
+    ("/ui/map.js", ["GET", "HEAD"], True),
     ("/ui/vendor/marked.js", ["GET", "HEAD"], True),  # {file:path}: the vendored libraries below ui/
     ("/v1/chat/completions", [], False),  # another kind's route
     ("/nothing", [], False),

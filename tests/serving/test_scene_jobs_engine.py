@@ -1,7 +1,8 @@
 """Scene jobs on the engine side: the pool driver with the real flood pipeline and demo model, in this
 process, its loop turns (inbox, step, events) driven by the test as the engine loop drives them. A job
 with `progress` gets TileProgress counts that never go down and end at the scene's tile total; one with
-`report_dir` gets the scene summary in its answer and the two previews; a `/v1/pool`-like job neither. A server writes one file a scene even under `stitch.output:
+`report_dir` gets the scene summary in its answer and the two previews; a `/v1/pool`-like job neither. A server
+writes one file a scene even under `stitch.output:
 classes_and_probabilities` (its routes answer, spool and delete one)."""
 import contextlib
 import json

@@ -112,8 +112,10 @@ def test_generate_streams_drain_or_end_cleanly(slow_model, tmp_path, how, sig, t
             thread.start()
         for _ in threads:
             assert started.acquire(timeout=120), "a stream never started"
-        chat = lambda: httpx.post(f"{server.base}/v1/chat/completions",  # noqa: E731
-                                  json={"messages": HELLO, "max_tokens": 4}, timeout=60)
+
+        def chat():
+            return httpx.post(f"{server.base}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4},
+                              timeout=60)
         signal_and_check_refusal(server, how, sig, times, chat)
         for thread in threads:
             thread.join(300)
@@ -144,7 +146,8 @@ def test_pooling_requests_drain_or_end_cleanly(tmp_path, how, sig, times):
                            "server.preprocess_workers=2", "server.drain_timeout_s=300", log_level(how, sig, times),
                            cwd=tmp_path) as server:
         body = {"data": {"data": f"{source.url}/scene.tif", "data_format": "url"}}
-        post = lambda: answers.append(httpx.post(f"{server.base}/pooling", json=body, timeout=300))  # noqa: E731
+        def post():
+            answers.append(httpx.post(f"{server.base}/pooling", json=body, timeout=300))
         threads = [threading.Thread(target=post) for _ in range(2)]
         try:
             for thread in threads:

@@ -44,7 +44,8 @@ def test_auto_without_a_parser_is_refused_naming_the_setting():
 
 def test_a_hermes_answer_whole_and_streamed():
     text = "".join(PIECES)
-    whole = AnswerShaper("chatcmpl-1", "chat", auto_request(False), "m").whole([Tokens(text, 5, 20, None, "stop", 0, True)])
+    shaper = AnswerShaper("chatcmpl-1", "chat", auto_request(False), "m")
+    whole = shaper.whole([Tokens(text, 5, 20, None, "stop", 0, True)])
     message = ChatCompletion.model_validate(whole).choices[0].message
     assert message.content == "Checking." and whole["choices"][0]["finish_reason"] == "tool_calls"
     (call,) = message.tool_calls

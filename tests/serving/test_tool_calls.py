@@ -120,7 +120,8 @@ def test_a_call_max_tokens_cuts_finishes_with_length(client, stream):
     note = {"type": "function", "function": {"name": "note", "parameters": {
         "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
     answer = client.chat.completions.create(model="llava-tiny", messages=QUESTION, temperature=0, max_tokens=12,
-                                            tools=[note], tool_choice={"type": "function", "function": {"name": "note"}},
+                                            tools=[note],
+                                            tool_choice={"type": "function", "function": {"name": "note"}},
                                             stream=stream)
     if stream:
         _, calls, reason, _ = reassembled(answer)

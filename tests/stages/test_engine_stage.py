@@ -9,7 +9,8 @@ from appliance.stages.build import build_pipeline
 from tests.conftest import TINY_PRITHVI
 
 def test_pool_stage_batches_across_records_in_order(tiny_prithvi_checkpoint):
-    cfg = compose(["pipeline=prithvi_flood", *TINY_PRITHVI, f"model.checkpoint={tiny_prithvi_checkpoint}", "engine.max_batch_size=3"])
+    cfg = compose(["pipeline=prithvi_flood", *TINY_PRITHVI, f"model.checkpoint={tiny_prithvi_checkpoint}",
+                   "engine.max_batch_size=3"])
     cfg.pipeline.inputs = ["tensor", "key"]
     cfg.pipeline.stages = {"engine": {}}
     pipeline = build_pipeline(cfg)

@@ -1,5 +1,6 @@
 """The chat page against servers of its own: one with `server.api_key` (401, the page asks for the key and
-shows nothing of the server's state until given it, then the status strip and the chat work) and one whose every step takes 10 ms (tests/serving/slow_llama.py), where Stop
+shows nothing of the server's state until given it, then the status strip and the chat work) and one whose every
+step takes 10 ms (tests/serving/slow_llama.py), where Stop
 (Esc) ends the answer mid-stream and the server aborts the request."""
 import json
 

@@ -1,4 +1,4 @@
-"""The flood-map page of a pooling pipeline (`GET /` of `pipeline=prithvi_flood`) in a real browser, against
+"""The map page of a flood-mapping pipeline (`GET /` of `pipeline=prithvi_flood`) in a real browser, against
 a server of its own (12 tiles for the sample scene) and the shared keyed `flood_server`: it loads clean;
 the sample uploaded shows its progress, then the mask over the scene, with the water share numpy counts
 on `appliance run`'s mask; the mask downloaded equals run's pixel for pixel and the STAC item downloads;
@@ -101,7 +101,7 @@ def test_the_sample_shows_progress_then_the_map_with_the_water_share_of_run(scen
     valid = classes != NODATA
     share = (classes[valid] == WATER).sum() / valid.sum()
     area = (classes == WATER).sum() * abs(profile["transform"].a * profile["transform"].e) / 1e6
-    water = page.text_content("#water")
+    water = page.text_content("#headline")
     shown = re.fullmatch(r"Water: ([\d.]+) km² · ([\d.]+) % of the valid pixels", water)
     assert shown, water
     assert abs(float(shown[2]) - 100 * share) <= 0.05 + 1e-9 and abs(float(shown[1]) - area) <= 0.005 + 1e-9

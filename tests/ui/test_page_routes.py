@@ -9,7 +9,7 @@ import tomllib
 import httpx
 import pytest
 
-from appliance.serving.ui.routes import ASSETS, CSP, INDEX, STATIC, prefix_redirect
+from appliance.serving.ui.routes import ASSETS, CSP, STATIC, prefix_redirect
 from tests.conftest import FRAME_CONF, REPO
 from tests.server_process import server_process
 from tests.servers import error
@@ -105,7 +105,7 @@ def test_only_the_shipped_files_are_served(llava_server, path):
 
 def test_a_pool_server_page_loads_without_the_key_and_shows_nothing_of_the_server(flood_server, open_page):
     page = open_page(f"{flood_server.base}/")
-    page.wait_for_selector("#key-dialog[open]")  # the flood page's first API call asks for the key
+    page.wait_for_selector("#key-dialog[open]")  # the map page's first API call asks for the key
     assert f"HTTP 401: {flood_server.base}/v1/scenes" in page.problems
     assert page.text_content("#status") == ""
     assert not [url for url in page.requested if url.endswith(("/ready", "/metrics"))], page.requested

@@ -1,7 +1,7 @@
-"""The flood page's arithmetic (appliance/serving/ui/static/scene_math.js), run by Node (skipped where it is
+"""The map page's arithmetic (appliance/serving/ui/static/scene_math.js), run by Node (skipped where it is
 missing) on summaries built here, against rasterio: a point of the picture to a scene pixel, the pixel's
 map coordinates (a rotated transform too), its lon/lat interpolated in the 9 x 9 grid (across the
-antimeridian too), its class from a mask.png colour, and the water figures."""
+antimeridian too), its class from a mask.png colour, and the headline figures."""
 import json
 import shutil
 import subprocess
@@ -94,12 +94,12 @@ def test_the_class_of_a_mask_colour(tmp_path):
     assert [found["name"] for found in got] == ["land", "water", "no data", "water"]
 
 
-def test_water_is_the_class_named_water_else_every_class_but_0(tmp_path):
+def test_headline_is_the_class_named_water_else_every_class_but_0(tmp_path):
     named = summary(FLOOD, valid_pixels=900)
     unnamed = summary([entry(0, "background", [1, 1, 1], 500, 1.0), entry(1, "river", [2, 2, 2], 300, 0.5),
                        entry(2, "lake", [3, 3, 3], 100, None)], valid_pixels=900)
     nothing = summary([entry(0, "land", [1, 1, 1], 0, 0.0), entry(1, "water", [2, 2, 2], 0, 0.0)], valid_pixels=0)
-    got = call(tmp_path, [["water", named], ["water", unnamed], ["water", nothing]])
+    got = call(tmp_path, [["headlineFigures", named], ["headlineFigures", unnamed], ["headlineFigures", nothing]])
     assert got[0] == {"names": ["water"], "pixels": 200, "share": pytest.approx(200 / 900), "area_km2": 0.18}
     assert got[1] == {"names": ["river", "lake"], "pixels": 400, "share": pytest.approx(400 / 900), "area_km2": None}
     assert got[2]["share"] == 0

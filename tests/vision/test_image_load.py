@@ -167,7 +167,7 @@ def test_fetched_body_over_the_limit_and_non_image(png):
 class _Handler(http.server.BaseHTTPRequestHandler):
     body = b""
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         if self.path.startswith("/redirect-"):
             self.send_response(302)
             self.send_header("Location", {"/redirect-file": "file:///etc/passwd",

@@ -30,7 +30,8 @@ class Driver:
         self.shared = shared
         self.inbox: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.handlers = self.message_handlers()
-        self.preparer_threads = cfg.server.preprocess_workers or self.default_preparer_threads()  # server.serve checked it
+        # server.serve checked it
+        self.preparer_threads = cfg.server.preprocess_workers or self.default_preparer_threads()
         self.executor = ThreadPoolExecutor(self.preparer_threads, thread_name_prefix="prepare")
         self.events: List[Tuple[str, Any]] = []
 

@@ -72,7 +72,7 @@ class EngineLoop(LitLoop):
                 driver.drain_inbox(0 if driver.busy() else IDLE_WAIT_S)
                 try:
                     driver.step()
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:  # fatal ones re-raised, the rest fail their requests
                     if is_fatal(e):
                         raise
                     log.exception("engine step failed; failing the requests it held")

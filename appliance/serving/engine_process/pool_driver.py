@@ -139,7 +139,7 @@ class PoolDriver(Driver):
             record = as_record(SceneRecord(source, job.output_path, job.quicklook, job.bands, job.aoi, job.date))
             bridge = EngineBridge(session, self.input_field, self.output_field, self.window)
             last: Optional[Record] = None
-            for last in self.stages.replaced(self.engine_index, bridge).run([record]):
+            for last in self.stages.replaced(self.engine_index, bridge).run([record]):  # noqa: B007 - keeps the last
                 pass
             result = {"display": (last or {}).get("display")}
             if job.report_dir is not None:

@@ -3,14 +3,14 @@
 The routes parse their own bodies (appliance/protocol: errors that name the field) and answer plain
 dicts (no model is built per request), and LitServe adds them with neither a body nor a response model,
 so FastAPI can infer neither; `install` adds both to the document, once, from the route table
-(route_table.py's `Route`s: the models that validate each body and describe each answer). An answer's model
-is a component (`#/components/schemas/ChatCompletion`; the table names it by `Ref`, imported here); a request's schema stays inline, its nested
-models components. A streamed answer is `text/event-stream`, one schema per event (as OpenAPI 3.1 reads
-a stream): its `data` is a chunk model's JSON (`contentSchema`), an error's, or `[DONE]`. Bytes (a
-GeoTIFF, a PNG) are binary strings. Path parameters (`{id}`) are declared here, since the handlers take
-them from the request. Only the table's documented routes are listed: not LitServe's own
-(`GET /`, its health and info: the Gate answers them 404), nor the pages' files, which are no API, nor
-the document itself.
+(route_table.py's `Route`s: the models that validate each body and describe each answer). An answer's
+model is a component (`#/components/schemas/ChatCompletion`; the table names it by `Ref`, imported here);
+a request's schema stays inline, its nested models components. A streamed answer is `text/event-stream`,
+one schema per event (as OpenAPI 3.1 reads a stream): its `data` is a chunk model's JSON
+(`contentSchema`), an error's, or `[DONE]`. Bytes (a GeoTIFF, a PNG) are binary strings. Path parameters
+(`{id}`) are declared here, since the handlers take them from the request. Only the table's documented
+routes are listed: not LitServe's own (`GET /`, its health and info: the Gate answers them 404), nor the
+pages' files, which are no API, nor the document itself.
 For clients, the docs page (`/docs`) and the schema-driven fuzz tests.
 """
 import re
@@ -47,8 +47,8 @@ def install(app, routes: Iterable[Route]) -> None:
 def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any]) -> None:
     errors = {"description": "an error (a stream that has started sends it as an event instead)",
               "content": {JSON: {"schema": _component(ErrorResponse, components)}}}
-    operation["responses"] = {"4XX": errors, "5XX": errors, **{  # FastAPI's default success: 200
-        route.status: spec for code, spec in operation.get("responses", {}).items() if code == "200"}}
+    success = operation.get("responses", {}).get("200")  # FastAPI's default success, under the route's status
+    operation["responses"] = {"4XX": errors, "5XX": errors, **({route.status: success} if success is not None else {})}
     parameters = [{"name": name, "in": "path", "required": True, "schema": route.params.get(name, {"type": "string"})}
                   for name in re.findall(r"\{(\w+)\}", route.openapi_path)]
     parameters += [{"name": name, "in": "query", "required": False, "schema": schema}

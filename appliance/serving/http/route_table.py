@@ -154,11 +154,13 @@ ROUTES: Tuple[Route, ...] = (
           answers={"image/tiff": BYTES, "image/png": BYTES}),
     # `/v1/scenes`: a scene job is accepted (202) at once, then polled, then its files fetched. A multi-date
     # model's server also takes its dates as a form of files (spec.py adds the form: form_body.py).
-    Route("/v1/scenes", POST, attrgetter("scenes.create"), "a scene as a job: a GeoTIFF, a URL, a form of dates", kinds=POOL,
+    Route("/v1/scenes", POST, attrgetter("scenes.create"), "a scene as a job: a GeoTIFF, a URL, a form of dates",
+          kinds=POOL,
           body={**GEOTIFF_BODY, JSON: _scenes("SceneBody")},
           query={"date": {**DATE_QUERY, "description": f"{DATE_QUERY['description']}; with a GeoTIFF body only "
                                                        "(a JSON body or a form carries its own)"}},
-          status="202", answers={JSON: _scenes("Scene")}, headers={"Location": "the scene's URL, relative: scenes/{id}"}),
+          status="202", answers={JSON: _scenes("Scene")},
+          headers={"Location": "the scene's URL, relative: scenes/{id}"}),
     Route("/v1/scenes", GET, attrgetter("scenes.list"), "the scenes kept", kinds=POOL,
           answers={JSON: _scenes("SceneList")}),
     Route("/v1/scenes/{id}", GET, attrgetter("scenes.get"), "a scene: its progress, then its summary", kinds=POOL,

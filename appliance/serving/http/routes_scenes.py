@@ -141,7 +141,7 @@ class SceneRoutes:
                     return
         except APIError as e:  # the deadline passed: `close` aborts it
             job.fail(error_body(e.status, e.message, e.param)["error"], self.jobs.now())
-        except Exception:  # noqa: BLE001 - a bug here must not leave the job running forever
+        except Exception:  # a bug here must not leave the job running forever
             log.exception("scene %s: reading its events failed", job.id)
             job.fail(error_body(500, "the server failed while following this scene")["error"], self.jobs.now())
         finally:

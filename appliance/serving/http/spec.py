@@ -27,6 +27,7 @@ from appliance.serving.http.routes_pool import PoolRoutes
 from appliance.serving.http.routes_scenes import SceneRoutes
 from appliance.serving.http.routes_tokenize import TokenizeRoutes
 from appliance.serving.http.served_routes import ServedRoutes
+from appliance.serving.online_stages import ServedKind
 from appliance.serving.ui.routes import PageFiles
 
 
@@ -67,12 +68,12 @@ class ApplianceSpec(LitSpec):
                 self.add_endpoint(route.path, json_only(route, handler) if route.json_only else handler,
                                   list(route.methods))
 
-    def _handlers(self, kind: str, cfg, spool_dir: str, online) -> Handlers:
+    def _handlers(self, kind: ServedKind, cfg, spool_dir: str, online) -> Handlers:
         handlers = Handlers(OpsRoutes(self.frontend, cfg), PageFiles(kind))
-        if kind == "generate":
+        if kind is ServedKind.generate:
             handlers.generate = GenerateRoutes(self.frontend, cfg, dict(online.engine.options.sampling))
             handlers.tokenize = TokenizeRoutes(self.frontend, cfg)
-        elif kind == "pool":
+        elif kind is ServedKind.pool:
             handlers.pool = PoolRoutes(self.frontend, cfg, spool_dir)
             handlers.scenes = SceneRoutes(self.frontend, cfg, spool_dir)
         else:

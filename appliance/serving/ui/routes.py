@@ -22,9 +22,10 @@ from appliance.serving.online_stages import ServedKind
 from appliance.serving.http.route_table import INDEX
 
 STATIC = Path(__file__).with_name("static")
-# The page for each kind of pipeline: a chat for generate, a flood map for pool (GeoTIFF scenes through
-# /v1/scenes); plain pipelines get a short page that says they have none and points to the API docs.
-PAGES = {ServedKind.generate: "chat.html", ServedKind.pool: "flood.html", ServedKind.plain: "no_page.html"}
+# The page for each kind of pipeline: a chat for generate, a map for pool (GeoTIFF scenes through
+# /v1/scenes: water, burn scars, crops); plain pipelines get a short page that says they have none and
+# points to the API docs.
+PAGES = {ServedKind.generate: "chat.html", ServedKind.pool: "map.html", ServedKind.plain: "no_page.html"}
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}
 # Our modules and stylesheet, and beside them in vendor/ the libraries the page runs (with their licenses).
@@ -54,7 +55,7 @@ class StaticFile:
 class PageFiles:
     """The handlers of the page routes of a pipeline's kind; each returns None for a file it has not."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: ServedKind):
         self.page = StaticFile(PAGES[kind])
         self.docs_page = StaticFile("docs.html")
         self.assets = {path.removeprefix("/ui/"): StaticFile(path.removeprefix("/ui/")) for path in ASSETS}

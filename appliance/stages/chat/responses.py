@@ -19,7 +19,7 @@ prompt once.
 import json
 import os
 import time
-from typing import Any, Dict, Iterable, Iterator, List
+from typing import Any, Dict, Iterable, Iterator, List, Sequence
 
 from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
@@ -118,7 +118,7 @@ class ChatResponses(Stage):
         return text_completion(new_id("cmpl"), first.get("model_name") or self.cfg.model.name, created, choices,
                                usage(prompt_tokens, completion_tokens))
 
-    def _detokenize(self, token_ids: List[int]) -> str:
+    def _detokenize(self, token_ids: Sequence[int]) -> str:
         return model_tokenizer(self).decode(token_ids, skip_special_tokens=True)
 
     def _decode(self, token_id: int) -> str:

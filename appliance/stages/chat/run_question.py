@@ -38,6 +38,7 @@ def run_prompt(record: Dict[str, Any], image: bool) -> str:
     if given(record, "prompt") and given(record, "prompt_file"):
         raise InputError("prompt_file: given with prompt=; pass the question one way, not both",
                          param="prompt_file")
+    prompt: Optional[str]
     if given(record, "prompt_file"):
         prompt = read_prompt_file(str(record["prompt_file"]))
         field, source = "prompt_file", f"prompt_file: {record['prompt_file']}"

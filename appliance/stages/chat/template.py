@@ -29,7 +29,8 @@ class ChatRendering:
     fit_context: bool = True               # refuse a prompt that does not fit the context
 
 
-def template_messages(messages: List[Dict[str, Any]], parts: bool) -> Tuple[List[Dict[str, Any]], List[Tuple[str, str]]]:
+def template_messages(messages: List[Dict[str, Any]],
+                      parts: bool) -> Tuple[List[Dict[str, Any]], List[Tuple[str, str]]]:
     """(messages for apply_chat_template, [(image URL, field name)] in prompt order)."""
     rendered, images = [], []
     for i, message in enumerate(messages):

@@ -169,7 +169,7 @@ def model_encodings(cfg) -> Tuple[str, ...]:
 
 def coords_tags(scene) -> Dict[str, str]:
     """The mask's tags saying when and where the scene was taken and what the model was given."""
-    tags = {}
+    tags: Dict[str, str] = {}
     if scene.acquired is not None:
         tags.update(acquisition_date=scene.acquired.date, acquisition_date_source=scene.acquired.source)
     if len(scene.acquisitions) > 1:  # a multi-date scene: every date, in order (acquisition_date is date 1's)

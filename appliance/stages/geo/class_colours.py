@@ -23,7 +23,8 @@ def checked_colours(colours: Sequence, class_names: Sequence[str], key: str = CO
     """`colours` as RGB tuples, one per class name; else a ConfigError naming `key`."""
     if len(colours) != len(class_names):
         raise ConfigError(f"{key}: {len(colours)} colour{'s' * (len(colours) != 1)} for {len(class_names)} classes "
-                          f"({', '.join(class_names)}); give one [R, G, B] per class, in order (or null for the defaults)")
+                          f"({', '.join(class_names)}); give one [R, G, B] per class, in order "
+                          "(or null for the defaults)")
     out = []
     for name, colour in zip(class_names, colours):
         values = list(colour) if isinstance(colour, Sequence) and not isinstance(colour, str) else None

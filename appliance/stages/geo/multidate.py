@@ -144,7 +144,7 @@ def check_dates(spec: SceneSpec, model_bands: Sequence[str], requested,
     `resample`). InputError naming the first date that differs from date 1 in CRS, grid or band count."""
     per_date = [scene_bands(date, model_bands, requested) for date in spec.dates]
     first = per_date[0][0]
-    warped = []
+    warped: List[str] = []
     for number, bands in enumerate(per_date[1:], 2):
         band = bands[0]
         if band.count != first.count:

@@ -53,8 +53,8 @@ class Normalize(Stage):
     def map(self, record: Record) -> Record:
         out = dict(record)
         pixels = out.pop("pixels")
-        extra = (None,) * (pixels.ndim - 3)  # a date axis
-        pixels -= self.means[(slice(None), *extra)]
-        pixels /= self.stds[(slice(None), *extra)]
+        channels = (slice(None),) + (None,) * (pixels.ndim - 3)  # and a date axis
+        pixels -= self.means[channels]
+        pixels /= self.stds[channels]
         out["tensor"] = torch.from_numpy(pixels)
         return out

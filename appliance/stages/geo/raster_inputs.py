@@ -3,7 +3,8 @@
 A scene (`scene_sources.scene_spec`) is a GeoTIFF path or URL, a STAC item (`.json`, path or URL), or a list
 of per-band GeoTIFFs in the model's band order: `input=[a.tif, b.tif]` is two scenes,
 `input=[[b02.tif, b03.tif, ...]]` one scene from per-band files (an inner list of one file is that file:
-`input=[[a.tif],[b.tif]]` is `input=[a.tif,b.tif]`, the shape the Helm Job renders for any model). Its stem names the mask: the file's,
+`input=[[a.tif],[b.tif]]` is `input=[a.tif,b.tif]`, the shape the Helm Job renders for any model). Its stem names
+the mask: the file's,
 the first band file's, or the item file's. A multi-date model's (model.prithvi.num_frames T > 1) scene is
 T dates or one stacked file (multidate.py): `input=[d1.tif, d2.tif, d3.tif]` is ONE scene of three dates,
 `input=[[d1.tif, d2.tif, d3.tif], [e1.tif, e2.tif, e3.tif]]` two; its first date names the mask. Instead of
@@ -23,7 +24,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -95,7 +96,7 @@ def plan_outputs(inputs: Sequence[str], output: Optional[str], suffix: str = ".m
                 f"output: {len(inputs)} inputs need an output directory, got the file name {output}", param="output"
             )
         pairs = [(inputs[0], output)] if is_file else [(src, named(src, output)) for src in inputs]
-    seen = {}
+    seen: Dict[str, Any] = {}
     for src, dst in pairs:
         key = os.path.normpath(os.path.abspath(dst))
         if key in seen:
@@ -218,7 +219,8 @@ class RasterInputs(Stage):
             log.warning("search: skipped %s: %s", skipped.item_id, skipped.reason)
         names = [self_href(scene[0]) for scene in found.scenes]
         pairs = plan_outputs(names, record.get("output"), self.options.suffix)
-        return pairs, [scene_spec_of(scene, self.stac_bands, self.model_bands) for scene in found.scenes]
+        bands = self.stac_bands or ()  # found_scenes refuses a model that names none
+        return pairs, [scene_spec_of(scene, bands, self.model_bands) for scene in found.scenes]
 
     def _spec(self, value):
         if self.frames > 1:

@@ -83,7 +83,8 @@ class RasterRead(Stage):
         scenes = [
             inspect_scene(
                 record["input_path"], record.get("scene_index", i), list(self.geo.bands),
-                requested=record.get("bands") or self.options.bands, scale=self.options.scale, model_scale=self.geo.scale,
+                requested=record.get("bands") or self.options.bands, scale=self.options.scale,
+                model_scale=self.geo.scale,
                 nodata=self.options.nodata, nodata_fill=self.options.nodata_fill, aoi=record_aoi(record),
                 date=self._date(record.get("date")), frames=self.frames, stacked_order=self.stacked_order,
                 resample=self.options.resample.value if self.options.resample is not None else None,

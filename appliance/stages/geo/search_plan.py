@@ -94,7 +94,7 @@ def plan_scenes(items: Sequence[dict], stac_bands: Sequence[str],
     tiles: Dict[str, List[dict]] = {}
     for item in usable:
         tiles.setdefault(tile_of(item), []).append(item)
-    scenes = []
+    scenes: List[List[dict]] = []
     for tile, tile_items in tiles.items():
         ordered = sorted(tile_items, key=when)
         chosen = nearest_windows([when(item) for item in ordered], frames)

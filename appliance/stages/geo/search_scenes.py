@@ -70,7 +70,8 @@ def search_listing(cfg: Any) -> List[str]:
                 lines.append(f"skip {item_id(item)}: {_cloud(item)} > {limit:g}% (search.max_cloud_cover)")
     lines.extend(f"skip {s.item_id}: {s.reason}" for s in found.skipped)
     pixels = [_pixels(scene[0]) for scene in found.scenes]
-    total = f"{sum(pixels):,} pixels" if None not in pixels else "pixels unknown (items without proj:shape)"
+    known = [count for count in pixels if count is not None]
+    total = f"{sum(known):,} pixels" if len(known) == len(pixels) else "pixels unknown (items without proj:shape)"
     tiles = len({tile_of(scene[0]) for scene in found.scenes})
     lines.append(f"search: {found.found} items found, {len(found.scenes)} scenes over {tiles} tiles would run "
                  f"({total}), {len(lines) - sum(map(len, found.scenes))} items skipped")

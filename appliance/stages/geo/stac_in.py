@@ -42,7 +42,8 @@ def pick_assets(assets: Dict[str, dict], stac_bands: Sequence[str]) -> List[str]
     picked, missing = [], []
     for wanted in stac_bands:
         match = next((key for key, asset in assets.items()
-                      if isinstance(asset, dict) and asset.get("href") and _norm(wanted) in asset_band_names(key, asset)),
+                      if isinstance(asset, dict) and asset.get("href")
+                      and _norm(wanted) in asset_band_names(key, asset)),
                      None)
         if match is None:
             missing.append(wanted)

@@ -69,7 +69,8 @@ def check_datetime(value: Any) -> Optional[str]:
     if len(ends) > 2 or ends == ["..", ".."]:
         raise InputError(f"search.datetime: expected START/END or one date, got {text!r}", param="search.datetime")
     times = [None if end in ("", "..") else parse_date(end, "search.datetime") for end in ends]
-    if len(times) == 2 and None not in times and times[0] > times[1]:
+    start, end = times if len(times) == 2 else (None, None)
+    if start is not None and end is not None and start > end:
         raise InputError(f"search.datetime: {text} ends before it starts", param="search.datetime")
     return text
 
@@ -106,7 +107,7 @@ def api_retries():
                  allowed_methods=None)
 
 
-def reason(error: Exception) -> str:
+def reason(error: BaseException) -> str:
     """The innermost cause's first line (requests wraps a refused connection three deep)."""
     while error.__context__ is not None and str(error.__context__):
         error = error.__context__

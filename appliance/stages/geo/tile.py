@@ -1,7 +1,8 @@
 """`tile`: one record per tile window of each scene, reading only that window.
 
 Each tile record carries `pixels` (float32 reflectance [C, S, S] for tile size S, padded when the scene
-is smaller than a tile; [C, T, S, S] for a scene of T dates, every date's window of the same place), `valid` (bool [h, w], the tile's extent inside the scene) and `tile` (a `TileRef`:
+is smaller than a tile; [C, T, S, S] for a scene of T dates, every date's window of the same place), `valid` (bool
+[h, w], the tile's extent inside the scene) and `tile` (a `TileRef`:
 scene key, plan, window), and for a model with time and location encodings `coords` (the scene's
 GeoCoords, shared by its tiles). Records keep the scene's fields, so later stages see `scene`, `output_path`.
 """

@@ -7,7 +7,7 @@ WarpedVRT onto the first file's grid (rasterio's reprojection, a window at a tim
 `read_decimated` gives whole-scene bands at a small size (the quicklook).
 """
 import contextlib
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 from rasterio.enums import Resampling
@@ -21,7 +21,7 @@ from appliance.stages.geo.scene import SceneInfo
 
 
 class SceneReader:
-    def __init__(self, scene: SceneInfo, datasets: Dict[str, object]):
+    def __init__(self, scene: SceneInfo, datasets: Dict[str, Any]):  # rasterio datasets
         self.scene, self.datasets = scene, datasets
         # (file, positions in the model's order, 1-based bands in that file): one read call per file.
         groups: Dict[str, Tuple[List[int], List[int]]] = {}

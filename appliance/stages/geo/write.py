@@ -143,7 +143,7 @@ class MaskWriter:
         if dataset is not None and not dataset.closed:
             try:
                 dataset.close()
-            except Exception:  # the temp file goes anyway
+            except Exception:  # noqa: BLE001 - the temp file goes anyway
                 pass
         self.draft.abort()
         if self.file is not None:

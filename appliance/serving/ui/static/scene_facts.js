@@ -1,8 +1,8 @@
-// The result as text: the water figures, the legend, the scene's facts (size, CRS, bounds), and the
+// The result as text: the headline figures, the legend, the scene's facts (size, CRS, bounds), and the
 // reading of the pixel pointed at. Every figure comes from the scene's summary and goes in as text.
 
 import { el } from "./dom.js";
-import { classOfColour, lonLat, mapXY, pixelSize, rgb, scenePixel, water } from "./scene_math.js";
+import { classOfColour, lonLat, mapXY, pixelSize, rgb, scenePixel, headlineFigures } from "./scene_math.js";
 
 export const percent = (share) => `${(100 * share).toFixed(1)} %`;
 const km2 = (area) => (area === null || area === undefined ? "area unknown" : `${area.toFixed(2)} km²`);
@@ -14,8 +14,8 @@ const lonLatText = ({ lon, lat }) => `${degrees(lat, "N", "S")}, ${degrees(lon, 
 const geographic = (summary) => summary.pixel_area_m2 === null || summary.pixel_area_m2 === undefined;
 const coordinate = (summary, value) => value.toFixed(geographic(summary) ? 6 : 1);
 
-export function waterText(summary) {
-  const figures = water(summary);
+export function headlineText(summary) {
+  const figures = headlineFigures(summary);
   const what = figures.names.map((name) => name.replaceAll("_", " ")).join(" + "); // burn_scar: "Burn scar"
   const title = `${what.charAt(0).toUpperCase()}${what.slice(1)}`;
   return `${title}: ${km2(figures.area_km2)} · ${percent(figures.share)} of the valid pixels`;

@@ -1,6 +1,6 @@
 // Arithmetic on a scene's summary (the `result` of GET v1/scenes/{id}, docs/serving.md): the scene pixel
 // under a point of the picture, its map coordinates and lon/lat, its class from the mask preview's
-// colour, and the water figures. Pure functions of their arguments.
+// colour, and the headline figures. Pure functions of their arguments.
 
 export const rgb = ([r, g, b]) => `rgb(${r}, ${g}, ${b})`;
 const clamp = (value, low, high) => Math.min(high, Math.max(low, value));
@@ -64,8 +64,9 @@ export function classOfColour(summary, [r, g, b, a]) {
   return best;
 }
 
-// The water figures: the class named "water", else every class but 0 (background).
-export function water(summary) {
+// The headline figures: the class named "water" (a flood map's), else every class but 0 (background:
+// a burn scar, the crops).
+export function headlineFigures(summary) {
   const named = summary.classes.filter((entry) => entry.name.toLowerCase() === "water");
   const picked = named.length ? named : summary.classes.filter((entry) => entry.index !== 0);
   const pixels = picked.reduce((sum, entry) => sum + entry.pixels, 0);

@@ -1,6 +1,7 @@
 // The status strip: the server's own state from /ready and /metrics, refreshed every few seconds: ready
 // or draining, requests running and waiting, KV cache use, and the server's rate of one counter over the
-// last interval, every request's together: tokens/s by default, tiles/s on the flood page (`rate`). Both routes are open (probes and Prometheus need them
+// last interval, every request's together: tokens/s by default, tiles/s on the map page (`rate`). Both
+// routes are open (probes and Prometheus need them
 // so), but with server.api_key set a page shows nothing of the server's state until it was given the
 // key: the strip stays empty until the page's client (api.js) has had an answer that is not a 401, so a
 // page makes one API request as it loads (the chat page's /v1/models).

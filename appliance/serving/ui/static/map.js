@@ -1,10 +1,11 @@
-// The flood-map page for pooling pipelines. A GeoTIFF from disk (picker, or dropped anywhere on the
+// The map page for pooling pipelines. A GeoTIFF from disk (picker, or dropped anywhere on the
 // page) or the URL of a GeoTIFF or STAC item goes to POST v1/scenes (with the acquisition date when the
 // date field is filled: `?date=` for a file, `"date"` beside the URL); a multi-date model's page (T
 // `frames` in GET v1/scenes) also has T date pickers whose files go as one form, and T date fields in
 // place of the one (scene_dates.js), a stacked file taking all T dates. The page polls the scene for its
-// tiles until it is done, then shows the input's preview with the predicted mask over it, the water
-// figures, a legend, the reading of the pixel pointed at, and the mask and its STAC item to download.
+// tiles until it is done, then shows the input's preview with the predicted mask over it, the headline
+// figures (water, burn scar or crops: scene_math.js `headlineFigures`), a legend, the reading of the pixel
+// pointed at, and the mask and its STAC item to download.
 // Files come through fetch (with the API key when the server has one) as blobs, never by a URL holding
 // the key. The scene's id is kept in the address's fragment, so a reload finds it again while the
 // server keeps it.
@@ -12,10 +13,11 @@
 import { makeClient, ServerError } from "./api.js";
 import { byId, el } from "./dom.js";
 import { askKey } from "./key_dialog.js";
-import { factsEntries, legendItems, reading, readingNodes, waterText } from "./scene_facts.js";
+import { factsEntries, legendItems, reading, readingNodes, headlineText } from "./scene_facts.js";
 import { DateInputs, datesForm } from "./scene_dates.js";
 import { readPixels, SceneView } from "./scene_view.js";
 import { startStatus } from "./status.js";
+import { counted } from "./words.js";
 
 const POLL_MS = 700;
 const POINT_HINT = "Point at the picture, or focus it and use the arrow keys, to read a pixel.";
@@ -142,10 +144,11 @@ function showProgress(run, scene) {
   const { status, tiles_done: done, tiles_total: total } = scene;
   if (status === "queued") showState("queued: waiting for the engine…", null, null);
   else if (status === "running" && total === null) showState("running: opening the scene…", null, null);
-  else if (status === "running") showState(`running: ${done} of ${total} tiles`, done, total);
+  else if (status === "running") showState(`running: ${done} of ${counted(total, "tile")}`, done, total);
   else if (status === "done") {
     const seconds = ((performance.now() - run.started) / 1000).toFixed(1);
-    showState(run.resumed ? `done: ${total} tiles` : `done: ${total} tiles in ${seconds} s`, total, total);
+    const tiles = counted(total, "tile");
+    showState(run.resumed ? `done: ${tiles}` : `done: ${tiles} in ${seconds} s`, total, total);
   } else showState(status, null, null);
 }
 
@@ -215,7 +218,7 @@ async function showResult(run, scene) {
   const land = summary.classes.find((entry) => entry.index === 0)?.colour ?? [0, 0, 0];
   view.show({ sceneUrl: state.urls[0], maskUrl: state.urls[1], ...summary.preview, landColour: land });
   view.opacity(Number(byId("opacity").value));
-  byId("water").textContent = waterText(summary);
+  byId("headline").textContent = headlineText(summary);
   byId("legend").replaceChildren(...legendItems(summary));
   byId("facts").replaceChildren(...factsEntries(summary));
   byId("reading").textContent = POINT_HINT;
