@@ -98,7 +98,7 @@ def _expects_text(key: str) -> bool:
         annotation = {f.name: f.type for f in dataclasses.fields(schema)}.get(part) if schema else None
         if annotation is None:
             return False
-        schema = _dataclass_of(annotation)
+        schema = dataclass_of(annotation)
     return annotation is str or annotation == Optional[str]
 
 
@@ -245,13 +245,13 @@ def _fields_beside(full_key: str) -> List[str]:
     schema = AppConfig
     for part in full_key.split(".")[:-1]:
         field_types = {f.name: f.type for f in dataclasses.fields(schema)}
-        schema = _dataclass_of(field_types.get(part))
+        schema = dataclass_of(field_types.get(part))
         if schema is None:
             return []
     return [f.name for f in dataclasses.fields(schema)]
 
 
-def _dataclass_of(annotation) -> Optional[type]:
+def dataclass_of(annotation) -> Optional[type]:
     if dataclasses.is_dataclass(annotation):
         return annotation
     for arg in getattr(annotation, "__args__", ()):  # Optional[X]

@@ -3,12 +3,12 @@ silently keep the old value when the schema's default changes (STYLE.md: YAML ho
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Tuple
 
 import pytest
 from omegaconf import MISSING, OmegaConf
 
-from appliance.config.compose import conf_dir
+from appliance.config.compose import conf_dir, dataclass_of
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, ServerLimits
 from appliance.pipeline import STAGES
 from appliance.stages.build import load_stages
@@ -17,15 +17,6 @@ NO_DEFAULT = object()
 # A checkpoint's own facts (its architecture, its input contract, its multimodal layout) are stated in full in
 # its model file: there a schema default is a guess at some checkpoint, and changing it must not change a model.
 CHECKPOINT_FACTS = ("model.prithvi", "model.geo", "model.vision_language")
-
-
-def _dataclass_of(annotation) -> Optional[type]:
-    if dataclasses.is_dataclass(annotation):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):  # Optional[X]
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
 
 
 def _default(field: dataclasses.Field) -> Any:
@@ -55,7 +46,7 @@ def restated(node: Any, schema: type, where: str) -> Iterator[Tuple[str, Any]]:
             continue
         if path in CHECKPOINT_FACTS:
             continue
-        nested = _dataclass_of(field.type)
+        nested = dataclass_of(field.type)
         if nested is not None and isinstance(value, dict):
             yield from restated(value, nested, path)
         elif _default(field) is not NO_DEFAULT and value == _default(field):
