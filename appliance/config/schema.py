@@ -198,6 +198,7 @@ class SearchConfig:
     max_cloud_cover: Optional[float] = None  # percent, 0..100: items with more eo:cloud_cover are left out
     max_items: int = 100  # at most this many items found (every page counted)
     page_size: int = 100  # items per page the API is asked for
+    api_timeout_s: float = 30.0  # each request to the API (a page of items) must be answered within this
 
 
 @dataclass

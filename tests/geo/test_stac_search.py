@@ -1,5 +1,6 @@
 """Search as input against a real STAC API (stac-fastapi-pgstac over PostgreSQL, tests/stac_api.py) holding
 27 synthetic HLS-like items (3 tiles x 9 dates) whose band COGs a range-request server serves."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from appliance.config.schema import SearchConfig
 from appliance.errors import InputError
 from appliance.stages.geo.search_plan import plan_scenes, tile_of, when
 from appliance.stages.geo.stac_search import cloud_params, run_search
@@ -18,8 +20,8 @@ from tests.stac_api import free_port
 
 
 def search(catalog, **keys):
-    return {"url": catalog.api_url, "collections": [COLLECTION], "bbox": None, "datetime": None,
-            "max_cloud_cover": None, "max_items": 100, "page_size": 100, **keys}
+    """`search.*` as composed: the schema's defaults, this catalog's API and collection, then `keys`."""
+    return {**dataclasses.asdict(SearchConfig()), "url": catalog.api_url, "collections": [COLLECTION], **keys}
 
 
 def ids(items):

@@ -13,7 +13,6 @@ from appliance.errors import InputError
 from appliance.stages.geo.acquisition import parse_date
 from appliance.stages.geo.scene_sources import scheme, shown
 
-API_TIMEOUT_S = 30
 API_RETRIES = 3
 CLOUD_COVER = "eo:cloud_cover"
 
@@ -87,7 +86,8 @@ def run_search(search: Any, aoi=None, cloud_filter: bool = True) -> List[dict]:
     params = check_search(search, aoi)
     url = str(search.get("url"))
     try:
-        client = Client.open(url, stac_io=StacApiIO(timeout=API_TIMEOUT_S, max_retries=api_retries()))
+        stac_io = StacApiIO(timeout=float(search.get("api_timeout_s")), max_retries=api_retries())
+        client = Client.open(url, stac_io=stac_io)
         cloud = search.get("max_cloud_cover")
         if cloud is not None and cloud_filter:
             params.update(cloud_params(float(cloud), client.conforms_to(ConformanceClasses.FILTER),
