@@ -40,7 +40,7 @@ class AttentionBackend(str, Enum):
 class EngineConfig:
     kind: EngineKind = EngineKind.generate
     dtype: DType = DType.auto
-    device: str = "cpu"  # cpu | cuda | cuda:N
+    device: str = field(default="cpu", metadata=rule(pattern=r"cpu|cuda(:[0-9]+)?", why="cpu, cuda or cuda:N"))
     tensor_parallel_size: int = field(default=1, metadata=rule(ge=1))
     block_size: int = field(default=16, metadata=rule(ge=1, why="tokens per KV cache block"))
     # KV pool across all layers, per rank; None: from the machine

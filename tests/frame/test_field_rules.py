@@ -12,6 +12,7 @@ import pytest
 from appliance.config.field_rules import RULE, UNBOUNDED, Rule, check_fields, nested_schema, rule
 from appliance.config.schema import EngineConfig, ServerConfig
 from appliance.errors import ConfigError
+from tests.conftest import assert_user_error, run_cli
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -99,6 +100,11 @@ def test_every_numeric_server_and_engine_field_has_a_rule_or_says_why_not():
     assert "server.scenes.keep_s" in found and "engine.block_size" in found
     bare = [key for key, f in found.items() if RULE not in f.metadata and not f.metadata.get(UNBOUNDED)]
     assert not bare, f"declare a rule (field_rules.rule) or unbounded(why) on: {bare}"
+
+
+def test_a_device_torch_does_not_know_is_refused_by_check():
+    result = run_cli("check", "pipeline=llava_chat", "engine.device=gpu")
+    assert_user_error(result, "engine.device: 'gpu'; allowed: cpu, cuda or cuda:N")
 
 
 def test_engine_config_is_checked_however_it_is_built():
