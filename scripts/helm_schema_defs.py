@@ -1,4 +1,9 @@
-"""Write the Kubernetes part of helm/appliance/values.schema.json: its `$defs`.
+"""Write the derived parts of helm/appliance/values.schema.json: its `$defs`, and the rules of the values
+that become server settings.
+
+Settings: `server.port`, `server.corsOrigins`, `server.drainTimeoutSeconds` and `metrics.names` reach the
+server as its `server.*` settings, so their minimum, maximum, enum and pattern are those settings' rules,
+read from the schema fields (appliance/config/field_rules.py), never written by hand.
 
 The chart passes a few values straight into the pod spec (`podSecurityContext`, `securityContext`,
 `resources`, `tolerations`, `affinity`, `imagePullSecrets`). Their schemas are Kubernetes 1.33's own
@@ -7,15 +12,19 @@ descriptions and `x-kubernetes-*` annotations, so that a misspelt field there fa
 too. Kubernetes maps (`resources.limits`, `matchLabels`) become `patternProperties` on a qualified-name
 key with `additionalProperties: false`, as every object in the values schema is.
 
-    python scripts/helm_schema_defs.py          # rewrite the file's $defs
+    python scripts/helm_schema_defs.py          # rewrite the file's $defs and the settings' rules
     python scripts/helm_schema_defs.py --check  # exit 1 when the file is out of date
 
 tests/helm/test_values_schema.py runs the check.
 """
+import copy
 import json
 import re
 import sys
 from pathlib import Path
+
+from appliance.config.field_rules import field_rule
+from appliance.config.schema import ServerConfig
 
 KUBERNETES = "1.33"
 SCHEMA = Path(__file__).resolve().parents[1] / "helm" / "appliance" / "values.schema.json"
@@ -25,6 +34,26 @@ ROOTS = ["io.k8s.api.core.v1.PodSecurityContext", "io.k8s.api.core.v1.SecurityCo
 # A label key or resource name: an optional DNS-subdomain prefix and "/", then a name.
 QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                   r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+# A chart value that becomes a server setting: its path in the values, and the ServerConfig field it sets.
+SETTINGS = [(("server", "port"), "port"), (("server", "corsOrigins"), "cors_origins"),
+            (("server", "drainTimeoutSeconds"), "drain_timeout_s"), (("metrics", "names"), "metrics_names")]
+RULE_WORDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "enum", "pattern")
+
+
+def with_settings_rules(schema: dict) -> dict:
+    """`schema` with each SETTINGS value's rule words replaced by its field's rule (on an array: its items')."""
+    out = copy.deepcopy(schema)
+    for path, name in SETTINGS:
+        node = out
+        for part in path:
+            node = node["properties"][part]
+        if node.get("type") == "array":
+            node = node["items"]
+        for word in RULE_WORDS:
+            node.pop(word, None)
+        node.update(field_rule(ServerConfig, name).json_schema())
+    return out
 
 
 def kubernetes_definitions() -> dict:
@@ -64,14 +93,14 @@ def _clean(node):
 
 def main(argv) -> int:
     schema = json.loads(SCHEMA.read_text())
-    fresh = k8s_defs()
+    fresh = with_settings_rules({**schema, "$defs": k8s_defs()})
     if "--check" in argv:
-        if schema.get("$defs") != fresh:
-            print(f"{SCHEMA}: $defs differ from Kubernetes {KUBERNETES}'s; run python {__file__}", file=sys.stderr)
+        if schema != fresh:
+            print(f"{SCHEMA}: $defs differ from Kubernetes {KUBERNETES}'s or a setting's rule from its schema "
+                  f"field's; run python {__file__}", file=sys.stderr)
             return 1
         return 0
-    schema["$defs"] = fresh
-    SCHEMA.write_text(json.dumps(schema, indent=2) + "\n")
+    SCHEMA.write_text(json.dumps(fresh, indent=2) + "\n")
     return 0
 
 

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from appliance.config.engine_check import check_engine
+from appliance.config.field_rules import check_fields, nested_schema
 from appliance.config.free_text import apply_free_text, split_free_text
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, register_schemas
 from appliance.config.stage_overrides import STAGES_KEY, apply_stage_overrides, split_stage_overrides
@@ -98,7 +99,7 @@ def _expects_text(key: str) -> bool:
         annotation = {f.name: f.type for f in dataclasses.fields(schema)}.get(part) if schema else None
         if annotation is None:
             return False
-        schema = dataclass_of(annotation)
+        schema = nested_schema(annotation)
     return annotation is str or annotation == Optional[str]
 
 
@@ -195,9 +196,10 @@ def _stage_options(group_choices: Sequence[str]) -> Dict[str, List[str]]:
 
 def validate(cfg: DictConfig) -> DictConfig:
     """Re-merge into the schema in struct mode (rejects keys added with `+group.key=value` too), check
-    the engine settings, then build every stage from its node: each stage's options are checked
-    against its `Options` dataclass and by the stage itself before anything runs (the stage graph is
-    `build_pipeline`'s to check). The stage nodes come back with every option spelled out."""
+    every field's declared rule (field_rules.py) and the engine settings against model and host, then
+    build every stage from its node: each stage's options are checked against its `Options` dataclass
+    and by the stage itself before anything runs (the stage graph is `build_pipeline`'s to check). The
+    stage nodes come back with every option spelled out."""
     from appliance.stages.build import build_stages, load_stages, stage_nodes
 
     try:
@@ -208,6 +210,7 @@ def validate(cfg: DictConfig) -> DictConfig:
         OmegaConf.to_container(checked, throw_on_missing=True)
     except OmegaConfBaseException as e:
         raise ConfigError(_describe(e)) from None
+    check_fields(checked, AppConfig)  # each setting's declared rule (server.*, engine.*), before any model
     check_engine(checked)  # settings that can never run (e.g. a block size xformers' kernels refuse)
     load_stages(checked.plugins)
     checked.pipeline.stages = {node.id: node.normalized() for node in stage_nodes(checked.pipeline.stages, checked)}
@@ -245,19 +248,10 @@ def _fields_beside(full_key: str) -> List[str]:
     schema = AppConfig
     for part in full_key.split(".")[:-1]:
         field_types = {f.name: f.type for f in dataclasses.fields(schema)}
-        schema = dataclass_of(field_types.get(part))
+        schema = nested_schema(field_types.get(part))
         if schema is None:
             return []
     return [f.name for f in dataclasses.fields(schema)]
-
-
-def dataclass_of(annotation) -> Optional[type]:
-    if dataclasses.is_dataclass(annotation):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):  # Optional[X]
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
 
 
 def _quoted(text: str) -> str:

@@ -1,5 +1,6 @@
-"""Engine settings that can never run, refused while the config is composed: `appliance check` (and
-every other verb) names the constraint in one line before any weight loads."""
+"""Engine settings that can never run on this model or host, refused while the config is composed:
+`appliance check` (and every other verb) names the constraint in one line before any weight loads. The
+rules of a setting alone, or between settings, are on EngineConfig's fields (field_rules.py)."""
 import importlib.util
 import json
 import logging
@@ -7,19 +8,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
-from appliance.engine.config import EngineKind, Quantization
+from appliance.engine.config import EngineKind
 from appliance.errors import ConfigError
 
 
 def check_engine(cfg) -> None:
-    """cfg: the composed AppConfig. `attention_backend=auto` is never refused here: it falls back."""
+    """cfg: the composed AppConfig, its fields' rules checked. `attention_backend=auto` is never refused here:
+    it falls back."""
     engine = cfg.engine
-    if engine.block_size < 1:
-        raise ConfigError(f"engine.block_size must be >= 1, got {engine.block_size}")
     if engine.kind is not EngineKind.generate:
-        if engine.quantization is not Quantization.none:
-            raise ConfigError(f"engine.quantization={engine.quantization.value} applies to a language model "
-                              f"(engine.kind=generate); pool models run in engine.dtype")
         return
     backend, device, dtype = engine.attention_backend.value, str(engine.device), engine.dtype.value
     if dtype == "auto":  # what the engine will resolve it to, when the checkpoint declares it

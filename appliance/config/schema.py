@@ -10,6 +10,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from appliance.config.field_rules import rule
+
 # Field metadata of AppConfig's per-run keys (read by `free_text_keys`): FREE_TEXT: the command line's
 # `key=...` reaches the pipeline as the shell passed it, past Hydra's override grammar and OmegaConf's
 # `${...}` (appliance/config/free_text.py).
@@ -132,34 +134,42 @@ class LogFormat(str, Enum):
 
 @dataclass
 class ServerLimits:
-    max_request_bytes: int = 20 * 1024 * 1024  # an HTTP request body (413 above)
+    max_request_bytes: int = field(default=20 * 1024 * 1024, metadata=rule(ge=1))  # an HTTP request body (413 above)
     # each image, image-features file or GeoTIFF a request names (URL, file, data URL)
-    max_media_bytes: int = 20 * 1024 * 1024
+    max_media_bytes: int = field(default=20 * 1024 * 1024, metadata=rule(ge=1))
     # an image's width x height, read from its header before decoding (8000 x 8000); under Pillow's own
     # decompression-bomb warning (89.5 million), so ours is the error users see
-    max_image_pixels: int = 64_000_000
-    request_timeout_s: float = 600.0  # a request still unanswered after this long is aborted (504)
-    fetch_timeout_s: float = 30.0  # a URL the request names must arrive within this (images, GeoTIFFs)
-    max_queued_requests: int = 256  # accepted but not yet running; past it new requests get 429 at once
+    max_image_pixels: int = field(default=64_000_000, metadata=rule(ge=1))
+    # a request still unanswered after this long is aborted (504)
+    request_timeout_s: float = field(default=600.0, metadata=rule(gt=0))
+    # a URL the request names must arrive within this (images, GeoTIFFs)
+    fetch_timeout_s: float = field(default=30.0, metadata=rule(gt=0))
+    # accepted but not yet running; past it new requests get 429 at once
+    max_queued_requests: int = field(default=256, metadata=rule(ge=0))
 
 
 @dataclass
 class ServerScenes:
     """`/v1/scenes` jobs (pooling servers; docs/serving.md): how long finished ones are kept, and their previews."""
-    keep_s: float = 900.0  # a finished (done or failed) scene and its files are deleted this long after it ended
-    max_kept: int = 16  # at most this many finished scenes are kept; the oldest go first
-    preview_size: int = 1024  # longer side of scene.png and mask.png in pixels (never upscaled)
+    # a finished (done or failed) scene and its files are deleted this long after it ended
+    keep_s: float = field(default=900.0, metadata=rule(gt=0))
+    # at most this many finished scenes are kept; the oldest go first
+    max_kept: int = field(default=16, metadata=rule(ge=1))
+    # longer side of scene.png and mask.png in pixels (never upscaled)
+    preview_size: int = field(default=1024, metadata=rule(ge=1))
 
 
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = field(default=8000, metadata=rule(ge=1, le=65535))
     served_model_name: Optional[str] = None  # the model name clients send and /v1/models lists; None: model.name
     api_key: Optional[str] = None  # Bearer key on inference routes; also read from $APPLIANCE_API_KEY
     ui: bool = True  # GET / answers a page for people (chat for generate pipelines); false: 404 (docs/serving.md)
     # origins (https://app.example.com) whose pages may call the API from a browser (CORS); none: no other origin
-    cors_origins: List[str] = field(default_factory=list)
+    cors_origins: List[str] = field(default_factory=list, metadata=rule(
+        pattern=r"\*|https?://[^/\s?#]+", why="an origin as a browser sends it, scheme://host[:port] with no path or "
+        "trailing slash (https://app.example.com), or *"))
     allowed_local_media_dir: Optional[str] = None  # client-named server files only under this directory
     allowed_media_domains: List[str] = field(default_factory=list)  # hosts fetched even at private addresses
     # s3:// buckets /pooling requests may name (read by GDAL with the server's AWS_* credentials); none: refused
@@ -168,13 +178,15 @@ class ServerConfig:
     spool_dir: Optional[str] = None  # uploads and outputs in flight; None: a private temp directory
     # threads that prepare requests (fetch, decode, tile) ahead of the engine; 0: for chat and completions
     # one per CPU the server may use, at most 4 (more only trade the GIL: docs/serving.md), else 4
-    preprocess_workers: int = 0
-    drain_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long to finish
-    stream_interval: int = 1  # tokens per streamed chunk after the first (vLLM's --stream-interval): >1 saves CPU
+    preprocess_workers: int = field(default=0, metadata=rule(ge=0, why="0: the default for the pipeline's kind"))
+    # on SIGTERM: in-flight requests get this long to finish
+    drain_timeout_s: float = field(default=30.0, metadata=rule(ge=0))
+    # tokens per streamed chunk after the first (vLLM's --stream-interval): >1 saves CPU
+    stream_interval: int = field(default=1, metadata=rule(ge=1, why="tokens per streamed chunk"))
     metrics_names: MetricsNames = MetricsNames.appliance  # how /metrics names its series (docs/serving.md)
     access_log: bool = True  # one INFO line per request (method, path, status, duration, id, tokens or tiles)
     # the engine's throughput and queue line every this many seconds while there is traffic; 0: never
-    stats_interval_s: float = 10.0
+    stats_interval_s: float = field(default=10.0, metadata=rule(ge=0, why="0: no stats line"))
     limits: ServerLimits = field(default_factory=ServerLimits)
     scenes: ServerScenes = field(default_factory=ServerScenes)
 

@@ -5,6 +5,9 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, List, Optional
 
+from appliance.config.field_rules import check_fields, rule, unbounded
+from appliance.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -37,26 +40,31 @@ class AttentionBackend(str, Enum):
 class EngineConfig:
     kind: EngineKind = EngineKind.generate
     dtype: DType = DType.auto
-    device: str = "cpu"  # cpu | cuda | cuda:N
-    tensor_parallel_size: int = 1
-    block_size: int = 16
-    kv_cache_memory_bytes: Optional[int] = None  # KV pool across all layers, per rank; None: from the machine
-    num_kv_blocks: Optional[int] = None  # overrides the budget (tests use it to force preemption)
+    device: str = field(default="cpu", metadata=rule(pattern=r"cpu|cuda(:[0-9]+)?", why="cpu, cuda or cuda:N"))
+    tensor_parallel_size: int = field(default=1, metadata=rule(ge=1))
+    block_size: int = field(default=16, metadata=rule(ge=1, why="tokens per KV cache block"))
+    # KV pool across all layers, per rank; None: from the machine
+    kv_cache_memory_bytes: Optional[int] = field(default=None, metadata=rule(ge=1))
+    # overrides the budget (tests use it to force preemption)
+    num_kv_blocks: Optional[int] = field(default=None, metadata=rule(ge=1))
     # The memory the engine plans within (the host; per card on CUDA); None: what is available now.
-    memory_budget_bytes: Optional[int] = None
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    max_model_len: Optional[int] = None  # defaults to the model's max_position_embeddings
-    max_batch_size: int = 8  # pool mode: items per forward
+    memory_budget_bytes: Optional[int] = field(default=None, metadata=rule(ge=1))
+    max_num_batched_tokens: int = field(default=2048, metadata=rule(ge=1, why="tokens one step may compute"))
+    max_num_seqs: int = field(default=64, metadata=rule(ge=1, why="sequences one step may run"))
+    # defaults to the model's max_position_embeddings
+    max_model_len: Optional[int] = field(default=None, metadata=rule(ge=1))
+    max_batch_size: int = field(default=8, metadata=rule(ge=1, why="pool mode: items per forward"))
     enable_prefix_caching: bool = True
-    encoder_cache_bytes: int = 256 * 1024 * 1024  # image embeddings kept by content hash (rank 0); 0 = none
+    # image embeddings kept by content hash (rank 0)
+    encoder_cache_bytes: int = field(default=256 * 1024 * 1024, metadata=rule(
+        ge=0, why="0: no encoder cache, every request encodes its images again"))
     attention_backend: AttentionBackend = AttentionBackend.auto
     cpu_kernels: bool = True  # our AVX2 GEMM and paged decode attention for fp32 on CPU, where they build
     # CPU flags the dtype and kernel rules treat as absent (e.g. [avx512_bf16, avx512_vnni, amx_bf16]: a newer
     # CPU runs the AVX2 paths, to compare them or to keep off a unit); [] uses all the CPU has.
     cpu_features_off: List[str] = field(default_factory=list)
     quantization: Quantization = Quantization.none  # int8: the language model's linear layers, at load
-    seed: int = 0
+    seed: int = field(default=0, metadata=unbounded("any integer seeds the sampler's generators"))
 
     def __post_init__(self):
         """Choices hold their Enum members, however the config was built (composed, a dict, a test's
@@ -69,6 +77,13 @@ class EngineConfig:
                 except ValueError:
                     raise ValueError(f"engine.{f.name}: {value!r} is not one of "
                                      f"{', '.join(m.value for m in f.type)}") from None
+        check_fields(self, EngineConfig, "engine.")  # however built, an engine gets valid settings
+
+    def verify(self) -> None:
+        """Rules between fields (check_fields calls it on a composed node too)."""
+        if self.kind is not EngineKind.generate and self.quantization is not Quantization.none:
+            raise ConfigError(f"engine.quantization={self.quantization.value} applies to a language model "
+                              f"(engine.kind=generate); pool models run in engine.dtype", param="engine.quantization")
 
 
 def dtype_name(dtype) -> str:

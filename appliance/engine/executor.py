@@ -22,13 +22,8 @@ class LocalExecutor:
 
 
 def check_executor(cfg: EngineConfig) -> None:
-    """Refuse what no executor can run, before the engine plans its kernels (their probes run on rank 0's
-    card) or loads anything: ValueError naming the setting."""
-    if cfg.tensor_parallel_size < 1:
-        raise ValueError(f"engine.tensor_parallel_size must be >= 1, got {cfg.tensor_parallel_size}")
-    if cfg.encoder_cache_bytes < 0:
-        raise ValueError(f"engine.encoder_cache_bytes must be >= 0 (0 = no encoder cache: every request "
-                         f"encodes its images again), got {cfg.encoder_cache_bytes}")
+    """Refuse a tensor-parallel size this host's cards cannot run, before the engine plans its kernels (their
+    probes run on rank 0's card) or loads anything (the settings' own ranges hold: EngineConfig checks them)."""
     if cfg.tensor_parallel_size > 1:
         from appliance.engine.tp_executor import check_cards
         check_cards(cfg.device, cfg.tensor_parallel_size)

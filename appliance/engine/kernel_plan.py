@@ -131,7 +131,8 @@ def plan_pool_kernels(cfg: EngineConfig, host: Host) -> KernelPlan:
     """The plan of a pool engine configured by `cfg` (its dtype settled) on `host`: the GEMM rules above
     for its models' linear layers (which the engine makes packable: linear.packable_linears); attention
     stays torch's SDPA, which the models call on whole items (nothing paged), and there are no fused small
-    ops or sampler to plan. Pool models run unquantized (config/engine_check.py refuses int8 for them)."""
+    ops or sampler to plan. Pool models run unquantized (EngineConfig.verify refuses int8 with kind=pool; this
+    catches a generate config handed to a pool engine)."""
     if cfg.quantization is not Quantization.none:
         raise ValueError(f"engine.quantization={cfg.quantization.value}: pool models run unquantized; "
                          f"use engine.quantization=none")

@@ -67,8 +67,6 @@ class PoolEngine:
     def __init__(self, model: nn.Module, engine_config: Optional[EngineConfig] = None, host: Optional[Host] = None):
         """`host`: the machine the kernel rules decide for (default: this one, read now)."""
         cfg = engine_config_from(engine_config)
-        if cfg.max_batch_size < 1:
-            raise ValueError(f"engine.max_batch_size must be >= 1, got {cfg.max_batch_size}")
         if cfg.tensor_parallel_size != 1:
             raise ValueError(f"engine.tensor_parallel_size={cfg.tensor_parallel_size}: pool mode runs a model "
                              f"on one device (no tensor parallelism); set it to 1")

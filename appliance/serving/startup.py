@@ -73,32 +73,7 @@ def url(host: str, port: int) -> str:
 
 
 def check_server_settings(cfg) -> None:
-    """Every `server.*` setting `appliance serve` refuses before it loads a model (`appliance check` makes
-    the same checks); the port is claimed later, when the server starts (`claim_port`)."""
-    from appliance.serving.http.cors import check_cors_origins
-
-    server = cfg.server
-    if server.stream_interval < 1:
-        raise ConfigError(f"server.stream_interval: {server.stream_interval}; allowed: 1 or more "
-                          "(tokens per streamed chunk)")
-    if server.preprocess_workers < 0:
-        raise ConfigError(f"server.preprocess_workers: {server.preprocess_workers}; allowed: 0 (the default "
-                          "for the pipeline's kind) or more")
-    check_media_dir(server.allowed_local_media_dir)
-    check_cors_origins(server.cors_origins)
-    check_scenes(server.scenes)
-    check_stats_interval(server.stats_interval_s)
-
-
-def check_stats_interval(seconds: float) -> None:
-    """`server.stats_interval_s`: 0 (no stats line) or a positive number of seconds."""
-    if seconds < 0:
-        raise ConfigError(f"server.stats_interval_s: {seconds:g}; allowed: 0 (no stats line) or more seconds")
-
-
-def check_scenes(scenes) -> None:
-    """`server.scenes`: every setting a positive number."""
-    for key in ("keep_s", "max_kept", "preview_size"):
-        value = getattr(scenes, key)
-        if not value > 0:
-            raise ConfigError(f"server.scenes.{key}: {value}; must be a positive number")
+    """The `server.*` checks that need this host, made before a model loads (`appliance check` makes them
+    too); each setting's own rule was checked at composition (field_rules.py), the port is claimed
+    when the server starts (`claim_port`)."""
+    check_media_dir(cfg.server.allowed_local_media_dir)

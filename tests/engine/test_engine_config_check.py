@@ -74,7 +74,7 @@ def test_configs_that_can_run_compose(overrides):
 @pytest.mark.parametrize("overrides, fragment", [
     (["pipeline=llava_chat", "engine=cuda", "engine.attention_backend=cpu"],
      "engine.attention_backend=cpu needs engine.device=cpu"),
-    (["pipeline=llava_chat", "engine.block_size=0"], "engine.block_size must be >= 1"),
+    (["pipeline=llava_chat", "engine.block_size=0"], "engine.block_size: 0; allowed: 1 or more"),
 ])
 def test_other_impossible_engine_settings(overrides, fragment):
     with pytest.raises(ConfigError, match=fragment):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from appliance.config.schema import EngineConfig
+from appliance.errors import ConfigError
 from appliance.engine.llm_engine import LLMEngine
 from appliance.engine.models.llava import checkpoint_name
 from appliance.engine.multimodal import ImageItem
@@ -248,9 +249,10 @@ def test_encoder_cache_budget_from_config(llava15_dir, budget, hits, misses):
     assert_no_block_leaks(engine)
 
 
-def test_negative_encoder_cache_budget_is_a_clear_error(llava15_dir):
-    with pytest.raises(ValueError, match=r"engine\.encoder_cache_bytes must be >= 0.*got -1"):
-        LLMEngine(llava15_dir, EngineConfig(encoder_cache_bytes=-1))
+def test_negative_encoder_cache_budget_is_a_clear_error():
+    """Refused when the config is built, before any engine or model."""
+    with pytest.raises(ConfigError, match=r"^engine\.encoder_cache_bytes: -1; allowed: 0 or more \(0: no encoder"):
+        EngineConfig(encoder_cache_bytes=-1)
 
 
 def test_encoder_cache_budget_zero_keeps_nothing():

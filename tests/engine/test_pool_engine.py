@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from appliance.config.schema import EngineConfig
+from appliance.errors import ConfigError
 from appliance.engine.pool_engine import PoolEngine, PoolRequest, plan_batch
 
 
@@ -72,7 +73,7 @@ def test_mixed_shapes_and_abort():
 
 
 def test_bad_config_is_clear():
-    with pytest.raises(ValueError, match="max_batch_size"):
+    with pytest.raises(ConfigError, match=r"^engine\.max_batch_size: 0; allowed: 1 or more \(pool mode: items"):
         PoolEngine(TinyConvNet(), EngineConfig(kind="pool", max_batch_size=0))
 
 

@@ -8,6 +8,7 @@ from torch import nn
 
 from appliance.engine import cpu_kernels
 from appliance.engine.config import EngineConfig
+from appliance.errors import ConfigError
 from appliance.engine.host import Host
 from appliance.engine.kernel_plan import plan_pool_kernels
 from appliance.engine.linear import PlanLinear
@@ -58,8 +59,10 @@ def test_the_pool_plan_is_the_gemm_rules_and_torch_attention(device, dtype, cpu_
 
 
 def test_a_pool_engine_refuses_int8_naming_the_setting():
+    with pytest.raises(ConfigError, match="engine.quantization=int8 applies to a language model"):
+        EngineConfig(kind="pool", quantization="int8")
     with pytest.raises(ValueError, match="engine.quantization=int8: pool models run unquantized"):
-        PoolEngine(TinyMLP(), EngineConfig(kind="pool", quantization="int8"), host=host("avx2"))
+        PoolEngine(TinyMLP(), EngineConfig(quantization="int8"), host=host("avx2"))
 
 
 @needs_cpu_kernels

@@ -119,8 +119,10 @@ def test_remote_inputs_are_left_to_the_run(capsys, inputs, no_model_files):
 @pytest.mark.parametrize("setting, fragment", [
     ("server.stats_interval_s=-1", "server.stats_interval_s: -1; allowed: 0"),
     ("server.stream_interval=0", "server.stream_interval: 0; allowed: 1 or more"),
+    ("server.cors_origins=[https://app.example/]", "server.cors_origins: 'https://app.example/'; allowed: an origin"),
+    ("engine.device=gpu", "engine.device: 'gpu'; allowed: cpu, cuda or cuda:N"),
 ])
-def test_check_refuses_a_server_setting_as_serve_does(setting, fragment, tmp_path):
+def test_check_refuses_a_server_or_engine_setting_as_serve_does(setting, fragment, tmp_path):
     argv = ["pipeline=llava_chat", setting]
     checked, served = run_cli("check", *argv, timeout=120), run_cli("serve", *argv, timeout=120)
     assert_user_error(checked, fragment)

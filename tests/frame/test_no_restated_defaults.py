@@ -8,7 +8,8 @@ from typing import Any, Iterator, List, Tuple
 import pytest
 from omegaconf import MISSING, OmegaConf
 
-from appliance.config.compose import conf_dir, dataclass_of
+from appliance.config.compose import conf_dir
+from appliance.config.field_rules import nested_schema
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, ServerLimits
 from appliance.pipeline import STAGES
 from appliance.stages.build import load_stages
@@ -46,7 +47,7 @@ def restated(node: Any, schema: type, where: str) -> Iterator[Tuple[str, Any]]:
             continue
         if path in CHECKPOINT_FACTS:
             continue
-        nested = dataclass_of(field.type)
+        nested = nested_schema(field.type)
         if nested is not None and isinstance(value, dict):
             yield from restated(value, nested, path)
         elif _default(field) is not NO_DEFAULT and value == _default(field):

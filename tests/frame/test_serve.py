@@ -133,8 +133,10 @@ def test_start_up_lines_are_info_and_one_says_ready_with_the_url(tmp_path):
     assert f"on {server.base} " in lines[ready] + " "
 
 
-@pytest.mark.parametrize("setting", ["server.scenes.preview_size=0", "server.scenes.keep_s=-1",
-                                     "server.scenes.max_kept=0"])
-def test_scene_settings_must_be_positive(tmp_path, setting):
+@pytest.mark.parametrize("setting, line", [
+    ("server.scenes.preview_size=0", "server.scenes.preview_size: 0; allowed: 1 or more"),
+    ("server.scenes.keep_s=-1", "server.scenes.keep_s: -1; allowed: more than 0"),
+    ("server.scenes.max_kept=0", "server.scenes.max_kept: 0; allowed: 1 or more")])
+def test_scene_settings_must_be_positive(tmp_path, setting, line):
     result = run_cli("serve", setting, conf_dir=FRAME_CONF, cwd=tmp_path)
-    assert_user_error(result, setting.split("=")[0] + ":", "must be a positive number")
+    assert_user_error(result, line)

@@ -7,7 +7,9 @@ import helm_python
 import pytest
 import yaml
 
-from scripts.helm_schema_defs import main as schema_defs
+from appliance.config.field_rules import field_rule
+from appliance.config.schema import ServerConfig
+from scripts.helm_schema_defs import RULE_WORDS, SETTINGS, main as schema_defs
 from tests.helm.conftest import CHART, render_files
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -67,8 +69,29 @@ def test_every_object_level_is_closed():
         assert node.get("additionalProperties") is False, path
 
 
-def test_the_kubernetes_defs_are_kubernetes_1_33s():
+def test_the_kubernetes_defs_and_the_settings_rules_are_up_to_date():
     assert schema_defs(["--check"]) == 0, "run python scripts/helm_schema_defs.py"
+
+
+@pytest.mark.parametrize("path, name", SETTINGS)
+def test_values_that_become_settings_carry_the_settings_rules(path, name):
+    """The chart refuses what the server would: the same words as the field's rule, and no others."""
+    node = SCHEMA
+    for part in path:
+        node = node["properties"][part]
+    node = node.get("items", node)
+    words = field_rule(ServerConfig, name).json_schema()
+    assert words and {word: node[word] for word in node if word in RULE_WORDS} == words
+
+
+@pytest.mark.parametrize("values, where", [
+    ({"server": {"port": 0}}, "at '/server/port'"),
+    ({"server": {"drainTimeoutSeconds": -1}}, "at '/server/drainTimeoutSeconds'"),
+    ({"metrics": {"names": "prometheus"}}, "at '/metrics/names'"),
+])
+def test_a_value_outside_its_settings_rule_fails_helm_template(chart, values, where):
+    with pytest.raises(helm_python.HelmValuesError, match=re.escape(where)):
+        render_files(chart, values)
 
 
 def schema_keys(node, prefix=""):

@@ -1,14 +1,16 @@
 """The route table is the one list of routes: each kind has one main route, every schema it names exists,
 `serve --help` lists every route from it without importing torch, and a path's methods and openness are
 read from it as a request finds them."""
+import re
 import subprocess
 import sys
 
 import pytest
 
 from appliance.cli import SERVE_HELP
+from appliance.config.field_rules import check_fields
+from appliance.config.schema import ServerConfig
 from appliance.errors import ConfigError
-from appliance.serving.http.cors import check_cors_origins
 from appliance.serving.http.route_table import EVERY, ROUTES, Ref, resolved, served
 from appliance.serving.http.served_routes import ServedRoutes
 from tests.conftest import REPO
@@ -77,8 +79,9 @@ def test_a_paths_methods_and_openness(path, methods, open_):
     (["https://a.example", "ftp://b.example"], "ftp://b.example"),
 ])
 def test_cors_origins_are_origins(origins, refused):
+    settings = ServerConfig(cors_origins=origins)
     if refused is None:
-        check_cors_origins(origins)
+        check_fields(settings, ServerConfig, "server.")
     else:
-        with pytest.raises(ConfigError, match=f"server.cors_origins: '{refused}' is not an origin"):
-            check_cors_origins(origins)
+        with pytest.raises(ConfigError, match=f"^server.cors_origins: '{re.escape(refused)}'; allowed: an origin"):
+            check_fields(settings, ServerConfig, "server.")

@@ -6,25 +6,14 @@ answer); the bodies a browser sends without a preflight are refused by type (bod
 Starlette's CORSMiddleware answers preflights and marks answers for those origins only; it runs outside
 the Gate, so a preflight (which carries no key) is answered and every answer, a refusal too, is marked.
 """
-import re
-from typing import Iterable, List, Sequence
+from typing import List, Sequence
 
 from starlette.middleware.cors import CORSMiddleware
 
-from appliance.errors import ConfigError
 from appliance.serving.http.served_routes import ServedRoutes
 
-ORIGIN = re.compile(r"https?://[^/\s?#]+")  # an origin as a browser sends it: scheme://host[:port], no path
 HEADERS = ["Authorization", "Content-Type", "X-API-Key"]  # what clients send: the key, the body's type
 EXPOSED = ["Location", "Retry-After"]  # what a page may read of an answer beside the simple headers
-
-
-def check_cors_origins(origins: Iterable[str]) -> None:
-    """Each of `server.cors_origins` is an origin (`*`: any)."""
-    for origin in origins:
-        if origin != "*" and not ORIGIN.fullmatch(origin):
-            raise ConfigError(f"server.cors_origins: {origin!r} is not an origin; give scheme://host[:port] "
-                              "with no path or trailing slash (https://app.example.com), or *")
 
 
 def cors_middleware(origins: Sequence[str], routes: ServedRoutes) -> List[tuple]:
