@@ -165,7 +165,8 @@ class ChatPrompt(Stage):
 
     def _check_takes_images(self, urls: List[Tuple[str, str]], record: Record) -> None:
         if urls and not self.multimodal:
-            raise InputError(f"{at(record['where'], urls[0][1], record.get('typed_fields'))}: model {self.cfg.model.name} takes no images; "
+            named = at(record["where"], urls[0][1], record.get("typed_fields"))
+            raise InputError(f"{named}: model {self.cfg.model.name} takes no images; "
                              "send text only or choose a vision-language model", param=urls[0][1])
 
     def _completion_ids(self, record: Record) -> List[int]:
