@@ -7,6 +7,7 @@ from typing import List, Optional
 
 
 from appliance import __version__
+from appliance.display import show
 from appliance.errors import ConfigError, UserError
 from appliance.gc_tuning import settle_heap
 from appliance.logs import SERVE_LEVEL, setup_logging
@@ -229,7 +230,7 @@ def _run(pipeline, records, start: int) -> int:
             if count == 0:
                 settle_heap()  # every stage is set up (lazily) once a result came out
             if result.get("display") is not None:
-                print(result["display"], flush=True)
+                show(result["display"])  # a chat answer as Markdown on a terminal, as written when piped
     finally:
         stream.close()  # closes every stage's generator now: their cleanup runs before we exit
         pipeline.close()
