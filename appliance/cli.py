@@ -7,6 +7,7 @@ from typing import List, Optional
 
 
 from appliance import __version__
+from appliance.display import show
 from appliance.errors import ConfigError, UserError
 from appliance.gc_tuning import settle_heap
 from appliance.logs import SERVE_LEVEL, setup_logging
@@ -39,12 +40,22 @@ keys a run takes (besides any config key; `appliance config pipeline=NAME` print
                              commas, brackets, = and ${...} included): quote it for the shell only
   prompt_file=PATH           chat: the question read from a UTF-8 text file, instead of prompt=
   system=TEXT                chat: a system message before the question, taken as the shell passes it
+  search.url=URL             flood, burn scars, crops: instead of input=, the scenes a STAC API search
+                             finds (docs/geo.md, "Scenes from a STAC API search"); `check` lists them
+  search.collections=[A,B]   collection ids to search, e.g. [HLSS30_2.0]; left out: all
+  search.bbox=[W,S,E,N]      the area searched, in lon/lat; left out: the run's aoi
+  search.datetime=START/END  ISO 8601 dates or times (.. for an open end), or one date
+  search.max_cloud_cover=N   percent: items with more eo:cloud_cover are left out
+  search.max_items=N         at most N items in all
+  search.page_size=N         items per page the API is asked for (every page is read)
 
 examples:
   appliance run pipeline=prithvi_flood input=scene.tif output=mask.tif
   appliance run pipeline=prithvi_flood input=[a.tif,b.tif] output=masks/ aoi=[-91.2,29.9,-90.9,30.2]
   appliance run pipeline=llava_chat input=photo.png prompt="What's in this picture? (one line)"
   appliance run pipeline=llava_chat input=requests.jsonl output=answers.jsonl overwrite=true
+  appliance run pipeline=prithvi_flood search.url=https://cmr.earthdata.nasa.gov/stac/LPCLOUD \
+    search.collections=[HLSS30_2.0] search.bbox=[-91.2,29.9,-90.9,30.2] search.datetime=2024-06-01/2024-06-30
 """
 
 CHECK_HELP = """\
@@ -219,7 +230,7 @@ def _run(pipeline, records, start: int) -> int:
             if count == 0:
                 settle_heap()  # every stage is set up (lazily) once a result came out
             if result.get("display") is not None:
-                print(result["display"], flush=True)
+                show(result["display"])  # a chat answer as Markdown on a terminal, as written when piped
     finally:
         stream.close()  # closes every stage's generator now: their cleanup runs before we exit
         pipeline.close()

@@ -133,6 +133,48 @@ def test_single_text_prompt_prints_the_answer(text_llama_dir):
     assert len(result.stdout) > 0
 
 
+def on_a_terminal(*args):
+    """`appliance run ARGS` with stdout a pseudo-terminal, as a person runs it: (exit code, stdout)."""
+    import pty
+    import subprocess
+    import sys
+
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    with subprocess.Popen([sys.executable, "-m", "appliance.cli", "run", *args], stdout=secondary,
+                          stderr=subprocess.DEVNULL, cwd=REPO, env=env) as process:
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the run closed its side
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(primary)
+        code = process.wait(timeout=300)
+    return code, b"".join(chunks).decode().replace("\r\n", "\n")  # the terminal's line ends
+
+
+def test_a_single_answer_is_rendered_on_a_terminal_and_printed_as_written_when_piped(text_llama_dir, monkeypatch):
+    from io import StringIO
+
+    from appliance.display import MarkdownText, show
+
+    monkeypatch.setenv("COLUMNS", "100")  # the same width for the run and for the rendering here
+    monkeypatch.setenv("TERM", "xterm-256color")
+    args = _overrides(text_llama_dir, "prompt=Hello", "pipeline.stages.engine.sampling.max_tokens=8")
+    piped = _chat(*args)
+    assert piped.returncode == 0, piped.stderr
+    answer = piped.stdout.removesuffix("\n")  # greedy: the answer the terminal gets too
+    rendered = StringIO()
+    show(MarkdownText(answer), rendered, terminal=True)
+    assert on_a_terminal(*args) == (0, rendered.getvalue())
+    assert rendered.getvalue() != piped.stdout  # rich's layout, not the text as written
+
+
 @pytest.mark.parametrize("line,fragments", [
     ('{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "x"}], "best_of": 2}}',
      ["line 2", "body.best_of", "unknown"]),

@@ -50,8 +50,11 @@ CASES = [
     ("bad_jsonl_line", ["pipeline=llava_chat", "input={tmp}/requests.jsonl", "output={tmp}/answers.jsonl"],
      "line 2: not valid JSON"),
     ("jsonl_without_output", ["pipeline=llava_chat", "input={tmp}/requests.jsonl"], "output: required"),
+    # A single prompt's image is named as the person set it, not as the request it became.
     ("unreadable_image", ["pipeline=llava_chat", "input={tmp}/broken.png", "prompt=What is it?"],
-     "not an image Pillow can read"),
+     "error: input={tmp}/broken.png: not an image Pillow can read"),
+    ("unreadable_image_after_system", ["pipeline=llava_chat", "input={tmp}/broken.png", "prompt=What?",
+                                       "system=Be brief."], "error: input={tmp}/broken.png: not an image"),
     ("bad_image_in_jsonl", ["pipeline=llava_chat", "input={tmp}/images.jsonl", "output={tmp}/answers.jsonl"],
      "images.jsonl line 1 (custom_id 'x'): messages[0].content[0].image_url: not an image Pillow can read"),
     ("image_over_pixel_cap", ["pipeline=llava_chat", f"input={STAR}", "prompt=What?",
@@ -105,7 +108,7 @@ def test_check_refuses_what_run_refuses_with_the_same_line(capsys, inputs, no_mo
     argv = [arg.format(tmp=inputs) for arg in argv]
     checked = _verdict(capsys, "check", argv)
     assert checked == _verdict(capsys, "run", argv)
-    assert checked[0] == 2 and fragment in checked[1], checked
+    assert checked[0] == 2 and fragment.format(tmp=inputs) in f"error: {checked[1]}", checked
 
 
 def test_remote_inputs_are_left_to_the_run(capsys, inputs, no_model_files):

@@ -109,6 +109,30 @@ def test_every_key_of_a_run_is_in_run_help(capsys):
             assert f"  {key}=" in shown, (pipeline, key)
 
 
+def test_every_search_key_is_in_run_help(capsys):
+    from dataclasses import fields
+
+    from appliance.config.schema import SearchConfig
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = capsys.readouterr().out
+    for key in fields(SearchConfig):
+        assert f"  search.{key.name}=" in shown, key.name
+
+
+def test_help_describes_each_pipeline_in_a_whole_sentence(capsys):
+    """The first line of each pipeline file's header is what `--help` shows: it must not stop mid-sentence."""
+    from appliance.config.compose import group_options
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = capsys.readouterr().out.splitlines()
+    for pipeline in group_options("pipeline"):
+        line = next(line for line in shown if line.startswith(f"  {pipeline} "))
+        assert line.endswith("."), line
+
+
 def test_version_prints_the_package_version(capsys):
     from appliance import __version__
 

@@ -1,12 +1,14 @@
 """`appliance run pipeline=prithvi_crops`: three dates of one place as a list of files or as one stacked
 file give the same class map (13 classes, the config's names and colours); dates that do not share CRS,
 grid or bands are refused in one line naming the date (exit 2) unless raster_read.resample says how to
-warp them; each date's acquisition date reaches a TL model as its own frame of temporal_coords.
+warp them; each date's acquisition date reaches a TL model as its own frame of temporal_coords; the
+progress line names every date.
 
 The demo model (scripts/train_prithvi_flood.py --target crops) trained on seeds 10000 and up; the bundled
 sample is seed 0, which training never saw.
 """
 import json
+import re
 import shutil
 
 import numpy as np
@@ -63,6 +65,16 @@ def test_a_list_of_dates_and_the_stacked_file_give_the_same_map(masks):
     assert [link["href"] for link in item["links"] if link["rel"] == "derived_from"][-1].endswith("date3.tif")
     classes = item["assets"]["mask"]["classification:classes"]
     assert [c["name"] for c in classes][:13] == names.split(",") and classes[2]["color_hint"] == "FFD300"
+
+
+def test_the_progress_line_names_every_date(tmp_path):
+    """Progress names the scene by all its dates; the outputs keep date 1's name."""
+    result = run_cli("run", "pipeline=prithvi_crops", as_list(DATES), f"output={tmp_path / 'crops.tif'}",
+                     timeout=300, env=ENV)
+    assert result.returncode == 0, result.stderr
+    names = " + ".join(path.name for path in DATES)
+    assert re.fullmatch(rf"{re.escape(names)}: 1/1 tile \(100%\), \d+\.\d tiles/s, in \d+\S*",
+                        result.stderr.splitlines()[-1]), result.stderr
 
 
 def test_the_demo_model_classifies_the_sample(masks):

@@ -94,6 +94,23 @@ def test_a_chat_with_the_sample_image_streams_the_answer_the_api_gives(llava_ser
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_an_attached_image_stays_whole_and_a_phone_placeholder_names_no_keys(llava_server, open_page):
+    page = open_page(f"{llava_server.base}/")
+    assert "Shift+Enter" in page.get_attribute("#prompt", "placeholder")
+    page.set_input_files("#picker", [SAMPLE_IMAGE])
+    picture = page.locator("#thumbnails .thumbnail img").bounding_box()
+    remove = page.locator("#thumbnails .remove").bounding_box()
+    assert remove["y"] >= picture["y"] + picture["height"], (picture, remove)  # under the picture, not on it
+    page.click("#thumbnails .remove")
+    assert page.locator("#thumbnails .thumbnail").count() == 0
+    page.set_viewport_size(PHONE)  # turned to a phone's width: the placeholder follows
+    phone = open_page(f"{llava_server.base}/", viewport=PHONE)  # opened on one
+    for shown in (page, phone):
+        placeholder = shown.get_attribute("#prompt", "placeholder")
+        assert placeholder.startswith("Ask something") and not re.search(r"Enter|Esc", placeholder), placeholder
+        assert shown.problems == []
+
+
 def test_regenerate_edit_and_new_conversation(llava_server, open_page):
     page = open_page(f"{llava_server.base}/")
     open_settings(page, temperature=0, max_tokens=8)

@@ -3,7 +3,7 @@ a server of its own (12 tiles for the sample scene) and the shared keyed `flood_
 the sample uploaded shows its progress, then the mask over the scene, with the water share numpy counts
 on `appliance run`'s mask; the mask downloaded equals run's pixel for pixel and the STAC item downloads;
 pointing at a pixel reads its coordinates and class; the date field is sent when filled, with a file and
-with a URL; a failed scene shows the server's own message; a file name with markup stays text; with an
+with a URL; a failed scene names the file the person chose; a file name with markup stays text; with an
 API key the page asks for it, then works; it works behind a path prefix. Screenshots at desktop and phone
 width go to the test's tmp dir."""
 import json
@@ -208,7 +208,8 @@ def test_the_date_field_is_sent_with_a_file_and_with_a_url_when_filled(scene_ser
     assert json.loads(posted.value.post_data) == {"url": url}  # an empty field is left out
 
 
-def test_a_failed_scene_shows_the_server_message_and_a_markup_name_stays_text(scene_server, open_page):
+def test_a_failed_scene_names_the_chosen_file_and_a_markup_name_stays_text(scene_server, open_page):
+    """The API names the field the file came in (`param` body); the page names the file the person chose."""
     page = open_page(f"{scene_server.base}/")
     page.wait_for_selector("#limits:not(:empty)")
     name = f"{MARKUP}.tif"
@@ -216,8 +217,10 @@ def test_a_failed_scene_shows_the_server_message_and_a_markup_name_stays_text(sc
     page.wait_for_selector("#notice:not(:empty)", timeout=120_000)
     direct = httpx.post(f"{scene_server.base}/v1/pool", content=SAMPLE_IMAGE.read_bytes(),
                         headers={"Content-Type": "image/tiff"}, timeout=60)
-    assert direct.status_code == 400
-    assert page.text_content("#notice") == f"400: {error(direct)['message']}"
+    assert direct.status_code == 400 and error(direct)["param"] == "body"
+    refusal = "is a PNG file, not a GeoTIFF; convert it (gdal_translate -of GTiff)"
+    assert error(direct)["message"] == f"body: {refusal}"
+    assert page.text_content("#notice") == f"{name}: {refusal}"
     assert page.text_content("#job-name") == name
     assert page.evaluate("window.__pwned") is None
     assert page.locator("img[src=x], main script").count() == 0

@@ -20,7 +20,7 @@ ids are taken as given (`prompt_token_ids`, what the server's `/v1/completions` 
 """
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from appliance.config.schema import ImageInputType
 from appliance.engine.multimodal import ImageItem, mm_ranges
@@ -45,9 +45,12 @@ class ChatPromptOptions:
     content_format: str = "auto"  # how message content reaches the template: auto | parts | string
 
 
-def at(where: str, field: str) -> str:
-    """How an error names a field of a request: `requests.jsonl line 3 (...): messages[0]...`, or just
-    the field when the request is named by its field already (a server request: `messages`)."""
+def at(where: str, field: str, typed: Optional[Dict[str, str]] = None) -> str:
+    """How an error names a field of a request: as the person set it (`input=photo.png`, a single prompt's
+    `typed` fields), `requests.jsonl line 3 (...): messages[0]...`, or just the field when the request is
+    named by its field already (a server request: `messages`)."""
+    if typed and field in typed:
+        return typed[field]
     return field if field.startswith(where) else f"{where}: {field}"
 
 
@@ -92,10 +95,10 @@ class ChatPrompt(Stage):
             if record.get("messages") is None:
                 continue  # a completion's prompt: text or token ids
             _, urls = template_messages(record["messages"], parts=True)
-            self._check_takes_images(urls, record["where"])
+            self._check_takes_images(urls, record)
             for url, field in urls:
                 if takes_pixels and not is_web_image(url):
-                    reading.load(url, at(record["where"], field), record["media_dir"])
+                    reading.load(url, at(record["where"], field, record.get("typed_fields")), record["media_dir"])
         return None
 
     def setup(self) -> None:
@@ -143,7 +146,7 @@ class ChatPrompt(Stage):
         parts = self.options.content_format == "parts" or (self.options.content_format == "auto" and self.multimodal)
         chat, tools = with_tools(record["messages"], record.get("tools"), self.tokenizer, record.get("describe_tools"))
         messages, urls = template_messages(chat, parts)
-        self._check_takes_images(urls, where)
+        self._check_takes_images(urls, record)
         if self.images is not None and len(urls) > self.images.vl.limit_per_prompt:
             raise InputError(f"{where}: {len(urls)} images in one request; this model allows "
                              f"{self.images.vl.limit_per_prompt} (model.vision_language.limit_per_prompt)",
@@ -155,13 +158,15 @@ class ChatPrompt(Stage):
         ids = encode_rendered(self.tokenizer, text, rendering.add_special_tokens)
         if self.images is not None:
             check_image_tokens(ids, self.images.vl.image_token_id, len(urls), where)
-        futures = [images.add(self.images.prepare, url, at(where, field), record["media_dir"])
+        typed = record.get("typed_fields")
+        futures = [images.add(self.images.prepare, url, at(where, field, typed), record["media_dir"])
                    for url, field in urls]
         return ids, futures
 
-    def _check_takes_images(self, urls: List[Tuple[str, str]], where: str) -> None:
+    def _check_takes_images(self, urls: List[Tuple[str, str]], record: Record) -> None:
         if urls and not self.multimodal:
-            raise InputError(f"{at(where, urls[0][1])}: model {self.cfg.model.name} takes no images; "
+            named = at(record["where"], urls[0][1], record.get("typed_fields"))
+            raise InputError(f"{named}: model {self.cfg.model.name} takes no images; "
                              "send text only or choose a vision-language model", param=urls[0][1])
 
     def _completion_ids(self, record: Record) -> List[int]:

@@ -45,6 +45,9 @@ class ChatRequest:
     n: int = 1                      # answers asked for (per prompt)
     prompts: Optional[List[Union[str, List[int]]]] = None  # completion: its prompts, texts or token ids
     echo: bool = False              # completion: each answer starts with its prompt
+    # A single prompt's fields as the person set them (`input=photo.png`), by their protocol names
+    # (`messages[0].content[0].image_url`): errors name what was typed, not the request it became.
+    typed: Optional[Dict[str, str]] = None
 
     def where(self, source: str) -> str:
         """How errors name this request: `requests.jsonl line 3 (custom_id 'a')` or `input`."""
@@ -116,14 +119,17 @@ def read_batch_file(path: str, defaults: Optional[Dict[str, Any]] = None) -> Lis
 def single_request(image: Optional[str], record: Record) -> ChatRequest:
     """One user message: the image (if any), then the question; after `system=`'s message when given."""
     prompt = run_prompt(record, image is not None)
+    system = system_message(record)
+    messages = [system] if system else []
     parts: List[Dict[str, Any]] = []
+    typed: Dict[str, str] = {}
     if image is not None:
         url = image if is_remote_image(image) else os.path.basename(image)  # a file: under its media dir
+        typed[f"messages[{len(messages)}].content[{len(parts)}].image_url"] = f"input={record['input']}"
         parts.append({"type": "image_url", "image_url": {"url": url}})
     parts.append({"type": "text", "text": prompt})
-    system = system_message(record)
-    return ChatRequest("prompt", [*([system] if system else []), {"role": "user", "content": parts}],
-                       dict(CHAT_ANSWER_SAMPLING))
+    return ChatRequest("prompt", [*messages, {"role": "user", "content": parts}], dict(CHAT_ANSWER_SAMPLING),
+                       typed=typed)
 
 
 def check_batch_output(source: str, output: Any, overwrite: bool = False) -> str:
@@ -185,7 +191,8 @@ class ChatRequests(Stage):
     """One record per chat request, one per prompt of a completion request: messages (None for a
     completion), completion_prompt (the prompt as sent; None for a chat), echo, prompt_number,
     prompt_count (the request's prompts: 1 for a chat), sampling, top_logprobs, n, custom_id, model_name,
-    where (how errors name it), media_dir (local paths allowed under it), output_path (batch only),
+    where (how errors name it), typed_fields (a single prompt's fields as typed), media_dir (local paths
+    allowed under it), output_path (batch only),
     request_index, request_count.
 
     Offline only: the server takes requests from HTTP bodies (appliance/serving) instead."""
@@ -193,8 +200,8 @@ class ChatRequests(Stage):
     name = "chat_requests"
     consumes = ("input", "output", "prompt", "prompt_file", "system", "overwrite")
     produces = ("messages", "completion_prompt", "echo", "prompt_number", "prompt_count", "sampling",
-                "top_logprobs", "n", "custom_id", "model_name", "where", "media_dir", "output_path",
-                "request_index", "request_count")
+                "top_logprobs", "n", "custom_id", "model_name", "where", "typed_fields", "media_dir",
+                "output_path", "request_index", "request_count")
     online = False
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
@@ -204,7 +211,8 @@ class ChatRequests(Stage):
             for index, request in enumerate(requests):
                 common = {"messages": request.messages, "echo": request.echo, "sampling": request.sampling,
                           "top_logprobs": request.top_logprobs, "n": request.n, "custom_id": request.custom_id,
-                          "model_name": request.model, "where": request.where(source), "media_dir": allowed,
+                          "model_name": request.model, "where": request.where(source),
+                          "typed_fields": request.typed, "media_dir": allowed,
                           "output_path": output, "request_index": index, "request_count": len(requests)}
                 prompts = request.prompts if request.prompts is not None else [None]
                 for number, prompt in enumerate(prompts):

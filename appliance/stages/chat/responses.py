@@ -1,8 +1,8 @@
 """`chat_responses`: completions -> the answer text (single prompt) or the OpenAI batch output file.
 
-A single prompt yields `display` = the answer (surrounding whitespace stripped) and `response` = the
-chat.completion object. A batch run collects its `request_count` answers and writes one line per
-request, in input order:
+A single prompt yields `display` = the answer (surrounding whitespace stripped; Markdown, which the
+CLI renders on a terminal: appliance/display.py) and `response` = the chat.completion object. A batch
+run collects its `request_count` answers and writes one line per request, in input order:
 
     {"id": "batch_req_...", "custom_id": ..., "response": {"status_code": 200, "request_id": "req_...",
      "body": <chat.completion or text_completion>}, "error": null}
@@ -21,6 +21,7 @@ import os
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Sequence
 
+from appliance.display import MarkdownText
 from appliance.output_files import AtomicFile
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.protocol.openai_responses import (Choice, answer_logprobs, chat_completion, echo_text, new_id,
@@ -78,7 +79,7 @@ class ChatResponses(Stage):
             path = record.get("output_path")
             if not path:
                 answer = body["choices"][0]["message"]["content"]
-                yield {"custom_id": record["custom_id"], "display": answer.strip(), "response": body}
+                yield {"custom_id": record["custom_id"], "display": MarkdownText(answer.strip()), "response": body}
                 continue
             lines = batches.setdefault(path, [])
             lines.append(batch_line(record["custom_id"], body))

@@ -50,12 +50,19 @@ class SceneInfo:
     coords: Any = None  # GeoCoords the model is given (raster_read sets them for models with coords_encoding)
     frames: int = 1  # T: dates of the scene (model.prithvi.num_frames); the tile stage gives [C, T, h, w]
     acquisitions: Tuple[Optional[Acquired], ...] = ()  # per date (`acquired` is date 1's)
+    date_paths: Tuple[str, ...] = ()  # a multi-date scene's dates' sources, as shown (date 1's is `path`)
     warped: Tuple[str, ...] = ()  # files read warped onto date 1's grid (raster_read.resample), with `resampling`
     resampling: Optional[str] = None
 
     @property
     def name(self) -> str:
         return os.path.basename(self.path)
+
+    @property
+    def title(self) -> str:
+        """How progress names the scene: every date's source of a multi-date scene (`a.tif + b.tif + c.tif`),
+        where `name` (date 1's) names its outputs."""
+        return " + ".join(os.path.basename(path) for path in self.date_paths) or self.name
 
 
 def inspect_scene(
@@ -117,7 +124,8 @@ def inspect_scene(
         files=tuple(b.file for b in bands), offset=(row, col), labels=tuple(b.label for b in bands),
         links=spec.links, fetch=spec.fetch, datetime=acquired.when.isoformat() if acquired else None,
         acquired=acquired, centre=scene_centre(first.crs, transform, width, height), frames=frames,
-        acquisitions=acquisitions, warped=warped, resampling=resample if warped else None,
+        acquisitions=acquisitions, date_paths=tuple(shown(d.name) for d in spec.dates), warped=warped,
+        resampling=resample if warped else None,
     )
 
 

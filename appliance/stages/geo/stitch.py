@@ -103,7 +103,7 @@ class Stitch(Stage):
             for record in records:
                 ref, logits = record["tile"], to_numpy(record["logits"])
                 if ref.scene_key not in open_scenes:
-                    label = getattr(record.get("scene"), "name", "tiles")
+                    label = getattr(record.get("scene"), "title", "tiles")
                     stitcher = StripStitcher(ref.plan, logits.shape[0], self.options.blending)
                     open_scenes[ref.scene_key] = (stitcher, tiles_progress(ref.count, label, self.options))
                 stitcher, bar = open_scenes[ref.scene_key]

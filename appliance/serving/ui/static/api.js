@@ -1,28 +1,33 @@
 // Requests to this server. URLs are relative, so the page works under any path prefix a proxy adds. With
 // server.api_key set, a 401 makes the page ask for the key (askKey), kept in sessionStorage (never in a
-// URL) and sent as a bearer token. A failed request throws ServerError with the server's own message.
+// URL) and sent as a bearer token. A failed request throws ServerError with the server's own message and
+// the field it names (`param`; null when it names none).
 // `authorized` resolves at the first answer that is not a 401: the key was taken, or none is needed.
 
 const KEY = "appliance.apiKey";
 
 export class ServerError extends Error {
-  constructor(status, message) {
+  constructor(status, message, param = null) {
     super(message);
     this.status = status;
+    this.param = param;
   }
 }
 
-// The message of an error answer: OpenAI's {"error": {"message"}}, else the body's text.
-export async function errorMessage(response) {
+// {message, param} of an error answer: OpenAI's {"error": {"message", "param"}}, else the body's text.
+export async function errorOf(response) {
   const text = await response.text();
   try {
     const body = JSON.parse(text);
     const message = body?.error?.message ?? body?.detail;
-    if (message) return typeof message === "string" ? message : JSON.stringify(message);
+    if (message) {
+      const text = typeof message === "string" ? message : JSON.stringify(message);
+      return { message: text, param: body?.error?.param ?? null };
+    }
   } catch {
     // not JSON: the text itself
   }
-  return text.trim() || `HTTP ${response.status} ${response.statusText}`;
+  return { message: text.trim() || `HTTP ${response.status} ${response.statusText}`, param: null };
 }
 
 export function makeClient(askKey) {
@@ -41,10 +46,13 @@ export function makeClient(askKey) {
       const response = await fetch(path, { ...init, headers });
       if (response.status !== 401) {
         markAuthorized();
-        if (!response.ok) throw new ServerError(response.status, await errorMessage(response));
+        if (!response.ok) {
+          const { message, param } = await errorOf(response);
+          throw new ServerError(response.status, message, param);
+        }
         return response;
       }
-      reason = await errorMessage(response);
+      reason = (await errorOf(response)).message;
       const given = await askKey(reason, Boolean(key));
       if (!given) throw new ServerError(401, reason);
       sessionStorage.setItem(KEY, given);

@@ -32,6 +32,16 @@ function notice(text) {
   byId("notice").textContent = text;
 }
 
+// A touch or narrow screen often has no keyboard: its placeholder names no keys (chat.html holds both).
+const KEYLESS = matchMedia("(pointer: coarse), (max-width: 700px)");
+const KEYED_PLACEHOLDER = byId("prompt").placeholder;
+function showPlaceholder() {
+  const prompt = byId("prompt");
+  prompt.placeholder = KEYLESS.matches ? prompt.dataset.keylessPlaceholder : KEYED_PLACEHOLDER;
+}
+KEYLESS.addEventListener("change", showPlaceholder);
+showPlaceholder();
+
 function save() {
   if (!saveConversations(state.conversations)) notice("Browser storage is full: images of these conversations are not kept.");
 }

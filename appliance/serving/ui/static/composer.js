@@ -61,17 +61,22 @@ export class Composer {
           "figure",
           { class: "thumbnail" },
           el("img", { src: image.url, alt: image.name }),
-          el("figcaption", { text: image.name }),
-          el("button", {
-            type: "button",
-            class: "remove",
-            "aria-label": `Remove ${image.name}`,
-            text: "×",
-            onclick: () => {
-              this.images.splice(index, 1);
-              this.render();
-            },
-          }),
+          // The remove button sits beside the name, under the picture: the picture stays whole.
+          el(
+            "figcaption",
+            { class: "removable" },
+            el("span", { text: image.name }),
+            el("button", {
+              type: "button",
+              class: "remove",
+              "aria-label": `Remove ${image.name}`,
+              text: "×",
+              onclick: () => {
+                this.images.splice(index, 1);
+                this.render();
+              },
+            }),
+          ),
         ),
       ),
     );

@@ -15,6 +15,7 @@ import { byId, el } from "./dom.js";
 import { askKey } from "./key_dialog.js";
 import { factsEntries, legendItems, reading, readingNodes, headlineText } from "./scene_facts.js";
 import { DateInputs, datesForm } from "./scene_dates.js";
+import { sceneProblem } from "./scene_problem.js";
 import { readPixels, SceneView } from "./scene_view.js";
 import { startStatus } from "./status.js";
 import { counted } from "./words.js";
@@ -24,7 +25,7 @@ const POINT_HINT = "Point at the picture, or focus it and use the arrow keys, to
 const client = makeClient(askKey);
 const view = new SceneView(byId("viewer"), { onPoint: showReading });
 const state = {
-  run: null, // the scene the page follows: {name, id, started, resumed, controller}; replaced when another starts
+  run: null, // the scene the page follows: {name, files, id, started, resumed, controller}; replaced by another
   limits: null, // GET v1/scenes: max_request_bytes, keep_s, frames
   dates: null, // a multi-date model's DateInputs
   result: null, // {id, summary, mask}: the scene shown, and mask.png's pixels
@@ -44,13 +45,19 @@ function messageOf(error) {
   return error instanceof ServerError ? `${error.status}: ${error.message}` : String(error?.message ?? error);
 }
 
+// What was wrong with `run`'s scene, naming the files the person chose (scene_problem.js).
+function problemOf(run, error) {
+  return error instanceof ServerError ? sceneProblem(error, run.files) : messageOf(error);
+}
+
 // ---- a scene's run ---------------------------------------------------------------------------------
 function sendFile(file) {
   if (!file || state.run || !fits(file.name, file.size)) return;
   const date = acquisitionDate();
   if (date === undefined) return;
   const path = date ? `v1/scenes?date=${encodeURIComponent([date].flat().join(","))}` : "v1/scenes";
-  start(file.name, path, { headers: { "Content-Type": "image/tiff" }, body: file }, `uploading ${megabytes(file.size)}…`);
+  const init = { headers: { "Content-Type": "image/tiff" }, body: file };
+  start(file.name, [file.name], path, init, `uploading ${megabytes(file.size)}…`);
 }
 
 function sendUrl(url) {
@@ -58,7 +65,7 @@ function sendUrl(url) {
   const date = acquisitionDate();
   if (date === undefined) return;
   const body = JSON.stringify(date ? { url, date } : { url });
-  start(url, "v1/scenes", { headers: { "Content-Type": "application/json" }, body }, "sending the URL…");
+  start(url, [], "v1/scenes", { headers: { "Content-Type": "application/json" }, body }, "sending the URL…");
 }
 
 // A multi-date model's T files, in time order, as one form (the browser writes its Content-Type).
@@ -68,7 +75,7 @@ function sendDates(files) {
   if (state.run || !fits(name, size)) return;
   const dates = acquisitionDate();
   if (dates === undefined) return;
-  start(name, "v1/scenes", { body: datesForm(files, dates) }, `uploading ${megabytes(size)}…`);
+  start(name, files.map((file) => file.name), "v1/scenes", { body: datesForm(files, dates) }, `uploading ${megabytes(size)}…`);
 }
 
 // False, once the person is told, when the upload is larger than the server takes.
@@ -91,8 +98,9 @@ function acquisitionDate() {
   }
 }
 
-async function start(name, path, init, what) {
-  const run = { name, id: null, started: performance.now(), controller: new AbortController() };
+// `files`: the names of the files sent, in the order of the request's fields.
+async function start(name, files, path, init, what) {
+  const run = { name, files, id: null, started: performance.now(), controller: new AbortController() };
   begin(run, what);
   let scene;
   try {
@@ -101,7 +109,7 @@ async function start(name, path, init, what) {
   } catch (error) {
     if (state.run === run) {
       if (error.name === "AbortError") end("Stopped before the server had the scene.", "stopped");
-      else end(messageOf(error));
+      else end(problemOf(run, error));
     }
     return;
   }
@@ -127,7 +135,10 @@ async function follow(run, scene) {
   for (;;) {
     showProgress(run, scene);
     if (scene.status === "done") return showResult(run, scene);
-    if (scene.status === "failed") return end(`${scene.error?.code ?? 500}: ${scene.error?.message ?? "no message"}`);
+    if (scene.status === "failed") {
+      const { code, message, param } = scene.error ?? {};
+      return end(sceneProblem({ status: code ?? 500, message: message ?? "no message", param }, run.files));
+    }
     await sleep(POLL_MS);
     if (state.run !== run) return;
     try {
@@ -304,7 +315,8 @@ async function load() {
     return;
   }
   if (location.hash.length > 1) {
-    const run = { name: location.hash.slice(1), id: null, resumed: true, controller: new AbortController() };
+    const run = { name: location.hash.slice(1), files: [], id: null, resumed: true };
+    run.controller = new AbortController();
     begin(run, "reading the scene…");
     try {
       run.name = decodeURIComponent(run.name);
