@@ -1,13 +1,13 @@
 """Every file and module the docs and the package's comments name exists.
 
 Read: README.md and docs/*.md whole; under appliance/, the comments and docstrings of the Python modules and
-the comments of the C, JavaScript, CSS and HTML files. Checked: a repository path (`appliance/...`,
-`tests/...`, `conf/...`, `scripts/...`, `benchmarks/...`, `docs/...`, `helm/...`; `{a,b}` alternatives and
-`<placeholder>`s allowed) exists, unless it lies in a build output .gitignore names; a dotted name
-(`appliance.x.y`, `appliance.x.Name.attr`) is a module and the names it defines, or a logger's name as the
-package writes it; `module.Name` is bound by a module of that file name, else `module` is installed; a bare
-file name (`kept_connections.py`) is some file's name in the tree, or another project's file listed in
-ELSEWHERE."""
+the comments of the C, JavaScript, CSS and HTML files (not those of the vendored libraries). Checked: a
+repository path (`appliance/...`, `tests/...`, `conf/...`, `scripts/...`, `benchmarks/...`, `docs/...`,
+`helm/...`; `{a,b}` alternatives and `<placeholder>`s allowed) exists, unless it lies in a build output
+.gitignore names; a dotted name (`appliance.x.y`, `appliance.x.Name.attr`) is a module and the names it
+defines, or a logger's name as the package writes it; `module.Name` is bound by a module of that file name,
+else `module` is installed; a bare file name (`kept_connections.py`) is some file's name in the tree, or
+another project's file listed in ELSEWHERE."""
 import ast
 import glob
 import importlib.util
@@ -39,6 +39,8 @@ ELSEWHERE = {
 # `// line`, `/* block */` (C, JavaScript, CSS), `<!-- block -->` (HTML).
 COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/|<!--.*?-->", re.S)
 SKIPPED_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+# Other projects' files, shipped unchanged: their comments name their own sources.
+VENDORED = REPO / "appliance" / "serving" / "ui" / "static" / "vendor"
 
 
 def sources() -> Iterator[Tuple[str, str]]:
@@ -46,7 +48,7 @@ def sources() -> Iterator[Tuple[str, str]]:
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         yield str(doc.relative_to(REPO)), doc.read_text()
     for path in sorted((REPO / "appliance").rglob("*")):
-        if "vendor" in path.parts:  # other projects' files, as they publish them
+        if path.is_relative_to(VENDORED):
             continue
         if path.suffix == ".py":
             yield str(path.relative_to(REPO)), python_prose(path.read_text())

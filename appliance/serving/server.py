@@ -70,9 +70,9 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     events_rx, events_tx = mp.Pipe(duplex=False)
     container = OmegaConf.to_container(cfg, resolve=True)
     spec = ApplianceSpec(cfg, container, shared, spool, online, requests_tx, events_rx)
+    api_key = cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")
     gate = {"routes": spec.routes, "metrics": spec.frontend.http_metrics,
-            "max_bytes": int(cfg.server.limits.max_request_bytes),
-            "api_key": cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY"),
+            "max_bytes": int(cfg.server.limits.max_request_bytes), "api_key": api_key,
             "access_log": bool(cfg.server.access_log)}
     # Middlewares, innermost first: the pages (ahead of LitServe's `GET /`), the Gate, the link to the
     # main process, and outermost CORS where origins are listed (a preflight carries no key).
@@ -90,7 +90,7 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     for error, handler in ((APIError, api_error_handler), (HTTPException, route_errors),
                            (FastAPIHTTPException, route_errors)):
         server.app.add_exception_handler(error, handler)
-    openapi.install(server.app, spec.routes.routes)
+    openapi.install(server.app, spec.routes.routes, keyed=bool(api_key))
     litserve_adapter.without_worker_monitor(server)  # the Supervisor watches the engine (exit code, drain)
     address = url(cfg.server.host, cfg.server.port)
     supervisor = Supervisor(server, shared, float(cfg.server.drain_timeout_s),

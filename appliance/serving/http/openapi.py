@@ -11,7 +11,12 @@ one schema per event (as OpenAPI 3.1 reads a stream): its `data` is a chunk mode
 (`{id}`) are declared here, since the handlers take them from the request. Only the table's documented
 routes are listed: not LitServe's own (`GET /`, its health and info: the Gate answers them 404), nor the
 pages' files, which are no API, nor the document itself.
-For clients, the docs page (`/docs`) and the schema-driven fuzz tests.
+The server is named relative to the document (`servers: [{"url": "."}]`), so behind a proxy's path prefix
+a client reading the document, the docs page's "Try it out" among them, calls the same server. A server
+with an API key declares it as a bearer scheme, required by the routes the table marks `auth` (the open
+ones stay open); one without declares none, since none is asked for.
+For clients, the docs page (`/docs`: Swagger UI, whose Authorize takes the key) and the schema-driven fuzz
+tests.
 """
 import re
 from typing import Any, Dict, Iterable
@@ -20,10 +25,13 @@ from appliance.protocol.openai_answers import ErrorResponse
 from appliance.serving.http.route_table import JSON, SSE, Route, resolved
 
 REF = "#/components/schemas/{model}"
+BEARER = {"bearer": {"type": "http", "scheme": "bearer", "description":
+                     "the server's API key (server.api_key); also accepted as an X-API-Key header"}}
 
 
-def install(app, routes: Iterable[Route]) -> None:
-    """Make `app.openapi()` describe the documented `routes` (FastAPI caches the result)."""
+def install(app, routes: Iterable[Route], keyed: bool) -> None:
+    """Make `app.openapi()` describe the documented `routes` (FastAPI caches the result); `keyed`: the
+    server has an API key."""
     from fastapi.openapi.utils import get_openapi
 
     documented = {(route.openapi_path, method.lower()): route
@@ -33,11 +41,16 @@ def install(app, routes: Iterable[Route]) -> None:
     def openapi() -> Dict[str, Any]:
         if app.openapi_schema is None:
             served = [route for route in app.routes if getattr(route, "path", None) in paths]
-            schema = get_openapi(title="appliance", version="1", routes=served)
+            schema = get_openapi(title="appliance", version="1", routes=served, servers=[{"url": "."}])
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for path, item in schema.get("paths", {}).items():
                 for method, operation in item.items():
-                    _describe(resolved(documented[path, method]), operation, components)
+                    route = documented[path, method]
+                    _describe(resolved(route), operation, components)
+                    if keyed and route.auth:
+                        operation["security"] = [{name: []} for name in BEARER]
+            if keyed:
+                schema["components"]["securitySchemes"] = BEARER
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -47,6 +60,7 @@ def install(app, routes: Iterable[Route]) -> None:
 def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any]) -> None:
     errors = {"description": "an error (a stream that has started sends it as an event instead)",
               "content": {JSON: {"schema": _component(ErrorResponse, components)}}}
+    operation["summary"] = route.help  # FastAPI's is the handler's name ("Partial"); the table's line says more
     success = operation.get("responses", {}).get("200")  # FastAPI's default success, under the route's status
     operation["responses"] = {"4XX": errors, "5XX": errors, **({route.status: success} if success is not None else {})}
     parameters = [{"name": name, "in": "path", "required": True, "schema": route.params.get(name, {"type": "string"})}

@@ -123,7 +123,7 @@ ROUTES: Tuple[Route, ...] = (
           documented=False),
     _page("/", attrgetter("pages.index"), "the page for people (server.ui)", ui=True),
     _page(INDEX, attrgetter("pages.index"), "the same page, at the path a proxy's prefix names", ui=True),
-    _page("/docs", attrgetter("pages.docs"), "the API docs, a page"),
+    _page("/docs", attrgetter("pages.docs"), "the API docs (Swagger UI), a page"),
     _page("/docs.html", attrgetter("pages.docs"), "the API docs, at their former path"),
     _page("/redoc", attrgetter("pages.docs"), "the API docs, at FastAPI's other path"),
     _page("/ui/{file:path}", attrgetter("pages.asset"), "the pages' scripts and styles"),
