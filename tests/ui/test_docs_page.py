@@ -82,7 +82,8 @@ def test_the_key_given_once_in_authorize_runs_try_it_out_behind_a_prefix(flood_s
             models.locator(".execute").click()
         assert sent.value.url == f"{base}/v1/models"
         assert sent.value.headers["authorization"] == f"Bearer {API_KEY}"
-        assert models.locator(".live-responses-table tr.response .response-col_status").first.text_content().strip() == "200"
+        status = models.locator(".live-responses-table tr.response .response-col_status").first
+        assert status.text_content().strip() == "200"
         assert '"flood"' in models.locator(".live-responses-table tr.response .microlight").first.text_content()
 
         page.reload()  # the key is kept: Execute again without Authorize
