@@ -48,6 +48,7 @@ keys a run takes (besides any config key; `appliance config pipeline=NAME` print
   search.max_cloud_cover=N   percent: items with more eo:cloud_cover are left out
   search.max_items=N         at most N items in all
   search.page_size=N         items per page the API is asked for (every page is read)
+  search.api_timeout_s=S     each request to the API must be answered within S seconds
 
 examples:
   appliance run pipeline=prithvi_flood input=scene.tif output=mask.tif
