@@ -1,0 +1,121 @@
+"""A region's outputs (collection, mosaic, summary) over a search run's masks, against
+the real STAC API of tests/geo/conftest.py's `stac_catalog` (27 items: 3 tiles x 9 dates)."""
+import json
+
+import numpy as np
+import pytest
+import rasterio
+from omegaconf import OmegaConf
+from pystac.validation import validate_dict
+from rasterio.windows import from_bounds
+
+from appliance.stages.geo.region_items import incomplete
+from appliance.stages.geo.region_mosaic import MosaicRule, combine
+from appliance.stages.geo.stitch import NODATA_CLASS
+from tests.geo.conftest import make_cfg, run_geo, stages
+from tests.geo.stac_catalog import TILES
+from tests.geo.test_stac_search import search, tile_bbox
+
+N = NODATA_CLASS
+
+
+@pytest.mark.parametrize("rule, below, above, expected", [
+    (MosaicRule.latest, [0, 1, N, N], [1, 0, 1, N], [1, 0, 1, N]),
+    (MosaicRule.latest, [0, 1], [N, N], [0, 1]),  # nodata never covers a class
+    (MosaicRule.max_class, [0, 1, N, 1], [1, 0, 0, N], [1, 1, 0, 1]),
+])
+def test_the_mosaic_rule_decides_overlaps(rule, below, above, expected):
+    got = combine(np.array(below, np.uint8), np.array(above, np.uint8), rule)
+    assert got.tolist() == expected
+
+
+def region_run(catalog, out, overwrite=False, rule="latest", **keys):
+    nodes = {**stages(tile_size=64, overlap=16), "region": {"mosaic_rule": rule}}
+    cfg = OmegaConf.merge(make_cfg(nodes), {"search": search(catalog, **keys), "output": str(out)})
+    return run_geo(None, out, overwrite=overwrite, cfg=cfg)
+
+
+def read(path, window=None):
+    with rasterio.open(path) as ds:
+        return ds.read(1, window=window)
+
+
+def test_a_search_run_writes_a_collection_a_mosaic_and_a_summary(stac_catalog, tmp_path):
+    out = tmp_path / "region"
+    records = region_run(stac_catalog, out, datetime="2024-04-01")  # one date: three tiles side by side
+    masks = sorted(out.glob("*.mask.tif"))
+    assert len(masks) == 3
+    assert "region: collection" in records[-1]["display"] and "region: summary" in records[-1]["display"]
+
+    collection = json.loads((out / "collection.json").read_text())
+    validate_dict(collection, extensions=[])  # core schema, shipped with pystac (extension schemas are online)
+    items = [json.loads((out / link["href"]).read_text()) for link in collection["links"] if link["rel"] == "item"]
+    assert sorted(i["assets"]["mask"]["href"] for i in items) == sorted(m.name for m in masks)
+    for item in items:
+        validate_dict(item, extensions=[])
+        assert item["collection"] == collection["id"] == "region"
+        assert {"rel": "collection", "href": "collection.json", "type": "application/json"} in item["links"]
+    west, south, east, north = collection["extent"]["spatial"]["bbox"][0]
+    assert west == min(i["bbox"][0] for i in items) and east == max(i["bbox"][2] for i in items)
+    assert south == min(i["bbox"][1] for i in items) and north == max(i["bbox"][3] for i in items)
+    assert collection["extent"]["temporal"]["interval"][0][0].startswith("2024-04-01T16:58:49")
+    classes = collection["summaries"]["classification:classes"]
+    assert [c["description"] for c in classes[:2]] == ["land", "water"] and classes[2]["nodata"] is True
+
+    with rasterio.open(out / "mosaic.tif") as mosaic:
+        assert mosaic.tags(ns="IMAGE_STRUCTURE")["LAYOUT"] == "COG"
+        for mask in masks:
+            with rasterio.open(mask) as m:
+                window = from_bounds(*m.bounds, transform=mosaic.transform)
+                assert np.array_equal(mosaic.read(1, window=window.round_offsets().round_lengths()), m.read(1))
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(s["mask"] for s in summary["items"]) == sorted(m.name for m in masks)
+    for entry in summary["items"]:
+        mask = read(out / entry["mask"])
+        for index, cls in enumerate(entry["classes"]):
+            assert cls["pixels"] == int((mask == index).sum())
+            assert cls["area_km2"] == pytest.approx(cls["pixels"] * 30 * 30 / 1e6)
+        assert entry["nodata_share"] == pytest.approx((mask == N).mean())
+        assert entry["valid_share"] + entry["nodata_share"] == pytest.approx(1.0)
+    total = summary["total"]
+    assert total["source"] == "mosaic.tif"  # three footprints apart: the region is the sum of the items
+    for index, cls in enumerate(total["classes"]):
+        assert cls["pixels"] == sum(s["classes"][index]["pixels"] for s in summary["items"])
+    table = records[-1]["display"].splitlines()
+    assert table[-1].startswith("region (mosaic.tif)") and len(table) == 3 + 1 + 3 + 1  # 3 lines, header, rows
+
+
+@pytest.mark.parametrize("rule", ["latest", "max_class"])
+def test_overlapping_masks_are_mosaicked_by_the_declared_rule(stac_catalog, tmp_path, rule):
+    out = tmp_path / rule
+    region_run(stac_catalog, out, rule=rule, bbox=tile_bbox(stac_catalog, TILES[0]), datetime="2024-04-01/2024-04-15")
+    older, newer = (read(p) for p in sorted(out.glob("*.mask.tif")))  # the ids sort by date
+    assert not np.array_equal(older, newer)
+    if rule == "latest":
+        expected = np.where(newer != N, newer, older)
+    else:
+        expected = np.where((older != N) & (newer != N), np.maximum(older, newer), np.minimum(older, newer))
+    assert np.array_equal(read(out / "mosaic.tif"), expected)
+
+
+def test_outputs_are_complete_only_when_checked_so(stac_catalog, tmp_path):
+    out = tmp_path / "checked"
+    region_run(stac_catalog, out, bbox=tile_bbox(stac_catalog, TILES[2]), datetime="2024-04-01")
+    mask = next(out.glob("*.mask.tif"))
+    item_path = out / mask.name.replace(".tif", ".stac.json")
+    assert incomplete(str(mask)) is None
+    item = json.loads(item_path.read_text())
+
+    item_path.write_text(json.dumps({**item, "properties": {**item["properties"], "proj:shape": [32, 64]}}))
+    assert "its STAC item says 64x32" in incomplete(str(mask))
+    item_path.write_text(json.dumps({**item, "assets": {"mask": {"href": "other.tif"}}}))
+    assert "names other.tif" in incomplete(str(mask))
+    item_path.unlink()
+    assert "no readable STAC item" in incomplete(str(mask))
+    item_path.write_text(json.dumps(item))
+    with rasterio.open(mask) as ds:
+        profile, data = ds.profile, ds.read()
+    with rasterio.open(mask, "w", **{**profile, "driver": "GTiff"}) as ds:  # same pixels, not a COG
+        ds.write(data)
+    assert incomplete(str(mask)) == "the mask is not a COG"
