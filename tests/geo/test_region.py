@@ -1,6 +1,8 @@
-"""A region's outputs (collection, mosaic, summary) over a search run's masks, against
-the real STAC API of tests/geo/conftest.py's `stac_catalog` (27 items: 3 tiles x 9 dates)."""
+"""A region's outputs (collection, mosaic, summary) over a search run's masks, and resuming that run,
+against the real STAC API of tests/geo/conftest.py's `stac_catalog` (27 items: 3 tiles x 9 dates)."""
 import json
+import logging
+import os
 
 import numpy as np
 import pytest
@@ -97,6 +99,40 @@ def test_overlapping_masks_are_mosaicked_by_the_declared_rule(stac_catalog, tmp_
     else:
         expected = np.where((older != N) & (newer != N), np.maximum(older, newer), np.minimum(older, newer))
     assert np.array_equal(read(out / "mosaic.tif"), expected)
+
+
+def mtimes(directory):
+    return {p.name: p.stat().st_mtime_ns for p in directory.glob("*.mask.tif")}
+
+
+def test_a_rerun_skips_complete_scenes_and_redoes_only_what_is_missing(stac_catalog, tmp_path, caplog):
+    out = tmp_path / "resume"
+    keys = dict(bbox=tile_bbox(stac_catalog, TILES[1]), datetime="2024-04-01/2024-04-25")
+    assert len([r for r in region_run(stac_catalog, out, **keys) if "output_path" in r]) == 3
+    first = mtimes(out)
+
+    with caplog.at_level(logging.WARNING):
+        records = region_run(stac_catalog, out, **keys)
+    assert [r for r in records if "output_path" in r] == []
+    assert "skipped 3 complete of 3 scenes" in caplog.text
+    assert mtimes(out) == first
+    assert "region: collection" in records[-1]["display"]  # rebuilt from what exists
+
+    gone = sorted(first)[1]
+    os.remove(out / gone)
+    redone = [os.path.basename(r["output_path"]) for r in region_run(stac_catalog, out, **keys) if "output_path" in r]
+    assert redone == [gone]
+    again = mtimes(out)
+    assert {k: v for k, v in again.items() if k != gone} == {k: v for k, v in first.items() if k != gone}
+
+    half_done = sorted(first)[2]  # a run stopped after the mask was renamed in, before its item was written
+    os.remove(out / half_done.replace(".tif", ".stac.json"))
+    redone = [os.path.basename(r["output_path"]) for r in region_run(stac_catalog, out, **keys) if "output_path" in r]
+    assert redone == [half_done] and (out / half_done.replace(".tif", ".stac.json")).exists()
+    again = mtimes(out)
+
+    redone = [r for r in region_run(stac_catalog, out, overwrite=True, **keys) if "output_path" in r]
+    assert len(redone) == 3 and all(mtimes(out)[k] != again[k] for k in again)
 
 
 def test_outputs_are_complete_only_when_checked_so(stac_catalog, tmp_path):
