@@ -7,12 +7,13 @@ import os
 import numpy as np
 import pytest
 import rasterio
+from affine import Affine
 from omegaconf import OmegaConf
 from pystac.validation import validate_dict
 from rasterio.windows import from_bounds
 
-from appliance.stages.geo.region_items import incomplete
-from appliance.stages.geo.region_mosaic import MosaicRule, combine
+from appliance.stages.geo.region_items import RegionItem, incomplete
+from appliance.stages.geo.region_mosaic import MosaicRule, combine, write_mosaic
 from appliance.stages.geo.stitch import NODATA_CLASS
 from tests.geo.conftest import make_cfg, run_geo, stages
 from tests.geo.stac_catalog import TILES
@@ -155,3 +156,29 @@ def test_outputs_are_complete_only_when_checked_so(stac_catalog, tmp_path):
     with rasterio.open(mask, "w", **{**profile, "driver": "GTiff"}) as ds:  # same pixels, not a COG
         ds.write(data)
     assert incomplete(str(mask)) == "the mask is not a COG"
+
+
+def write_mask(path, value, crs, left, top):
+    with rasterio.open(path, "w", driver="GTiff", width=64, height=64, count=1, dtype="uint8", crs=crs,
+                       transform=Affine(30.0, 0.0, left, 0.0, -30.0, top), nodata=N) as ds:
+        ds.write(np.full((1, 64, 64), value, np.uint8))
+        ds.write_colormap(1, {0: (0, 0, 0, 255), 1: (0, 0, 255, 255)})
+        ds.update_tags(class_names="land,water")
+    return str(path)
+
+
+def test_masks_in_another_crs_are_warped_into_the_mosaics(tmp_path):
+    """Two UTM zones, about 80 km apart: the mosaic takes the oldest mask's CRS and warps the other in."""
+    older = RegionItem(write_mask(tmp_path / "a.tif", 0, "EPSG:32615", 700000.0, 3300000.0), "",
+                       {"id": "a", "properties": {"datetime": "2024-04-01T00:00:00Z"}})
+    newer = RegionItem(write_mask(tmp_path / "b.tif", 1, "EPSG:32616", 200000.0, 3300000.0), "",
+                       {"id": "b", "properties": {"datetime": "2024-04-02T00:00:00Z"}})
+    path = write_mosaic(str(tmp_path), [older, newer], MosaicRule.latest)
+    with rasterio.open(path) as mosaic, rasterio.open(older.mask_path) as a:
+        assert mosaic.crs == a.crs and mosaic.res == a.res
+        assert np.array_equal(mosaic.read(1, window=from_bounds(*a.bounds, transform=mosaic.transform)), a.read(1))
+        data, width = mosaic.read(1), mosaic.width
+    assert width > 2000  # ~80 km of 30 m pixels
+    assert (data == 0).sum() == 64 * 64
+    assert abs(int((data == 1).sum()) - 64 * 64) < 0.05 * 64 * 64  # the same area, on a grid turned ~2.5°
+    assert set(np.unique(data)) == {0, 1, N}  # the gap between them stays nodata
