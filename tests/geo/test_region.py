@@ -17,7 +17,7 @@ from appliance.stages.geo.region_mosaic import MosaicRule, combine, write_mosaic
 from appliance.stages.geo.stitch import NODATA_CLASS
 from tests.geo.conftest import make_cfg, run_geo, stages
 from tests.geo.stac_catalog import TILES
-from tests.geo.test_stac_search import search, tile_bbox
+from tests.geo.test_stac_search import appliance, search, search_args, tile_bbox
 
 N = NODATA_CLASS
 
@@ -182,3 +182,17 @@ def test_masks_in_another_crs_are_warped_into_the_mosaics(tmp_path):
     assert (data == 0).sum() == 64 * 64
     assert abs(int((data == 1).sum()) - 64 * 64) < 0.05 * 64 * 64  # the same area, on a grid turned ~2.5°
     assert set(np.unique(data)) == {0, 1, N}  # the gap between them stays nodata
+
+
+def test_appliance_run_twice_over_a_search_maps_once_and_rebuilds_the_region(stac_catalog, tmp_path):
+    args = ["run", "pipeline=prithvi_flood", *search_args(stac_catalog, TILES[0], "2024-04-01/2024-04-15"),
+            f"output={tmp_path}/out/"]
+    first = appliance(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("wrote ") == 2 and "region: summary" in first.stdout
+    masks = mtimes(tmp_path / "out")
+    again = appliance(*args)
+    assert again.returncode == 0, again.stderr
+    assert "search: skipped 2 complete of 2 scenes" in again.stderr
+    assert "wrote " not in again.stdout and mtimes(tmp_path / "out") == masks
+    assert again.stdout.split("region: summary")[1] == first.stdout.split("region: summary")[1]  # the same table
