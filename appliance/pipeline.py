@@ -44,6 +44,9 @@ class Stage:
     # sink that prints or writes the run's answers. `appliance serve` takes requests from HTTP bodies and
     # shapes answers itself, and runs only the online stages (appliance/serving/online_stages.py).
     online: ClassVar[bool] = True
+    # True for a stage that acts once the run's records are through (it writes what they add up to): it
+    # runs, on an empty stream, even when no record reaches it.
+    runs_without_records: ClassVar[bool] = False
 
     def __init__(self, options: Any, cfg: DictConfig):
         """Cheap: parse options and check them against the config. Never load weights or read files
@@ -189,10 +192,11 @@ class Pipeline:
 
     def _process(self, index: int, stream: Iterator[Record]) -> Iterator[Record]:
         first = next(stream, None)
-        if first is None:
+        stage = self.stages[index]
+        if first is None and not stage.runs_without_records:
             return
         self._setup(index)
-        yield from self.stages[index].process(itertools.chain([first], stream))
+        yield from stage.process(stream if first is None else itertools.chain([first], stream))
 
     def _setup(self, index: int) -> None:
         if index not in self._ready:

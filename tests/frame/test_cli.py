@@ -74,7 +74,8 @@ def test_stage_options_are_checked_by_the_verbs():
     assert result.returncode == 0, result.stderr
     stages = yaml.safe_load(result.stdout)["pipeline"]["stages"]
     assert stages["tile"]["overlap"] == 64 and stages["raster_write"]["quicklook"] is True
-    assert list(stages) == ["raster_inputs", "raster_read", "tile", "normalize", "engine", "stitch", "raster_write"]
+    assert list(stages) == ["raster_inputs", "raster_read", "tile", "normalize", "engine", "stitch", "raster_write",
+                            "region"]
 
 
 @pytest.mark.parametrize("verb, fragments", [

@@ -139,6 +139,31 @@ def test_stages_set_up_lazily_after_upstream_validated_input(frame_conf, tmp_pat
         STAGES.pop("loader_for_test")
 
 
+def test_a_stage_that_runs_without_records_acts_on_an_empty_stream(frame_conf, tmp_path):
+    """A stage that writes what a run adds up to (geo's `region`) runs when nothing reaches it; others do not."""
+
+    class Totals(Stage):
+        name = "totals_for_test"
+        consumes = ("number",)
+        runs_without_records = True
+
+        def process(self, records):
+            numbers = [r["number"] for r in records]
+            yield {"total": sum(numbers), "count": len(numbers)}
+
+    register_stage(Totals)
+    try:
+        pipeline = build_pipeline(with_stages(frame_conf, {"read_numbers": {}, "totals_for_test": {}}))
+        empty = tmp_path / "empty.txt"
+        empty.write_text("")
+        assert list(pipeline.run([{"input": str(empty)}])) == [{"total": 0, "count": 0}]
+        empty.write_text("5\n6")
+        assert list(pipeline.run([{"input": str(empty)}])) == [{"total": 11.0, "count": 2}]
+        pipeline.close()
+    finally:
+        STAGES.pop("totals_for_test")
+
+
 def test_shared_values_are_made_once_and_may_be_made_from_each_other():
     """A pipeline's shared values (the tokenizer, its longest entry, ...) are made on first use, once,
     and one may be made from another (a non-re-entrant lock hung `appliance run` here)."""

@@ -47,7 +47,7 @@ def test_engine_sampling_override_keeps_the_pipelines_other_defaults():
 
 def test_stages_keep_their_order_and_can_be_appended_or_dropped():
     cfg = compose(FLOOD + ["+pipeline.stages.again={stage: raster_write, quicklook: true}"])
-    assert list(cfg.pipeline.stages)[-2:] == ["raster_write", "again"]
+    assert list(cfg.pipeline.stages)[-2:] == ["region", "again"]
     assert cfg.pipeline.stages.again.stage == "raster_write" and cfg.pipeline.stages.again.quicklook
     cfg = compose(CHAT + ["~pipeline.stages.chat_responses"])
     assert list(cfg.pipeline.stages) == ["chat_requests", "chat_prompt", "engine"]
@@ -170,8 +170,8 @@ def test_stage_ids_reach_the_built_stages():
     from appliance.stages.build import build_pipeline
 
     pipeline = build_pipeline(compose(FLOOD + ["+pipeline.stages.again={stage: raster_write}"]))
-    assert [s.id for s in pipeline.stages][-2:] == ["raster_write", "again"]
-    assert [s.name for s in pipeline.stages][-2:] == ["raster_write", "raster_write"]
+    assert [s.id for s in pipeline.stages][-3:] == ["raster_write", "region", "again"]
+    assert [s.name for s in pipeline.stages][-3:] == ["raster_write", "region", "raster_write"]
     assert len({id(s.shared) for s in pipeline.stages}) == 1, "one Shared per pipeline"
 
 

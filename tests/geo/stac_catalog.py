@@ -28,8 +28,9 @@ def item_id(tile: str, day: dt.date) -> str:
 
 
 def tile_transform(tile_index: int) -> Affine:
-    """Tiles side by side, 100 km apart in one UTM zone (as MGRS tiles of one zone are)."""
-    return Affine(30.0, 0.0, 500000.0 + 100000.0 * tile_index, 0.0, -30.0, 3300000.0)
+    """Tiles side by side, about 100 km apart in one UTM zone, on one 30 m pixel grid (as the HLS tiles of a
+    zone are: their corners fall on multiples of 60 m, e.g. 399960, 499980): 99,990 m is 3,333 pixels."""
+    return Affine(30.0, 0.0, 500000.0 + 99990.0 * tile_index, 0.0, -30.0, 3300000.0)
 
 
 def write_catalog(root: Path, base_url: str) -> List[dict]:

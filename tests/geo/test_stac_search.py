@@ -18,6 +18,8 @@ from tests.geo.hls import STAC_BANDS, masks_equal
 from tests.geo.stac_catalog import CLOUD_COVER, COLLECTION, TILES, item_id
 from tests.stac_api import free_port
 
+REGION_FILES = ("collection.json", "mosaic.tif", "summary.json")  # the region stage's, over output=DIR/
+
 
 def search(catalog, **keys):
     """`search.*` as composed: the schema's defaults, this catalog's API and collection, then `keys`."""
@@ -123,8 +125,13 @@ def test_appliance_run_over_a_search_maps_each_scene_with_the_demo_model(stac_ca
     assert run.returncode == 0, run.stderr
     names = sorted(os.listdir(tmp_path / "out"))
     items = [i for i in stac_catalog.items if tile_of(i) == TILES[2]][:2]
-    assert names == sorted(f"{i['id']}{suffix}" for i in items for suffix in (".mask.tif", ".mask.stac.json"))
+    assert names == sorted([f"{i['id']}{suffix}" for i in items for suffix in (".mask.tif", ".mask.stac.json")]
+                           + list(REGION_FILES))
     assert run.stdout.count("wrote ") == 2
+    table = run.stdout.split("region: summary ")[1].splitlines()[1:]  # the region's table ends the run
+    assert table[0].split() == ["item", "land", "km²", "water", "km²", "valid", "nodata"]
+    assert [line.split()[0] for line in table[1:-1]] == [f"{i['id']}.mask" for i in items]
+    assert table[-1].startswith("region (mosaic.tif)")
     alone = appliance("run", "pipeline=prithvi_flood",
                       f"input=[{','.join(str(stac_catalog.root / (i['id'] + '.json')) for i in items)}]",
                       f"output={tmp_path}/alone/")
@@ -140,7 +147,8 @@ def test_appliance_run_over_a_search_maps_three_dates_a_scene_for_the_crops_mode
     assert run.returncode == 0, run.stderr
     items = [i for i in stac_catalog.items if tile_of(i) == TILES[1] and i["properties"]["eo:cloud_cover"] <= 50][:3]
     first = items[0]["id"]
-    assert sorted(os.listdir(tmp_path / "out")) == [f"{first}.mask.stac.json", f"{first}.mask.tif"]
+    assert sorted(os.listdir(tmp_path / "out")) == sorted([f"{first}.mask.stac.json", f"{first}.mask.tif",
+                                                          *REGION_FILES])
     alone = appliance("run", "pipeline=prithvi_crops",
                       f"input=[{','.join(str(stac_catalog.root / (i['id'] + '.json')) for i in items)}]",
                       f"output={tmp_path}/alone.tif")

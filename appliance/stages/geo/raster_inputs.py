@@ -9,7 +9,9 @@ the first band file's, or the item file's. A multi-date model's (model.prithvi.n
 T dates or one stacked file (multidate.py): `input=[d1.tif, d2.tif, d3.tif]` is ONE scene of three dates,
 `input=[[d1.tif, d2.tif, d3.tif], [e1.tif, e2.tif, e3.tif]]` two; its first date names the mask. Instead of
 `input`, `search.url` (and the other `search.*` keys) takes the scenes a STAC API search finds
-(search_scenes.py); each scene's first item (its id) names the mask.
+(search_scenes.py); each scene's first item (its id) names the mask. A search run skips the scenes whose
+outputs are complete already (region_items.incomplete: checked, not assumed) and makes the others again,
+so a rerun after a stop resumes; `overwrite=true` makes them all again.
 
 Output rule (`plan_outputs`, pure):
   - no `output`: `<stem><suffix>` beside each input (suffix `.mask.tif` by default); a remote input
@@ -34,6 +36,7 @@ from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.geotiff import probe_geotiff
 from appliance.stages.geo.multidate import given_dates, input_scenes, model_frames, multidate_spec
 from appliance.stages.geo.raster_read import geo_contract
+from appliance.stages.geo.region_items import incomplete
 from appliance.stages.geo.scene_sources import is_remote, is_stac_item, scene_spec, shown, stem
 from appliance.stages.geo.search_plan import self_href
 from appliance.stages.geo.search_scenes import check_one_source, found_scenes, scene_spec_of
@@ -187,13 +190,17 @@ class RasterInputs(Stage):
             pairs, specs = self._searched(record, aoi)
         else:
             pairs, specs = self._given(record, network)
+        overwrite = bool(record.get("overwrite", False))
+        if self._searching() and not overwrite:
+            pairs, specs = _unfinished(pairs, specs)
+            overwrite = True  # what is left is unfinished: its outputs, if any, are made again
         local = [f for spec in specs if spec is not None for f in spec.files if not is_remote(f)]
         for spec in specs:
             for position, file in enumerate(spec.files if spec is not None else ()):
                 if network or not is_remote(file):
                     probe_geotiff(file, spec.label(position))
         for src, dst in pairs:
-            check_output(src, dst, bool(record.get("overwrite", False)), local)
+            check_output(src, dst, overwrite, local)
         for directory in sorted({os.path.dirname(dst) for _, dst in pairs}):
             check_writable_dir(directory)
         for index, (spec, (_, dst)) in enumerate(zip(specs, pairs)):
@@ -228,6 +235,15 @@ class RasterInputs(Stage):
         if isinstance(value, list) and len(value) == 1:
             value = value[0]  # `[[a.tif],[b.tif]]`: an inner list of one is that file, as for multi-date models
         return scene_spec(value, self.stac_bands, self.model_bands, self.load_item)
+
+
+def _unfinished(pairs, specs):
+    """A search's scenes whose outputs are not complete (region_items.incomplete): a rerun skips the rest."""
+    kept = [(pair, spec) for pair, spec in zip(pairs, specs) if incomplete(pair[1]) is not None]
+    if len(kept) < len(pairs):
+        log.warning("search: skipped %d complete of %d scenes (their masks and STAC items are there; "
+                    "overwrite=true makes them again)", len(pairs) - len(kept), len(pairs))
+    return [pair for pair, _ in kept], [spec for _, spec in kept]
 
 
 def _item_url(value: Any) -> bool:

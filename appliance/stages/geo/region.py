@@ -1,0 +1,76 @@
+"""`region`: after a run's masks are written into `output=DIR/`, what they add up to, rebuilt from what the
+directory holds: `collection.json` (region_collection.py), `mosaic.tif` (region_mosaic.py) and
+`summary.json` with its table on the terminal (region_summary.py).
+
+Built from every complete mask in DIR (region_items.py), not only those this run made: a rerun that
+skipped complete scenes, or runs that each mapped a share of a search into the same directory, give the
+same region outputs as one run. A run whose `output` is one file writes none of them.
+"""
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+from appliance.pipeline import Record, Stage, register_stage
+from appliance.stages.geo.raster_inputs import TIFF_SUFFIXES
+from appliance.stages.geo.region_collection import write_collection
+from appliance.stages.geo.region_items import region_items
+from appliance.stages.geo.region_mosaic import MosaicRule, write_mosaic
+from appliance.stages.geo.region_summary import region_summary, summary_table, write_summary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RegionOptions:
+    collection: bool = True  # write DIR/collection.json, a STAC Collection linking every item
+    mosaic: bool = True  # write DIR/mosaic.tif, every mask in one CRS
+    mosaic_rule: MosaicRule = MosaicRule.latest  # where masks overlap: latest or max_class
+    summary: bool = True  # write DIR/summary.json and print its table
+
+
+@register_stage
+class Region(Stage):
+    name = "region"
+    consumes = ("output_path",)
+    online = False  # a server answers scene by scene
+    runs_without_records = True  # a rerun that skipped every scene still rebuilds the region
+    Options = RegionOptions
+
+    def process(self, records: Iterator[Record]) -> Iterator[Record]:
+        yield from records
+        directory = self._directory()
+        if directory is None:
+            return
+        items = region_items(directory)
+        if not items:
+            log.warning("region: no complete mask in %s; no collection, mosaic or summary written", directory)
+            return
+        lines = []
+        if self.options.collection:
+            lines.append(f"collection {write_collection(directory, items, _identifier(directory), self._about())}")
+        mosaic = write_mosaic(directory, items, self.options.mosaic_rule) if self.options.mosaic else None
+        if mosaic:
+            lines.append(f"mosaic {mosaic} ({len(items)} masks, overlaps: {self.options.mosaic_rule.value})")
+        if self.options.summary:
+            summary = region_summary(items, mosaic)
+            lines.append(f"summary {write_summary(directory, summary)}\n{summary_table(summary)}")
+        if lines:
+            yield {"display": "region: " + "\nregion: ".join(lines)}
+
+    def _directory(self):
+        """The run's output directory, or None when its output is one file (or unset)."""
+        output = self.cfg.get("output")
+        if not output or (str(output).lower().endswith(TIFF_SUFFIXES) and not os.path.isdir(str(output))):
+            return None
+        return str(output)
+
+    def _about(self) -> str:
+        return f"Masks by {self.cfg.model.name} (pipeline {self.cfg.pipeline.name})"
+
+
+def _identifier(directory: str) -> str:
+    """The collection id: the directory's name, as a STAC id (no spaces or slashes)."""
+    name = os.path.basename(os.path.normpath(os.path.abspath(directory)))
+    return re.sub(r"[^0-9A-Za-z._-]", "_", name) or "region"
