@@ -35,15 +35,25 @@ class StubEngine:
         return self.busy
 
 
-def stub_worker():
+class StubStage:
+    """The engine stage the driver holds: it steps and asks the engine through it."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def has_unfinished(self):
+        return self.engine.has_unfinished()
+
+
+def stub_worker(engine=None):
     cfg = SimpleNamespace(server=SimpleNamespace(preprocess_workers=1))
     metrics = SimpleNamespace(**{name: Recorded() for name in (
         "running", "waiting", "kv_usage", "preemptions", "prefix_queries", "prefix_hits", "encoder_hits",
         "encoder_queries")})
     shared = SimpleNamespace(running=[], set_running=lambda n: shared.running.append(n))
     worker = GenerateDriver(cfg, online=None, metrics=metrics, shared=shared)
-    worker.engine = StubEngine()
-    worker.observe = RequestMetrics(metrics, worker.engine)
+    worker.stage = StubStage(engine or StubEngine())
+    worker.observe = RequestMetrics(metrics, worker.stage.engine)
     worker.stats_log = StatsLog(0, ("prompt_tokens", "generation_tokens"), generate_line)  # no stats line
     worker.several = set()
     worker.sessions = {uid: SimpleNamespace(in_engine=True) for uid in "abcd"}  # 3 running, 1 waiting
@@ -53,7 +63,7 @@ def stub_worker():
 def test_a_busy_engine_writes_its_gauges_at_most_once_an_interval_and_the_running_count_every_turn():
     worker = stub_worker()
     worker.publish()
-    worker.engine.counts.update(num_running=4, kv_blocks_free=5, prefix_cache_query_tokens=32)
+    worker.stage.engine.counts.update(num_running=4, kv_blocks_free=5, prefix_cache_query_tokens=32)
     worker.publish()  # within the interval: only the running count
     assert worker.shared.running == [3, 4]
     assert worker.metrics.running.values == [3] and worker.metrics.kv_usage.values == [0.4]
@@ -68,8 +78,8 @@ def test_a_busy_engine_writes_its_gauges_at_most_once_an_interval_and_the_runnin
 def test_an_idle_engine_writes_its_gauges_at_once():
     worker = stub_worker()
     worker.publish()
-    worker.engine.busy = False
-    worker.engine.counts.update(num_running=0, num_waiting=0, kv_blocks_free=10)
+    worker.stage.engine.busy = False
+    worker.stage.engine.counts.update(num_running=0, num_waiting=0, kv_blocks_free=10)
     worker.sessions.clear()
     worker.publish()  # the last request just finished: /metrics must show the engine idle now
     assert worker.metrics.running.values == [3, 0] and worker.metrics.waiting.values == [1, 0]
@@ -87,8 +97,7 @@ class SeveralAnswersEngine(StubEngine):
 def test_the_running_count_is_of_requests_once_a_request_has_several_answers():
     """The HTTP side counts queued requests as its open ones minus this count, so it must count
     requests, not their answers (server.limits.max_queued_requests with n > 1)."""
-    worker = stub_worker()
-    worker.engine = SeveralAnswersEngine()
+    worker = stub_worker(SeveralAnswersEngine())
     worker.publish()
     assert worker.shared.running == [3]  # every request in the engine has one answer: the sequences
     worker.several.add("a")
