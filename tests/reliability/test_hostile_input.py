@@ -163,7 +163,9 @@ GENERATED += [
 ]
 
 POOL = [
-    ("pooling malformed JSON", "/pooling", lambda h: {**raw(b'{"data": '), "headers": AUTH}, 400, "not valid JSON"),
+    ("pooling malformed JSON", "/pooling",
+     lambda h: {"content": b'{"data": ', "headers": {"Content-Type": "application/json", **AUTH}}, 400,
+     "not valid JSON"),
     ("pooling data missing", "/pooling", lambda h: {"json": {}, "headers": AUTH}, 400, "data: required"),
     ("pooling data a string", "/pooling", lambda h: {"json": {"data": "x"}, "headers": AUTH}, 400, "data"),
     ("pooling unknown top field", "/pooling", lambda h: pooling(temperature=1), 400, "temperature"),
