@@ -3,7 +3,7 @@ that become server settings.
 
 Settings: `server.port`, `server.corsOrigins`, `server.drainTimeoutSeconds` and `metrics.names` reach the
 server as its `server.*` settings, so their minimum, maximum, enum and pattern are those settings' rules,
-read from the schema fields (appliance/config/field_rules.py), never written by hand.
+read from the schema fields (appliance/field_rules.py), never written by hand.
 
 The chart passes a few values straight into the pod spec (`podSecurityContext`, `securityContext`,
 `resources`, `tolerations`, `affinity`, `imagePullSecrets`). Their schemas are Kubernetes 1.33's own
@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from appliance.config.field_rules import field_rule
+from appliance.field_rules import field_rule
 from appliance.config.schema import ServerConfig
 
 KUBERNETES = "1.33"

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from appliance.config.engine_check import check_engine
-from appliance.config.field_rules import check_fields, nested_schema
+from appliance.field_rules import check_fields, nested_schema
 from appliance.config.free_text import apply_free_text, split_free_text
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, register_schemas
 from appliance.config.stage_overrides import STAGES_KEY, apply_stage_overrides, split_stage_overrides

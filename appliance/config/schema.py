@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from appliance.config.field_rules import rule
+from appliance.field_rules import rule
 
 # Field metadata of AppConfig's per-run keys (read by `free_text_keys`): FREE_TEXT: the command line's
 # `key=...` reaches the pipeline as the shell passed it, past Hydra's override grammar and OmegaConf's

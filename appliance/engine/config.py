@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, List, Optional
 
-from appliance.config.field_rules import check_fields, rule, unbounded
+from appliance.field_rules import check_fields, rule, unbounded
 from appliance.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Rules declared on schema fields (appliance/config/field_rules.py): each kind refuses with its one line,
+"""Rules declared on schema fields (appliance/field_rules.py): each kind refuses with its one line,
 every numeric server and engine setting declares a rule or says why it has none, and the docs' ranges
 are the fields' rules."""
 import dataclasses
@@ -9,7 +9,7 @@ from typing import List, Optional, get_args
 
 import pytest
 
-from appliance.config.field_rules import RULE, UNBOUNDED, Rule, check_fields, nested_schema, rule
+from appliance.field_rules import RULE, UNBOUNDED, Rule, check_fields, nested_schema, rule
 from appliance.config.schema import EngineConfig, ServerConfig
 from appliance.errors import ConfigError
 from tests.conftest import assert_user_error, run_cli

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import MISSING, OmegaConf
 
 from appliance.config.compose import conf_dir
-from appliance.config.field_rules import nested_schema
+from appliance.field_rules import nested_schema
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, ServerLimits
 from appliance.pipeline import STAGES
 from appliance.stages.build import load_stages

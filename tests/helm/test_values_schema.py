@@ -7,7 +7,7 @@ import helm_python
 import pytest
 import yaml
 
-from appliance.config.field_rules import field_rule
+from appliance.field_rules import field_rule
 from appliance.config.schema import ServerConfig
 from scripts.helm_schema_defs import RULE_WORDS, SETTINGS, main as schema_defs
 from tests.helm.conftest import CHART, render_files

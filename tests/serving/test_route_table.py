@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from appliance.cli import SERVE_HELP
-from appliance.config.field_rules import check_fields
+from appliance.field_rules import check_fields
 from appliance.config.schema import ServerConfig
 from appliance.errors import ConfigError
 from appliance.serving.http.route_table import EVERY, ROUTES, Ref, resolved, served
