@@ -16,7 +16,7 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.raster_inputs import TIFF_SUFFIXES
 from appliance.stages.geo.region_collection import write_collection
 from appliance.stages.geo.region_items import region_items
-from appliance.stages.geo.region_mosaic import MosaicRule, write_mosaic
+from appliance.stages.geo.region_mosaic import MosaicRule, placed, write_mosaic
 from appliance.stages.geo.region_summary import region_summary, summary_table, write_summary
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,17 @@ class Region(Stage):
         lines = []
         if self.options.collection:
             lines.append(f"collection {write_collection(directory, items, _identifier(directory), self._about())}")
-        mosaic = write_mosaic(directory, items, self.options.mosaic_rule) if self.options.mosaic else None
+        on_map = placed(items) if self.options.mosaic else []
+        if len(on_map) < len(items) and self.options.mosaic:
+            log.warning("region: %d of %d masks have no CRS and are left out of the mosaic",
+                        len(items) - len(on_map), len(items))
+        mosaic = write_mosaic(directory, on_map, self.options.mosaic_rule) if on_map else None
         if mosaic:
-            lines.append(f"mosaic {mosaic} ({len(items)} masks, overlaps: {self.options.mosaic_rule.value})")
+            lines.append(f"mosaic {mosaic} ({len(on_map)} masks, overlaps: {self.options.mosaic_rule.value})")
         if self.options.summary:
-            summary = region_summary(items, mosaic)
+            # The region's totals come from the mosaic only when it holds every mask (overlaps counted once);
+            # else they are the items' sum.
+            summary = region_summary(items, mosaic if len(on_map) == len(items) else None)
             lines.append(f"summary {write_summary(directory, summary)}\n{summary_table(summary)}")
         if lines:
             yield {"display": "region: " + "\nregion: ".join(lines)}

@@ -11,7 +11,7 @@ import math
 import os
 from collections import Counter
 from enum import Enum
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import rasterio
@@ -42,6 +42,16 @@ def combine(mosaic: np.ndarray, mask: np.ndarray, rule: MosaicRule) -> np.ndarra
     if rule is MosaicRule.max_class:
         valid &= (mosaic == NODATA_CLASS) | (mask > mosaic)
     return np.where(valid, mask, mosaic)
+
+
+def placed(items: Sequence[RegionItem]) -> List[RegionItem]:
+    """The items whose mask has a CRS: a mask in pixel coordinates only has no place on the mosaic."""
+    found = []
+    for r in items:
+        with rasterio.open(r.mask_path) as ds:
+            if ds.crs is not None:
+                found.append(r)
+    return found
 
 
 def mosaic_grid(items: Sequence[RegionItem]):
