@@ -25,7 +25,8 @@ SLOW = (
     "tests/frame/test_cli.py::test_bad_inputs_end_with_one_line_and_exit_2",
     "tests/frame/test_cli.py::test_check_names_a_missing_model_path",
     "tests/frame/test_cli.py::test_stage_options_are_checked_by_the_verbs",
-    "tests/frame/test_check_matches_run.py::test_check_refuses_a_server_or_engine_setting_as_serve_does",  # 2 processes a case
+    # two processes a case
+    "tests/frame/test_check_matches_run.py::test_check_refuses_a_server_or_engine_setting_as_serve_does",
     "tests/frame/test_serve.py::test_serve_runs_the_pipeline_and_rejects_bad_requests",
     "tests/frame/test_serve.py::test_a_dead_engine_takes_the_server_down_with_exit_code_1",
     "tests/frame/test_serve.py::test_start_up_lines_are_info_and_one_says_ready_with_the_url",
