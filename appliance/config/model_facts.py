@@ -38,7 +38,7 @@ def checkpoint_facts(cfg: DictConfig) -> Dict[Path, Any]:
 def _context_length(path: str) -> int:
     from transformers import AutoConfig
 
-    from appliance.engine.llm_engine import max_model_len
+    from appliance.engine.model_fit import max_model_len
 
     try:
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)

@@ -7,17 +7,15 @@ from typing import Dict, Iterable, List, Optional, Sequence as Seq, Union
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.beam_runs import BeamRuns
 from appliance.engine.beam_search import BeamSearchParams
 from appliance.engine.block_manager import BlockManager
-from appliance.engine.checkpoint_facts import hf_checkpoint_facts
 from appliance.engine.config import DType, EngineConfig, EngineKind, engine_config_from
 from appliance.engine.detokenizer import IncrementalDetokenizer
 from appliance.engine.executor import check_executor, make_executor
 from appliance.engine.host import Host
 from appliance.engine.kernel_plan import plan_kernels
-from appliance.engine.memory_plan import plan_memory
+from appliance.engine.model_fit import engine_host, generate_fit, max_model_len
 from appliance.engine.models import get_model_class, model_architecture
 from appliance.engine.models.base import MultimodalCausalLM
 from appliance.engine.multimodal import image_token_id
@@ -38,19 +36,6 @@ def load_tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def max_model_len(text_config, requested: Optional[int]) -> int:
-    """Tokens a sequence may hold: `requested` (engine.max_model_len), else the model's limit, which is
-    `max_position_embeddings` capped by a sliding window (no sliding-window attention here: staying
-    within the window keeps results exact). ValueError when `requested` exceeds the limit."""
-    limit = text_config.max_position_embeddings
-    window = getattr(text_config, "sliding_window", None)
-    if window:
-        limit = min(limit, window)
-    if requested and requested > limit:
-        raise ValueError(f"engine.max_model_len={requested} exceeds the model's limit {limit}")
-    return requested or limit
-
-
 class LLMEngine:
     def __init__(self, model_path: str, engine_config: Optional[EngineConfig] = None, tokenizer=None,
                  tp_timeout_s: float = 120.0, host: Optional[Host] = None):
@@ -65,12 +50,10 @@ class LLMEngine:
         self.image_token_id = image_token_id(hf_config)  # None for a text model
         self.max_model_len = max_model_len(hf_config.get_text_config(), cfg.max_model_len)
         # dtype and KV budget settled (or the model refused) before any weight or tokenizer loads.
-        host = (host or Host.read(cfg.device)).without(cfg.cpu_features_off)
+        host = engine_host(cfg, host)
         if cfg.cpu_features_off:
             log.info("CPU features treated as absent (engine.cpu_features_off): %s", " ".join(cfg.cpu_features_off))
-        geometry = AttentionGeometry.of(hf_config, cfg.tensor_parallel_size, cfg.block_size)
-        plan = plan_memory(cfg, hf_checkpoint_facts(model_path), host, f"model {model_path}", geometry,
-                           self.max_model_len)
+        plan, geometry = generate_fit(cfg, model_path, hf_config, host, self.max_model_len)
         cfg = dataclasses.replace(cfg, dtype=DType(plan.dtype_name), kv_cache_memory_bytes=plan.kv_cache_memory_bytes)
         log.info("engine.dtype: %s (%s)", plan.dtype_name, plan.dtype_reason)
         self.cfg = cfg

@@ -20,13 +20,12 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from appliance.engine.checkpoint_facts import model_checkpoint_facts
 from appliance.engine.config import DType, EngineConfig, EngineKind, dtype_name, engine_config_from, resolve_dtype
 from appliance.engine.geo_coords import GeoCoords, batch_coords, coords_kind
 from appliance.engine.host import Host
 from appliance.engine.kernel_plan import KernelPlan, plan_pool_kernels
 from appliance.engine.linear import pack_for_cpu, packable_linears, use_bf16_kernel
-from appliance.engine.memory_plan import plan_memory
+from appliance.engine.model_fit import engine_host, pool_fit
 from appliance.engine.outputs import PoolOutput
 
 log = logging.getLogger(__name__)
@@ -77,7 +76,7 @@ class PoolEngine:
         else:
             self.dtype = resolve_dtype(cfg.dtype)
         self.model = model.to(self.device, self.dtype).eval()
-        host = (host or Host.read(cfg.device)).without(cfg.cpu_features_off)
+        host = engine_host(cfg, host)
         if cfg.cpu_features_off:
             log.info("CPU features treated as absent (engine.cpu_features_off): %s", " ".join(cfg.cpu_features_off))
         self.kernels = plan_pool_kernels(dataclasses.replace(cfg, dtype=DType(dtype_name(self.dtype))), host)
@@ -99,9 +98,9 @@ class PoolEngine:
             raise ValueError("PoolEngine serves engine.kind=pool; use LLMEngine for kind=generate")
         model_cls = get_model_class(model_architecture(app_cfg.model.architecture), EngineKind.pool)
         model = app_cfg.model
-        host = (host or Host.read(cfg.device)).without(cfg.cpu_features_off)
-        if getattr(model, "checkpoint", None) or getattr(model, "path", None):
-            plan = plan_memory(cfg, model_checkpoint_facts(model), host, f"model {model.checkpoint or model.path}")
+        host = engine_host(cfg, host)
+        plan = pool_fit(cfg, model, host)
+        if plan is not None:
             cfg = dataclasses.replace(cfg, dtype=DType(plan.dtype_name))
             log.info("engine.dtype: %s (%s)", plan.dtype_name, plan.dtype_reason)
         elif cfg.dtype is DType.auto:

@@ -114,7 +114,7 @@ def model_context(stage: Stage) -> int:
     """Tokens a sequence may hold (prompt and answer): `engine.max_model_len` checked against the model by
     the engine's own rule; ConfigError when it exceeds the model's limit."""
     def compute():
-        from appliance.engine.llm_engine import max_model_len
+        from appliance.engine.model_fit import max_model_len
 
         try:
             return max_model_len(model_text_config(stage), stage.cfg.engine.get("max_model_len"))
@@ -199,6 +199,19 @@ class EngineStage(Stage):
             check_sampling(options.sampling, f"{self.name}.sampling")
             check_interval(options.progress_interval, f"{self.name}.progress_interval")
         self.engine = None
+
+    def check(self) -> None:
+        """The model fits this machine: the engine's own sizing rule (engine/model_fit.py) on the model's
+        files, so `check` and `run` refuse with the engine's line before any weight loads."""
+        from appliance.engine.config import engine_config_from
+        from appliance.engine.model_fit import engine_host, generate_fit, pool_fit
+
+        engine = engine_config_from(self.cfg.engine)
+        host = engine_host(engine)
+        if self.pool_mode:
+            pool_fit(engine, self.cfg.model, host)
+        else:
+            generate_fit(engine, str(self.cfg.model.path), model_text_config(self), host, model_context(self))
 
     def setup(self) -> None:
         if self.pool_mode:

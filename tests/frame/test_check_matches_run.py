@@ -131,3 +131,18 @@ def test_check_refuses_a_server_or_engine_setting_as_serve_does(setting, fragmen
     assert_user_error(checked, fragment)
     assert_user_error(served, fragment)
     assert checked.stderr.replace("appliance check:", "appliance serve:") == served.stderr
+
+
+def test_check_refuses_a_model_that_cannot_fit_as_run_and_serve_do(capsys, tmp_path):
+    """Memory fit is the engine's own rule on the model's files (engine/model_fit.py), asked before any weight
+    loads: a 1 MB budget leaves less than the runtime reserve for either model."""
+    budget = "engine.memory_budget_bytes=1000000"
+    flood = ["pipeline=prithvi_flood", f"input={FLOOD}", f"output={tmp_path}/mask.tif", budget]
+    checked = _verdict(capsys, "check", flood)
+    assert checked == _verdict(capsys, "run", flood)
+    assert checked[0] == 2 and "prithvi_demo_flood/model.safetensors does not fit" in checked[1], checked
+    assert not (tmp_path / "mask.tif").exists()
+    chat = ["pipeline=llava_chat", budget]
+    checked_chat, served = run_cli("check", *chat, timeout=120), run_cli("serve", *chat, timeout=120)
+    assert_user_error(checked_chat, "llava_tiny does not fit")
+    assert checked_chat.stderr.replace("appliance check:", "appliance serve:") == served.stderr
