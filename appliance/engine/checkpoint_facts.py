@@ -16,6 +16,7 @@ import torch
 
 from appliance.engine.safetensors_files import SAFETENSORS_DTYPES, checkpoint_files, read_header
 from appliance.engine.torch_files import load_torch_file
+from appliance.errors import ConfigError
 
 
 # The language model's projections, the weights engine.quantization=int8 stores as int8 (linear.py's
@@ -100,5 +101,5 @@ def _facts(tensors: Iterable[Tuple[Optional[torch.dtype], Iterable[int]]], sourc
         elif dtype is not None:
             other += n * dtype.itemsize
     if not elements:
-        raise ValueError(f"{source} holds no floating point weights")
+        raise ConfigError(f"{source} holds no floating point weights: not a model checkpoint")
     return CheckpointFacts(max(elements, key=elements.get), sum(elements.values()), other)
