@@ -6,13 +6,33 @@ target once complete (`os.replace`, atomic within a directory), remove it on any
 
 or, for a file written over a longer life (a GeoTIFF written strip by strip): `AtomicFile(path)`, then
 `commit()` or `abort()`. The committed file gets the permissions a plain `open(path, "w")` would give
-(`file_mode`), not mkstemp's 0600.
+(`file_mode`), not mkstemp's 0600. A missing directory is made when its first file is written, never by
+the checks before a run (`check_writable_dir`), so `appliance check` leaves the disk as it found it.
 """
 import os
 import tempfile
 from typing import Sequence
 
+from appliance.errors import InputError
+
 DEFAULT_UMASK = 0o022
+
+
+def check_writable_dir(directory: str, field: str = "output") -> None:
+    """InputError naming `field` unless files can be made in `directory`: it is a directory we can write
+    in, or, where it does not exist yet, the nearest directory above it is (the writer makes the rest).
+    The proof is a probe file made and removed at once; no directory is made."""
+    directory = os.path.abspath(directory or ".")
+    existing = directory
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(20, "not a directory", existing)
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".appliance-probe-"):
+            pass
+    except OSError as e:
+        raise InputError(f"{field}: cannot write to directory {directory} ({e.strerror or e})", param=field) from None
 
 
 def sibling_path(output_path: str, suffix: str) -> str:
@@ -41,6 +61,7 @@ class AtomicFile:
         self.path = str(path)
         self.sidecars = tuple(sidecars)
         directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
         fd, self.temp_path = tempfile.mkstemp(prefix=f".{os.path.basename(self.path)}.", suffix=".tmp",
                                               dir=directory)
         os.close(fd)

@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from appliance.output_files import AtomicFile, file_mode
+from appliance.errors import InputError
+from appliance.output_files import AtomicFile, check_writable_dir, file_mode
 
 
 def test_file_mode_is_what_open_would_give(tmp_path):
@@ -42,3 +43,22 @@ def test_commit_and_abort_by_hand(tmp_path):
     dropped.abort()
     dropped.abort()  # twice is harmless
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_a_missing_directory_is_checked_without_being_made(tmp_path):
+    check_writable_dir(str(tmp_path / "new" / "deeper"))
+    assert list(tmp_path.iterdir()) == []  # neither the directory nor a probe file is left
+
+
+def test_a_directory_below_a_file_is_refused_naming_the_field(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match=r"^features: cannot write to directory .*/file/sub \(") as refused:
+        check_writable_dir(str(tmp_path / "file" / "sub"), field="features")
+    assert refused.value.param == "features"
+
+
+def test_the_first_file_written_makes_its_directory(tmp_path):
+    target = tmp_path / "new" / "deeper" / "out.txt"
+    with AtomicFile(str(target)) as temp, open(temp, "w") as f:
+        f.write("x")
+    assert target.read_text() == "x" and os.listdir(target.parent) == ["out.txt"]

@@ -182,7 +182,7 @@ def test_an_image_url_input_is_one_request_and_no_file(url):
     (dict(input="r.jsonl", output="r.jsonl"), "is the input file"),
     (dict(input="r.jsonl", output="exists.jsonl"), "exists; pass overwrite=true to replace it"),
     (dict(input="r.jsonl", output="."), "is a directory"),
-    (dict(input="r.jsonl", output="nodir/a.jsonl"), "cannot write to directory"),
+    (dict(input="r.jsonl", output="exists.jsonl/a.jsonl"), "cannot write to directory"),
     (dict(input="r.jsonl", output="a.jsonl", prompt="x"), "prompt: not used with a .jsonl input"),
     (dict(input="r.jsonl", output="a.jsonl", prompt_file="q.txt"), "prompt_file: not used with a .jsonl input"),
     (dict(input="r.jsonl", output="a.jsonl", system="x"), "system: not used with a .jsonl input"),

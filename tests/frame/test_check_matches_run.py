@@ -146,3 +146,12 @@ def test_check_refuses_a_model_that_cannot_fit_as_run_and_serve_do(capsys, tmp_p
     checked_chat, served = run_cli("check", *chat, timeout=120), run_cli("serve", *chat, timeout=120)
     assert_user_error(checked_chat, "llava_tiny does not fit")
     assert checked_chat.stderr.replace("appliance check:", "appliance serve:") == served.stderr
+
+
+def test_check_leaves_a_missing_output_directory_to_the_run(capsys, tmp_path):
+    """`check` proves the output can be written without writing: the run makes the directory with its file."""
+    argv = ["pipeline=prithvi_flood", f"input={FLOOD}", f"output={tmp_path}/maps/2024/mask.tif"]
+    assert main(["check", *argv]) == 0
+    assert list(tmp_path.iterdir()) == []
+    assert main(["run", *argv]) == 0
+    assert (tmp_path / "maps" / "2024" / "mask.tif").is_file()

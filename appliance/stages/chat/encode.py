@@ -108,6 +108,5 @@ class FeaturesWrite(Stage):
 
 
 def _write_atomically(features: torch.Tensor, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
     with AtomicFile(str(target)) as temp:
         save_file({"image_features": features}, temp)

@@ -19,11 +19,11 @@ so a bad line 900 fails the run before any model loads; errors name the line and
 """
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from appliance.errors import InputError
+from appliance.output_files import check_writable_dir
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.protocol.openai_requests import CHAT_ANSWER_SAMPLING, parse_chat, parse_completion
 from appliance.stages.chat.run_question import question_keys, run_prompt, system_message
@@ -145,12 +145,7 @@ def check_batch_output(source: str, output: Any, overwrite: bool = False) -> str
     if os.path.lexists(output) and not overwrite:
         raise InputError(f"output: {output} exists; pass overwrite=true to replace it, or choose another name",
                          param="output")
-    directory = os.path.dirname(os.path.abspath(output))
-    try:
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".appliance-probe-"):
-            pass
-    except OSError as e:
-        raise InputError(f"output: cannot write to directory {directory} ({e.strerror or e})", param="output") from None
+    check_writable_dir(os.path.dirname(os.path.abspath(output)))
     return output
 
 

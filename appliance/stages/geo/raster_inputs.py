@@ -23,7 +23,6 @@ Nothing is read or written before every input and output of the run passes its c
 import functools
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -31,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from appliance.errors import InputError
+from appliance.output_files import check_writable_dir
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.geotiff import probe_geotiff
@@ -125,17 +125,6 @@ def check_output(src: str, dst: str, overwrite: bool, inputs: Sequence[str]) -> 
         raise InputError(f"output: {dst} is a directory; expected a file path for the mask of {src}", param="output")
     if os.path.exists(dst) and not overwrite:
         raise InputError(f"output: {dst} exists; pass overwrite=true to replace it", param="output")
-
-
-def check_writable_dir(directory: str) -> None:
-    """Create `directory` if missing and prove we can create (and remove) a file in it."""
-    directory = directory or "."
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".appliance-probe-"):
-            pass
-    except OSError as e:
-        raise InputError(f"output: cannot write to directory {directory} ({e.strerror or e})", param="output") from None
 
 
 @dataclass
