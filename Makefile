@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint install clean
+.PHONY: demo test test-fast lint screenshots install clean
 
 $(BIN)/python:
 	@echo "== creating the virtual environment $(VENV)"
@@ -71,6 +71,10 @@ test: install $(VENV)/.test-installed lint
 # model runs); every package is still reached.
 test-fast: install $(VENV)/.test-installed
 	$(BIN)/python -m pytest -m "not slow"
+
+# The pictures of the pages in README.md and docs/, taken anew by the browser tests that show them.
+screenshots: install $(VENV)/.test-installed
+	$(BIN)/python -m pytest tests/ui --docs-screenshots -q
 
 clean:
 	rm -rf $(VENV) *.egg-info demo-output

@@ -58,6 +58,11 @@ SLOW = (
 )
 
 
+def pytest_addoption(parser):
+    parser.addoption("--docs-screenshots", action="store_true",
+                     help="write the browser tests' screenshots over docs/page-*.png (make screenshots)")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.nodeid == slow or item.nodeid.startswith((slow + "::", slow + "[")) for slow in SLOW):

@@ -4,12 +4,16 @@
 
 `open_page` opens a URL in a fresh browser context and records what would show a broken page: console
 errors, failed requests, answers of 400 or more, and uncaught exceptions (`page.problems`); and the URL of
-every request the page made, in order (`page.requested`).
+every request the page made, in order (`page.requested`). `screenshot` saves what a test sees; with
+`--docs-screenshots` (`make screenshots`) it also replaces the pictures of README.md and docs/, so they
+show the page as it is.
 """
 import os
 import shutil
 
 import pytest
+
+from tests.conftest import REPO
 
 CHROMIUM = os.environ.get("APPLIANCE_TEST_CHROMIUM", "/usr/bin/chromium")
 # Headless, and nothing that reaches for the network (this machine's network is closed: Chromium's
@@ -18,6 +22,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 360, "height": 740}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="package")
@@ -59,3 +64,18 @@ def open_page(browser):
     yield open_
     for context in contexts:
         context.close()
+
+
+@pytest.fixture
+def screenshot(tmp_path, request):
+    """screenshot(page, name, **options) -> the PNG's path in the test's directory; with --docs-screenshots
+    also copied over docs/`name` (the README's and docs' pictures of the pages)."""
+    def take(page, name, **options):
+        path = tmp_path / name
+        page.screenshot(path=path, **options)
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        if request.config.getoption("--docs-screenshots"):
+            shutil.copyfile(path, REPO / "docs" / name)
+        return path
+
+    return take

@@ -55,7 +55,7 @@ def test_the_page_loads_with_no_error_and_shows_model_and_status(llava_server, o
     assert page.problems == []
 
 
-def test_a_chat_with_the_sample_image_streams_the_answer_the_api_gives(llava_server, open_page, tmp_path):
+def test_a_chat_with_the_sample_image_streams_the_answer_the_api_gives(llava_server, open_page, screenshot):
     page = open_page(f"{llava_server.base}/")
     open_settings(page, temperature=0, max_tokens=32)
     with page.expect_response("**/v1/chat/completions") as answered:
@@ -85,14 +85,11 @@ def test_a_chat_with_the_sample_image_streams_the_answer_the_api_gives(llava_ser
     assert page.locator(".message.user figcaption").text_content() == SAMPLE_IMAGE.name
     assert page.problems == []
 
-    desktop, phone = tmp_path / "chat-desktop.png", tmp_path / "chat-phone.png"
-    page.screenshot(path=desktop)
+    screenshot(page, "page-chat-desktop.png")
     page.set_viewport_size(PHONE)
     page.click("[data-closes=settings]")  # at phone width the panels cover the conversation
     page.click("[data-closes=conversations]")
-    page.screenshot(path=phone)
-    for path in (desktop, phone):
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    screenshot(page, "page-chat-phone.png")
 
 
 def test_an_attached_image_stays_whole_and_a_phone_placeholder_names_no_keys(llava_server, open_page):
