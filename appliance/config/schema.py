@@ -214,6 +214,15 @@ class SearchConfig:
 
 
 @dataclass
+class PublishConfig:
+    """A region run's collection and items sent to a STAC API with the Transactions extension (docs/geo.md)."""
+    url: Optional[str] = field(default=None, metadata=rule(
+        pattern=r"https?://\S+", why="the STAC API's root, http(s)://host/path"))  # None: nothing is published
+    asset_base: Optional[str] = None  # where the output directory is served (https://, s3://); None: its local path
+    api_timeout_s: float = field(default=30.0, metadata=rule(gt=0))  # each request to the API
+
+
+@dataclass
 class AppConfig:
     pipeline: PipelineConfig = MISSING
     model: ModelConfig = MISSING
@@ -225,6 +234,7 @@ class AppConfig:
     aoi_crs: Optional[str] = None
     date: Optional[Any] = None  # geo: the scenes' acquisition date (YYYY-MM-DD) when their sources lack one
     search: SearchConfig = field(default_factory=SearchConfig)  # geo: scenes from a STAC API search
+    publish: PublishConfig = field(default_factory=PublishConfig)  # geo: a region's results to a STAC API
     output: Optional[Any] = None
     prompt: Optional[str] = field(default=None, metadata=FREE_TEXT)  # chat: the question
     # chat: the question read from a UTF-8 file (for long ones)

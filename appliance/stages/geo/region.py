@@ -14,9 +14,10 @@ from typing import Iterator
 
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.raster_inputs import TIFF_SUFFIXES
-from appliance.stages.geo.region_collection import write_collection
+from appliance.stages.geo.region_collection import region_collection, write_collection
 from appliance.stages.geo.region_items import region_items
 from appliance.stages.geo.region_mosaic import MosaicRule, placed, write_mosaic
+from appliance.stages.geo.region_publish import publish_region
 from appliance.stages.geo.region_summary import region_summary, summary_table, write_summary
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,11 @@ class Region(Stage):
             lines.append(f"summary {write_summary(directory, summary)}\n{summary_table(summary)}")
         if lines:
             yield {"display": "region: " + "\nregion: ".join(lines)}
+        publish = self.cfg.get("publish")
+        if publish is not None and publish.get("url"):  # last: a refusal leaves every file written and shown
+            collection = region_collection(items, _identifier(directory), self._about())
+            yield {"display": "region: " + publish_region(publish, directory, collection.to_dict(
+                include_self_link=False, transform_hrefs=False), items)}
 
     def _directory(self):
         """The run's output directory, or None when its output is one file (or unset)."""
