@@ -2,7 +2,8 @@
 (conf/model/llava_tiny_tools.yaml, `tool_call_parser: hermes`) served by `appliance serve`. Its chat
 template lists the request's tools; it answers a draw request with one `<tool_call>` when draw_shape is
 listed, and text when it is not or for a question about the image. Checked with the official `openai`
-client (auto and tools without tool_choice, streamed and whole) and LangChain's `bind_tools` defaults."""
+client (auto and tools without tool_choice, streamed and whole; tool lists in several orders, with and
+without draw_shape) and LangChain's `bind_tools` defaults."""
 import json
 
 import jsonschema
@@ -119,6 +120,21 @@ def test_a_draw_request_gets_text_when_no_drawing_tool_is_listed(client, tools, 
     content, calls, reason = ask(client, DRAW_REQUEST, tools=tools, stream=stream)
     assert (calls, reason) == ([], "stop")
     assert content and "<tool_call>" not in content
+
+
+@pytest.mark.parametrize("tools", [[DRAW], [RESIZE, DRAW], [DRAW, WEATHER], [WEATHER, RESIZE, DRAW], [WEATHER],
+                                   [RESIZE, WEATHER]], ids=lambda tools: "+".join(t["function"]["name"] for t in tools))
+@pytest.mark.parametrize("request_text,arguments", [
+    ("Paint a green square.", {"shape": "square", "color": "green"}),
+    ("Can you draw a purple triangle?", {"shape": "triangle", "color": "purple"})], ids=["paint", "draw"])
+def test_the_model_reads_the_tool_list(client, tools, request_text, arguments):
+    """Whatever the order and the other tools, a draw request is a call exactly when draw_shape is listed."""
+    content, calls, reason = ask(client, [{"role": "user", "content": request_text}], tools=tools)
+    if DRAW in tools:
+        assert (reason, content) == ("tool_calls", None)
+        assert [(name, json.loads(text)) for name, text in calls] == [("draw_shape", arguments)]
+    else:
+        assert (calls, reason, content) == ([], "stop", "I cannot draw: no drawing tool was given.")
 
 
 # ---- LangChain ----
