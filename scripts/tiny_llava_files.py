@@ -54,9 +54,11 @@ def tokenizer_corpus() -> list[str]:
     return lines + words
 
 
-def build_tokenizer():
+def build_tokenizer(corpus: list[str] | None = None, chat_template: str = CHAT_TEMPLATE,
+                    max_length: int = TEXT["max_position_embeddings"]):
     """A Llama-style BPE: metaspace words, the 256 `<0xNN>` byte tokens as ordinary vocabulary (byte
-    fallback: any text encodes and decodes), `<s>` added in front; `<image>` and `<pad>` go last."""
+    fallback: any text encodes and decodes), `<s>` added in front; `<image>` and `<pad>` go last. The
+    merges are learned on `corpus` (default: tokenizer_corpus()) until each of its words is one token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -66,8 +68,8 @@ def build_tokenizer():
     # 1. learn the merges on the Q/A text
     scratch = Tokenizer(models.BPE(unk_token=SPECIALS["unk"]))
     scratch.pre_tokenizer = metaspace()
-    scratch.train_from_iterator(tokenizer_corpus(), trainers.BpeTrainer(
-        vocab_size=1000,  # more than the corpus has: merging stops when every word is one token
+    scratch.train_from_iterator(corpus or tokenizer_corpus(), trainers.BpeTrainer(
+        vocab_size=4000,  # more than the corpus has: merging stops when every word is one token
         special_tokens=list(SPECIALS.values()), show_progress=False))
     learned = json.loads(scratch.to_str())["model"]
     # 2. vocabulary: specials (0-2), bytes (3-258), then the learned characters and merges
@@ -87,10 +89,10 @@ def build_tokenizer():
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=SPECIALS["bos"], eos_token=SPECIALS["eos"], unk_token=SPECIALS["unk"],
         pad_token=PAD_TOKEN, extra_special_tokens={"image_token": IMAGE_TOKEN}, padding_side="left",
-        model_max_length=TEXT["max_position_embeddings"], chat_template=CHAT_TEMPLATE)
+        model_max_length=max_length, chat_template=chat_template)
 
 
-def build_processor(tokenizer):
+def build_processor(tokenizer, chat_template: str = CHAT_TEMPLATE):
     """LlavaProcessor: LLaVA-1.5's "pad" aspect mode (pad to square with the mean colour, then the CLIP
     steps), so a shape near the edge of a long image is never cropped away."""
     from transformers import LlavaImageProcessorPil, LlavaProcessor
@@ -102,14 +104,15 @@ def build_processor(tokenizer):
         image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD, do_convert_rgb=True)
     return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE,
                           vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                          chat_template=CHAT_TEMPLATE)
+                          chat_template=chat_template)
 
 
-def build_model(tokenizer):
+def build_model(tokenizer, max_positions: int = TEXT["max_position_embeddings"]):
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     text = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **TEXT)
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       **{**TEXT, "max_position_embeddings": max_positions})
     config = LlavaConfig(
         vision_config=CLIPVisionConfig(**VISION), text_config=text,
         image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), image_seq_length=IMAGE_TOKENS,
@@ -140,7 +143,7 @@ def init_position_embeddings(tower) -> None:
     table[1:] = torch.cat(parts, dim=1)
 
 
-def save(model, processor, out: Path) -> None:
+def save(model, processor, out: Path, chat_template: str = CHAT_TEMPLATE) -> None:
     """save_pretrained, plus the files older loaders and our engine read: preprocessor_config.json
     (transformers 5 nests it in processor_config.json) and the chat template inside
     tokenizer_config.json (transformers 5 writes chat_template.jinja)."""
@@ -152,5 +155,5 @@ def save(model, processor, out: Path) -> None:
     tokenizer_config = json.loads(config_path.read_text())
     for key in ("is_local", "local_files_only"):  # load-time options that transformers echoes back
         tokenizer_config.pop(key, None)
-    tokenizer_config.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=CHAT_TEMPLATE)
+    tokenizer_config.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=chat_template)
     config_path.write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")

@@ -34,6 +34,7 @@ SLOW = (
     "tests/serving/test_pooling.py::test_a_client_that_leaves_stops_the_remaining_tiles",
     "tests/serving/test_metrics.py",
     "tests/serving/test_stream_interval.py",  # a server of its own
+    "tests/serving/test_auto_tool_choice.py",  # a server of its own (the tool-calling tiny LLaVA)
     "tests/serving/test_scenes.py",  # a server of its own (max_kept=1), scenes run to the end
     "tests/geo/test_served_tl.py",  # a server of its own with the tiny TL model
     "tests/engine/test_tensor_parallel.py::test_tp2_matches_tp1",  # TP ranks are processes
