@@ -87,24 +87,34 @@ def test_the_tilejson_names_the_template_the_bounds_and_the_zoom_of_single_pixel
         tiles_url(flood_server, body["id"], "scene/{z}/{x}/{y}.png")]
 
 
-def test_a_mask_tile_at_maxzoom_holds_the_masks_classes_in_their_colours(flood_server, done):
+def tile_over(path, value, zoom: int) -> morecantile.Tile:
+    """The tile at `zoom` over the pixel nearest the mask's centre that holds `value`."""
+    with rasterio.open(path) as ds:
+        held = np.argwhere(ds.read(1) == value)
+        row, col = (int(i) for i in held[np.abs(held - [ds.height / 2, ds.width / 2]).sum(axis=1).argmin()])
+        (lon,), (lat,) = warp_transform(ds.crs, "EPSG:4326", *[[v] for v in ds.transform @ (col + 0.5, row + 0.5)])
+    return WEB_MERCATOR.tile(lon, lat, zoom)
+
+
+@pytest.mark.parametrize("over,values", [(1, {0, 1}), (255, {0, 255})])  # water and land; no data
+def test_a_mask_tile_at_maxzoom_holds_the_masks_classes_in_their_colours(flood_server, done, over, values):
     body, spool = done
-    tile = centre_tile(tilejson(flood_server, body["id"], "mask"))
-    pixels = rgba_tile(fetch(flood_server, body["id"], f"mask/{tile.z}/{tile.x}/{tile.y}.png"))
     mask_path = spool / f"{body['id']}.mask.tif"
+    tile = tile_over(mask_path, over, tilejson(flood_server, body["id"], "mask")["maxzoom"])
+    pixels = rgba_tile(fetch(flood_server, body["id"], f"mask/{tile.z}/{tile.x}/{tile.y}.png"))
     rows, cols, clear = source_pixels(mask_path, tile)
     with rasterio.open(mask_path) as ds:
         mask = ds.read(1)
     inside = (rows >= 0) & (rows < mask.shape[0]) & (cols >= 0) & (cols < mask.shape[1])
     compared = clear & inside
-    assert compared.sum() > 256 * 256 // 5
+    assert compared.sum() > 256 * 256 // 20
     classes = mask[rows[compared], cols[compared]]
+    assert set(np.unique(classes)) >= values
     colours = {entry["index"]: entry["colour"] for entry in body["result"]["classes"]}
-    assert set(np.unique(classes)) >= {0, 1}  # the centre of the sample shows land and water
     shown = pixels[compared]
-    assert np.array_equal(shown[:, 3] == 255, (classes != 0) & (classes != 255))  # class 0 and nodata transparent
-    water = classes == 1
-    assert (shown[water, :3] == colours[1]).all()
+    assert np.array_equal(shown[:, 3] == 255, classes != 0)  # class 0 transparent
+    for value, colour in ((1, colours[1]), (255, body["result"]["nodata_colour"])):
+        assert (shown[classes == value, :3] == colour).all()
     assert (pixels[~inside & clear, 3] == 0).all()  # beyond the scene's edge
 
 

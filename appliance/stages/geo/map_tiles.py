@@ -4,8 +4,9 @@ and stretch of scene.png). rio-tiler reads each tile's window only, from the ove
 (the mask is a COG; an input's own overviews where it has them), so a tile costs the same memory whatever
 the scene's size.
 
-Transparent in a tile: class 0 (as in mask.png: what lies below shows), the mask's no data and the input's,
-and everything outside the scene; a tile wholly outside it is one transparent tile.
+Transparent in a tile: class 0 (as in mask.png: what lies below shows), the input's no data, and everything
+beyond the scene; a tile wholly beyond it is one transparent tile. The mask's no data is grey, as in
+mask.png and the legend.
 """
 import io
 import json
@@ -21,6 +22,7 @@ from rio_tiler.io import Reader
 
 from appliance.stages.geo.quicklook import mask_classes, stretched
 from appliance.stages.geo.scene_report import palette_mask, tagged_class_names, tagged_colours
+from appliance.stages.geo.stitch import NODATA_CLASS
 
 TILE_SIZE = 256
 WEB_MERCATOR = morecantile.tms.get("WebMercatorQuad")
@@ -53,15 +55,22 @@ def mask_tile(mask_path: str, z: int, x: int, y: int) -> bytes:
     """The classes of tile z/x/y in the mask's colours (nearest: each tile pixel one mask pixel's class)."""
     with Reader(mask_path, tms=WEB_MERCATOR) as reader:
         try:
-            image = reader.tile(x, y, z, tilesize=TILE_SIZE, resampling_method="nearest")
+            image = reader.tile(x, y, z, tilesize=TILE_SIZE, resampling_method="nearest",
+                                nodata=beyond_fill(reader.dataset))
         except TileOutsideBounds:
             return empty_tile()
         colours = tagged_colours(reader.dataset, len(tagged_class_names(reader.dataset)))
     classes, nodata = mask_classes(np.asarray(image.array.data))
-    hidden = nodata | outside(image.array)
-    picture = palette_mask(classes, hidden, colours)  # index = class, len(colours) = hidden
-    alpha = bytes([0] + [255] * (len(colours) - 1) + [0])
-    return _png(picture, transparency=alpha)
+    beyond = outside(image.array)
+    picture = palette_mask(np.where(beyond, 0, classes), nodata & ~beyond, colours)  # index: class; no data: last
+    return _png(picture, transparency=bytes([0] + [255] * len(colours)))  # class 0 (and beyond) transparent
+
+
+def beyond_fill(ds) -> float:
+    """The value rio-tiler fills beyond the scene with and masks: one no mask pixel holds (below the no-data
+    class for a class mask, whose classes are fewer; negative for probabilities), so the mask's own no data
+    reads as data, drawn grey."""
+    return NODATA_CLASS - 1 if ds.dtypes[0] == "uint8" else -1.0
 
 
 def read_rendering(path: str) -> Dict[str, Any]:
