@@ -136,6 +136,15 @@ def test_a_scene_tile_shows_the_inputs_rgb_stretched_as_the_preview(flood_server
     assert np.array_equal(shown[valid, :3], expected[valid])
 
 
+def test_the_mask_cog_answers_range_requests_as_gdal_reads_it(flood_server, done):
+    """QGIS and GDAL read the COG's URL block by block (docs/geo.md, "The result in QGIS or a web map")."""
+    body, spool = done
+    whole = (spool / f"{body['id']}.mask.tif").read_bytes()
+    answer = httpx.get(f"{flood_server.base}/v1/scenes/{body['id']}/mask.tif",
+                       headers={**AUTH, "Range": "bytes=100-299"}, timeout=60)
+    assert answer.status_code == 206 and answer.content == whole[100:300]
+
+
 def test_a_tile_beyond_the_scene_is_transparent(flood_server, done):
     body, _ = done
     grid = tilejson(flood_server, body["id"], "mask")
