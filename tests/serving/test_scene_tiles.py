@@ -1,7 +1,7 @@
 """A done scene's map tiles on the real flood server (tests/servers.py), with httpx: a tile at the layer's
 maxzoom holds the mask's classes (or the input's stretched RGB) at its pixels' centres, as rasterio reads
-them through morecantile's tile bounds; a tile beyond the scene is transparent; the TileJSON; refusals that
-name the field; the key; the OpenAPI document."""
+them through morecantile's tile bounds; a tile beyond the scene is transparent; the TileJSON; a scene sent
+by URL has the mask layer only; refusals that name the field; the key; the OpenAPI document."""
 import io
 import json
 import math
@@ -16,6 +16,7 @@ from rasterio.warp import transform as warp_transform
 
 from appliance.protocol.scenes import TileJSON
 from appliance.stages.geo.quicklook import stretched
+from tests.geo.hls import RangeServer
 from tests.servers import API_KEY, SAMPLE_SCENE, error
 from tests.serving.test_scenes import posted, until_ended
 
@@ -167,6 +168,20 @@ def test_bad_layers_and_tile_indexes_are_refused_naming_the_field(flood_server, 
     answer = fetch(flood_server, done[0]["id"], path)
     assert answer.status_code == status, answer.text
     assert error(answer)["param"] == param
+
+
+def test_a_scene_sent_by_url_has_the_mask_layer_only(flood_server, tmp_path):
+    (tmp_path / "scene.tif").write_bytes(SAMPLE_SCENE.read_bytes())
+    with RangeServer(tmp_path) as source:
+        sent = posted(flood_server, json={"url": f"{source.url}/scene.tif"}, headers=AUTH)
+        body = until_ended(flood_server, sent["id"])
+    assert body["status"] == "done", body
+    for path in ("scene/tilejson.json", "scene/10/0/0.png"):
+        answer = fetch(flood_server, body["id"], path)
+        assert answer.status_code == 404 and error(answer)["param"] == "layer"
+        assert "read from its URL" in error(answer)["message"]
+    tile = centre_tile(tilejson(flood_server, body["id"], "mask"))
+    assert (rgba_tile(fetch(flood_server, body["id"], f"mask/{tile.z}/{tile.x}/{tile.y}.png"))[..., 3] > 0).any()
 
 
 def test_tiles_of_no_such_scene_are_404_and_need_the_key(flood_server, done):

@@ -2,7 +2,7 @@
 (tests/servers.py): a 3660 x 3660 scene (an HLS tile's size) mapped; zoomed to its tiles' maxzoom the map
 shows single pixels (a scene pixel covers at least one screen pixel, the tiles drawn at their own size);
 while the pointer is on the map the pixel reading stays in the window and follows it. Screenshots go to
-the test's tmp dir."""
+the test's tmp dir. A scene sent by URL is mapped by its mask alone, its input not being kept."""
 import re
 
 import httpx
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import rasterio
 
-from tests.servers import API_KEY
+from tests.geo.hls import RangeServer
+from tests.servers import API_KEY, SAMPLE_SCENE
 from tests.ui.conftest import DESKTOP
 from tests.ui.test_flood_page import map_point, map_scene, pixel_lat_lon, zoom_to
 
@@ -72,4 +73,19 @@ def test_zoomed_in_a_3660_pixel_result_shows_single_pixels_and_the_reading_stays
     assert set(readings) == {"water", "land"}, readings
     page.screenshot(path=tmp_path / "map-full-resolution.png")
     assert (tmp_path / "map-full-resolution.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert page.problems == []
+
+
+def test_a_scene_sent_by_url_is_mapped_by_its_mask_alone(flood_server, open_page, tmp_path):
+    (tmp_path / "scene.tif").write_bytes(SAMPLE_SCENE.read_bytes())
+    with RangeServer(tmp_path) as source:
+        page = open_page(f"{flood_server.base}/", viewport=DESKTOP, init_script=KEY_SCRIPT)
+        page.wait_for_selector("#limits:not(:empty)")
+        page.fill("#url", f"{source.url}/scene.tif")
+        page.click("#run-url")
+        page.wait_for_selector("#result:not([hidden]), #notice:not(:empty)", timeout=120_000)
+    assert page.text_content("#notice") == ""
+    page.wait_for_selector("#viewer .mask-tiles .leaflet-tile-loaded")
+    assert page.locator("#viewer .scene-tiles").count() == 0 and page.locator("#link-scene-tiles").count() == 0
+    assert not any("/tiles/scene/" in url for url in page.requested)
     assert page.problems == []

@@ -214,9 +214,11 @@ function forget() {
 
 // ---- the result ------------------------------------------------------------------------------------
 async function showResult(run, scene) {
+  // A scene sent by URL has no scene layer (its input is not kept on the server): not asked for.
+  const byUrl = run.files.length === 0 && !run.resumed;
   let grids;
   try {
-    grids = await Promise.all(["mask", "scene"].map((layer) => tileJson(scene.id, layer)));
+    grids = await Promise.all([tileJson(scene.id, "mask"), byUrl ? null : tileJson(scene.id, "scene")]);
   } catch (error) {
     if (state.run === run) end(messageOf(error));
     return;
@@ -236,7 +238,8 @@ async function showResult(run, scene) {
   end(null);
 }
 
-// A layer's TileJSON; null for the scene layer of a scene given by URL (404: its input is not kept).
+// A layer's TileJSON; null for the scene layer of a scene given by URL (404: its input is not kept), as
+// one opened again from the address's fragment may be.
 async function tileJson(id, layer) {
   try {
     return await client.request(`${scenePath(id)}/tiles/${layer}/tilejson.json`).then((response) => response.json());
