@@ -2,6 +2,7 @@
 maxzoom holds the mask's classes (or the input's stretched RGB) at its pixels' centres, as rasterio reads
 them through morecantile's tile bounds; a tile beyond the scene is transparent; the TileJSON; a scene sent
 by URL has the mask layer only; refusals that name the field; the key; the OpenAPI document."""
+import asyncio
 import io
 import json
 import math
@@ -14,7 +15,12 @@ import rasterio
 from PIL import Image
 from rasterio.warp import transform as warp_transform
 
+from starlette.requests import Request
+
 from appliance.protocol.scenes import TileJSON
+from appliance.serving.http.errors import APIError
+from appliance.serving.http.routes_tiles import SceneTileRoutes
+from appliance.serving.http.scene_jobs import SceneJobs
 from appliance.stages.geo.quicklook import stretched
 from tests.geo.hls import RangeServer
 from tests.servers import API_KEY, SAMPLE_SCENE, error
@@ -198,3 +204,15 @@ def test_the_openapi_document_lists_the_tile_routes(flood_server):
     assert "image/png" in tile["responses"]["200"]["content"]
     assert "application/json" in paths["/v1/scenes/{id}/tiles/{layer}/tilejson.json"]["get"]["responses"]["200"][
         "content"]
+
+
+def test_a_scene_without_a_crs_has_no_tiles(tmp_path):
+    jobs = SceneJobs(str(tmp_path), keep_s=60, max_kept=4)
+    job = jobs.add()
+    with open(job.output_path, "wb") as f:
+        f.write(b"a mask without a CRS")
+    job.succeed({"crs": None}, jobs.now())
+    params = {"id": job.id, "layer": "mask", "z": "1", "x": "0", "y": "0"}
+    with pytest.raises(APIError) as refused:
+        asyncio.run(SceneTileRoutes(jobs).tile(Request({"type": "http", "path_params": params})))
+    assert (refused.value.status, refused.value.param) == (404, "layer") and "no CRS" in refused.value.message

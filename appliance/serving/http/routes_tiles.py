@@ -61,6 +61,9 @@ class SceneTileRoutes:
         self.jobs.require_done(job)
         if "mask.tif" not in job.files:
             raise APIError(404, f"layer: scene {job.id!r} has no mask.tif to tile", param="layer")
+        if not (job.result or {}).get("crs"):
+            raise APIError(404, f"layer: scene {job.id!r} has no CRS, so it has no place on a map: read its "
+                                "mask.tif", param="layer")
         return job, layer
 
     @staticmethod
