@@ -55,6 +55,7 @@ SLOW = (
     "tests/reliability/test_geo_faults.py",
     "tests/reliability/test_fuzz.py",
     "tests/ui/test_chat_key_and_stop.py",  # two servers of its own
+    "tests/ui/test_map_full_resolution.py",  # a 3660 x 3660 scene through the flood model (81 tiles)
     "tests/ui/test_page_routes.py::test_server_ui_false_answers_404_at_the_root_and_keeps_the_docs",
 )
 

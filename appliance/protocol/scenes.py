@@ -6,6 +6,8 @@
     GET  /v1/scenes                                                            -> a SceneList
     GET  /v1/scenes/{id}                                                       -> a Scene
     GET  /v1/scenes/{id}/{file}   mask.tif | item.json | scene.png | mask.png  -> the file
+    GET  /v1/scenes/{id}/tiles/{layer}/{z}/{x}/{y}.png   mask | scene         -> a 256-px Web Mercator tile
+    GET  /v1/scenes/{id}/tiles/{layer}/tilejson.json                          -> a TileJSON
     DELETE /v1/scenes/{id}                                                     -> a SceneDeleted
 
 `SceneBody` validates the JSON body (strict, no unknown field) and is its schema in `/openapi.json`; the
@@ -25,6 +27,7 @@ from appliance.protocol.openai_fields import either, one_or_list
 from appliance.protocol.validation import input_error
 
 SCENE_FILES = ("mask.tif", "item.json", "scene.png", "mask.png")  # a done scene's files, by public name
+TILE_LAYERS = ("mask", "scene")  # a done scene's map tiles: the classes, the input's RGB (stages/geo/map_tiles.py)
 Status = Literal["queued", "running", "done", "failed"]
 Colour = Annotated[List[Byte], Field(min_length=3, max_length=3, description="RGB")]
 Box = Annotated[List[float], Field(min_length=4, max_length=4)]
@@ -132,6 +135,21 @@ class Scene(BaseModel):
     error: Optional[ErrorInfo] = Field(description="failed: why, as an error answer says it")
     result: Optional[SceneSummary] = Field(description="done: the summary")
     files: List[Literal[SCENE_FILES]] = Field(description="done: the files GET /v1/scenes/{id}/{file} answers")
+
+
+class TileJSON(BaseModel):
+    """TileJSON 3.0.0 (github.com/mapbox/tilejson-spec) of one layer of a done scene's tiles."""
+    model_config = ANSWER
+    tilejson: Literal["3.0.0"]
+    name: str = Field(description="the scene's id and the layer")
+    scheme: Literal["xyz"]
+    tiles: List[str] = Field(description="the URL template: .../tiles/{layer}/{z}/{x}/{y}.png; send the API key "
+                                         "as the Authorization header, never in the URL")
+    minzoom: Annotated[int, Field(ge=0)]
+    maxzoom: Annotated[int, Field(ge=0)] = Field(description="the first zoom whose tile pixel is no larger than a "
+                                                             "scene pixel: single pixels show")
+    bounds: Box = Field(description="[west, south, east, north] in degrees")
+    center: Annotated[List[float], Field(min_length=3, max_length=3)] = Field(description="[lon, lat, zoom]")
 
 
 class SceneList(BaseModel):

@@ -1,5 +1,6 @@
 """The scene report (stages/geo/scene_report.py): a written mask's summary, checked against numpy's count
-of the mask and closed-form areas, and its two previews (scene.png, mask.png)."""
+of the mask and closed-form areas, its two previews (scene.png, mask.png), and the stretch scene.png used."""
+import json
 import math
 
 import numpy as np
@@ -7,10 +8,12 @@ import pytest
 import rasterio
 from affine import Affine
 from PIL import Image
+from rasterio.enums import Resampling
 from rasterio.warp import transform as warp_transform
 
 from appliance.stages.geo import scene_report
 from appliance.stages.geo.class_colours import NODATA_GREY, default_colours
+from appliance.stages.geo.quicklook import stretched
 from appliance.stages.geo.scene_report import class_summary, grid_summary, write_scene_report
 from tests.geo.conftest import run_geo
 
@@ -75,6 +78,13 @@ def test_report_of_a_written_mask(scene, tmp_path, output):
     assert set(np.unique(indexes)) == {0, 1, 2}
     gaps = indexes == 2  # nodata: grey in the scene picture too
     assert (scene_pixels[gaps] == NODATA_GREY).all() and not (scene_pixels[~gaps] == NODATA_GREY).all(axis=1).all()
+
+    # scene_rgb.json: the files, bands and stretch scene.png shows, which the map's scene tiles reuse
+    rendering = json.loads((report / "scene_rgb.json").read_text())
+    assert rendering["files"] == [str(path)] * 3 and rendering["bands"] == [3, 2, 1]  # RED, GREEN, BLUE
+    with rasterio.open(path) as ds:
+        dn = ds.read(rendering["bands"], out_shape=(3, 150, 200), resampling=Resampling.nearest).astype(np.float32)
+    assert np.array_equal(stretched(dn, rendering["ranges"]).transpose(1, 2, 0)[~gaps], scene_pixels[~gaps])
 
 
 def test_lonlat_grid_and_bounds_follow_the_pixel_grid(scene, tmp_path):

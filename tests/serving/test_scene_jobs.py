@@ -118,20 +118,15 @@ def test_forget_deletes_the_files_and_prune_deletes_directories_no_job_owns(tmp_
     assert not stray.exists() and os.path.isdir(kept.dir)
 
 
-def test_a_failed_jobs_outputs_and_any_jobs_input_are_removed(tmp_path, clock):
+def test_a_failed_jobs_files_and_its_input_are_removed(tmp_path, clock):
     jobs = registry(tmp_path, clock)
-    job, dated = jobs.add(), jobs.add()
-    job.inputs, dated.inputs = [job.input_path], dated.date_input_paths(3)
-    for path in (*job.inputs, *dated.inputs):
+    job = jobs.add()
+    job.inputs = job.date_input_paths(3)
+    assert [os.path.basename(p) for p in job.inputs] == ["input.date1.tif", "input.date2.tif", "input.date3.tif"]
+    for path in job.inputs:
         with open(path, "wb") as f:
             f.write(b"scene")
     write_outputs(job, ("mask.tif",))
-    jobs.remove_input(job)
-    jobs.remove_input(dated)
-    assert not os.path.exists(job.input_path) and os.path.exists(job.path("mask.tif"))
-    assert os.listdir(dated.dir) == [] and [os.path.basename(p) for p in dated.inputs] == [
-        "input.date1.tif", "input.date2.tif", "input.date3.tif"]
-    jobs.remove_input(job)  # twice is fine
     jobs.remove_outputs(job)
     assert not os.path.exists(job.dir)
 
@@ -179,7 +174,7 @@ def scene_routes(tmp_path, events):
     return SceneRoutes(Events(events), cfg, str(tmp_path))
 
 
-def test_a_jobs_events_move_it_to_done_and_its_input_is_removed(tmp_path):
+def test_a_jobs_events_move_it_to_done_and_it_keeps_its_input_for_the_maps_tiles(tmp_path):
     routes = scene_routes(tmp_path, [TileProgress(0, 2), TileProgress(2, 2), Done({"scene": {"width": 4}})])
     job = routes.jobs.add()
     job.inputs = [job.input_path]
@@ -188,7 +183,7 @@ def test_a_jobs_events_move_it_to_done_and_its_input_is_removed(tmp_path):
     write_outputs(job, ("mask.tif", "item.json"))
     asyncio.run(routes._follow(job, "channel"))
     assert (job.status, job.tiles_done, job.tiles_total, job.result) == (DONE, 2, 2, {"width": 4})
-    assert job.files == ["mask.tif", "item.json"] and not os.path.exists(job.input_path)
+    assert job.files == ["mask.tif", "item.json"] and os.path.exists(job.input_path)
     assert routes.frontend.closed == ["channel"]
 
 

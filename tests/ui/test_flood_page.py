@@ -1,8 +1,9 @@
 """The map page of a flood-mapping pipeline (`GET /` of `pipeline=prithvi_flood`) in a real browser, against
 a server of its own (12 tiles for the sample scene) and the shared keyed `flood_server`: it loads clean;
-the sample uploaded shows its progress, then the mask over the scene, with the water share numpy counts
-on `appliance run`'s mask; the mask downloaded equals run's pixel for pixel and the STAC item downloads;
-pointing at a pixel reads its coordinates and class; the date field is sent when filled, with a file and
+the sample uploaded shows its progress, then the mask's tiles over the scene's on a map, with the water
+share numpy counts on `appliance run`'s mask, and the tiles' and mask's URLs; the mask downloaded equals
+run's pixel for pixel and the STAC item downloads; pointing at a pixel at the map's maxzoom reads its
+coordinates and class, and panning with the keys moves the reading; the date field is sent when filled, with a file and
 with a URL; a failed scene names the file the person chose; a file name with markup stays text; with an
 API key the page asks for it, then works; it works behind a path prefix. Screenshots at desktop and phone
 width go to the test's tmp dir."""
@@ -61,10 +62,27 @@ def record_job_states(page):
     }""")
 
 
-def picture_point(page, col, row, width, height):
-    """The page coordinates of pixel (col, row)'s centre in the first picture."""
-    box = page.locator("#viewer .frame img").first.bounding_box()
-    return box["x"] + (col + 0.5) / width * box["width"], box["y"] + (row + 0.5) / height * box["height"]
+MAP = "(await import(new URL('ui/map.js', location.href))).view.map"  # the page's Leaflet map
+
+
+def pixel_lat_lon(profile, col, row):
+    """[lat, lon] of pixel (col, row)'s centre, as rasterio places it."""
+    (lon,), (lat,) = warp(profile["crs"], "EPSG:4326", *[[v] for v in profile["transform"] @ (col + 0.5, row + 0.5)])
+    return [lat, lon]
+
+
+def map_point(page, lat_lon):
+    """The page coordinates of [lat, lon] on the map."""
+    point = page.evaluate(f"async (at) => {MAP}.latLngToContainerPoint(at)", lat_lon)
+    box = page.locator("#viewer .map-box").first.bounding_box()
+    return box["x"] + point["x"], box["y"] + point["y"]
+
+
+def zoom_to(page, lat_lon, zoom):
+    """Centre the map on [lat, lon] at `zoom`, and wait for its mask tiles to be drawn."""
+    page.evaluate(f"async ([at, zoom]) => {MAP}.setView(at, zoom, {{animate: false}})", [lat_lon, zoom])
+    page.wait_for_function("() => [...document.querySelectorAll('#viewer .mask-tiles .leaflet-tile')]"
+                           ".some(t => t.classList.contains('leaflet-tile-loaded'))")
 
 
 def test_the_page_loads_with_no_error_and_shows_the_model_and_status(scene_server, open_page):
@@ -110,17 +128,22 @@ def test_the_sample_shows_progress_then_the_map_with_the_water_share_of_run(scen
     assert facts["Size"] == f"{profile['width']} × {profile['height']} pixels"
     assert facts["CRS"] == profile["crs"].to_string() and facts["Pixel"] == "30 × 30 m"
 
-    images = page.evaluate("""[...document.querySelectorAll('#viewer img')].map(i =>
-        ({src: i.src.slice(0, 5), width: i.naturalWidth, height: i.naturalHeight, opacity: i.style.opacity}))""")
-    preview = scene["result"]["preview"]
-    assert [(i["src"], i["width"], i["height"]) for i in images] == [("blob:", preview["width"], preview["height"])] * 3
-    assert images[1]["opacity"] == "0.6"  # the overlay, at the slider's value
+    page.wait_for_selector("#viewer .mask-tiles .leaflet-tile-loaded")
+    page.wait_for_selector("#viewer .scene-tiles .leaflet-tile-loaded")
+    opacity = "document.querySelector('#viewer .mask-tiles').style.opacity"
+    assert page.evaluate(opacity) == "0.6"  # the mask over the scene, at the slider's value
     page.fill("#opacity", "30")
-    assert page.evaluate("document.querySelector('#viewer .overlay').style.opacity") == "0.3"
+    assert page.evaluate(opacity) == "0.3"
     assert page.locator("#viewer figure").nth(1).is_hidden()
     page.check("#side-by-side")
     assert page.locator("#viewer figure").nth(1).is_visible()
-    page.mouse.move(*picture_point(page, 200, 150, preview["width"], preview["height"]))
+    page.wait_for_selector("#viewer figure:nth-child(2) .mask-tiles .leaflet-tile-loaded")
+    assert page.locator("#viewer .leaflet-control-scale-line").first.is_visible()
+    links = {i: page.input_value(f"#{i}") for i in ("link-mask-tiles", "link-scene-tiles", "link-cog")}
+    base = f"{scene_server.base}/v1/scenes/{scene_id}"
+    assert links == {"link-mask-tiles": f"{base}/tiles/mask/{{z}}/{{x}}/{{y}}.png",
+                     "link-scene-tiles": f"{base}/tiles/scene/{{z}}/{{x}}/{{y}}.png", "link-cog": f"{base}/mask.tif"}
+    page.mouse.move(*map_point(page, pixel_lat_lon(profile, 200, 150)))
     assert page.problems == []
 
     desktop, phone = tmp_path / "flood-desktop.png", tmp_path / "flood-phone.png"
@@ -156,7 +179,7 @@ def test_the_downloaded_mask_equals_run_and_the_stac_item_downloads(scene_server
 def test_pointing_at_a_pixel_reads_its_coordinates_and_class(scene_server, run_mask, open_page):
     page = open_page(f"{scene_server.base}/")
     scene_id = map_scene(page, SAMPLE_SCENE)
-    preview = httpx.get(f"{scene_server.base}/v1/scenes/{scene_id}").json()["result"]["preview"]
+    maxzoom = httpx.get(f"{scene_server.base}/v1/scenes/{scene_id}/tiles/mask/tilejson.json").json()["maxzoom"]
     classes, profile = run_mask
     transform = profile["transform"]
     # A pixel of each class whose neighbours share its class, so a point off by one still reads it.
@@ -167,7 +190,9 @@ def test_pointing_at_a_pixel_reads_its_coordinates_and_class(scene_server, run_m
     same[[0, -1], :] = same[:, [0, -1]] = False
     for value, name in ((WATER, "water"), (0, "land"), (NODATA, "no data")):
         row, col = (int(i) for i in np.argwhere(same & (classes == value))[0])
-        page.mouse.move(*picture_point(page, col, row, preview["width"], preview["height"]))
+        zoom_to(page, pixel_lat_lon(profile, col, row), maxzoom)
+        page.mouse.move(*map_point(page, pixel_lat_lon(profile, col, row)))
+        page.wait_for_function("document.getElementById('read-class').textContent !== 'loading…'")
         read = re.fullmatch(r"col (\d+), row (\d+)", page.text_content("#read-pixel"))
         got_col, got_row = int(read[1]), int(read[2])
         assert abs(got_col - col) <= 1 and abs(got_row - row) <= 1
@@ -175,14 +200,14 @@ def test_pointing_at_a_pixel_reads_its_coordinates_and_class(scene_server, run_m
         x, y = transform @ (got_col + 0.5, got_row + 0.5)
         assert page.text_content("#read-xy") == f"x {x:.1f}, y {y:.1f} ({profile['crs'].to_string()})"
         (lon,), (lat,) = warp(profile["crs"], "EPSG:4326", [x], [y])
-        lat_text, lon_text = re.fullmatch(r"([\d.]+)° N, ([\d.]+)° W", page.text_content("#read-lonlat")).groups()
+        lat_text, lon_text = re.fullmatch(r"([\d.]+)° N, ([\d.]+)° W", page.text_content("#read-latlon")).groups()
         assert abs(float(lat_text) - lat) < 2e-5 and abs(float(lon_text) + lon) < 2e-5  # bilinear on a 9x9 grid
 
-    page.focus("#viewer")
-    page.keyboard.press("ArrowRight")  # from the last point, one pixel right
-    assert page.text_content("#read-pixel") == f"col {got_col + 1}, row {got_row}"
-    page.keyboard.press("Shift+ArrowDown")
-    assert page.text_content("#read-pixel") == f"col {got_col + 1}, row {min(got_row + 10, preview['height'] - 1)}"
+    page.focus("#viewer .map-box")
+    page.keyboard.press("ArrowRight")  # the map pans west to east: the pointer is over a pixel further east
+    page.wait_for_function(f"!document.getElementById('read-pixel').textContent.startsWith('col {got_col},')")
+    moved = re.fullmatch(r"col (\d+), row (\d+)", page.text_content("#read-pixel"))
+    assert int(moved[1]) > got_col and abs(int(moved[2]) - got_row) <= 1
     assert page.problems == []
 
 
@@ -238,9 +263,9 @@ def test_with_an_api_key_the_page_asks_for_it_then_maps_and_downloads(flood_serv
     page.fill("#key-input", API_KEY)
     page.click("#key-form button[type=submit]")
     page.wait_for_selector("#status .state.ready")
-    with page.expect_request("**/v1/scenes/*/mask.png") as picture:
+    with page.expect_request("**/v1/scenes/*/tiles/mask/*/*/*.png") as tile:
         scene_id = map_scene(page, SAMPLE_SCENE)
-    assert picture.value.headers["authorization"] == f"Bearer {API_KEY}"
+    assert tile.value.headers["authorization"] == f"Bearer {API_KEY}"
     with page.expect_download() as download:
         page.click("#download-mask")
     assert download.value.suggested_filename == f"{scene_id}.mask.tif"

@@ -109,8 +109,7 @@ class SceneRoutes:
         if name not in SCENE_FILES:
             raise APIError(404, f"file: {name!r}: no such file; a scene's files are {', '.join(SCENE_FILES)}",
                            param="file")
-        if job.status != DONE:
-            raise APIError(409, f"scene {job.id!r} is {job.status}; its files exist once it is done")
+        self.jobs.require_done(job)
         if name not in job.files:
             raise APIError(404, f"file: scene {job.id!r} has no {name} (it has {', '.join(job.files) or 'none'})",
                            param="file")
@@ -146,8 +145,7 @@ class SceneRoutes:
             job.fail(error_body(500, "the server failed while following this scene")["error"], self.jobs.now())
         finally:
             self.frontend.close(channel)
-            self.jobs.remove_input(job)
-            if job.status != DONE:
+            if job.status != DONE:  # a done job keeps its input: its map tiles read it
                 self.jobs.remove_outputs(job)
 
     # ---- helpers --------------------------------------------------------------------------------
@@ -162,12 +160,7 @@ class SceneRoutes:
                            param="date")
 
     def _job(self, request: Request) -> SceneJob:
-        scene_id = request.path_params["id"]
-        job = self.jobs.get(scene_id)
-        if job is None:
-            raise APIError(404, f"scene {scene_id!r}: no such scene (finished scenes are kept "
-                                f"server.scenes.keep_s={self.jobs.keep_s:g} s)", param="id")
-        return job
+        return self.jobs.named(request.path_params["id"])
 
     def _url(self, body) -> Tuple[Any, str, Any]:
         """The JSON body's scene (`url`, or `urls`: a multi-date model's dates, counted), checked against the

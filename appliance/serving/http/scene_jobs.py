@@ -1,14 +1,14 @@
 """The scene jobs of `/v1/scenes` in the HTTP process: each job's state, its files, and how long it is kept.
 
 A job's files live in `<spool>/scenes/<id>/`: the uploaded input (`input.tif`, or a form's dates
-`input.date1.tif`, ...: the job's `inputs`, removed once the job ends), the mask the engine writes
-(`<id>.mask.tif`, with GDAL's `.aux.xml` and the STAC item `<id>.mask.stac.json` beside it: stac_out's
-naming, so the item's asset href is the name the mask is downloaded under) and the previews (`scene.png`,
-`mask.png`). Finished jobs (done or failed) are kept `keep_s` seconds after they finished and at most
-`max_kept` of them (the oldest finished go first); `prune` applies both, and deletes directories no job
-owns (a server restarted on the same spool, or an aborted job's writer that finished unwinding after its
-directory was removed). The routes prune on every call, so an idle server keeps its files until the next
-one.
+`input.date1.tif`, ...: the job's `inputs`, kept as long as the job: the map's scene tiles are read from
+it), the mask the engine writes (`<id>.mask.tif`, with GDAL's `.aux.xml` and the STAC item
+`<id>.mask.stac.json` beside it: stac_out's naming, so the item's asset href is the name the mask is
+downloaded under), the previews (`scene.png`, `mask.png`) and `scene_rgb.json` (what scene.png shows).
+Finished jobs (done or failed) are kept `keep_s` seconds after they finished and at most `max_kept` of
+them (the oldest finished go first); `prune` applies both, and deletes directories no job owns (a server
+restarted on the same spool, or an aborted job's writer that finished unwinding after its directory was
+removed). The routes prune on every call, so an idle server keeps its files until the next one.
 """
 import logging
 import os
@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from appliance.protocol.openai_responses import new_id
 from appliance.protocol.scenes import SCENE_FILES
+from appliance.serving.http.errors import APIError
 from appliance.stages.geo.stac_out import stac_path
 
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
@@ -112,6 +113,20 @@ class SceneJobs:
     def get(self, job_id: str) -> Optional[SceneJob]:
         return self.jobs.get(job_id)
 
+    def named(self, job_id: str) -> SceneJob:
+        """The job `job_id`; else a 404 naming the `id`."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise APIError(404, f"scene {job_id!r}: no such scene (finished scenes are kept "
+                                f"server.scenes.keep_s={self.keep_s:g} s)", param="id")
+        return job
+
+    @staticmethod
+    def require_done(job: SceneJob) -> None:
+        """A 409 unless the job is done: its files exist once it is."""
+        if job.status != DONE:
+            raise APIError(409, f"scene {job.id!r} is {job.status}; its files exist once it is done")
+
     def newest_first(self) -> List[SceneJob]:
         return list(reversed(self.jobs.values()))
 
@@ -134,14 +149,6 @@ class SceneJobs:
         """Delete the job's files and the job."""
         self.jobs.pop(job.id, None)
         shutil.rmtree(job.dir, ignore_errors=True)
-
-    @staticmethod
-    def remove_input(job: SceneJob) -> None:
-        for path in job.inputs:
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
 
     @staticmethod
     def remove_outputs(job: SceneJob) -> None:

@@ -25,6 +25,7 @@ from appliance.serving.http.routes_generate import GenerateRoutes
 from appliance.serving.http.routes_ops import OpsRoutes, PredictRoute
 from appliance.serving.http.routes_pool import PoolRoutes
 from appliance.serving.http.routes_scenes import SceneRoutes
+from appliance.serving.http.routes_tiles import SceneTileRoutes
 from appliance.serving.http.routes_tokenize import TokenizeRoutes
 from appliance.serving.http.served_routes import ServedRoutes
 from appliance.serving.online_stages import ServedKind
@@ -40,6 +41,7 @@ class Handlers:
     tokenize: Optional[TokenizeRoutes] = None
     pool: Optional[PoolRoutes] = None
     scenes: Optional[SceneRoutes] = None
+    tiles: Optional[SceneTileRoutes] = None
     predict: Optional[PredictRoute] = None
 
 
@@ -76,6 +78,7 @@ class ApplianceSpec(LitSpec):
         elif kind is ServedKind.pool:
             handlers.pool = PoolRoutes(self.frontend, cfg, spool_dir)
             handlers.scenes = SceneRoutes(self.frontend, cfg, spool_dir)
+            handlers.tiles = SceneTileRoutes(handlers.scenes.jobs)
         else:
             handlers.predict = PredictRoute(self.frontend, cfg)
         return handlers

@@ -1,7 +1,7 @@
 """A small PNG: the mask's non-background classes over an RGB composite, both read decimated, with a
 legend of the classes' colours below (legend.py). Its colours, band choice, stretch and decimated reads
 are shared with the scene report's previews (scene_report.py)."""
-from typing import Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -29,12 +29,30 @@ def rgb_bands(scene) -> list:
 
 def stretch(rgb: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """2-98 percentile stretch per band to uint8."""
-    out = np.zeros(rgb.shape, dtype=np.uint8)
+    return stretched(rgb, stretch_ranges(rgb, valid))
+
+
+def stretch_ranges(rgb: np.ndarray, valid: np.ndarray) -> List[Optional[Tuple[float, float]]]:
+    """Per band, the (2nd, 98th) percentile of its `valid` values; None for a band with none."""
+    ranges: List[Optional[Tuple[float, float]]] = []
     for band in range(rgb.shape[0]):
         values = rgb[band][valid]
         if values.size == 0:
+            ranges.append(None)
             continue
         lo, hi = np.percentile(values, [2, 98])
+        ranges.append((float(lo), float(hi)))
+    return ranges
+
+
+def stretched(rgb: np.ndarray, ranges: Sequence[Optional[Sequence[float]]]) -> np.ndarray:
+    """Bands [3, h, w] scaled to uint8 from their (low, high): low and below 0, high and above 255; a band
+    whose range is None, 0."""
+    out = np.zeros(rgb.shape, dtype=np.uint8)
+    for band, limits in enumerate(ranges):
+        if limits is None:
+            continue
+        lo, hi = limits
         scaled = (rgb[band] - lo) / max(hi - lo, 1e-6)
         out[band] = (np.clip(scaled, 0, 1) * 255).astype(np.uint8)
     return out

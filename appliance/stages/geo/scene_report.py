@@ -1,10 +1,13 @@
 """A written mask's report for a map page: its summary (size, grid, lon/lat corners, pixels and area per
 class, the acquisition date its tags record) and two previews of the same size, `scene.png` (the input's
-RGB) and `mask.png` (the classes as a palette PNG, class 0 transparent, so it lays over scene.png as is).
+RGB) and `mask.png` (the classes as a palette PNG, class 0 transparent, so it lays over scene.png as is),
+and `scene_rgb.json`: which files and bands scene.png shows and the stretch it used, so the map's tiles
+of the scene (map_tiles.py) render the input as the preview does.
 
 The counts are taken at full resolution, strip by strip of the mask's rows (never the whole mask in
 memory); the previews are read decimated (quicklook.py's reads, colours and stretch).
 """
+import json
 import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -17,9 +20,10 @@ from rasterio.warp import transform as warp_transform, transform_bounds
 from appliance.output_files import AtomicFile
 from appliance.stages.geo.geotiff import open_raster
 from appliance.stages.geo.class_colours import NODATA_GREY, default_colours, parse_colours_tag
-from appliance.stages.geo.quicklook import mask_classes, preview_shape, read_previews, stretch
+from appliance.stages.geo.quicklook import (mask_classes, preview_shape, read_previews, rgb_bands, stretch_ranges,
+                                            stretched)
 
-SCENE_PNG, MASK_PNG = "scene.png", "mask.png"
+SCENE_PNG, MASK_PNG, SCENE_RGB = "scene.png", "mask.png", "scene_rgb.json"
 EARTH_RADIUS_M = 6371008.8  # the mean Earth radius (IUGG): spherical cell areas of geographic grids
 GRID_POINTS = 9  # lon/lat at GRID_POINTS x GRID_POINTS points of the pixel grid; the page interpolates
 STRIP_BYTES = 32 * 1024 * 1024  # one strip of mask rows read at a time while counting
@@ -34,14 +38,21 @@ def write_scene_report(scene, mask_path: str, report_dir: str, preview_size: int
     (the model's, as raster_write wrote them), else the defaults."""
     with open_raster(mask_path) as ds:
         names = list(class_names) if class_names is not None else tagged_class_names(ds)
-        colours = parse_colours_tag(ds.tags().get("class_colours"), len(names))
+        colours = tagged_colours(ds, len(names))
         summary = grid_summary(ds)
         summary.update(class_summary(ds, names, colours))
         summary.update(acquisition_summary(ds.tags()))
     shape = preview_shape(summary["width"], summary["height"], preview_size)
     rgb, classes, nodata = read_previews(scene, mask_path, shape)
-    picture = stretch(rgb, ~nodata).transpose(1, 2, 0).copy()
+    ranges = stretch_ranges(rgb, ~nodata)
+    picture = stretched(rgb, ranges).transpose(1, 2, 0).copy()
     picture[nodata] = NODATA_GREY
+    positions = rgb_bands(scene)
+    rendering = {"files": [scene.files[p] for p in positions], "bands": [scene.band_indexes[p] for p in positions],
+                 "ranges": ranges}
+    with AtomicFile(os.path.join(report_dir, SCENE_RGB)) as temp:
+        with open(temp, "w") as f:
+            json.dump(rendering, f)
     with AtomicFile(os.path.join(report_dir, SCENE_PNG)) as temp:
         Image.fromarray(picture).save(temp, format="PNG")
     with AtomicFile(os.path.join(report_dir, MASK_PNG)) as temp:
@@ -61,6 +72,11 @@ def tagged_class_names(ds) -> List[str]:
     if not names:
         raise ValueError(f"{ds.name} has no class_names tag (raster_write writes one); pass class_names")
     return names.split(",")
+
+
+def tagged_colours(ds, count: int) -> List[Tuple[int, int, int]]:
+    """The class colours the mask's `class_colours` tag records (the model's), else the defaults."""
+    return parse_colours_tag(ds.tags().get("class_colours"), count)
 
 
 def palette_mask(classes: np.ndarray, nodata: np.ndarray, colours: Sequence[Tuple[int, int, int]]) -> Image.Image:

@@ -3,11 +3,12 @@
 // date field is filled: `?date=` for a file, `"date"` beside the URL); a multi-date model's page (T
 // `frames` in GET v1/scenes) also has T date pickers whose files go as one form, and T date fields in
 // place of the one (scene_dates.js), a stacked file taking all T dates. The page polls the scene for its
-// tiles until it is done, then shows the input's preview with the predicted mask over it, the headline
-// figures (water, burn scar or crops: scene_math.js `headlineFigures`), a legend, the reading of the pixel
-// pointed at, and the mask and its STAC item to download.
-// Files come through fetch (with the API key when the server has one) as blobs, never by a URL holding
-// the key. The scene's id is kept in the address's fragment, so a reload finds it again while the
+// tiles until it is done, then shows the input with the predicted mask over it on a map that zooms to
+// single pixels (scene_map.js: the scene's map tiles), the headline figures (water, burn scar or crops:
+// scene_math.js `headlineFigures`), a legend, the reading of the pixel pointed at, the mask and its STAC
+// item to download, and the tiles' and the mask's URLs for QGIS or a web map.
+// Files and tiles come through fetch (with the API key when the server has one) as blobs, never by a URL
+// holding the key. The scene's id is kept in the address's fragment, so a reload finds it again while the
 // server keeps it.
 
 import { makeClient, ServerError } from "./api.js";
@@ -16,20 +17,23 @@ import { askKey } from "./key_dialog.js";
 import { factsEntries, legendItems, reading, readingNodes, headlineText } from "./scene_facts.js";
 import { DateInputs, datesForm } from "./scene_dates.js";
 import { sceneProblem } from "./scene_problem.js";
-import { readPixels, SceneView } from "./scene_view.js";
+import { SceneMap } from "./scene_map.js";
 import { startStatus } from "./status.js";
 import { counted } from "./words.js";
 
 const POLL_MS = 700;
-const POINT_HINT = "Point at the picture, or focus it and use the arrow keys, to read a pixel.";
 const client = makeClient(askKey);
-const view = new SceneView(byId("viewer"), { onPoint: showReading });
+const tile = (layer, z, x, y) => `${scenePath(state.result.id)}/tiles/${layer}/${z}/${x}/${y}.png`;
+// The map shown (exported for the browser tests and the console: `view.map` is the Leaflet map).
+export const view = new SceneMap(byId("viewer"), {
+  load: (layer, z, x, y) => client.request(tile(layer, z, x, y)).then((response) => response.blob()),
+  onPoint: showReading,
+});
 const state = {
   run: null, // the scene the page follows: {name, files, id, started, resumed, controller}; replaced by another
   limits: null, // GET v1/scenes: max_request_bytes, keep_s, frames
   dates: null, // a multi-date model's DateInputs
-  result: null, // {id, summary, mask}: the scene shown, and mask.png's pixels
-  urls: [], // object URLs of the pictures shown, revoked when replaced
+  result: null, // {id, summary}: the scene shown
 };
 
 const scenePath = (id) => `v1/scenes/${encodeURIComponent(id)}`;
@@ -210,36 +214,76 @@ function forget() {
 
 // ---- the result ------------------------------------------------------------------------------------
 async function showResult(run, scene) {
-  let blobs;
-  let mask;
+  // A scene sent by URL has no scene layer (its input is not kept on the server): not asked for.
+  const byUrl = run.files.length === 0 && !run.resumed;
+  let grids;
   try {
-    blobs = await Promise.all(
-      ["scene.png", "mask.png"].map((file) => client.request(`${scenePath(scene.id)}/${file}`).then((r) => r.blob())),
-    );
-    mask = await readPixels(blobs[1]);
+    grids = await Promise.all([tileJson(scene.id, "mask"), byUrl ? null : tileJson(scene.id, "scene")]);
   } catch (error) {
     if (state.run === run) end(messageOf(error));
     return;
   }
   if (state.run !== run) return;
+  const [grid, sceneGrid] = grids;
   const summary = scene.result;
-  for (const url of state.urls) URL.revokeObjectURL(url);
-  state.urls = blobs.map((blob) => URL.createObjectURL(blob));
-  state.result = { id: scene.id, summary, mask };
-  const land = summary.classes.find((entry) => entry.index === 0)?.colour ?? [0, 0, 0];
-  view.show({ sceneUrl: state.urls[0], maskUrl: state.urls[1], ...summary.preview, landColour: land });
-  view.opacity(Number(byId("opacity").value));
+  state.result = { id: scene.id, summary };
   byId("headline").textContent = headlineText(summary);
   byId("legend").replaceChildren(...legendItems(summary));
   byId("facts").replaceChildren(...factsEntries(summary));
-  byId("reading").textContent = POINT_HINT;
-  byId("result").hidden = false;
+  showLinks(scene.id, sceneGrid !== null);
+  byId("result").hidden = false; // before the map: Leaflet needs its size
+  const land = summary.classes.find((entry) => entry.index === 0)?.colour ?? [0, 0, 0];
+  view.show({ grid, scene: sceneGrid !== null, land });
+  view.opacity(Number(byId("opacity").value));
   end(null);
 }
 
-function showReading(fx, fy) {
+// A layer's TileJSON; null for the scene layer of a scene given by URL (404: its input is not kept), as
+// one opened again from the address's fragment may be.
+async function tileJson(id, layer) {
+  try {
+    return await client.request(`${scenePath(id)}/tiles/${layer}/tilejson.json`).then((response) => response.json());
+  } catch (error) {
+    if (layer === "scene" && error instanceof ServerError && error.status === 404) return null;
+    throw error;
+  }
+}
+
+function showReading(latlng, colour) {
   const shown = state.result;
-  if (shown) byId("reading").replaceChildren(...readingNodes(reading(shown.summary, shown.mask, fx, fy)));
+  if (shown) byId("reading").replaceChildren(...readingNodes(reading(shown.summary, latlng, colour)));
+}
+
+// The URLs a GIS takes, each with a copy button: the XYZ templates and the mask COG.
+function showLinks(id, withScene) {
+  const base = new URL(`${scenePath(id)}/`, location.href).href; // new URL would escape the template's braces
+  const links = [
+    ["Mask tiles (XYZ)", `${base}tiles/mask/{z}/{x}/{y}.png`, "link-mask-tiles"],
+    ...(withScene ? [["Scene tiles (XYZ)", `${base}tiles/scene/{z}/{x}/{y}.png`, "link-scene-tiles"]] : []),
+    ["Mask (COG)", `${base}mask.tif`, "link-cog"],
+  ];
+  byId("links").replaceChildren(
+    ...links.map(([label, url, id]) => {
+      const field = el("input", { id, type: "text", readonly: true, value: url, "aria-label": label });
+      const copy = el("button", { type: "button", text: "Copy", "aria-label": `Copy the ${label} URL` });
+      copy.addEventListener("click", () => copyText(field, copy));
+      return el("div", { class: "link" }, el("label", { for: id, text: label }), el("div", { class: "link-row" }, field, copy));
+    }),
+  );
+  byId("links-hint").textContent =
+    "Where the server has an API key, send it as the header Authorization: Bearer <key> (QGIS: the XYZ " +
+    "connection's HTTP headers), never in the URL. Map tiles are Web Mercator, 256 px.";
+}
+
+async function copyText(field, button) {
+  field.select();
+  try {
+    await navigator.clipboard.writeText(field.value);
+    button.textContent = "Copied";
+  } catch {
+    button.textContent = "Selected: press Ctrl+C";
+  }
+  setTimeout(() => (button.textContent = "Copy"), 2000);
 }
 
 // Saves a file of the scene shown: fetched with the key, handed to the browser as a blob URL.

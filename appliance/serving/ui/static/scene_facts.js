@@ -2,13 +2,14 @@
 // reading of the pixel pointed at. Every figure comes from the scene's summary and goes in as text.
 
 import { el } from "./dom.js";
-import { classOfColour, lonLat, mapXY, pixelSize, rgb, scenePixel, headlineFigures } from "./scene_math.js";
+import { classOfColour, lonLat, mapXY, pixelAt, pixelSize, rgb, headlineFigures } from "./scene_math.js";
 
 export const percent = (share) => `${(100 * share).toFixed(1)} %`;
 const km2 = (area) => (area === null || area === undefined ? "area unknown" : `${area.toFixed(2)} km²`);
 const count = (n) => n.toLocaleString("en-US");
 const degrees = (value, positive, negative) => `${Math.abs(value).toFixed(5)}° ${value < 0 ? negative : positive}`;
-const lonLatText = ({ lon, lat }) => `${degrees(lat, "N", "S")}, ${degrees(lon, "E", "W")}`;
+// Latitude first, as its label says ("Lat, lon").
+const latLonText = ({ lon, lat }) => `${degrees(lat, "N", "S")}, ${degrees(lon, "E", "W")}`;
 
 // Geographic CRSs have no pixel area in square metres: their coordinates are degrees.
 const geographic = (summary) => summary.pixel_area_m2 === null || summary.pixel_area_m2 === undefined;
@@ -59,7 +60,7 @@ export function factsEntries(summary) {
     ["CRS", summary.crs],
     ["Pixel", `${+size.x.toPrecision(6)} × ${+size.y.toPrecision(6)}${unit}`],
     ["Bounds", `x ${left} to ${right}, y ${bottom} to ${top}`],
-    ["Lon/lat", `${lonLatText({ lon: west, lat: south })} to ${lonLatText({ lon: east, lat: north })}`],
+    ["Lat, lon", `${latLonText({ lon: west, lat: south })} to ${latLonText({ lon: east, lat: north })}`],
     ["Valid pixels", `${count(summary.valid_pixels)} of ${count(summary.width * summary.height)}`],
   ];
   const { acquisition_date: date, acquisition_date_source: source } = summary;
@@ -67,19 +68,19 @@ export function factsEntries(summary) {
   return facts.flatMap(([term, value]) => [el("dt", { text: term }), el("dd", { text: value })]);
 }
 
-// The reading at (fx, fy): {pixel, xy, lonlat, class} texts. `mask` is mask.png's pixels (readPixels).
-export function reading(summary, mask, fx, fy) {
-  const { col, row } = scenePixel(summary, fx, fy);
+// The reading at a point of the map ({lat, lng}): {pixel, xy, latlon, class} texts. `colour`: the mask
+// tile's [r, g, b, a] there, null while its tile loads.
+export function reading(summary, { lat, lng }, colour) {
+  const pixel = pixelAt(summary, lng, lat);
+  if (!pixel) return { pixel: "outside the scene", xy: "–", latlon: latLonText({ lon: lng, lat }), class: "–" };
+  const { col, row } = pixel;
   const { x, y } = mapXY(summary.transform, col, row);
-  const px = Math.min(mask.width - 1, Math.floor(fx * mask.width));
-  const py = Math.min(mask.height - 1, Math.floor(fy * mask.height));
-  const offset = 4 * (py * mask.width + px);
-  const found = classOfColour(summary, mask.data.slice(offset, offset + 4));
+  const found = colour ? classOfColour(summary, colour) : null;
   return {
     pixel: `col ${col}, row ${row}`,
     xy: `x ${coordinate(summary, x)}, y ${coordinate(summary, y)} (${summary.crs})`,
-    lonlat: lonLatText(lonLat(summary, col, row)),
-    class: found ? found.name : "unknown",
+    latlon: latLonText(lonLat(summary, col, row)),
+    class: colour ? (found?.name ?? "unknown") : "loading…",
   };
 }
 
@@ -87,7 +88,7 @@ export function readingNodes(parts) {
   return [
     ["Pixel", parts.pixel, "read-pixel"],
     ["Map", parts.xy, "read-xy"],
-    ["Lon/lat", parts.lonlat, "read-lonlat"],
+    ["Lat, lon", parts.latlon, "read-latlon"],
     ["Class", parts.class, "read-class"],
   ].map(([label, value, id]) => el("span", { class: "part" }, `${label}: `, el("output", { id, text: value })));
 }

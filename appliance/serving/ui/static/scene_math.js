@@ -1,18 +1,9 @@
 // Arithmetic on a scene's summary (the `result` of GET v1/scenes/{id}, docs/serving.md): the scene pixel
-// under a point of the picture, its map coordinates and lon/lat, its class from the mask preview's
-// colour, and the headline figures. Pure functions of their arguments.
+// under a lon/lat of the map, its map coordinates and lon/lat, its class from the mask tile's colour, and
+// the headline figures. Pure functions of their arguments.
 
 export const rgb = ([r, g, b]) => `rgb(${r}, ${g}, ${b})`;
 const clamp = (value, low, high) => Math.min(high, Math.max(low, value));
-
-// The scene pixel under a point given as fractions (0..1) of the picture's width and height: the
-// previews are the scene scaled down, so the same fractions hold in the scene's pixel grid.
-export function scenePixel(summary, fx, fy) {
-  return {
-    col: clamp(Math.floor(fx * summary.width), 0, summary.width - 1),
-    row: clamp(Math.floor(fy * summary.height), 0, summary.height - 1),
-  };
-}
 
 // The map coordinates (in the scene's CRS) of a pixel's centre; rasterio's affine order:
 // x = a*col + b*row + c, y = d*col + e*row + f.
@@ -26,23 +17,61 @@ export function mapXY([a, b, c, d, e, f], col, row) {
 // row i*H/(n-1), col j*W/(n-1)). Longitudes are unwrapped around the cell's first corner, so a cell
 // across the antimeridian interpolates the short way.
 export function lonLat(summary, col, row) {
+  return lonLatAt(summary, col + 0.5, row + 0.5);
+}
+
+// Lon/lat at a point of the pixel grid (x columns, y rows from the scene's top-left corner); beyond the
+// scene, the edge cells' interpolation carried on.
+export function lonLatAt(summary, x, y) {
   const { width, height, lonlat_grid: grid } = summary;
   const last = grid.size - 1;
-  const gi = clamp(((row + 0.5) / height) * last, 0, last);
-  const gj = clamp(((col + 0.5) / width) * last, 0, last);
-  const i = Math.min(Math.floor(gi), last - 1);
-  const j = Math.min(Math.floor(gj), last - 1);
+  const gi = (y / height) * last;
+  const gj = (x / width) * last;
+  const i = clamp(Math.floor(gi), 0, last - 1);
+  const j = clamp(Math.floor(gj), 0, last - 1);
   const ti = gi - i;
   const tj = gj - j;
   const mix = (m, unwrap) => {
     const base = m[i][j];
-    const at = (r, c) => (unwrap ? base + ((((m[r][c] - base + 540) % 360) + 360) % 360) - 180 : m[r][c]);
+    const at = (r, c) => (unwrap ? base + wrapped(m[r][c] - base) : m[r][c]);
     const top = at(i, j) * (1 - tj) + at(i, j + 1) * tj;
     const bottom = at(i + 1, j) * (1 - tj) + at(i + 1, j + 1) * tj;
     return top * (1 - ti) + bottom * ti;
   };
-  const lon = mix(grid.lon, true);
-  return { lon: ((((lon + 180) % 360) + 360) % 360) - 180, lat: mix(grid.lat, false) };
+  return { lon: wrapped(mix(grid.lon, true)), lat: mix(grid.lat, false) };
+}
+
+// A longitude (or a difference of two) in -180..180.
+const wrapped = (lon) => ((((lon + 180) % 360) + 360) % 360) - 180;
+
+// The scene pixel {col, row} holding lon/lat, or null outside the scene: `lonLatAt` inverted by Newton's
+// method from the scene's centre (the grid is near-affine across a scene: a few steps reach a thousandth
+// of a pixel).
+export function pixelAt(summary, lon, lat) {
+  const { width, height } = summary;
+  const h = Math.max(width, height) / 1000; // the step of the derivatives, in pixels
+  const miss = (x, y) => {
+    const at = lonLatAt(summary, x, y);
+    return [wrapped(at.lon - lon), at.lat - lat];
+  };
+  let x = width / 2;
+  let y = height / 2;
+  for (let step = 0; step < 30; step += 1) {
+    const [u, v] = miss(x, y);
+    const [ux, vx] = miss(x + h, y);
+    const [uy, vy] = miss(x, y + h);
+    const [a, b, c, d] = [(ux - u) / h, (uy - u) / h, (vx - v) / h, (vy - v) / h];
+    const det = a * d - b * c;
+    if (!det) return null;
+    const dx = (d * u - b * v) / det;
+    const dy = (a * v - c * u) / det;
+    x -= dx;
+    y -= dy;
+    if (Math.abs(dx) < 1e-4 && Math.abs(dy) < 1e-4) break;
+  }
+  const col = Math.floor(x);
+  const row = Math.floor(y);
+  return col >= 0 && col < width && row >= 0 && row < height ? { col, row } : null;
 }
 
 // The class whose mask.png colour is nearest [r, g, b, a]: alpha 0 is class 0 (drawn transparent);
