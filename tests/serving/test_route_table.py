@@ -11,7 +11,7 @@ from appliance.cli import SERVE_HELP
 from appliance.field_rules import check_fields
 from appliance.config.schema import ServerConfig
 from appliance.errors import ConfigError
-from appliance.serving.http.route_table import EVERY, ROUTES, Ref, resolved, served
+from appliance.serving.http.route_table import EVERY, HELP_COLUMN, ROUTES, Ref, resolved, routes_help, served
 from appliance.serving.http.served_routes import ServedRoutes
 from tests.conftest import REPO
 
@@ -41,9 +41,22 @@ def test_every_schema_the_table_names_exists():
         assert not list(refs(resolved(route).body)) and not list(refs(resolved(route).params)), route.path
 
 
+def help_entries(text):
+    """The help's lines, a long path's continuation (its help, in the column) joined to it."""
+    entries = []
+    for line in text.splitlines():
+        if line.startswith(" " * HELP_COLUMN) and entries:
+            entries[-1] += " " + line.strip()
+        else:
+            entries.append(line)
+    return entries
+
+
 def test_serve_help_lists_every_route_without_importing_torch():
+    routes_lines = routes_help().splitlines()
+    assert max(map(len, routes_lines)) <= 100, max(routes_lines, key=len)  # a long path moves its help down
     for route in ROUTES:
-        line = next((line for line in SERVE_HELP.splitlines() if f" {route.openapi_path} " in line
+        line = next((line for line in help_entries(SERVE_HELP) if f" {route.openapi_path} " in line
                      and line.split()[0] == route.methods[0]), None)
         assert line is not None and route.help in line, route.path
         assert line.endswith("(open)") == (not route.auth), route.path

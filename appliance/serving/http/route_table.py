@@ -191,6 +191,9 @@ def served(kind: str, ui: bool) -> List[Route]:
     return [route for route in ROUTES if kind in route.kinds and (ui or not route.ui)]
 
 
+HELP_COLUMN = 38  # where `serve --help` starts a route's help: 4 + 8 (methods) + 1 + 24 (path) + 1
+
+
 def routes_help() -> str:
     """`appliance serve --help`'s list of routes: by engine kind, then those of every server."""
     groups = [("generate (llava_chat)", GENERATE), ("pool (prithvi_flood)", POOL), ("plain (no engine stage)", PLAIN),
@@ -201,5 +204,9 @@ def routes_help() -> str:
         for route in ROUTES:
             if route.kinds == kinds:
                 key = "" if route.auth else " (open)"
-                lines.append(f"    {' '.join(route.methods):<8} {route.openapi_path:<24} {route.help}{key}")
+                start = f"    {' '.join(route.methods):<8} {route.openapi_path:<24} "
+                if len(start) > HELP_COLUMN:  # a long path: its help on the next line, in the column (as argparse)
+                    lines.append(start.rstrip())
+                    start = " " * HELP_COLUMN
+                lines.append(f"{start}{route.help}{key}")
     return "\n".join(lines)
