@@ -46,7 +46,7 @@ def install(app, routes: Iterable[Route], keyed: bool) -> None:
             for path, item in schema.get("paths", {}).items():
                 for method, operation in item.items():
                     route = documented[path, method]
-                    _describe(resolved(route), operation, components)
+                    _describe(resolved(route), operation, components, keyed)
                     if keyed and route.auth:
                         operation["security"] = [{name: []} for name in BEARER]
             if keyed:
@@ -57,12 +57,14 @@ def install(app, routes: Iterable[Route], keyed: bool) -> None:
     app.openapi = openapi
 
 
-def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any]) -> None:
+def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any], keyed: bool) -> None:
     errors = {"description": "an error (a stream that has started sends it as an event instead)",
               "content": {JSON: {"schema": _component(ErrorResponse, components)}}}
     operation["summary"] = route.help  # FastAPI's is the handler's name ("Partial"); the table's line says more
     success = operation.get("responses", {}).get("200")  # FastAPI's default success, under the route's status
-    operation["responses"] = {"4XX": errors, "5XX": errors, **({route.status: success} if success is not None else {})}
+    operation["responses"] = {str(status): errors for status in route.statuses(keyed)}
+    if success is not None:
+        operation["responses"][route.status] = success
     parameters = [{"name": name, "in": "path", "required": True, "schema": route.params.get(name, {"type": "string"})}
                   for name in re.findall(r"\{(\w+)\}", route.openapi_path)]
     parameters += [{"name": name, "in": "query", "required": False, "schema": schema}
@@ -79,6 +81,8 @@ def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any
     if route.headers:
         operation["responses"][route.status]["headers"] = {
             name: {"description": text, "schema": {"type": "string"}} for name, text in route.headers.items()}
+    for status in route.alike:  # a probe's 503: its answer, not an error
+        operation["responses"][str(status)] = {**operation["responses"][route.status], "description": "not so"}
 
 
 def _body(schema, components: Dict[str, Any]) -> Dict[str, Any]:
