@@ -33,11 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import Annotated
 
 from appliance.errors import InputError
+from appliance.protocol.openai_fields import TokenId as BodyTokenId  # 4.0 taken as 4
 from appliance.protocol.openai_models import Message
 from appliance.protocol.openai_requests import EXPECTED as REQUEST_EXPECTED
 from appliance.protocol.validation import input_error
 
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0)]  # in an answer
 
 
 class TokenizeCompletionBody(BaseModel):
@@ -68,7 +69,7 @@ class DetokenizeBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: Optional[str] = None
-    tokens: List[TokenId] = Field(description="token ids inside the model's vocabulary")
+    tokens: List[BodyTokenId] = Field(description="token ids inside the model's vocabulary")
 
 
 class TokenizeResponse(BaseModel):
