@@ -11,7 +11,7 @@ unknown keys inside a message are ignored, as vLLM does.
 import json
 from typing import Any, Dict, List, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from typing_extensions import Annotated
 
 from appliance.engine.structured_output import StructuredOutput, json_object
@@ -63,8 +63,24 @@ Part = Annotated[either(lambda v: v.get("type") if isinstance(v, dict) else "tex
                         image_url=ImagePart), BeforeValidator(_known_part)]
 
 
+NULL, GIVEN = {"type": "null"}, {"not": {"type": "null"}}  # a property absent or null; present, not null
+
+
+def _role(*roles: str, required=(), **properties: Any) -> Dict[str, Any]:
+    return {"properties": {"role": {"enum": list(roles)}, **properties}, "required": ["role", *required]}
+
+
 class Message(BaseModel):
-    model_config = LENIENT
+    # `_complete`'s rules, for the document: a message has content, but an assistant's with tool calls; only
+    # an assistant's carries calls; a tool's answers a call, in text.
+    model_config = ConfigDict(**LENIENT, json_schema_extra={"anyOf": [
+        _role("system", "developer", "user", required=["content"], content=GIVEN, tool_calls=NULL),
+        _role("assistant", required=["content"], content=GIVEN),
+        _role("assistant", required=["tool_calls"], tool_calls={"type": "array"}),
+        _role("tool", required=["content", "tool_call_id"], tool_calls=NULL, tool_call_id={"type": "string"},
+              content={"anyOf": [{"type": "string"}, {"type": "array", "items": {
+                  "properties": {"type": {"const": "text"}}}}]}),
+    ]})
     role: Literal[ROLES]
     content: Optional[either(one_or_list, one=str, list=Annotated[List[Part], Field(min_length=1)])] = None
     tool_calls: Optional[ToolCalls] = Field(default=None, description="an assistant message's calls (its "
