@@ -5,14 +5,18 @@ import jsonschema
 import pytest
 
 from appliance.errors import InputError
-from appliance.protocol.openai_models import ChatCompletionRequest
-from appliance.protocol.openai_requests import parse_chat
+from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest
+from appliance.protocol.openai_requests import parse_chat, parse_completion
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "paint", "arguments": "{}"}}
 
 
-def chat(*messages):
-    return {"messages": list(messages)}
+def chat(*messages, **fields):
+    return {"messages": list(messages or [{"role": "user", "content": "Hi"}]), **fields}
+
+
+def text(**fields):
+    return (CompletionRequest, parse_completion, {"prompt": "Hi", **fields})
 
 
 # (model, parse, body, accepted)
@@ -37,6 +41,26 @@ CASES = {
     "a tool message with an image": (ChatCompletionRequest, parse_chat,
                                      chat({"role": "tool", "tool_call_id": "c1", "content": [
                                          {"type": "image_url", "image_url": "data:image/png;base64,AA=="}]}), False),
+    "stream_options with stream": (*text(stream=True, stream_options={"include_usage": True}), True),
+    "stream_options without stream": (*text(stream_options={"include_usage": True}), False),
+    "response_format and structured_outputs": (*text(response_format={"type": "json_object"},
+                                                     structured_outputs={"regex": "a"}), False),
+    "structured_outputs of one kind": (*text(structured_outputs={"choice": ["a", "b"]}), True),
+    "structured_outputs of two kinds": (*text(structured_outputs={"regex": "a", "choice": ["a"]}), False),
+    "structured_outputs of none": (*text(structured_outputs={"regex": None}), False),
+    "json_schema without its schema": (*text(response_format={"type": "json_schema"}), False),
+    "json_schema with its schema": (*text(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}}}), True),
+    "an empty stop string": (*text(stop=""), False),
+    "an empty stop string in a list": (*text(stop=["a", ""]), False),
+    "a logit_bias key that is no token id": (*text(logit_bias={"a": 1}), False),
+    "a logit_bias key that is a token id": (*text(logit_bias={"12": 1}), True),
+    "length_penalty without beam search": (*text(length_penalty=0.5), False),
+    "length_penalty with beam search": (*text(use_beam_search=True, length_penalty=0.5), True),
+    "stop with beam search": (*text(use_beam_search=True, stop="x"), False),
+    "min_tokens 0 with beam search": (*text(use_beam_search=True, min_tokens=0), True),
+    "top_logprobs without logprobs": (ChatCompletionRequest, parse_chat, chat(top_logprobs=2), False),
+    "top_logprobs with logprobs": (ChatCompletionRequest, parse_chat, chat(top_logprobs=2, logprobs=True), True),
 }
 
 

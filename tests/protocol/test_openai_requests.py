@@ -142,7 +142,7 @@ BAD = [  # (body, param, fragment), chat unless it has a prompt
     (chat(seed=2 ** 63), "seed", "allowed: <= 9223372036854775807"),
     (chat(seed=-2 ** 63 - 1), "seed", "allowed: >= -9223372036854775808"),
     (chat(seed=1.5), "seed", "expected an integer"),
-    (chat(stop=5), "stop", "expected a string or a list of strings, got 5"),
+    (chat(stop=5), "stop", "expected a non-empty string or a list of them, got 5"),
     (chat(stop=["a", 1]), "stop", "got 1"),
     (chat(stop=[""]), "stop", "non-empty"),
     (chat(stop_token_ids=[-1]), "stop_token_ids", "token ids (integers >= 0), got -1"),
