@@ -32,7 +32,10 @@ Box = Annotated[List[float], Field(min_length=4, max_length=4)]
 
 class SceneBody(BaseModel):
     """`POST /v1/scenes` as JSON (the other form is the GeoTIFF itself as the body)."""
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # `parse_scene_body`'s rule, for the document: url or urls, one of them
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": [
+        {"properties": {"url": {"type": "string"}, "urls": {"type": "null"}}, "required": ["url"]},
+        {"properties": {"urls": {"type": "array"}, "url": {"type": "null"}}, "required": ["urls"]}]})
 
     url: Optional[Annotated[str, Field(min_length=1)]] = Field(
         default=None,

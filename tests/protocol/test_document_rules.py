@@ -1,12 +1,16 @@
 """A rule the server enforces is in the document: for each body of the table, the request model's JSON
 schema (what `/openapi.json` shows) and the parser (what the server does) both accept it or both refuse
 it, and as the table says."""
+from functools import partial
+
 import jsonschema
 import pytest
 
 from appliance.errors import InputError
 from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest
 from appliance.protocol.openai_requests import parse_chat, parse_completion
+from appliance.protocol.pooling import PoolingBody, parse_pooling
+from appliance.protocol.scenes import SceneBody, parse_scene_body
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "paint", "arguments": "{}"}}
 
@@ -17,6 +21,14 @@ def chat(*messages, **fields):
 
 def text(**fields):
     return (CompletionRequest, parse_completion, {"prompt": "Hi", **fields})
+
+
+def pooling(data, data_format):
+    return (PoolingBody, parse_pooling, {"data": {"data": data, "data_format": data_format}})
+
+
+def scene(**fields):  # as a two-date model's server reads it (a one-date model's refuses urls)
+    return (SceneBody, partial(parse_scene_body, frames=2), fields)
 
 
 # (model, parse, body, accepted)
@@ -61,6 +73,14 @@ CASES = {
     "min_tokens 0 with beam search": (*text(use_beam_search=True, min_tokens=0), True),
     "top_logprobs without logprobs": (ChatCompletionRequest, parse_chat, chat(top_logprobs=2), False),
     "top_logprobs with logprobs": (ChatCompletionRequest, parse_chat, chat(top_logprobs=2, logprobs=True), True),
+    "a URL with data_format url": (*pooling("HTTPS://example.org/a.tif", "url"), True),
+    "an s3 URL with data_format url": (*pooling("s3://bucket/a.tif", "url"), True),
+    "a file name with data_format url": (*pooling("a.tif", "url"), False),
+    "a file name with data_format path": (*pooling("a.tif", "path"), True),
+    "a scene's url": (*scene(url="https://example.org/a.tif"), True),
+    "a scene's urls": (*scene(urls=["https://example.org/a.tif", "https://example.org/b.tif"]), True),
+    "a scene's url and urls": (*scene(url="https://example.org/a.tif", urls=["https://example.org/b.tif"]), False),
+    "a scene with neither url nor urls": (*scene(date="2024-06-30"), False),
 }
 
 
