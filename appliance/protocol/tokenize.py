@@ -52,7 +52,10 @@ class TokenizeCompletionBody(BaseModel):
 
 
 class TokenizeChatBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # `parse_tokenize`'s rule, for the document: the last message is continued or answered, not both
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"anyOf": [
+        {"properties": {"continue_final_message": {"not": {"const": True}}}},
+        {"properties": {"add_generation_prompt": {"not": {"const": True}}}}]})
 
     model: Optional[str] = None
     messages: List[Message] = Field(min_length=1, description="OpenAI chat messages, as /v1/chat/completions "

@@ -11,6 +11,7 @@ from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRe
 from appliance.protocol.openai_requests import parse_chat, parse_completion
 from appliance.protocol.pooling import PoolingBody, parse_pooling
 from appliance.protocol.scenes import SceneBody, parse_scene_body
+from appliance.protocol.tokenize import TokenizeChatBody, parse_tokenize
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "paint", "arguments": "{}"}}
 
@@ -81,6 +82,9 @@ CASES = {
     "a scene's urls": (*scene(urls=["https://example.org/a.tif", "https://example.org/b.tif"]), True),
     "a scene's url and urls": (*scene(url="https://example.org/a.tif", urls=["https://example.org/b.tif"]), False),
     "a scene with neither url nor urls": (*scene(date="2024-06-30"), False),
+    "a chat continued": (TokenizeChatBody, parse_tokenize, chat(continue_final_message=True), True),
+    "a chat continued and answered": (TokenizeChatBody, parse_tokenize,
+                                      chat(continue_final_message=True, add_generation_prompt=True), False),
 }
 
 
