@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import Annotated
 
 from appliance.errors import InputError
-from appliance.protocol.openai_fields import either, one_or_list
+from appliance.protocol.openai_fields import either, integer, one_or_list
 from appliance.protocol.validation import input_error
 
 
@@ -57,7 +57,7 @@ class PoolingData(BaseModel):
     data_format: Literal["b64_json", "url", "path"]
     out_data_format: Literal["b64_json", "path"] = "b64_json"
     image_format: Optional[Literal["tiff", "tif", "geotiff"]] = "tiff"
-    indices: Optional[List[Annotated[int, Field(ge=0)]]] = Field(
+    indices: Optional[List[integer(ge=0)]] = Field(
         default=None, min_length=1, description="0-based file bands, in the model's band order")
     aoi: Optional[List[float]] = Field(default=None, description="area of interest [xmin, ymin, xmax, ymax], "
                                                                 "lon/lat unless aoi_crs: the output is that window")
