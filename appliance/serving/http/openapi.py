@@ -8,7 +8,9 @@ model is a component (`#/components/schemas/ChatCompletion`; the table names it 
 a request's schema stays inline, its nested models components. A streamed answer is `text/event-stream`,
 one schema per event (as OpenAPI 3.1 reads a stream): its `data` is a chunk model's JSON
 (`contentSchema`), an error's, or `[DONE]`. Bytes (a GeoTIFF, a PNG) are binary strings. Path parameters
-(`{id}`) are declared here, since the handlers take them from the request. Only the table's documented
+(`{id}`) are declared here, since the handlers take them from the request. Each operation lists the
+statuses it can answer (`Route.statuses`: the route table's facts, never a `4XX` range), each error an
+`ErrorResponse`, but a probe's 503, which is its own answer. Only the table's documented
 routes are listed: not LitServe's own (`GET /`, its health and info: the Gate answers them 404), nor the
 pages' files, which are no API, nor the document itself.
 The server is named relative to the document (`servers: [{"url": "."}]`), so behind a proxy's path prefix
@@ -82,7 +84,8 @@ def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any
         operation["responses"][route.status]["headers"] = {
             name: {"description": text, "schema": {"type": "string"}} for name, text in route.headers.items()}
     for status in route.alike:  # a probe's 503: its answer, not an error
-        operation["responses"][str(status)] = {**operation["responses"][route.status], "description": "not so"}
+        operation["responses"][str(status)] = {**operation["responses"][route.status],
+                                                "description": "the same answer, saying why not"}
 
 
 def _body(schema, components: Dict[str, Any]) -> Dict[str, Any]:
