@@ -1,11 +1,11 @@
 """Schemathesis (`st run`, its command line: the one runner that gives every check what it needs) against
 both kinds of server, generate and pooling: every operation of the server's own OpenAPI document, in
 positive and negative mode, through all four phases (examples, coverage, fuzzing, stateful: a scene is
-created, read, its files fetched, deleted, then read again) with every check schemathesis has
-(`--checks all`). The GeoTIFF routes get real scenes and their mutations (fuzz_hooks.py). No 5xx, every
+created, read, its files fetched, deleted, then read again) with every check schemathesis has (turned
+on in its config, `fuzz_config`). The GeoTIFF routes get real scenes and their mutations (fuzz_hooks.py). No 5xx, every
 answer as documented, every refusal of a valid request or acceptance of an invalid one a failure, but
 for the few checks no schema can judge: `CANNOT_JUDGE`, each with why, turned off for that operation only.
-A bounded, deterministic number of examples per operation and phase, so the run takes a minute or so.
+A bounded, deterministic number of examples per operation and phase: one to three minutes a server.
 
 (schemathesis' own pytest plugin does not load on pytest 9 here, hence its command line.)
 """
