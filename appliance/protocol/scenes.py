@@ -49,6 +49,13 @@ class SceneBody(BaseModel):
                                   "multi-date model: a list of its T dates, in order); default: the source's own")
 
 
+class OneDateSceneBody(SceneBody):
+    """SceneBody as a one-date model's server documents it: the scene by `url` alone (`parse_scene_body`,
+    given frames=1, refuses `urls` naming it)."""
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"required": ["url"], "allOf": [
+        {"properties": {"url": {"type": "string"}, "urls": {"type": "null"}}}]})
+
+
 EXPECTED = {"url": "a GeoTIFF or STAC item URL (http(s), or s3://bucket/key)",
             "urls": "a list of GeoTIFF or STAC item URLs, one per date",
             "date": "a date YYYY-MM-DD, or a list of them (a multi-date model)"}

@@ -10,7 +10,7 @@ from appliance.errors import InputError
 from appliance.protocol.openai_models import ChatCompletionRequest, CompletionRequest
 from appliance.protocol.openai_requests import parse_chat, parse_completion
 from appliance.protocol.pooling import PoolingBody, parse_pooling
-from appliance.protocol.scenes import SceneBody, parse_scene_body
+from appliance.protocol.scenes import OneDateSceneBody, SceneBody, parse_scene_body
 from appliance.protocol.tokenize import TokenizeChatBody, parse_tokenize
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "paint", "arguments": "{}"}}
@@ -35,6 +35,10 @@ def indices(*given):
 
 def scene(**fields):  # as a two-date model's server reads it (a one-date model's refuses urls)
     return (SceneBody, partial(parse_scene_body, frames=2), fields)
+
+
+def one_date_scene(**fields):
+    return (OneDateSceneBody, partial(parse_scene_body, frames=1), fields)
 
 
 # (model, parse, body, accepted)
@@ -89,6 +93,10 @@ CASES = {
     "a scene's urls": (*scene(urls=["https://example.org/a.tif", "https://example.org/b.tif"]), True),
     "a scene's url and urls": (*scene(url="https://example.org/a.tif", urls=["https://example.org/b.tif"]), False),
     "a scene with neither url nor urls": (*scene(date="2024-06-30"), False),
+    "a one-date scene's url": (*one_date_scene(url="https://example.org/a.tif"), True),
+    "a one-date scene's urls": (*one_date_scene(urls=["https://example.org/a.tif"]), False),
+    "a one-date scene's null url": (*one_date_scene(url=None), False),
+    "a one-date scene with neither": (*one_date_scene(date="2024-06-30"), False),
     "a chat continued": (TokenizeChatBody, parse_tokenize, chat(continue_final_message=True), True),
     "a chat continued and answered": (TokenizeChatBody, parse_tokenize,
                                       chat(continue_final_message=True, add_generation_prompt=True), False),
