@@ -25,7 +25,7 @@ def integer(**bounds: int) -> Any:
 
 Integer = integer()
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-TokenId = Annotated[int, Strict(), Field(ge=0)]
+TokenId = integer(ge=0)
 Text = Annotated[str, Strict(), Field(min_length=1)]
 
 

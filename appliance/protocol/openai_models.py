@@ -11,7 +11,7 @@ unknown keys inside a message are ignored, as vLLM does.
 import json
 from typing import Any, Dict, List, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from typing_extensions import Annotated
 
 from appliance.engine.structured_output import StructuredOutput, json_object
@@ -63,8 +63,24 @@ Part = Annotated[either(lambda v: v.get("type") if isinstance(v, dict) else "tex
                         image_url=ImagePart), BeforeValidator(_known_part)]
 
 
+NULL, GIVEN = {"type": "null"}, {"not": {"type": "null"}}  # a property absent or null; present, not null
+
+
+def _role(*roles: str, required=(), **properties: Any) -> Dict[str, Any]:
+    return {"properties": {"role": {"enum": list(roles)}, **properties}, "required": ["role", *required]}
+
+
 class Message(BaseModel):
-    model_config = LENIENT
+    # `_complete`'s rules, for the document: a message has content, but an assistant's with tool calls; only
+    # an assistant's carries calls; a tool's answers a call, in text.
+    model_config = ConfigDict(**LENIENT, json_schema_extra={"anyOf": [
+        _role("system", "developer", "user", required=["content"], content=GIVEN, tool_calls=NULL),
+        _role("assistant", required=["content"], content=GIVEN),
+        _role("assistant", required=["tool_calls"], tool_calls={"type": "array"}),
+        _role("tool", required=["content", "tool_call_id"], tool_calls=NULL, tool_call_id={"type": "string"},
+              content={"anyOf": [{"type": "string"}, {"type": "array", "items": {
+                  "properties": {"type": {"const": "text"}}}}]}),
+    ]})
     role: Literal[ROLES]
     content: Optional[either(one_or_list, one=str, list=Annotated[List[Part], Field(min_length=1)])] = None
     tool_calls: Optional[ToolCalls] = Field(default=None, description="an assistant message's calls (its "
@@ -104,7 +120,10 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = LENIENT
+    # `_schema_given`, for the document
+    model_config = ConfigDict(**LENIENT, json_schema_extra={"anyOf": [
+        {"properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"properties": {"type": {"const": "json_schema"}, "json_schema": GIVEN}, "required": ["json_schema"]}]})
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
 
@@ -116,9 +135,13 @@ class ResponseFormat(BaseModel):
         return self
 
 
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
+
+
 class StructuredOutputs(BaseModel):
     """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar."""
-    model_config = LENIENT
+    model_config = ConfigDict(**LENIENT, json_schema_extra={"oneOf": [  # `_one_kind`, for the document
+        {"properties": {kind: GIVEN}, "required": [kind]} for kind in STRUCTURED_KINDS]})
     json_: Optional[either(lambda v: "text" if isinstance(v, str) else "object" if isinstance(v, dict) else None,
                            text=str, object=Dict[str, Any])] = Field(default=None, alias="json")
     regex: Optional[Text] = None
@@ -133,7 +156,7 @@ class StructuredOutputs(BaseModel):
         return self
 
     def specs(self) -> Dict[str, Any]:
-        return {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}
+        return dict(zip(STRUCTURED_KINDS, (self.json_, self.regex, self.choice, self.grammar)))
 
 
 Bias = Annotated[Number, engine_range(minimum=-100, maximum=100)]
@@ -141,9 +164,32 @@ Seed = integer(ge=-2 ** 63, le=2 ** 63 - 1)
 Logprobs = integer(ge=0, le=MAX_LOGPROBS)
 
 
+TOKEN_KEY = r"^[0-9]+$"  # a logit_bias key: a token id in decimal
+
+
+def _either_absent(*names: str) -> Dict[str, Any]:
+    """At most one of `names` given (not null)."""
+    return {"anyOf": [{"properties": {name: NULL}} for name in names]}
+
+
+def _only_with(name: str, value: Any, needs: str, needed: Any) -> Dict[str, Any]:
+    """`name` at `value` (absent or null: its neutral value) unless `needs` is `needed`."""
+    return {"anyOf": [{"properties": {name: value}}, {"properties": {needs: {"const": needed}}, "required": [needs]}]}
+
+
+NEUTRAL = {"enum": [None, False, 0]}  # what `_beam_search` counts as not given
+
+
 class GenerateBody(BaseModel):
     """What chat completions and completions share."""
-    model_config = STRICT
+    # `_beam_search`'s and `_consistent`'s rules, for the document
+    model_config = ConfigDict(**STRICT, json_schema_extra={"allOf": [
+        _only_with("stream_options", NULL, "stream", True),
+        _either_absent("response_format", "structured_outputs"),
+        _only_with("length_penalty", {"const": 1.0}, "use_beam_search", True),
+        {"anyOf": [{"properties": {"use_beam_search": {"not": {"const": True}}}},
+                   {"properties": {name: NEUTRAL for name in NOT_WITH_BEAM_SEARCH}}]},
+    ]})
 
     model: Optional[str] = None
     stream: Optional[bool] = None
@@ -158,10 +204,12 @@ class GenerateBody(BaseModel):
     top_k: Optional[Annotated[Integer, engine_range(minimum=0)]] = Field(default=None, description="0: all tokens")
     min_tokens: Optional[Annotated[Integer, engine_range(minimum=0)]] = None
     seed: Optional[Seed] = None
-    stop: Optional[either(one_or_list, one=str, list=List[str])] = None
+    stop: Optional[either(one_or_list, one=Text, list=List[Text])] = Field(
+        default=None, description="strings that end the answer (not empty)")
     stop_token_ids: Optional[List[TokenId]] = None
     ignore_eos: Optional[bool] = None
-    logit_bias: Optional[Dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Bias]] = Field(
+    logit_bias: Optional[Annotated[Dict[Annotated[str, Field(pattern=TOKEN_KEY)], Bias],
+                                   Field(json_schema_extra={"additionalProperties": False})]] = Field(
         default=None, description="token id (decimal) -> bias added to its logit")
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
@@ -218,6 +266,8 @@ class GenerateBody(BaseModel):
 
 
 class ChatCompletionRequest(GenerateBody):
+    model_config = ConfigDict(**STRICT, json_schema_extra={"allOf": [  # `_top_needs_logprobs`, for the document
+        *GenerateBody.model_config["json_schema_extra"]["allOf"], _only_with("top_logprobs", NULL, "logprobs", True)]})
     messages: Annotated[List[Message], Field(min_length=1)]
     logprobs: Optional[bool] = None
     top_logprobs: Optional[Logprobs] = None

@@ -46,7 +46,7 @@ EXPECTED = {
     "messages[].content[].image_url.url": "a data:image/...;base64 URL, an http(s) URL or a path inside the "
                                           "allowed media directory",
     "prompt": f"a non-empty string, {TOKEN_IDS}, or a non-empty list of such prompts",
-    "stop": "a string or a list of strings",
+    "stop": "a non-empty string or a list of them",
     "stop_token_ids": "a list of token ids (integers >= 0)",
     "logit_bias": "an object of token id -> bias",
     "logit_bias[key]": "a token id (a non-negative integer) as the key",

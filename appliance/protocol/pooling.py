@@ -21,6 +21,7 @@ no unknown field) and the server's OpenAPI document is generated from it (`servi
 `PoolingResponse` describes the answer (`pooling_response` builds it as a plain dict), for the same
 document and for the tests that check real answers against it.
 """
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Optional, Union
@@ -29,15 +30,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import Annotated
 
 from appliance.errors import InputError
-from appliance.protocol.openai_fields import either, one_or_list
+from appliance.protocol.openai_fields import either, integer, one_or_list
 from appliance.protocol.validation import input_error
 
 
 MAX_BAND_FILES = 64  # a per-band list: more than any model's bands
 
 
+URL = r"^([Hh][Tt][Tt][Pp][Ss]?|[Ss]3)://"  # data_format url: http(s), or s3://bucket/key (any case)
+URL_TEXT = {"type": "string", "pattern": URL}
+
+
 class PoolingData(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # `parse_pooling`'s URL rule, for the document
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"anyOf": [
+        {"properties": {"data_format": {"enum": ["b64_json", "path"]}}},
+        {"properties": {"data": {"anyOf": [URL_TEXT, {"type": "array", "items": URL_TEXT}]}}}]})
 
     data: either(one_or_list, one=Annotated[str, Field(min_length=1)],
                  list=Annotated[List[Annotated[str, Field(min_length=1)]],
@@ -49,7 +57,7 @@ class PoolingData(BaseModel):
     data_format: Literal["b64_json", "url", "path"]
     out_data_format: Literal["b64_json", "path"] = "b64_json"
     image_format: Optional[Literal["tiff", "tif", "geotiff"]] = "tiff"
-    indices: Optional[List[Annotated[int, Field(ge=0)]]] = Field(
+    indices: Optional[List[integer(ge=0)]] = Field(
         default=None, min_length=1, description="0-based file bands, in the model's band order")
     aoi: Optional[List[float]] = Field(default=None, description="area of interest [xmin, ymin, xmax, ymax], "
                                                                 "lon/lat unless aoi_crs: the output is that window")
@@ -119,7 +127,7 @@ def parse_pooling(body: Any, frames: int = 1) -> PoolingRequest:
     if data.data_format == "url":
         for i, url in enumerate(data.data if listed else [data.data]):
             field = f"data.data[{i}]" if listed and frames > 1 else "data.data"
-            if not url.lower().startswith(("http://", "https://", "s3://")):
+            if not re.match(URL, url):
                 raise InputError(f"{field}: expected an http(s) URL (or s3://bucket/key) with data_format url",
                                  param=field)
     bands = [i + 1 for i in data.indices] if data.indices is not None else None

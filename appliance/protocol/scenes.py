@@ -35,7 +35,10 @@ Box = Annotated[List[float], Field(min_length=4, max_length=4)]
 
 class SceneBody(BaseModel):
     """`POST /v1/scenes` as JSON (the other form is the GeoTIFF itself as the body)."""
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # `parse_scene_body`'s rule, for the document: url or urls, one of them
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": [
+        {"properties": {"url": {"type": "string"}, "urls": {"type": "null"}}, "required": ["url"]},
+        {"properties": {"urls": {"type": "array"}, "url": {"type": "null"}}, "required": ["urls"]}]})
 
     url: Optional[Annotated[str, Field(min_length=1)]] = Field(
         default=None,
@@ -47,6 +50,13 @@ class SceneBody(BaseModel):
     date: Optional[either(one_or_list, one=str, list=Annotated[List[str], Field(min_length=1, max_length=64)])] = Field(
         default=None, description="the scene's acquisition date, YYYY-MM-DD, for models with a time encoding (a "
                                   "multi-date model: a list of its T dates, in order); default: the source's own")
+
+
+class OneDateSceneBody(SceneBody):
+    """SceneBody as a one-date model's server documents it: the scene by `url` alone (`parse_scene_body`,
+    given frames=1, refuses `urls` naming it)."""
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"required": ["url"], "allOf": [
+        {"properties": {"url": {"type": "string"}, "urls": {"type": "null"}}}]})
 
 
 EXPECTED = {"url": "a GeoTIFF or STAC item URL (http(s), or s3://bucket/key)",

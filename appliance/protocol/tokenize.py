@@ -33,11 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import Annotated
 
 from appliance.errors import InputError
+from appliance.protocol.openai_fields import TokenId as BodyTokenId  # 4.0 taken as 4
 from appliance.protocol.openai_models import Message
 from appliance.protocol.openai_requests import EXPECTED as REQUEST_EXPECTED
 from appliance.protocol.validation import input_error
 
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0)]  # in an answer
 
 
 class TokenizeCompletionBody(BaseModel):
@@ -51,7 +52,10 @@ class TokenizeCompletionBody(BaseModel):
 
 
 class TokenizeChatBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # `parse_tokenize`'s rule, for the document: the last message is continued or answered, not both
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"anyOf": [
+        {"properties": {"continue_final_message": {"not": {"const": True}}}},
+        {"properties": {"add_generation_prompt": {"not": {"const": True}}}}]})
 
     model: Optional[str] = None
     messages: List[Message] = Field(min_length=1, description="OpenAI chat messages, as /v1/chat/completions "
@@ -68,7 +72,7 @@ class DetokenizeBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: Optional[str] = None
-    tokens: List[TokenId] = Field(description="token ids inside the model's vocabulary")
+    tokens: List[BodyTokenId] = Field(description="token ids inside the model's vocabulary")
 
 
 class TokenizeResponse(BaseModel):

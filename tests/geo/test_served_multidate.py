@@ -232,13 +232,15 @@ def test_refused_forms_name_the_field_and_leave_nothing(crops_server, crops_spoo
     assert {path.name for path in (crops_spool / "scenes").iterdir()} <= {s["id"] for s in listed}  # no job's files
 
 
-def test_the_form_is_documented_and_counted_on_a_multi_date_server_only(crops_server, flood_server):
+def test_the_form_and_urls_are_documented_on_a_multi_date_server_only(crops_server, flood_server):
     for server, frames in ((crops_server, 3), (flood_server, 1)):
         listed = httpx.get(f"{server.base}/v1/scenes", headers=AUTH, timeout=60).json()
         assert listed["frames"] == frames
         create = httpx.get(f"{server.base}/openapi.json", timeout=60).json()["paths"]["/v1/scenes"]["post"]
         content = create["requestBody"]["content"]
         assert ("multipart/form-data" in content) == (frames > 1)
+        json_body = content["application/json"]["schema"]  # a one-date model's by url alone
+        assert (json_body.get("required") == ["url"]) == (frames == 1), json_body
     files = httpx.get(f"{crops_server.base}/openapi.json", timeout=60).json()[
         "paths"]["/v1/scenes"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]["files"]
     assert (files["minItems"], files["maxItems"], files["items"]["format"]) == (3, 3, "binary")

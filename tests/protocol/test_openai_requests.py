@@ -56,9 +56,20 @@ def test_nulls_are_unset_and_defaults_apply():
     ([[1, 2]], [[1, 2]]),
     (["a", "b"], ["a", "b"]),
     ([[1], [2, 3]], [[1], [2, 3]]),
-], ids=["text", "token ids", "one text in a list", "one token list in a list", "texts", "token id lists"])
+    ([1.0, 2], [[1, 2]]),
+], ids=["text", "token ids", "one text in a list", "one token list in a list", "texts", "token id lists",
+        "integral numbers"])
 def test_completion_prompts_are_normalised_to_a_list(prompt, prompts):
-    assert parse_completion(completion(prompt=prompt)).prompts == prompts
+    normalised = parse_completion(completion(prompt=prompt)).prompts
+    assert normalised == prompts
+    assert all(type(token) is int for one in normalised if isinstance(one, list) for token in one)
+
+
+def test_token_ids_may_be_integral_numbers_as_json_schema_counts_them():
+    request = parse_chat(chat(stop_token_ids=[2.0, 7]))
+    assert request.sampling["stop_token_ids"] == [2, 7] and type(request.sampling["stop_token_ids"][0]) is int
+    with pytest.raises(InputError, match="stop_token_ids"):
+        parse_chat(chat(stop_token_ids=[2.5]))
 
 
 def test_beam_search_fields():
@@ -131,7 +142,7 @@ BAD = [  # (body, param, fragment), chat unless it has a prompt
     (chat(seed=2 ** 63), "seed", "allowed: <= 9223372036854775807"),
     (chat(seed=-2 ** 63 - 1), "seed", "allowed: >= -9223372036854775808"),
     (chat(seed=1.5), "seed", "expected an integer"),
-    (chat(stop=5), "stop", "expected a string or a list of strings, got 5"),
+    (chat(stop=5), "stop", "expected a non-empty string or a list of them, got 5"),
     (chat(stop=["a", 1]), "stop", "got 1"),
     (chat(stop=[""]), "stop", "non-empty"),
     (chat(stop_token_ids=[-1]), "stop_token_ids", "token ids (integers >= 0), got -1"),

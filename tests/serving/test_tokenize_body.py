@@ -23,6 +23,9 @@ def test_text_and_chat_bodies_take_vllms_defaults():
     assert (cont.continue_final_message, cont.add_generation_prompt) == (True, False)
     assert parse_detokenize({"model": "m", "tokens": [1, 2, 3]}).tokens == [1, 2, 3]
     assert parse_detokenize({"tokens": []}).tokens == []
+    # JSON Schema's integers include 4.0 (schemathesis sends them so): taken as 4, as every integer field
+    detokenized = parse_detokenize({"tokens": [32938.0, 2]}).tokens
+    assert detokenized == [32938, 2] and all(type(token) is int for token in detokenized)
 
 
 @pytest.mark.parametrize("parse, body, param, fragment", [
@@ -44,7 +47,7 @@ def test_text_and_chat_bodies_take_vllms_defaults():
     (parse_detokenize, {}, "tokens", "tokens: required, a list of token ids"),
     (parse_detokenize, {"tokens": [1, -2]}, "tokens", "got -2"),
     (parse_detokenize, {"tokens": [1, "2"]}, "tokens", "got '2'"),    # strict: no coercion
-    (parse_detokenize, {"tokens": [1.0]}, "tokens", "got 1.0"),
+    (parse_detokenize, {"tokens": [1.5]}, "tokens", "got 1.5"),
     (parse_detokenize, {"tokens": "1 2"}, "tokens", "a list of token ids"),
 ])
 def test_bad_bodies_name_the_field(parse, body, param, fragment):

@@ -8,7 +8,9 @@ model is a component (`#/components/schemas/ChatCompletion`; the table names it 
 a request's schema stays inline, its nested models components. A streamed answer is `text/event-stream`,
 one schema per event (as OpenAPI 3.1 reads a stream): its `data` is a chunk model's JSON
 (`contentSchema`), an error's, or `[DONE]`. Bytes (a GeoTIFF, a PNG) are binary strings. Path parameters
-(`{id}`) are declared here, since the handlers take them from the request. Only the table's documented
+(`{id}`) are declared here, since the handlers take them from the request. Each operation lists the
+statuses it can answer (`Route.statuses`: the route table's facts, never a `4XX` range), each error an
+`ErrorResponse`, but a probe's 503, which is its own answer. Only the table's documented
 routes are listed: not LitServe's own (`GET /`, its health and info: the Gate answers them 404), nor the
 pages' files, which are no API, nor the document itself.
 The server is named relative to the document (`servers: [{"url": "."}]`), so behind a proxy's path prefix
@@ -46,7 +48,7 @@ def install(app, routes: Iterable[Route], keyed: bool) -> None:
             for path, item in schema.get("paths", {}).items():
                 for method, operation in item.items():
                     route = documented[path, method]
-                    _describe(resolved(route), operation, components)
+                    _describe(resolved(route), operation, components, keyed)
                     if keyed and route.auth:
                         operation["security"] = [{name: []} for name in BEARER]
             if keyed:
@@ -57,12 +59,14 @@ def install(app, routes: Iterable[Route], keyed: bool) -> None:
     app.openapi = openapi
 
 
-def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any]) -> None:
+def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any], keyed: bool) -> None:
     errors = {"description": "an error (a stream that has started sends it as an event instead)",
               "content": {JSON: {"schema": _component(ErrorResponse, components)}}}
     operation["summary"] = route.help  # FastAPI's is the handler's name ("Partial"); the table's line says more
     success = operation.get("responses", {}).get("200")  # FastAPI's default success, under the route's status
-    operation["responses"] = {"4XX": errors, "5XX": errors, **({route.status: success} if success is not None else {})}
+    operation["responses"] = {str(status): errors for status in route.statuses(keyed)}
+    if success is not None:
+        operation["responses"][route.status] = success
     parameters = [{"name": name, "in": "path", "required": True, "schema": route.params.get(name, {"type": "string"})}
                   for name in re.findall(r"\{(\w+)\}", route.openapi_path)]
     parameters += [{"name": name, "in": "query", "required": False, "schema": schema}
@@ -79,6 +83,9 @@ def _describe(route: Route, operation: Dict[str, Any], components: Dict[str, Any
     if route.headers:
         operation["responses"][route.status]["headers"] = {
             name: {"description": text, "schema": {"type": "string"}} for name, text in route.headers.items()}
+    for status in route.alike:  # a probe's 503: its answer, not an error
+        operation["responses"][str(status)] = {**operation["responses"][route.status],
+                                                "description": "the same answer, saying why not"}
 
 
 def _body(schema, components: Dict[str, Any]) -> Dict[str, Any]:

@@ -68,6 +68,10 @@ def _scenes(name: str) -> Ref:
     return Ref("appliance.protocol.scenes", name)
 
 
+def _probes(name: str) -> Ref:
+    return Ref("appliance.protocol.probes", name)
+
+
 def _pooling(name: str) -> Ref:
     return Ref("appliance.protocol.pooling", name)
 
@@ -90,11 +94,27 @@ class Route:
     status: str = "200"            # the status of a success (a job accepted: 202)
     headers: Dict[str, str] = field(default_factory=dict)  # a success's headers -> what they say
     documented: bool = True        # False: left out of /openapi.json and a 404's list (pages, the document)
+    queued: bool = False           # answered by the engine through the request queue (frontend.py)
+    errors: Tuple[int, ...] = ()   # statuses of its own beyond those `statuses` derives (a scene not done: 409)
+    alike: Tuple[int, ...] = ()    # statuses answered with the success's schema (a probe's 503)
 
     @property
     def openapi_path(self) -> str:
         """The path as OpenAPI writes it: `{model_id:path}` -> `{model_id}`."""
         return re.sub(r"\{(\w+):\w+\}", r"{\1}", self.path)
+
+    def statuses(self, keyed: bool) -> Tuple[int, ...]:
+        """Every status the route can answer besides its success (`keyed`: the server has an API key): 400
+        for what it reads that breaks its rules, 401 without the key, 404 for a path parameter naming
+        nothing, 413 and 415 for a body too large or of another type, and for a queued route 429 (queue
+        full), 500 (the engine failed it), 503 (the server stops) and 504 (past the deadline)."""
+        found = set(self.errors) | set(self.alike)
+        found |= {400} if self.body or self.query or "{" in self.path else set()
+        found |= {401} if keyed and self.auth else set()
+        found |= {404} if "{" in self.path else set()
+        found |= {413, 415} if self.body else set()
+        found |= {429, 500, 503, 504} if self.queued else set()
+        return tuple(sorted(found))
 
     @property
     def json_only(self) -> bool:
@@ -118,10 +138,14 @@ TILE_ZOOM = {**TILE_INDEX, "maximum": Ref("appliance.stages.geo.map_tiles", "MAX
 
 ROUTES: Tuple[Route, ...] = (
     # every server
-    Route("/health", GET, attrgetter("ops.health"), "200 while the engine lives, 503 once it died", auth=False),
-    Route("/ready", GET, attrgetter("ops.ready"), "200 once the model is loaded and warm", auth=False),
-    Route("/version", GET, attrgetter("ops.version"), "the version, pipeline and model", auth=False),
-    Route("/metrics", GET, attrgetter("ops.metrics"), "Prometheus metrics", auth=False),
+    Route("/health", GET, attrgetter("ops.health"), "200 while the engine lives, 503 once it died", auth=False,
+          answers={JSON: _probes("Health")}, alike=(503,)),
+    Route("/ready", GET, attrgetter("ops.ready"), "200 once the model is loaded and warm", auth=False,
+          answers={JSON: _probes("Readiness")}, alike=(503,)),
+    Route("/version", GET, attrgetter("ops.version"), "the version, pipeline and model", auth=False,
+          answers={JSON: _probes("Version")}),
+    Route("/metrics", GET, attrgetter("ops.metrics"), "Prometheus metrics", auth=False,
+          answers={"text/plain": {"type": "string", "description": "Prometheus' text format, version 0.0.4"}}),
     Route("/openapi.json", GET, attrgetter("ops.openapi"), "this API's OpenAPI document", auth=False,
           documented=False),
     _page("/", attrgetter("pages.index"), "the page for people (server.ui)", ui=True),
@@ -137,24 +161,27 @@ ROUTES: Tuple[Route, ...] = (
           answers={JSON: _answer("ModelCard")}),
     # generate
     Route("/v1/chat/completions", POST, attrgetter("generate.chat"), "OpenAI chat completions, streamed or not",
-          kinds=GENERATE, main=True, body={JSON: _openai("ChatCompletionRequest")},
+          kinds=GENERATE, main=True, body={JSON: _openai("ChatCompletionRequest")}, queued=True, errors=(404,),
           answers={JSON: _answer("ChatCompletion"), SSE: _answer("ChatCompletionChunk")}),
     Route("/v1/completions", POST, attrgetter("generate.completions"), "OpenAI completions, streamed or not",
-          kinds=GENERATE, body={JSON: _openai("CompletionRequest")},
+          kinds=GENERATE, body={JSON: _openai("CompletionRequest")}, queued=True, errors=(404,),
           answers={JSON: _answer("Completion"), SSE: _answer("CompletionChunk")}),
     Route("/tokenize", POST, attrgetter("tokenize.tokenize"), "a text or a chat as the model's token ids (vLLM's)",
           kinds=GENERATE, body={JSON: (_tokenize("TokenizeCompletionBody"), _tokenize("TokenizeChatBody"))},
+          queued=True, errors=(404,),
           answers={JSON: _tokenize("TokenizeResponse")}),
     Route("/detokenize", POST, attrgetter("tokenize.detokenize"), "token ids back to text (vLLM's)", kinds=GENERATE,
-          body={JSON: _tokenize("DetokenizeBody")}, answers={JSON: _tokenize("DetokenizeResponse")}),
+          body={JSON: _tokenize("DetokenizeBody")}, answers={JSON: _tokenize("DetokenizeResponse")}, queued=True,
+          errors=(404,)),
     Route("/tokenizer_info", GET, attrgetter("tokenize.tokenizer_info"), "the tokenizer's settings (vLLM's)",
-          kinds=GENERATE, answers={JSON: _tokenize("TokenizerInfoResponse")}),
+          kinds=GENERATE, answers={JSON: _tokenize("TokenizerInfoResponse")}, queued=True),
     # pool
     Route("/pooling", POST, attrgetter("pool.pooling"), "a GeoTIFF scene in vLLM's IO-processor body", kinds=POOL,
-          main=True, body={JSON: _pooling("PoolingBody")}, answers={JSON: _pooling("PoolingResponse")}),
+          main=True, body={JSON: _pooling("PoolingBody")}, answers={JSON: _pooling("PoolingResponse")}, queued=True,
+          errors=(404,)),
     Route("/v1/pool", POST, attrgetter("pool.raw"), "a GeoTIFF as the body, its mask (or quicklook) as the answer",
           kinds=POOL, body=GEOTIFF_BODY, query={"quicklook": {"type": "boolean"}, "date": DATE_QUERY},
-          answers={"image/tiff": BYTES, "image/png": BYTES}),
+          answers={"image/tiff": BYTES, "image/png": BYTES}, queued=True),
     # `/v1/scenes`: a scene job is accepted (202) at once, then polled, then its files fetched. A multi-date
     # model's server also takes its dates as a form of files (spec.py adds the form: form_body.py).
     Route("/v1/scenes", POST, attrgetter("scenes.create"), "a scene as a job: a GeoTIFF, a URL, a form of dates",
@@ -162,7 +189,7 @@ ROUTES: Tuple[Route, ...] = (
           body={**GEOTIFF_BODY, JSON: _scenes("SceneBody")},
           query={"date": {**DATE_QUERY, "description": f"{DATE_QUERY['description']}; with a GeoTIFF body only "
                                                        "(a JSON body or a form carries its own)"}},
-          status="202", answers={JSON: _scenes("Scene")},
+          status="202", answers={JSON: _scenes("Scene")}, errors=(429, 503),
           headers={"Location": "the scene's URL, relative: scenes/{id}"}),
     Route("/v1/scenes", GET, attrgetter("scenes.list"), "the scenes kept", kinds=POOL,
           answers={JSON: _scenes("SceneList")}),
@@ -178,11 +205,13 @@ ROUTES: Tuple[Route, ...] = (
           "a layer's TileJSON: URL template, bounds, zooms", kinds=POOL, params={"layer": TILE_LAYER},
           answers={JSON: _scenes("TileJSON")}),
     Route("/v1/scenes/{id}/{file}", GET, attrgetter("scenes.file"), "a done scene's file", kinds=POOL,
-          params={"file": SCENE_FILE},
-          answers={kind: BYTES for kind in ("image/tiff", "application/geo+json", "image/png")}),
+          params={"file": SCENE_FILE}, errors=(409,),
+          answers={"image/tiff": BYTES, "image/png": BYTES,
+                   "application/geo+json": {"type": "object", "description": "the scene's STAC item, a GeoJSON "
+                                                                                "Feature (item.json)"}}),
     # plain
     Route("/predict", POST, attrgetter("predict.predict"), "the pipeline's inputs in, its records out", kinds=PLAIN,
-          main=True, body={JSON: {"type": "object", "description": "the pipeline's inputs"}}),
+          main=True, body={JSON: {"type": "object", "description": "the pipeline's inputs"}}, queued=True),
 )
 
 

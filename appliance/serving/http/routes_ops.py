@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from appliance import __version__
 from appliance.errors import InputError
 from appliance.fetch.local_files import allowed_path
+from appliance.protocol import probes
 from appliance.protocol.openai_responses import new_id
 from appliance.serving.http.errors import APIError, error_response, read_json
 from appliance.serving.http.frontend import Frontend
@@ -28,15 +29,15 @@ class OpsRoutes:
 
     async def health(self, request: Request):
         if self.frontend.shared.phase == DEAD:
-            return JSONResponse({"status": "dead"}, status_code=503)
-        return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": probes.DEAD}, status_code=503)
+        return JSONResponse({"status": probes.ALIVE})
 
     async def ready(self, request: Request):
         shared = self.frontend.shared
         if shared.phase != READY or shared.draining:
-            state = "draining" if shared.draining else ("dead" if shared.phase == DEAD else "loading")
+            state = probes.DRAINING if shared.draining else (probes.DEAD if shared.phase == DEAD else probes.LOADING)
             return JSONResponse({"status": state}, status_code=503)
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": probes.READY})
 
     async def version(self, request: Request):
         return JSONResponse({"version": __version__, "pipeline": self.pipeline, "model": self.frontend.model_name})

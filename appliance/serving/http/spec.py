@@ -20,7 +20,7 @@ from litserve.specs.base import LitSpec
 from appliance.serving.http.body_types import json_only
 from appliance.serving.http.form_body import form_schema
 from appliance.serving.http.frontend import Frontend
-from appliance.serving.http.route_table import FORM, Route, served
+from appliance.serving.http.route_table import FORM, JSON, Ref, Route, served
 from appliance.serving.http.routes_generate import GenerateRoutes
 from appliance.serving.http.routes_ops import OpsRoutes, PredictRoute
 from appliance.serving.http.routes_pool import PoolRoutes
@@ -54,8 +54,11 @@ class ApplianceSpec(LitSpec):
         self.frontend = Frontend(cfg_container, shared, requests, events)
         handlers = self._handlers(kind, cfg, spool_dir, online)
         routes = served(kind, bool(cfg.server.ui))
-        if handlers.scenes is not None and handlers.scenes.frames > 1:  # a multi-date model's form of dates
-            routes = [dataclasses.replace(route, body={**route.body, FORM: form_schema(handlers.scenes.frames)})
+        if handlers.scenes is not None:  # a multi-date model's form of dates; a one-date model's JSON by url
+            frames = handlers.scenes.frames
+            extra = {FORM: form_schema(frames)} if frames > 1 else {JSON: Ref("appliance.protocol.scenes",
+                                                                              "OneDateSceneBody")}
+            routes = [dataclasses.replace(route, body={**route.body, **extra})
                       if route.handler(handlers) == handlers.scenes.create else route for route in routes]
         self.routes = ServedRoutes(routes)
         # The API's main route. LitServe keys the inference worker's request queue by it, a queue our
