@@ -8,6 +8,7 @@ logprob, live on. After `max_tokens` rounds the finished and the live beams are 
 EOS (vLLM's `get_beam_search_score`), and the width best are the answers. Running the beams is
 beam_runs.py's job.
 """
+import math
 from dataclasses import dataclass
 from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
@@ -71,7 +72,12 @@ class BeamSearch:
 
     def score(self, beam: Beam) -> float:
         length = self.prompt_len + len(beam.tokens) - (beam.finish_reason == "stop")
-        return beam.cum_logprob / (length ** self.params.length_penalty)
+        try:
+            return beam.cum_logprob / (length ** self.params.length_penalty)
+        except OverflowError:  # a penalty so large the power passes float's range: every score is 0
+            return 0.0
+        except ZeroDivisionError:  # so negative it underflows to 0: any loss at all is infinite
+            return -math.inf if beam.cum_logprob < 0 else 0.0
 
     def best(self) -> List[Beam]:
         """The width best beams, finished or not, best first (the answers once `done`)."""

@@ -39,6 +39,15 @@ def test_answers_rank_by_logprob_over_length_counting_the_prompt_and_not_the_eos
     assert best[0].finish_reason == ("stop" if winner[-1] == EOS else "length")
 
 
+@pytest.mark.parametrize("length_penalty", [1e300, -3.9e61])
+def test_a_penalty_past_floats_range_ranks_without_failing(length_penalty):
+    """length ** penalty overflows (every score 0) or underflows to 0 (every loss infinite): still an answer."""
+    search = BeamSearch(prompt_len=3, params=BeamSearchParams(2, 2, length_penalty), eos_token_ids={EOS})
+    search.advance([{10: -0.1, 11: -0.5}])
+    search.advance([{EOS: -0.2, 20: -5.0}, {21: -0.1, 22: -5.0}])
+    assert len(search.best()) == 2
+
+
 def test_each_beam_proposes_enough_candidates_that_width_of_them_never_end():
     assert BeamSearch(3, BeamSearchParams(4, 8, 1.0), eos_token_ids={EOS}).candidates == 8
     assert BeamSearch(3, BeamSearchParams(4, 8, 1.0), eos_token_ids={EOS, 7, 9}).candidates == 16
