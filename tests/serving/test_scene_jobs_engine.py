@@ -103,7 +103,9 @@ def test_progress_and_report_of_a_scene_job(driver, tmp_path):
     for name in ("scene.png", "mask.png"):
         with Image.open(report / name) as image:
             assert image.size == (summary["preview"]["width"], summary["preview"]["height"])
-    assert sorted(p.name for p in report.iterdir()) == ["mask.png", "scene.png"]  # no temp file left
+    assert sorted(p.name for p in report.iterdir()) == ["mask.png", "scene.png", "scene_rgb.json"]  # no temp file
+    shown = json.loads((report / "scene_rgb.json").read_text())
+    assert len(shown["files"]) == len(shown["bands"]) == len(shown["ranges"]) == 3  # what the map's scene tiles read
 
 
 def test_a_pool_job_gets_no_progress_and_no_report(driver, tmp_path):

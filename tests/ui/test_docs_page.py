@@ -62,7 +62,8 @@ def test_every_operation_renders_and_a_request_schema_expands(llava_server, open
         ".json-schema-2020-12__title", has_text=re.compile("^messages$")))
     messages.locator(".json-schema-2020-12-expand-deep-button").click()  # "Expand all": the Message schema
     message = messages.locator("xpath=..").locator(".json-schema-2020-12-body .json-schema-2020-12__title")
-    assert {"role", "content", "tool_calls"} <= set(message.all_text_contents())
+    for name in ("role", "content", "tool_calls"):  # drawn level by level after the click: wait for each
+        message.filter(has_text=re.compile(f"^{name}$")).first.wait_for()
     assert not [url for url in page.requested if not url.startswith(llava_server.base)], page.requested
     assert page.evaluate("window.violations") == [] and page.problems == []
 

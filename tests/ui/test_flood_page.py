@@ -189,7 +189,7 @@ def test_pointing_at_a_pixel_reads_its_coordinates_and_class(scene_server, run_m
         row, col = (int(i) for i in np.argwhere(same & (classes == value))[0])
         zoom_to(page, pixel_lat_lon(profile, col, row), maxzoom)
         page.mouse.move(*map_point(page, pixel_lat_lon(profile, col, row)))
-        page.wait_for_function("document.getElementById('read-class').textContent !== 'loading…'")
+        page.wait_for_function("() => document.getElementById('read-class').textContent !== 'loading…'")
         read = re.fullmatch(r"col (\d+), row (\d+)", page.text_content("#read-pixel"))
         got_col, got_row = int(read[1]), int(read[2])
         assert abs(got_col - col) <= 1 and abs(got_row - row) <= 1
@@ -202,7 +202,7 @@ def test_pointing_at_a_pixel_reads_its_coordinates_and_class(scene_server, run_m
 
     page.focus("#viewer .map-box")
     page.keyboard.press("ArrowRight")  # the map pans west to east: the pointer is over a pixel further east
-    page.wait_for_function(f"!document.getElementById('read-pixel').textContent.startsWith('col {got_col},')")
+    page.wait_for_function(f"() => !document.getElementById('read-pixel').textContent.startsWith('col {got_col},')")
     moved = re.fullmatch(r"col (\d+), row (\d+)", page.text_content("#read-pixel"))
     assert int(moved[1]) > got_col and abs(int(moved[2]) - got_row) <= 1
     assert page.problems == []

@@ -63,7 +63,7 @@ def test_zoomed_in_a_3660_pixel_result_shows_single_pixels_and_the_reading_stays
     for col in (centre - 40, centre + 40):  # blocks of 61 pixels: two blocks apart, water on one of them
         for row in (centre - 40, centre + 40):
             page.mouse.move(*map_point(page, pixel_lat_lon(profile, col, row)))
-            page.wait_for_function("document.getElementById('read-class').textContent !== 'loading…'")
+            page.wait_for_function("() => document.getElementById('read-class').textContent !== 'loading…'")
             box = page.locator("#reading").bounding_box()
             assert 0 <= box["y"] and box["y"] + box["height"] <= DESKTOP["height"], box  # in the window
             assert page.locator("#reading").is_visible()
