@@ -133,8 +133,9 @@ DATE_QUERY = {"type": "string", "examples": ["2024-06-30"],  # /v1/pool's and /v
 GEOTIFF_BODY = {kind: BYTES for kind in GEOTIFF_TYPES}
 SCENE_FILE = {"type": "string", "enum": _scenes("SCENE_FILES")}
 TILE_LAYER = {"type": "string", "enum": _scenes("TILE_LAYERS")}
-TILE_INDEX = {"type": "integer", "minimum": 0}
-TILE_ZOOM = {**TILE_INDEX, "maximum": Ref("appliance.stages.geo.map_tiles", "MAX_ZOOM")}
+TILE_INDEX = {"type": "integer", "minimum": 0, "maximum": Ref("appliance.stages.geo.map_tiles", "MAX_TILE_INDEX"),
+              "description": "below 2 ** z"}
+TILE_ZOOM = {"type": "integer", "minimum": 0, "maximum": Ref("appliance.stages.geo.map_tiles", "MAX_ZOOM")}
 
 ROUTES: Tuple[Route, ...] = (
     # every server
@@ -199,11 +200,11 @@ ROUTES: Tuple[Route, ...] = (
           answers={JSON: _scenes("SceneDeleted")}),
     Route("/v1/scenes/{id}/tiles/{layer}/{z}/{x}/{y}.png", GET, attrgetter("tiles.tile"),
           "a done scene's map tile: 256-px PNG, Web Mercator XYZ", kinds=POOL,
-          params={"layer": TILE_LAYER, "z": TILE_ZOOM, "x": TILE_INDEX, "y": TILE_INDEX},
+          params={"layer": TILE_LAYER, "z": TILE_ZOOM, "x": TILE_INDEX, "y": TILE_INDEX}, errors=(409,),
           answers={"image/png": BYTES}),
     Route("/v1/scenes/{id}/tiles/{layer}/tilejson.json", GET, attrgetter("tiles.tilejson"),
           "a layer's TileJSON: URL template, bounds, zooms", kinds=POOL, params={"layer": TILE_LAYER},
-          answers={JSON: _scenes("TileJSON")}),
+          errors=(409,), answers={JSON: _scenes("TileJSON")}),
     Route("/v1/scenes/{id}/{file}", GET, attrgetter("scenes.file"), "a done scene's file", kinds=POOL,
           params={"file": SCENE_FILE}, errors=(409,),
           answers={"image/tiff": BYTES, "image/png": BYTES,

@@ -27,6 +27,7 @@ from appliance.stages.geo.stitch import NODATA_CLASS
 TILE_SIZE = 256
 WEB_MERCATOR = morecantile.tms.get("WebMercatorQuad")
 MAX_ZOOM = WEB_MERCATOR.maxzoom  # the grid's zooms: 0..MAX_ZOOM
+MAX_TILE_INDEX = 2 ** MAX_ZOOM - 1  # the largest x or y of any zoom (zoom z's are 0..2**z - 1)
 
 
 @dataclass(frozen=True)
