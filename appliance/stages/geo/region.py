@@ -4,13 +4,15 @@ directory holds: `collection.json` (region_collection.py), `mosaic.tif` (region_
 
 Built from every complete mask in DIR (region_items.py), not only those this run made: a rerun that
 skipped complete scenes, or runs that each mapped a share of a search into the same directory, give the
-same region outputs as one run. A run whose `output` is one file writes none of them.
+same region outputs as one run. A run whose `output` is one file writes none of them, and neither does a
+run that maps one share of a search (`search.shares`, search_shares.py): `appliance assemble`
+(region_assemble.py) builds them once every share is done.
 """
 import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, List
 
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.stages.geo.raster_inputs import TIFF_SUFFIXES
@@ -18,6 +20,7 @@ from appliance.stages.geo.region_collection import write_collection
 from appliance.stages.geo.region_items import region_items
 from appliance.stages.geo.region_mosaic import MosaicRule, placed, write_mosaic
 from appliance.stages.geo.region_summary import region_summary, summary_table, write_summary
+from appliance.stages.geo.search_shares import this_share
 
 log = logging.getLogger(__name__)
 
@@ -43,25 +46,12 @@ class Region(Stage):
         directory = self._directory()
         if directory is None:
             return
-        items = region_items(directory)
-        if not items:
-            log.warning("region: no complete mask in %s; no collection, mosaic or summary written", directory)
+        share = this_share(self.cfg.get("search") or {})
+        if share is not None:  # the other shares may still run: `appliance assemble` builds the region
+            yield {"display": f"region: {share} done; once every share is, `appliance assemble` with the same "
+                              "keys builds the collection, mosaic and summary"}
             return
-        lines = []
-        if self.options.collection:
-            lines.append(f"collection {write_collection(directory, items, _identifier(directory), self._about())}")
-        on_map = placed(items) if self.options.mosaic else []
-        if len(on_map) < len(items) and self.options.mosaic:
-            log.warning("region: %d of %d masks have no CRS and are left out of the mosaic",
-                        len(items) - len(on_map), len(items))
-        mosaic = write_mosaic(directory, on_map, self.options.mosaic_rule) if on_map else None
-        if mosaic:
-            lines.append(f"mosaic {mosaic} ({len(on_map)} masks, overlaps: {self.options.mosaic_rule.value})")
-        if self.options.summary:
-            # The region's totals come from the mosaic only when it holds every mask (overlaps counted once);
-            # else they are the items' sum.
-            summary = region_summary(items, mosaic if len(on_map) == len(items) else None)
-            lines.append(f"summary {write_summary(directory, summary)}\n{summary_table(summary)}")
+        lines = build_region(directory, self.options, self._about())
         if lines:
             yield {"display": "region: " + "\nregion: ".join(lines)}
 
@@ -73,7 +63,36 @@ class Region(Stage):
         return str(output)
 
     def _about(self) -> str:
-        return f"Masks by {self.cfg.model.name} (pipeline {self.cfg.pipeline.name})"
+        return about(self.cfg)
+
+
+def about(cfg) -> str:
+    """The collection's description."""
+    return f"Masks by {cfg.model.name} (pipeline {cfg.pipeline.name})"
+
+
+def build_region(directory: str, options: RegionOptions, description: str) -> List[str]:
+    """Write the region's outputs over `directory`'s complete masks; a line for each (none without a mask)."""
+    items = region_items(directory)
+    if not items:
+        log.warning("region: no complete mask in %s; no collection, mosaic or summary written", directory)
+        return []
+    lines = []
+    if options.collection:
+        lines.append(f"collection {write_collection(directory, items, _identifier(directory), description)}")
+    on_map = placed(items) if options.mosaic else []
+    if len(on_map) < len(items) and options.mosaic:
+        log.warning("region: %d of %d masks have no CRS and are left out of the mosaic",
+                    len(items) - len(on_map), len(items))
+    mosaic = write_mosaic(directory, on_map, options.mosaic_rule) if on_map else None
+    if mosaic:
+        lines.append(f"mosaic {mosaic} ({len(on_map)} masks, overlaps: {options.mosaic_rule.value})")
+    if options.summary:
+        # The region's totals come from the mosaic only when it holds every mask (overlaps counted once);
+        # else they are the items' sum.
+        summary = region_summary(items, mosaic if len(on_map) == len(items) else None)
+        lines.append(f"summary {write_summary(directory, summary)}\n{summary_table(summary)}")
+    return lines
 
 
 def _identifier(directory: str) -> str:
