@@ -116,6 +116,7 @@ def test_shares_map_every_item_once_and_assemble_gives_the_single_runs_region(st
     out_2, err_2 = finished(share_run(args, 2))
     mapped.append(written(out_2))
     assert "share 2 of 3 (0 to 2) done" in out_2 and "search: share 2 of 3 (0 to 2): 9 of the 27 scenes" in err_2
+    assert f"{out}: 9/9 scenes (100%)" in err_2, err_2  # progress over the share's scenes, in its log
     assert [sorted(ids) for ids in mapped] == [sorted(every)[i::SHARES] for i in range(SHARES)]
     assert sorted(i for ids in mapped for i in ids) == every  # each item once: none twice, none missing
 

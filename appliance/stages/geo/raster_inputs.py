@@ -146,11 +146,12 @@ class RasterInputsOptions:
 
 @register_stage
 class RasterInputs(Stage):
-    """Expand the run record into one record per scene: `input_path`, `output_path`, `scene_index`."""
+    """Expand the run record into one record per scene: `input_path`, `output_path`, `scene_index`, and
+    `scene_count` (the scenes this run maps: the region stage's progress counts them)."""
 
     name = "raster_inputs"
     consumes = ("input", "output", "overwrite")
-    produces = ("input_path", "output_path", "scene_index")
+    produces = ("input_path", "output_path", "scene_index", "scene_count")
     online = False  # the server gets one scene per request, spooled or named in the body
 
     Options = RasterInputsOptions
@@ -206,7 +207,8 @@ class RasterInputs(Stage):
         for directory in sorted({os.path.dirname(dst) for _, dst in pairs}):
             check_writable_dir(directory)
         for index, (spec, (_, dst)) in enumerate(zip(specs, pairs)):
-            yield {**record, "input_path": spec, "output_path": dst, "scene_index": index, "aoi": aoi,
+            yield {**record, "input_path": spec, "output_path": dst, "scene_index": index,
+                   "scene_count": len(pairs), "aoi": aoi,
                    "date": date}
 
     def _given(self, record, network: bool):

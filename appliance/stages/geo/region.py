@@ -11,10 +11,12 @@ run that maps one share of a search (`search.shares`, search_shares.py): `applia
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Iterator, List
 
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.progress import DEFAULT_INTERVAL, Progress, check_interval
 from appliance.stages.geo.raster_inputs import TIFF_SUFFIXES
 from appliance.stages.geo.region_collection import write_collection
 from appliance.stages.geo.region_items import region_items
@@ -31,6 +33,8 @@ class RegionOptions:
     mosaic: bool = True  # write DIR/mosaic.tif, every mask in one CRS
     mosaic_rule: MosaicRule = MosaicRule.latest  # where masks overlap: latest or max_class
     summary: bool = True  # write DIR/summary.json and print its table
+    progress: bool = True  # scenes done of the run's, with an ETA, on stderr (a line every interval)
+    progress_interval: float = DEFAULT_INTERVAL  # seconds between progress lines
 
 
 @register_stage
@@ -41,8 +45,12 @@ class Region(Stage):
     runs_without_records = True  # a rerun that skipped every scene still rebuilds the region
     Options = RegionOptions
 
+    def __init__(self, options, cfg):
+        super().__init__(options, cfg)
+        check_interval(options.progress_interval, f"{self.name}.progress_interval")
+
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
-        yield from records
+        yield from self._counted(records)
         directory = self._directory()
         if directory is None:
             return
@@ -54,6 +62,19 @@ class Region(Stage):
         lines = build_region(directory, self.options, self._about())
         if lines:
             yield {"display": "region: " + "\nregion: ".join(lines)}
+
+    def _counted(self, records: Iterator[Record]) -> Iterator[Record]:
+        """The records, each written scene counted: progress over a run of several scenes into a directory,
+        timed from the run's start (this generator's first step: before the first scene is read)."""
+        start, progress, directory = time.monotonic(), None, self._directory()
+        for record in records:
+            count = record.get("scene_count") or 0  # raster_inputs' (a record of another source has none)
+            if progress is None and count > 1 and directory is not None:
+                progress = Progress(count, os.path.normpath(directory), "scene", enabled=self.options.progress,
+                                    interval=self.options.progress_interval, bar=False, start=start)
+            yield record
+            if progress is not None and record.get("output_path"):
+                progress.update()  # after the scene's `wrote` line, which the run prints as it gets the record
 
     def _directory(self):
         """The run's output directory, or None when its output is one file (or unset)."""
