@@ -86,7 +86,7 @@ in DIR are complete, and builds DIR/collection.json, DIR/mosaic.tif and DIR/summ
 Loads no model. Scenes not complete are named (exit code 2): run their shares again, then assemble.
 
 example (the same keys as the shares, search.share left out):
-  appliance assemble pipeline=prithvi_flood search.url=URL search.collections=[HLSS30_2.0] \
+  appliance assemble pipeline=prithvi_flood search.url=URL search.collections=[HLSS30_2.0] \\
     search.bbox=[-91.2,29.9,-90.9,30.2] search.datetime=2024-06-01/2024-06-30 search.shares=3 output=masks/
 """
 

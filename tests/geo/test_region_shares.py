@@ -57,8 +57,8 @@ def test_the_share_comes_from_the_field_else_from_the_indexed_job(monkeypatch):
      "search.share: 3; allowed: 0 to 2 (search.shares is 3)"),
     (["search.shares=2"], "search.shares: 2 splits a search's scenes; give the search (search.url)"),
 ])
-def test_bad_share_settings_are_refused_before_the_run(keys, error):
-    done = appliance("check", "pipeline=prithvi_flood", *keys, "output=out/")
+def test_bad_share_settings_are_refused_before_the_run(keys, error, tmp_path):
+    done = appliance("check", "pipeline=prithvi_flood", *keys, f"output={tmp_path}/out/")
     assert done.returncode == 2 and error in done.stderr, done.stderr
 
 

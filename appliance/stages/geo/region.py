@@ -51,7 +51,7 @@ class Region(Stage):
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         yield from self._counted(records)
-        directory = self._directory()
+        directory = self.directory()
         if directory is None:
             return
         share = this_share(self.cfg.get("search") or {})
@@ -66,7 +66,7 @@ class Region(Stage):
     def _counted(self, records: Iterator[Record]) -> Iterator[Record]:
         """The records, each written scene counted: progress over a run of several scenes into a directory,
         timed from the run's start (this generator's first step: before the first scene is read)."""
-        start, progress, directory = time.monotonic(), None, self._directory()
+        start, progress, directory = time.monotonic(), None, self.directory()
         for record in records:
             count = record.get("scene_count") or 0  # raster_inputs' (a record of another source has none)
             if progress is None and count > 1 and directory is not None:
@@ -76,7 +76,7 @@ class Region(Stage):
             if progress is not None and record.get("output_path"):
                 progress.update()  # after the scene's `wrote` line, which the run prints as it gets the record
 
-    def _directory(self):
+    def directory(self):
         """The run's output directory, or None when its output is one file (or unset)."""
         output = self.cfg.get("output")
         if not output or (str(output).lower().endswith(TIFF_SUFFIXES) and not os.path.isdir(str(output))):

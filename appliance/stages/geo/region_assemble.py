@@ -27,7 +27,7 @@ def assemble(cfg: Any, stages: List[Stage]) -> List[str]:
     if search is None or not search.get("url"):
         raise InputError("search.url: assemble builds the region of a search's shares: give the search they "
                          "ran (the same search.* keys)", param="search.url")
-    directory = region._directory()
+    directory = region.directory()
     if directory is None:
         raise InputError("output: assemble needs the directory the shares wrote into (output=DIR/)",
                          param="output")
