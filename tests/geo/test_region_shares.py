@@ -135,3 +135,8 @@ def test_shares_map_every_item_once_and_assemble_gives_the_single_runs_region(st
     assert shared[3][:2] == alone[3][:2] and np.array_equal(shared[3][2], alone[3][2])  # mosaic, pixel for pixel
     table = [run.stdout.split("region: summary")[1].split("\n", 1)[1] for run in (assembled, single)]
     assert table[0] == table[1]  # the terminal's table too
+
+    again = appliance("run", *region_args(stac_catalog, single_out))  # a rerun maps none of the 27 again
+    assert again.returncode == 0, again.stderr
+    assert "search: skipped 27 complete of 27 scenes" in again.stderr and written(again.stdout) == []
+    assert region_files(single_out)[2:3] == alone[2:3]
