@@ -18,6 +18,7 @@ VERBS = {
     "serve": "serve the pipeline over HTTP on server.host:server.port",
     "config": "print the composed, resolved config as YAML",
     "check": "make every check run and serve make before they load a model, and print ok or run's error",
+    "assemble": "build a search's collection, mosaic and summary once its shares (search.shares) are all mapped",
 }
 
 
@@ -49,6 +50,9 @@ keys a run takes (besides any config key; `appliance config pipeline=NAME` print
   search.max_items=N         at most N items in all
   search.page_size=N         items per page the API is asked for (every page is read)
   search.api_timeout_s=S     each request to the API must be answered within S seconds
+  search.shares=N            split the search's scenes over N processes (a Kubernetes Indexed Job's
+                             completions); each maps its share, `appliance assemble` builds the region
+  search.share=I             this process's share, 0 to N-1; default: $JOB_COMPLETION_INDEX
 
 examples:
   appliance run pipeline=prithvi_flood input=scene.tif output=mask.tif
@@ -73,6 +77,17 @@ examples:
   appliance check pipeline=llava_chat model=llava_1_5_7b model.path=/models/llava-1.5-7b-hf
   appliance check pipeline=prithvi_flood input=scene.tif output=mask.tif
   appliance check pipeline=llava_chat input=requests.jsonl output=answers.jsonl
+"""
+
+ASSEMBLE_HELP = """\
+after the shares of a search (search.shares=N, each run with search.share=I or in an Indexed Job) have
+mapped their scenes into output=DIR/: runs the same search, checks that every scene's mask and STAC item
+in DIR are complete, and builds DIR/collection.json, DIR/mosaic.tif and DIR/summary.json from them.
+Loads no model. Scenes not complete are named (exit code 2): run their shares again, then assemble.
+
+example (the same keys as the shares, search.share left out):
+  appliance assemble pipeline=prithvi_flood search.url=URL search.collections=[HLSS30_2.0] \\
+    search.bbox=[-91.2,29.9,-90.9,30.2] search.datetime=2024-06-01/2024-06-30 search.shares=3 output=masks/
 """
 
 CONFIG_HELP = """\
@@ -109,7 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"appliance {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    epilogs = {"run": RUN_HELP, "serve": SERVE_HELP, "check": CHECK_HELP, "config": CONFIG_HELP}
+    epilogs = {"run": RUN_HELP, "serve": SERVE_HELP, "check": CHECK_HELP, "config": CONFIG_HELP,
+               "assemble": ASSEMBLE_HELP}
     for verb, help_text in VERBS.items():
         epilog = _pipelines_help() + epilogs.get(verb, "")
         p = sub.add_parser(verb, help=help_text, description=help_text, epilog=epilog,
@@ -178,6 +194,13 @@ def _dispatch(verb: str, overrides: List[str]) -> int:
         from appliance.config.provenance import config_yaml
 
         print(config_yaml(cfg, overrides), end="")
+        return 0
+    if verb == "assemble":  # builds outputs from masks made before: no model, no stage runs
+        from appliance.stages.build import build_stages
+        from appliance.stages.geo.region_assemble import assemble
+
+        for line in assemble(cfg, build_stages(cfg)):
+            show("region: " + line)
         return 0
 
     from appliance.config.run_inputs import names_a_run, run_record

@@ -1,4 +1,5 @@
-"""Progress of long offline work (the tiles of a scene, the answers of a chat batch), on stderr.
+"""Progress of long offline work (the tiles of a scene, the scenes of a region, the answers of a chat batch),
+on stderr.
 
 On a terminal: a tqdm bar that ends at 100 % and stays on its own line, so whatever the run prints next
 starts on a new line. Anywhere else (a pipe, a log file, a Kubernetes Job's log): one plain line every
@@ -49,20 +50,22 @@ class Progress:
     """`done` of `total` units of work under `label`; `unit` names one of them ("tile"). `rate_unit`
     (e.g. "token"): the rate shown counts the `extra` units passed to `update` (tokens generated) rather
     than the units of work.
-    `enabled=False`: shows nothing (a stage's `progress: false`)."""
+    `enabled=False`: shows nothing (a stage's `progress: false`). `bar=False`: plain lines on a terminal too,
+    for work whose units print lines of their own (a region's scenes: each its tile bar and `wrote` line),
+    which would break a bar. `start`: when the work began, on `clock` (default: now)."""
 
     def __init__(self, total: int, label: str, unit: str, rate_unit: Optional[str] = None,
                  interval: float = DEFAULT_INTERVAL, enabled: bool = True, stream: Optional[TextIO] = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, bar: bool = True, start: Optional[float] = None):
         self.total, self.label, self.unit, self.rate_unit = total, label, unit, rate_unit
         self.interval, self.clock = interval, clock
         self.stream = stream if stream is not None else sys.stderr
         self.done = self.extra = 0
-        self.start = clock()
+        self.start = clock() if start is None else start
         self.next_line = self.start + interval
         self.finished = not enabled  # nothing to show, nothing to end
         self.bar = None
-        if enabled and self.stream.isatty():
+        if enabled and bar and self.stream.isatty():
             from tqdm import tqdm
 
             # leave=True: the bar stays, at its final count, on a line of its own.

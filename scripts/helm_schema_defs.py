@@ -5,6 +5,11 @@ Settings: `server.port`, `server.corsOrigins`, `server.drainTimeoutSeconds` and 
 server as its `server.*` settings, so their minimum, maximum, enum and pattern are those settings' rules,
 read from the schema fields (appliance/field_rules.py), never written by hand.
 
+`batch.search` holds `appliance run`'s `search.*` keys (SearchConfig): its properties are the schema
+fields', each with its type and rule, strings kept free of what Hydra's double quotes cannot hold; the
+chart sets `shares` (batch.parallelism) and each pod its `share` ($JOB_COMPLETION_INDEX), so those two
+are not values.
+
 The chart passes a few values straight into the pod spec (`podSecurityContext`, `securityContext`,
 `resources`, `tolerations`, `affinity`, `imagePullSecrets`). Their schemas are Kubernetes 1.33's own
 (the strict JSON schemas kubernetes-validate ships), copied with every `$ref` they reach, minus
@@ -23,8 +28,11 @@ import re
 import sys
 from pathlib import Path
 
+import dataclasses
+import typing
+
 from appliance.field_rules import field_rule
-from appliance.config.schema import ServerConfig
+from appliance.config.schema import SearchConfig, ServerConfig
 
 KUBERNETES = "1.33"
 SCHEMA = Path(__file__).resolve().parents[1] / "helm" / "appliance" / "values.schema.json"
@@ -53,6 +61,45 @@ def with_settings_rules(schema: dict) -> dict:
         for word in RULE_WORDS:
             node.pop(word, None)
         node.update(field_rule(ServerConfig, name).json_schema())
+    return out
+
+
+SEARCH = ("batch", "search")
+CHART_SETS = ("shares", "share")  # SearchConfig fields the chart derives
+HYDRA_QUOTABLE = "^[^\"\\\\$\\r\\n]+$"  # no double quote, backslash, `$` or line break
+
+
+def search_schema() -> dict:
+    """batch.search's schema: SearchConfig's fields (CHART_SETS aside), each typed, with its rule."""
+    properties = {}
+    hints = typing.get_type_hints(SearchConfig)
+    for f in dataclasses.fields(SearchConfig):
+        if f.name in CHART_SETS:
+            continue
+        node = _json_type(hints[f.name])
+        found = field_rule(SearchConfig, f.name)
+        if found is not None:
+            (node["items"] if node["type"] == "array" else node).update(found.json_schema())
+        properties[f.name] = node
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+def _json_type(annotation) -> dict:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Union:
+        return _json_type(args[0])
+    if typing.get_origin(annotation) is list:
+        return {"type": "array", "items": _json_type(args[0])}
+    words = {str: {"type": "string", "pattern": HYDRA_QUOTABLE}, int: {"type": "integer"}, float: {"type": "number"}}
+    return dict(words[annotation])
+
+
+def with_search(schema: dict) -> dict:
+    out = copy.deepcopy(schema)
+    node = out
+    for part in SEARCH[:-1]:
+        node = node["properties"][part]
+    node["properties"][SEARCH[-1]] = search_schema()
     return out
 
 
@@ -93,11 +140,11 @@ def _clean(node):
 
 def main(argv) -> int:
     schema = json.loads(SCHEMA.read_text())
-    fresh = with_settings_rules({**schema, "$defs": k8s_defs()})
+    fresh = with_search(with_settings_rules({**schema, "$defs": k8s_defs()}))
     if "--check" in argv:
         if schema != fresh:
-            print(f"{SCHEMA}: $defs differ from Kubernetes {KUBERNETES}'s or a setting's rule from its schema "
-                  f"field's; run python {__file__}", file=sys.stderr)
+            print(f"{SCHEMA}: $defs differ from Kubernetes {KUBERNETES}'s, a setting's rule from its schema "
+                  f"field's, or batch.search from SearchConfig; run python {__file__}", file=sys.stderr)
             return 1
         return 0
     SCHEMA.write_text(json.dumps(fresh, indent=2) + "\n")

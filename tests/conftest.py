@@ -18,6 +18,9 @@ SLOW = (
     "tests/chat/test_cli_e2e.py",  # `appliance run` on chat pipelines, a process a case
     "tests/geo/test_cli_e2e.py",  # the same for flood masks
     "tests/geo/test_stac_search.py",  # a real STAC API (PostgreSQL, pgstac) started once, `appliance` processes
+    # eight `appliance` processes over the 27 items of that API; a process a case
+    "tests/geo/test_region_shares.py::test_shares_map_every_item_once_and_assemble_gives_the_single_runs_region",
+    "tests/geo/test_region_shares.py::test_bad_share_settings_are_refused_before_the_run",
     "tests/chat/test_encode.py::test_features_from_llava_encode_give_the_same_answers_as_pixels",
     "tests/chat/test_encode.py::test_llava_encode_refuses_bad_input_before_writing",
     "tests/frame/test_cli.py::test_config_prints_composed_yaml_for_both_pipelines",

@@ -32,6 +32,7 @@ ELSEWHERE = {
     "llama.cpp": "the llama.cpp project",
     "gdal_merge.py": "GDAL's command-line tools",
     "llava.yaml": "the values file docs/deploy.md has the reader write",
+    "region.yaml": "the values file docs/geo.md has the reader write",
     "nn.py": "torch (torch.nn: nn.Linear)",
     **{name: "xformers (xformers/ops/fmha/)" for name in (
         "flash.py", "triton_splitk.py", "cutlass.py", "dispatch.py", "common.py", "attn_bias.py", "_cpp_lib.py")},

@@ -39,6 +39,7 @@ RUN = ("config", "check")
 NOT_RUN = {  # verb -> why its lines are not run here
     "run": "runs a model end to end (tests/chat and tests/geo run both pipelines); installs signal handlers",
     "serve": "a long-running server; README's flood line is the server the client examples below use",
+    "assemble": "needs the masks of a search's shares (tests/geo/test_region_shares.py runs both)",
 }
 SHELL = ("bash", "sh", "")
 README_PORTS = {"chat": "127.0.0.1:8000", "flood": "127.0.0.1:8001"}

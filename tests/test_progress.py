@@ -162,3 +162,18 @@ def test_silence_turns_off_the_stages_that_report():
     reporting, other = Stage(Options()), Stage(object())
     silence([reporting, other])
     assert reporting.options.progress is False
+
+
+def test_without_a_bar_a_terminal_gets_the_plain_lines_timed_from_the_given_start():
+    """A region's scenes: each prints lines of its own, so plain lines, and the clock started with the run."""
+    stream, clock = Terminal(), Clock()
+    progress = Progress(3, "masks", "scene", interval=5.0, stream=stream, clock=clock, bar=False, start=90.0)
+    assert progress.bar is None
+    for _ in range(3):
+        clock.now += 10.0
+        progress.update()
+    assert stream.getvalue().splitlines() == [
+        "masks: 1/3 scenes (33%), 0.1 scenes/s, eta 40s",  # 20 s since the start, not 10
+        "masks: 2/3 scenes (66%), 0.1 scenes/s, eta 15s",
+        "masks: 3/3 scenes (100%), 0.1 scenes/s, in 40s",
+    ]

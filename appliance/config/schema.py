@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from appliance.errors import ConfigError
 from appliance.field_rules import rule
 
 # Field metadata of AppConfig's per-run keys (read by `free_text_keys`): FREE_TEXT: the command line's
@@ -211,6 +212,21 @@ class SearchConfig:
     max_items: int = 100  # at most this many items found (every page counted)
     page_size: int = 100  # items per page the API is asked for
     api_timeout_s: float = 30.0  # each request to the API (a page of items) must be answered within this
+    # Processes the scenes are split over, each mapping its share (search_shares.py): a Kubernetes Indexed
+    # Job's completions. 1: one process maps them all and builds the region; more: `appliance assemble` does.
+    shares: int = field(default=1, metadata=rule(ge=1, why="processes the search's scenes are split over"))
+    share: Optional[int] = field(default=None, metadata=rule(ge=0, why="this process's share, 0 to shares - 1"))
+    # None: $JOB_COMPLETION_INDEX, the index Kubernetes gives each pod of an Indexed Job
+
+    @staticmethod
+    def verify(node) -> None:
+        """Rules between fields (check_fields calls it on the composed node)."""
+        if node.shares > 1 and not node.url:
+            raise ConfigError(f"search.shares: {node.shares} splits a search's scenes; give the search "
+                              "(search.url) or leave search.shares at 1", param="search.shares")
+        if node.share is not None and node.share >= node.shares:
+            raise ConfigError(f"search.share: {node.share}; allowed: 0 to {node.shares - 1} (search.shares is "
+                              f"{node.shares})", param="search.share")
 
 
 @dataclass

@@ -3,6 +3,7 @@ against the real STAC API of tests/geo/conftest.py's `stac_catalog` (27 items: 3
 import json
 import logging
 import os
+import re
 
 import numpy as np
 import pytest
@@ -196,3 +197,19 @@ def test_appliance_run_twice_over_a_search_maps_once_and_rebuilds_the_region(sta
     assert "search: skipped 2 complete of 2 scenes" in again.stderr
     assert "wrote " not in again.stdout and mtimes(tmp_path / "out") == masks
     assert again.stdout.split("region: summary")[1] == first.stdout.split("region: summary")[1]  # the same table
+
+
+def test_a_run_of_several_scenes_reports_scenes_done_with_an_eta(stac_catalog, tmp_path, capsys):
+    out = tmp_path / "progress"
+    nodes = {**stages(tile_size=64, overlap=16), "region": {"progress_interval": 1e-6}}  # a line per scene
+    keys = dict(bbox=tile_bbox(stac_catalog, TILES[0]), datetime="2024-04-01/2024-04-25")
+    cfg = OmegaConf.merge(make_cfg(nodes), {"search": search(stac_catalog, **keys), "output": str(out)})
+    run_geo(None, out, cfg=cfg)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"{out}: ")]
+    assert [line.split(",")[0] for line in lines] == [f"{out}: {n}/3 scenes ({100 * n // 3}%)" for n in (1, 2, 3)]
+    assert all(re.search(r", [0-9.]+ scenes/s, eta \d", line) for line in lines[:2]), lines
+    assert re.search(r", [0-9.]+ scenes/s, in \d+s$", lines[2]), lines
+
+    capsys.readouterr()
+    run_geo(None, out, cfg=cfg)  # every scene complete: none to count
+    assert f"{out}: " not in capsys.readouterr().err

@@ -9,17 +9,22 @@ from pystac_client import Client
 
 from appliance.config.schema import PublishConfig
 from appliance.errors import InputError
+from appliance.stages.build import build_stages
+from appliance.stages.geo.region_assemble import assemble
 from tests.geo.conftest import make_cfg, run_geo, stages
 from tests.geo.test_stac_search import search
 from tests.stac_api import free_port
 
 
-def publish_run(catalog, out, **publish):
+def publish_cfg(catalog, out, search_keys=None, **publish):
     nodes = {**stages(tile_size=64, overlap=16), "region": {}}
     keys = {**OmegaConf.to_container(OmegaConf.structured(PublishConfig)), "url": catalog.api_url, **publish}
-    cfg = OmegaConf.merge(make_cfg(nodes), {"search": search(catalog, datetime="2024-04-01"), "output": str(out),
-                                            "publish": keys})
-    return run_geo(None, out, cfg=cfg)
+    found = {**search(catalog, datetime="2024-04-01"), **(search_keys or {})}
+    return OmegaConf.merge(make_cfg(nodes), {"search": found, "output": str(out), "publish": keys})
+
+
+def publish_run(catalog, out, **publish):
+    return run_geo(None, out, cfg=publish_cfg(catalog, out, **publish))
 
 
 def same_properties(got, written):
@@ -58,6 +63,18 @@ def test_a_region_is_published_where_its_scenes_were_found_and_a_rerun_updates_i
     again = publish_run(stac_catalog, out)  # the same ids: replaced, not duplicated
     assert again[-1]["display"].endswith("(4 updated)")
     assert len(published(stac_catalog, "published-region")[1]) == 3
+
+
+def test_a_search_in_shares_is_published_once_by_assemble(stac_catalog, tmp_path):
+    out = tmp_path / "shared-region"
+    for share in (0, 1):  # a share's run writes its masks, and neither the region nor its publishing
+        records = run_geo(None, out, cfg=publish_cfg(stac_catalog, out, {"shares": 2, "share": share}))
+        assert not any("published" in record.get("display", "") for record in records)
+    cfg = publish_cfg(stac_catalog, out, {"shares": 2})
+    lines = list(assemble(cfg, build_stages(cfg)))
+    assert lines[0] == "3 scenes of the search complete" and (out / "collection.json").is_file()
+    assert lines[-1].startswith("published collection shared-region and 3 items to ")
+    assert len(published(stac_catalog, "shared-region")[1]) == 3
 
 
 def test_asset_base_names_where_the_directory_is_served(stac_catalog, tmp_path):

@@ -32,11 +32,17 @@ def manifests(chart, values: dict) -> List[dict]:
             for doc in yaml.safe_load_all(text) if doc]
 
 
+ASSEMBLE = "assemble"  # the component of a search's second Job (templates/job-assemble.yaml)
+
+
 def by_kind(docs: List[dict]) -> Dict[str, dict]:
+    """Each object by its kind, one of each; a search's assemble Job as `Job/assemble`, beside the shares'."""
     kinds = {}
     for doc in docs:
-        assert doc["kind"] not in kinds, f"two {doc['kind']}s"
-        kinds[doc["kind"]] = doc
+        component = doc["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+        kind = f"{doc['kind']}/{ASSEMBLE}" if component == ASSEMBLE else doc["kind"]
+        assert kind not in kinds, f"two {kind}s"
+        kinds[kind] = doc
     return kinds
 
 

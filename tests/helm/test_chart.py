@@ -3,6 +3,7 @@ schemas (strict: unknown fields fail), and check what each mode renders."""
 import importlib.resources
 import json
 import re
+import subprocess
 
 import helm_python
 import jsonschema
@@ -20,6 +21,7 @@ KINDS = {  # each with the Pod `helm test` runs
     "prithvi-flood-batch": {"Job", "Pod"},
     "prithvi-crops-batch": {"Job", "Pod"},
     "prithvi-flood-object-storage": {"Job", "Pod"},
+    "prithvi-flood-region": {"Job", "Job/assemble", "Pod"},
     "extra-config": {"Deployment", "Service", "ConfigMap", "Pod"},
     "ingress": {"Deployment", "Service", "Ingress", "Pod"},
 }
@@ -39,7 +41,7 @@ def test_lint_strict(profile):
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_object_is_valid_kubernetes(chart, profile):
     docs = manifests(chart, profile_values(profile))
-    assert {doc["kind"] for doc in docs} == KINDS[profile]
+    assert set(by_kind(docs)) == KINDS[profile]
     for doc in docs:
         if doc["kind"] == "ServiceMonitor":
             check_service_monitor(doc)
@@ -252,6 +254,65 @@ def test_batch_mode(chart):
     assert "APPLIANCE_API_KEY" not in env and "ports" not in main
 
 
+def test_a_search_runs_as_an_indexed_job_of_shares_then_an_assemble_job(chart):
+    values = profile_values("prithvi-flood-region")
+    docs = manifests(chart, values)
+    kinds = by_kind(docs)
+    job = kinds["Job"]["spec"]
+    assert job["completionMode"] == "Indexed"
+    assert job["completions"] == job["parallelism"] == values["batch"]["parallelism"] == 3, "one share an index"
+    main = container(docs)
+    assert main["command"] == ["appliance"] and main["args"][:2] == ["run", "pipeline=prithvi_flood"]
+    assert "search.shares=3" in main["args"]
+    assert 'search.url="https://cmr.earthdata.nasa.gov/stac/LPCLOUD"' in main["args"]
+    assert "search.bbox=[-91.2,29.9,-90.9,30.2]" in main["args"]
+    env = {e["name"]: e for e in main["env"]}
+    assert "fieldRef" in env["JOB_COMPLETION_INDEX"]["valueFrom"], "the pod's index picks its share"
+
+    assemble = kinds["Job/assemble"]
+    assert assemble["metadata"]["name"] == "demo-appliance-assemble"
+    spec = assemble["spec"]
+    assert "completionMode" not in spec and spec["activeDeadlineSeconds"] == 86400
+    pod = spec["template"]["spec"]
+    (assembler,) = pod["containers"]
+    assert assembler["command"] == ["/bin/sh", "-c"] and assembler["args"][1:3] == ["appliance", "assemble"]
+    assert [a for a in assembler["args"][3:] if a.startswith("search.")] == \
+        [a for a in main["args"] if a.startswith("search.")], "the shares' search"
+    for key in ("image", "env", "volumeMounts", "securityContext"):
+        assert assembler[key] == main[key], key
+    assert pod["volumes"] == pod_spec(docs)["volumes"] and pod["securityContext"] == pod_spec(docs)["securityContext"]
+    with_gpu = manifests(chart, {**values, "gpu": {"count": 1}})
+    assert "nvidia.com/gpu" in container(with_gpu)["resources"]["limits"]
+    (assembler,) = by_kind(with_gpu)["Job/assemble"]["spec"]["template"]["spec"]["containers"]
+    assert "nvidia.com/gpu" not in assembler["resources"]["limits"], "assemble loads no model"
+    assert not any(a.startswith("engine") for a in assembler["args"])
+
+
+def test_the_assemble_job_waits_while_scenes_are_missing_and_stops_on_any_other_error(chart, tmp_path):
+    """The assemble container's loop, run by /bin/sh with `appliance` and `sleep` recorders: exit 2 (scenes
+    not complete) waits and asks again; 0 ends it; any other code fails the pod at once."""
+    (assembler,) = by_kind(manifests(chart, profile_values("prithvi-flood-region")))["Job/assemble"]["spec"][
+        "template"]["spec"]["containers"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "appliance").write_text(
+        '#!/bin/sh\necho "$*" >> "$LOG"\ncode=$(head -n 1 "$CODES"); sed -i 1d "$CODES"; exit "$code"\n')
+    (bin_dir / "sleep").write_text('#!/bin/sh\necho "sleep $*" >> "$LOG"\n')
+    for shim in bin_dir.iterdir():
+        shim.chmod(0o755)
+    for codes, expected_code, runs in [([2, 2, 0], 0, 3), ([2, 1], 1, 2), ([0], 0, 1)]:
+        log, answers = tmp_path / "log", tmp_path / "codes"
+        log.write_text("")
+        answers.write_text("".join(f"{c}\n" for c in codes))
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "CODES": str(answers)}
+        done = subprocess.run([*assembler["command"], *assembler["args"]], env=env, capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == expected_code, done.stderr
+        lines = log.read_text().splitlines()
+        assert [line for line in lines if line.startswith("assemble ")] == [" ".join(assembler["args"][2:])] * runs
+        assert lines.count("sleep 60") == codes[:runs].count(2)
+
+
 def test_the_server_gets_object_storage_credentials_only_with_its_buckets(chart):
     values = {"pipeline": "prithvi_flood",
               "server": {"s3": {"allowedBuckets": ["hls", "flood.masks-2024"], "credentialsSecret": "s3-creds"}}}
@@ -339,6 +400,10 @@ def test_an_extra_config_pipeline_gets_its_engine_kind_from_its_defaults(chart):
      "engine.tensor_parallel_size=2 needs gpu.count >= 2 (got 1)"),
     ({"model": {"existingClaim": "w", "hostPath": "/w"}}, "model: give existingClaim or hostPath, not both"),
     ({"mode": "batch", "batch": {"volume": "v", "output": "o"}}, "batch.inputs: mode=batch needs"),
+    ({"mode": "batch", "batch": {"inputs": ["a.tif"], "search": {"url": "https://stac.example.com"}, "volume": "v",
+                                 "output": "o"}}, "batch.search: give batch.inputs (a list of scenes) or"),
+    ({"mode": "batch", "batch": {"search": {"datetime": "2024-06-01"}, "volume": "v", "output": "o"}},
+     "batch.search.url: a search needs the STAC API's URL"),
     ({"mode": "batch", "batch": {"inputs": ["a.tif"], "output": "o"}}, "batch.volume: mode=batch needs"),
     ({"mode": "batch", "batch": {"inputs": ["a.tif"], "volume": "v", "output": "out.tif"}},
      "batch.output: out.tif looks like a file"),

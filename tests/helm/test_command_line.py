@@ -44,7 +44,7 @@ def command_lines(docs, tmp_path: Path):
     shell script `exec`s for each completion index (run through /bin/sh with `appliance` a recorder)."""
     kinds = by_kind(docs)
     main = container(docs)
-    if "Deployment" in kinds:
+    if "Deployment" in kinds or "Job/assemble" in kinds:  # a search's indexes run one command line
         assert main["command"] == ["appliance"]
         return [main["args"]]
     shim = tmp_path / "bin" / "appliance"
@@ -112,7 +112,10 @@ def helm_test_args(docs) -> list:
     return checker["args"]
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+SEARCHES = [p for p in PROFILES if profile_values(p).get("batch", {}).get("search")]
+
+
+@pytest.mark.parametrize("profile", [p for p in PROFILES if p not in SEARCHES])
 def test_the_rendered_command_line_checks(chart, profile, tmp_path):
     """The workload's command lines and the `helm test` pod's, each run through `appliance check`."""
     docs = manifests(chart, profile_values(profile))
@@ -229,3 +232,27 @@ def test_the_crops_job_runs_dates_and_stacked_files_as_scenes(chart, tmp_path):
             rasterio.open(data / "maps" / "crops_sample_stacked.mask.tif") as b:
         listed, from_stack = a.read(1), b.read(1)
     assert np.array_equal(listed, from_stack) and len(set(np.unique(listed)) - {255}) >= 5
+
+
+@pytest.mark.parametrize("profile", SEARCHES)
+def test_a_searchs_command_lines_compose_to_its_values(chart, profile):
+    """A search's lines are composed, every key and rule checked, not run through `check`: that would search
+    the profile's API (test_region_shares runs the same lines against a local one)."""
+    values = profile_values(profile)
+    docs = manifests(chart, values)
+    (run,) = command_lines(docs, None)
+    assemble = by_kind(docs)["Job/assemble"]["spec"]["template"]["spec"]["containers"][0]["args"][2:]
+    hook = helm_test_args(docs)
+    shares = f"search.shares={values['batch']['parallelism']}"
+    assert run[0] == "run" and assemble[0] == "assemble" and hook[0] == "check"
+    assert shares in run and shares in assemble and shares not in hook, "check lists the whole search"
+    assert [a for a in run[1:] if a != shares] == hook[1:], "helm test checks what the indexes run"
+    assert "overwrite=true" not in run, "a retried index resumes: it skips its complete scenes"
+    for args in (run, assemble, hook):
+        cfg = compose(args[1:])
+        search = OmegaConf.to_container(cfg.search)
+        assert {key: search[key] for key in values["batch"]["search"]} == values["batch"]["search"]
+        assert search["shares"] == (values["batch"]["parallelism"] if shares in args else 1)
+        assert search["share"] is None, "each pod's share is its $JOB_COMPLETION_INDEX"
+        assert cfg.output == f"/data/{values['batch']['output']}"
+        assert cfg.pipeline.stages.region.mosaic_rule == "max_class", "the overrides reach every Job"

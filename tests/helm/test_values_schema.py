@@ -9,7 +9,7 @@ import yaml
 
 from appliance.field_rules import field_rule
 from appliance.config.schema import ServerConfig
-from scripts.helm_schema_defs import RULE_WORDS, SETTINGS, main as schema_defs
+from scripts.helm_schema_defs import RULE_WORDS, SETTINGS, main as schema_defs, search_schema
 from tests.helm.conftest import CHART, render_files
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -29,6 +29,12 @@ SCHEMA = json.loads((CHART / "values.schema.json").read_text())
     ({"extraConfig": {"pipelines/x.yaml": "a: 1"}}, "at '/extraConfig'", "additional properties 'pipelines/x.yaml'"),
     ({"batch": {"inputs": ["/abs/a.tif"]}}, "at '/batch/inputs/0'", "does not match pattern"),
     ({"autoscaling": {"metric": "gpu"}}, "at '/autoscaling/metric'", "value must be one of"),
+    ({"batch": {"search": {"bboxx": [0, 0, 1, 1]}}}, "at '/batch/search'", "additional properties 'bboxx'"),
+    ({"batch": {"search": {"max_items": "10"}}}, "at '/batch/search/max_items'", "got string, want integer"),
+    ({"batch": {"search": {"shares": 3}}}, "at '/batch/search'", "additional properties 'shares' not allowed"),
+    ({"batch": {"search": {"url": 'https://a/"b'}}}, "at '/batch/search/url'", "does not match pattern"),
+    ({"batch": {"search": {"collections": ["${oc.env:X}"]}}}, "at '/batch/search/collections/0'",
+     "does not match pattern"),
     ({"ingress": {"host": "a.example.com"}}, "at '/ingress'", "additional properties 'host' not allowed"),
     ({"ingress": {"path": "appliance"}}, "at '/ingress/path'", "does not match pattern"),
     ({"ingress": {"path": "/appliance/"}}, "at '/ingress/path'", "does not match pattern"),
@@ -101,8 +107,12 @@ def schema_keys(node, prefix=""):
 
 
 def test_values_yaml_documents_every_key():
-    """Each key of the schema is in values.yaml with a comment above it."""
-    keys = set(schema_keys(SCHEMA))
+    """Each key of the schema is in values.yaml with a comment above it; batch.search's keys, SearchConfig's
+    (documented on its fields and in docs/geo.md), are named in the comment above `search:`."""
+    search = {f"batch.search.{key}" for key in search_schema()["properties"]}
+    comment = re.search(r"((?:\n  #.*)+)\n  search:", (CHART / "values.yaml").read_text()).group(1)
+    assert all(re.search(rf"\b{key.rsplit('.', 1)[1]}\b", comment) for key in search), comment
+    keys = set(schema_keys(SCHEMA)) - search
     lines = (CHART / "values.yaml").read_text().splitlines()
     documented, previous = set(), ""
     stack = []  # (indent, key)

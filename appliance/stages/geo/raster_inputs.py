@@ -37,9 +37,10 @@ from appliance.stages.geo.geotiff import probe_geotiff
 from appliance.stages.geo.multidate import given_dates, input_scenes, model_frames, multidate_spec
 from appliance.stages.geo.raster_read import geo_contract
 from appliance.stages.geo.region_items import incomplete
-from appliance.stages.geo.scene_sources import is_remote, is_stac_item, scene_spec, shown, stem
-from appliance.stages.geo.search_plan import self_href
+from appliance.stages.geo.scene_sources import SceneSpec, is_remote, is_stac_item, scene_spec, shown, stem
+from appliance.stages.geo.search_plan import item_id, self_href
 from appliance.stages.geo.search_scenes import check_one_source, found_scenes, scene_spec_of
+from appliance.stages.geo.search_shares import share_positions, this_share
 from appliance.stages.geo.stac_in import load_item
 
 log = logging.getLogger(__name__)
@@ -134,11 +135,12 @@ class RasterInputsOptions:
 
 @register_stage
 class RasterInputs(Stage):
-    """Expand the run record into one record per scene: `input_path`, `output_path`, `scene_index`."""
+    """Expand the run record into one record per scene: `input_path`, `output_path`, `scene_index`, and
+    `scene_count` (the scenes this run maps: the region stage's progress counts them)."""
 
     name = "raster_inputs"
     consumes = ("input", "output", "overwrite")
-    produces = ("input_path", "output_path", "scene_index")
+    produces = ("input_path", "output_path", "scene_index", "scene_count")
     online = False  # the server gets one scene per request, spooled or named in the body
 
     Options = RasterInputsOptions
@@ -162,6 +164,7 @@ class RasterInputs(Stage):
         if self._searching():
             for record in records:
                 check_one_source(record.get("input"))
+            this_share(self.search)  # a share run that cannot say which share stops before the model loads
             return None
         scenes = [scene for record in records for scene in self._scenes(record, network=False)]
         remote = any(s["input_path"] is None or any(map(is_remote, s["input_path"].files)) for s in scenes)
@@ -193,7 +196,8 @@ class RasterInputs(Stage):
         for directory in sorted({os.path.dirname(dst) for _, dst in pairs}):
             check_writable_dir(directory)
         for index, (spec, (_, dst)) in enumerate(zip(specs, pairs)):
-            yield {**record, "input_path": spec, "output_path": dst, "scene_index": index, "aoi": aoi,
+            yield {**record, "input_path": spec, "output_path": dst, "scene_index": index,
+                   "scene_count": len(pairs), "aoi": aoi,
                    "date": date}
 
     def _given(self, record, network: bool):
@@ -208,7 +212,18 @@ class RasterInputs(Stage):
         return pairs, [self._spec(value) if network or not _item_url(value) else None for value in values]
 
     def _searched(self, record, aoi):
-        """`search.*`'s scenes (search_scenes.py): the masks are named by each scene's first item."""
+        """`search.*`'s scenes, or this process's share of them (search_shares.py)."""
+        planned = self.planned_search(record, aoi)
+        share = this_share(self.search)
+        if share is not None:
+            positions = share_positions([key for key, _, _ in planned], share)
+            log.warning("search: %s: %d of the %d scenes", share, len(positions), len(planned))
+            planned = [planned[position] for position in positions]
+        return [pair for _, pair, _ in planned], [spec for _, _, spec in planned]
+
+    def planned_search(self, record, aoi) -> List[Tuple[str, Tuple[str, str], SceneSpec]]:
+        """Every scene of `search.*` (search_scenes.py) as (its first item's id, (input, output), its
+        SceneSpec): the masks are named by each scene's first item."""
         check_one_source(record.get("input"))
         found = found_scenes(self.search, aoi, self.stac_bands, self.frames)
         for skipped in found.skipped:
@@ -216,7 +231,8 @@ class RasterInputs(Stage):
         names = [self_href(scene[0]) for scene in found.scenes]
         pairs = plan_outputs(names, record.get("output"), self.options.suffix)
         bands = self.stac_bands or ()  # found_scenes refuses a model that names none
-        return pairs, [scene_spec_of(scene, bands, self.model_bands) for scene in found.scenes]
+        return [(item_id(scene[0]), pair, scene_spec_of(scene, bands, self.model_bands))
+                for scene, pair in zip(found.scenes, pairs)]
 
     def _spec(self, value):
         if self.frames > 1:

@@ -4,21 +4,26 @@ directory holds: `collection.json` (region_collection.py), `mosaic.tif` (region_
 
 Built from every complete mask in DIR (region_items.py), not only those this run made: a rerun that
 skipped complete scenes, or runs that each mapped a share of a search into the same directory, give the
-same region outputs as one run. A run whose `output` is one file writes none of them.
+same region outputs as one run. A run whose `output` is one file writes none of them, and neither does a
+run that maps one share of a search (`search.shares`, search_shares.py): `appliance assemble`
+(region_assemble.py) builds them once every share is done.
 """
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, List, Optional
 
 from appliance.pipeline import Record, Stage, register_stage
+from appliance.progress import DEFAULT_INTERVAL, Progress, check_interval
 from appliance.stages.geo.raster_inputs import TIFF_SUFFIXES
 from appliance.stages.geo.region_collection import region_collection, write_collection
 from appliance.stages.geo.region_items import region_items
 from appliance.stages.geo.region_mosaic import MosaicRule, placed, write_mosaic
 from appliance.stages.geo.region_publish import publish_region
 from appliance.stages.geo.region_summary import region_summary, summary_table, write_summary
+from appliance.stages.geo.search_shares import this_share
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,8 @@ class RegionOptions:
     mosaic: bool = True  # write DIR/mosaic.tif, every mask in one CRS
     mosaic_rule: MosaicRule = MosaicRule.latest  # where masks overlap: latest or max_class
     summary: bool = True  # write DIR/summary.json and print its table
+    progress: bool = True  # scenes done of the run's, with an ETA, on stderr (a line every interval)
+    progress_interval: float = DEFAULT_INTERVAL  # seconds between progress lines
 
 
 @register_stage
@@ -39,39 +46,41 @@ class Region(Stage):
     runs_without_records = True  # a rerun that skipped every scene still rebuilds the region
     Options = RegionOptions
 
+    def __init__(self, options, cfg):
+        super().__init__(options, cfg)
+        check_interval(options.progress_interval, f"{self.name}.progress_interval")
+
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
-        yield from records
-        directory = self._directory()
+        yield from self._counted(records)
+        directory = self.directory()
         if directory is None:
             return
-        items = region_items(directory)
-        if not items:
-            log.warning("region: no complete mask in %s; no collection, mosaic or summary written", directory)
+        share = this_share(self.cfg.get("search") or {})
+        if share is not None:  # the other shares may still run: `appliance assemble` builds the region
+            yield {"display": f"region: {share} done; once every share is, `appliance assemble` with the same "
+                              "keys builds the collection, mosaic and summary"}
             return
-        lines = []
-        if self.options.collection:
-            lines.append(f"collection {write_collection(directory, items, _identifier(directory), self._about())}")
-        on_map = placed(items) if self.options.mosaic else []
-        if len(on_map) < len(items) and self.options.mosaic:
-            log.warning("region: %d of %d masks have no CRS and are left out of the mosaic",
-                        len(items) - len(on_map), len(items))
-        mosaic = write_mosaic(directory, on_map, self.options.mosaic_rule) if on_map else None
-        if mosaic:
-            lines.append(f"mosaic {mosaic} ({len(on_map)} masks, overlaps: {self.options.mosaic_rule.value})")
-        if self.options.summary:
-            # The region's totals come from the mosaic only when it holds every mask (overlaps counted once);
-            # else they are the items' sum.
-            summary = region_summary(items, mosaic if len(on_map) == len(items) else None)
-            lines.append(f"summary {write_summary(directory, summary)}\n{summary_table(summary)}")
+        lines = build_region(directory, self.options, self._about())
         if lines:
             yield {"display": "region: " + "\nregion: ".join(lines)}
-        publish = self.cfg.get("publish")
-        if publish is not None and publish.get("url"):  # last: a refusal leaves every file written and shown
-            collection = region_collection(items, _identifier(directory), self._about())
-            yield {"display": "region: " + publish_region(publish, directory, collection.to_dict(
-                include_self_link=False, transform_hrefs=False), items)}
+            published = publish(self.cfg, directory, self._about())  # last: a refusal leaves every file shown
+            if published:
+                yield {"display": "region: " + published}
 
-    def _directory(self):
+    def _counted(self, records: Iterator[Record]) -> Iterator[Record]:
+        """The records, each written scene counted: progress over a run of several scenes into a directory,
+        timed from the run's start (this generator's first step: before the first scene is read)."""
+        start, progress, directory = time.monotonic(), None, self.directory()
+        for record in records:
+            count = record.get("scene_count") or 0  # raster_inputs' (a record of another source has none)
+            if progress is None and count > 1 and directory is not None:
+                progress = Progress(count, os.path.normpath(directory), "scene", enabled=self.options.progress,
+                                    interval=self.options.progress_interval, bar=False, start=start)
+            yield record
+            if progress is not None and record.get("output_path"):
+                progress.update()  # after the scene's `wrote` line, which the run prints as it gets the record
+
+    def directory(self):
         """The run's output directory, or None when its output is one file (or unset)."""
         output = self.cfg.get("output")
         if not output or (str(output).lower().endswith(TIFF_SUFFIXES) and not os.path.isdir(str(output))):
@@ -79,7 +88,48 @@ class Region(Stage):
         return str(output)
 
     def _about(self) -> str:
-        return f"Masks by {self.cfg.model.name} (pipeline {self.cfg.pipeline.name})"
+        return about(self.cfg)
+
+
+def about(cfg) -> str:
+    """The collection's description."""
+    return f"Masks by {cfg.model.name} (pipeline {cfg.pipeline.name})"
+
+
+def build_region(directory: str, options: RegionOptions, description: str) -> List[str]:
+    """Write the region's outputs over `directory`'s complete masks; a line for each (none without a mask)."""
+    items = region_items(directory)
+    if not items:
+        log.warning("region: no complete mask in %s; no collection, mosaic or summary written", directory)
+        return []
+    lines = []
+    if options.collection:
+        lines.append(f"collection {write_collection(directory, items, _identifier(directory), description)}")
+    on_map = placed(items) if options.mosaic else []
+    if len(on_map) < len(items) and options.mosaic:
+        log.warning("region: %d of %d masks have no CRS and are left out of the mosaic",
+                    len(items) - len(on_map), len(items))
+    mosaic = write_mosaic(directory, on_map, options.mosaic_rule) if on_map else None
+    if mosaic:
+        lines.append(f"mosaic {mosaic} ({len(on_map)} masks, overlaps: {options.mosaic_rule.value})")
+    if options.summary:
+        # The region's totals come from the mosaic only when it holds every mask (overlaps counted once);
+        # else they are the items' sum.
+        summary = region_summary(items, mosaic if len(on_map) == len(items) else None)
+        lines.append(f"summary {write_summary(directory, summary)}\n{summary_table(summary)}")
+    return lines
+
+
+def publish(cfg, directory: str, description: str) -> Optional[str]:
+    """Send the region built over `directory` to `publish.url` (region_publish.py) when one is set: the
+    line saying what was sent, else None."""
+    settings = cfg.get("publish")
+    if settings is None or not settings.get("url"):
+        return None
+    items = region_items(directory)
+    collection = region_collection(items, _identifier(directory), description)
+    return publish_region(settings, directory, collection.to_dict(include_self_link=False, transform_hrefs=False),
+                          items)
 
 
 def _identifier(directory: str) -> str:

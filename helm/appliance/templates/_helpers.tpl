@@ -89,7 +89,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 {{- if eq $v.mode "batch" -}}
-{{- if not $v.batch.inputs -}}{{- fail "batch.inputs: mode=batch needs at least one GeoTIFF path" -}}{{- end -}}
+{{- if and $v.batch.inputs $v.batch.search -}}
+{{- fail "batch.search: give batch.inputs (a list of scenes) or batch.search (a STAC API search), not both" -}}
+{{- end -}}
+{{- if and $v.batch.search (not $v.batch.search.url) -}}
+{{- fail "batch.search.url: a search needs the STAC API's URL" -}}
+{{- end -}}
+{{- if not (or $v.batch.inputs $v.batch.search) -}}
+{{- fail "batch.inputs: mode=batch needs at least one GeoTIFF path, or batch.search (a STAC API search)" -}}
+{{- end -}}
 {{- if not $v.batch.volume -}}{{- fail "batch.volume: mode=batch needs the PersistentVolumeClaim holding the inputs" -}}{{- end -}}
 {{- if not $v.batch.output -}}{{- fail "batch.output: mode=batch needs an output directory inside batch.volume" -}}{{- end -}}
 {{- if regexMatch "(?i)\\.tiff?$" $v.batch.output -}}
@@ -177,18 +185,58 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/* What `run` takes after `pipeline=P` and its inputs, as a JSON list: the output directory,
-     overwrite=true (a retried index rewrites its masks; the overrides, last, may turn it off), the CUDA
+     overwrite=true for a list of inputs (a retried index rewrites its masks; the overrides, last, may
+     turn it off; a search's retried index resumes instead, skipping its complete scenes), the CUDA
      engine, the overrides. */}}
 {{- define "appliance.batchSettings" -}}
-{{- concat (list (printf "output=\"/data/%s\"" .Values.batch.output) "overwrite=true")
-      (include "appliance.gpuOverrides" . | fromJsonArray) .Values.overrides | toJson -}}
+{{- $args := list (printf "output=\"/data/%s\"" .Values.batch.output) -}}
+{{- if not .Values.batch.search -}}{{- $args = append $args "overwrite=true" -}}{{- end -}}
+{{- concat $args (include "appliance.gpuOverrides" . | fromJsonArray) .Values.overrides | toJson -}}
+{{- end -}}
+
+{{/* batch.search as `search.KEY=VALUE` words, as a JSON list (keys in order): strings double-quoted for
+     Hydra (values.schema.json keeps quotes, backslashes and `$` out of them), lists in brackets. */}}
+{{- define "appliance.searchSettings" -}}
+{{- $args := list -}}
+{{- range $key, $value := .Values.batch.search -}}
+{{- $words := list -}}
+{{- range (ternary $value (list $value) (kindIs "slice" $value)) -}}
+{{- $words = append $words (ternary (printf "\"%s\"" .) (printf "%v" .) (kindIs "string" .)) -}}
+{{- end -}}
+{{- $args = append $args (printf "search.%s=%s" $key (ternary (printf "[%s]" (join "," $words)) (first $words) (kindIs "slice" $value))) -}}
+{{- end -}}
+{{- toJson $args -}}
+{{- end -}}
+
+{{/* The shares of a search: one per index of the Job (batch.parallelism). */}}
+{{- define "appliance.searchShares" -}}
+{{- printf "search.shares=%d" (int .Values.batch.parallelism) -}}
+{{- end -}}
+
+{{/* What each index of a search's Job runs, as a JSON list: `run` over its share (the index is the pod's
+     $JOB_COMPLETION_INDEX). */}}
+{{- define "appliance.searchRunArgs" -}}
+{{- concat (list "run" (printf "pipeline=%s" .Values.pipeline)) (include "appliance.searchSettings" . | fromJsonArray)
+      (list (include "appliance.searchShares" .)) (include "appliance.batchSettings" . | fromJsonArray) | toJson -}}
+{{- end -}}
+
+{{/* What the assemble Job runs, as a JSON list: the shares' search and output, the overrides (a region
+     stage's options among them); no CUDA engine: assemble loads no model. */}}
+{{- define "appliance.assembleArgs" -}}
+{{- concat (list "assemble" (printf "pipeline=%s" .Values.pipeline)) (include "appliance.searchSettings" . | fromJsonArray)
+      (list (include "appliance.searchShares" .) (printf "output=\"/data/%s\"" .Values.batch.output))
+      .Values.overrides | toJson -}}
 {{- end -}}
 
 {{/* `check`'s arguments, as a JSON list: the workload's own with the verb `check` (batch mode: `run`'s
-     over every input), so that `helm test` checks the command line the pods run. */}}
+     over every input, or over the whole search: `check` lists every scene it finds), so that `helm test`
+     checks the command line the pods run. */}}
 {{- define "appliance.checkArgs" -}}
 {{- $args := list "check" (printf "pipeline=%s" .Values.pipeline) -}}
-{{- if eq .Values.mode "batch" -}}
+{{- if and (eq .Values.mode "batch") .Values.batch.search -}}
+{{- $args = concat $args (include "appliance.searchSettings" . | fromJsonArray)
+      (include "appliance.batchSettings" . | fromJsonArray) -}}
+{{- else if eq .Values.mode "batch" -}}
 {{- $args = concat $args (list (include "appliance.inputArg" .Values.batch.inputs))
       (include "appliance.batchSettings" . | fromJsonArray) -}}
 {{- else -}}
