@@ -3,9 +3,9 @@ helpers every engine needs from it. Imports neither Hydra nor torch nor the gene
 pool engine (and a config tree) can use it alone; `appliance/config/schema.py` re-exports the names."""
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from appliance.field_rules import check_fields, rule, unbounded
+from appliance.field_rules import check_fields, field_rule, rule, unbounded
 from appliance.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -91,6 +91,12 @@ class EngineConfig:
         if self.quantization is Quantization.int4 and str(self.device).startswith("cuda"):
             raise ConfigError("engine.quantization=int4 runs on CPU (torch's int4 CPU kernel); on CUDA use "
                               "engine.quantization=int8 or none", param="engine.quantization")
+
+
+def quantization_group_sizes() -> Tuple[int, ...]:
+    """The group sizes engine.quantization_group_size allows (its rule), to name where one does not fit."""
+    allowed = field_rule(EngineConfig, "quantization_group_size")
+    return tuple(int(g) for g in (allowed.choices if allowed and allowed.choices else ()))
 
 
 def dtype_name(dtype) -> str:

@@ -33,9 +33,9 @@ from typing import Optional
 import torch
 
 from appliance.engine import cpu_kernels
-from appliance.engine.config import EngineConfig, Quantization, dtype_name, resolve_dtype
+from appliance.engine.config import EngineConfig, Quantization, dtype_name, quantization_group_sizes, \
+    resolve_dtype
 from appliance.engine.host import Host
-from appliance.field_rules import field_rule
 from appliance.engine.int4 import Int4Plan, learn_layout
 from appliance.engine.int4 import kernel_problem as int4_kernel_problem
 from appliance.engine.int8 import Int8Plan, kernel_problem
@@ -193,9 +193,7 @@ def int4_plan(host: Host, group_size: int) -> Int4Plan:
     them, both in bf16 where the CPU has bf16 units (else fp32: emulated bf16 is slower than fp32),
     reading torch's packed layout as this host's torch writes it."""
     dtype = torch.bfloat16 if host.native_bf16 else torch.float32
-    allowed = field_rule(EngineConfig, "quantization_group_size")
-    return Int4Plan(group_size, INT4_KERNEL_ROWS, dtype, learn_layout(),
-                    tuple(int(g) for g in allowed.choices or ()) if allowed else ())
+    return Int4Plan(group_size, INT4_KERNEL_ROWS, dtype, learn_layout(), quantization_group_sizes())
 
 
 def int8_plan(host: Host, ours: bool) -> Int8Plan:

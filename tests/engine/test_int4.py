@@ -216,3 +216,26 @@ def test_an_int4_llava_answers_as_its_dequantised_weights_do():
     bf16_tokens = [a.token_ids for a in LLMEngine(str(LLAVA_TINY), EngineConfig(**base)).generate(prompts, greedy)]
     same = sum(a == b for x, y in zip(int4_tokens, bf16_tokens) for a, b in zip(x, y))
     print(f"int4 (groups of 32) agrees with bf16 on {same} of {8 * len(prompts)} greedy tokens")
+
+
+@pytest.mark.parametrize("overrides, refusal", [
+    (["engine.quantization_group_size=128"], "model.layers.0.mlp.gate_proj has 64 input features (per rank), not "
+                                             "a multiple of engine.quantization_group_size=128; group sizes that "
+                                             "fit: 32, 64"),
+    (["engine.quantization_group_size=64", "engine.tensor_parallel_size=2"],
+     "model.layers.0.self_attn.o_proj has 32 input features (per rank), not a multiple of "
+     "engine.quantization_group_size=64; group sizes that fit: 32"),
+    (["engine.quantization_group_size=32", "engine.tensor_parallel_size=2"], None),
+])
+def test_check_refuses_a_checkpoint_whose_projections_the_groups_do_not_fit(llama_dir, overrides, refusal):
+    """Read from the safetensors headers while the config is composed (`appliance check`), before any
+    weight loads: the tiny Llama is 64 wide (its MLP 128), its row-parallel layers split by inputs."""
+    from appliance.config.compose import compose
+
+    args = ["pipeline=llava_chat", f"model.path={llama_dir}", "engine.quantization=int4", *overrides]
+    if refusal is None:
+        assert compose(args).engine.quantization_group_size == 32
+        return
+    with pytest.raises(ConfigError) as e:
+        compose(args)
+    assert str(e.value) == f"engine.quantization=int4 cannot hold {refusal}"
