@@ -239,3 +239,33 @@ def test_check_refuses_a_checkpoint_whose_projections_the_groups_do_not_fit(llam
     with pytest.raises(ConfigError) as e:
         compose(args)
     assert str(e.value) == f"engine.quantization=int4 cannot hold {refusal}"
+
+
+READ_BACK = """
+import torch
+from appliance.engine import int4
+layout = int4.learn_layout()
+assert int4.kernel_problem(layout, torch.float32) is None
+plan = int4.Int4Plan(32, 4, torch.float32, layout)
+for n in (16, 48, 208):
+    weight = int4.Int4Weight(torch.randn(n, 96) * 0.05, plan)
+    for rows in (3, 9):  # the kernel, the tiles
+        x = torch.randn(rows, 96)
+        assert torch.allclose(weight.linear(x), x @ weight.dequantized().t(), rtol=1e-5, atol=1e-5)
+print(torch.backends.cpu.get_cpu_capability(), layout.block_rows)
+"""
+
+
+@pytest.mark.skipif("avx2" not in Host.read().cpu_flags, reason="torch's x86 builds need an AVX2 CPU")
+@pytest.mark.parametrize("capability, block_rows", [("avx2", 32), ("default", 32)])
+def test_torchs_other_cpu_builds_pack_layouts_the_tiles_read(capability, block_rows):
+    """torch packs int4 weights differently in its AVX2 and plain builds (ATEN_CPU_CAPABILITY picks one on
+    any x86 CPU): each is learned, checked and read back."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    done = subprocess.run([sys.executable, "-c", READ_BACK], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [capability.upper(), str(block_rows)]
