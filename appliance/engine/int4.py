@@ -156,7 +156,7 @@ class Int4Weight:
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """W as the int4 groups stand for it."""
-        return self.tile_transposed(0, self.out_features, dtype).t()
+        return self.tile_transposed(0, self.out_features, dtype).t().contiguous()
 
     def linear(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x Wᵀ (+ bias) for x [..., K], in x's dtype."""
@@ -192,19 +192,21 @@ def layer_problem(name: str, out_features: int, in_features: int, group_size: in
 
 def kernel_problem(layout: Int4Layout, dtype: torch.dtype) -> Optional[str]:
     """Why int4 weights cannot run here (None: they can): torch's kernel on a small weight, and the
-    learned layout read back exactly (blocks of every size, scale 1 and zero 8: w = q)."""
-    n = 2 * layout.block_rows + N_MULTIPLE
-    q = torch.randint(0, LEVELS + 1, (n, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
-    scales_and_zeros = torch.tensor([1.0, float(MIDPOINT)], dtype=dtype).expand(2, n, 2).contiguous()
-    try:
-        packed = pack(q)
-        torch.ops.aten._weight_int4pack_mm_for_cpu(torch.ones(1, 64, dtype=dtype), packed, 32, scales_and_zeros)
-    except (RuntimeError, NotImplementedError) as e:
-        return f"torch has no int4 weight kernel on this CPU ({str(e).splitlines()[0][:120]})"
-    try:
-        read = dequantize_transposed(packed, scales_and_zeros, 0, n, Int4Plan(32, 0, dtype, layout), dtype)
-    except ValueError as e:
-        return str(e)
-    if not torch.equal(read.t().float(), q.float()):
-        return "torch's int4 packing on this CPU is not the layout the dequantised tiles read"
+    learned layout read back exactly, after a full block and each shorter one (scale 1, zero 8: w = q)."""
+    generator = torch.Generator().manual_seed(0)
+    for rows, _ in layout.orders:
+        n = layout.block_rows + rows
+        q = torch.randint(0, LEVELS + 1, (n, 64), dtype=torch.int32, generator=generator)
+        scales_and_zeros = torch.tensor([1.0, float(MIDPOINT)], dtype=dtype).expand(2, n, 2).contiguous()
+        try:
+            packed = pack(q)
+            torch.ops.aten._weight_int4pack_mm_for_cpu(torch.ones(1, 64, dtype=dtype), packed, 32, scales_and_zeros)
+        except (RuntimeError, NotImplementedError) as e:
+            return f"torch has no int4 weight kernel on this CPU ({str(e).splitlines()[0][:120]})"
+        try:
+            read = dequantize_transposed(packed, scales_and_zeros, 0, n, Int4Plan(32, 0, dtype, layout), dtype)
+        except ValueError as e:
+            return str(e)
+        if not torch.equal(read.t().float(), q.float()):
+            return "torch's int4 packing on this CPU is not the layout the dequantised tiles read"
     return None

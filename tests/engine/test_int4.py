@@ -55,6 +55,10 @@ def test_this_hosts_packing_is_learned_and_read_back():
     assert kernel_problem(LAYOUT, torch.bfloat16) is None and kernel_problem(LAYOUT, torch.float32) is None
     swapped = dataclasses.replace(LAYOUT, orders=tuple((rows, tuple(reversed(order))) for rows, order in LAYOUT.orders))
     assert "an order the tiles do not read" in kernel_problem(swapped, torch.float32)
+    halves = tuple(i // 2 + 8 * (i % 2) for i in range(16))  # a byte holding rows i and i + 8: readable, but wrong
+    short_wrong = dataclasses.replace(LAYOUT, orders=((16, halves),) + LAYOUT.orders[1:])
+    assert kernel_problem(short_wrong, torch.float32) == ("torch's int4 packing on this CPU is not the layout the "
+                                                          "dequantised tiles read")
 
 
 @pytest.mark.parametrize("n", [16, 48, 208, 1104])  # a short block alone; full blocks and a short last one
