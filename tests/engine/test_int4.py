@@ -273,3 +273,21 @@ def test_torchs_other_cpu_builds_pack_layouts_the_tiles_read(capability, block_r
     done = subprocess.run([sys.executable, "-c", READ_BACK], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [capability.upper(), str(block_rows)]
+
+
+def test_two_ranks_quantise_their_shards_and_answer_as_one():
+    """Tensor parallelism splits the projections before they are quantised (row-parallel layers by their
+    inputs: each rank's groups are the whole model's); the plan's learned layout travels to the ranks."""
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+    from tests.engine.helpers import random_prompts
+    from tests.servers import LLAVA_TINY
+
+    prompts = random_prompts(399, [7, 4, 19], seed=43)
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    answers = {}
+    for ranks in (1, 2):
+        cfg = EngineConfig(num_kv_blocks=32, dtype="bfloat16", quantization="int4", quantization_group_size=32,
+                           tensor_parallel_size=ranks)
+        answers[ranks] = [a.token_ids for a in LLMEngine(str(LLAVA_TINY), cfg).generate(prompts, greedy)]
+    assert answers[2] == answers[1]
