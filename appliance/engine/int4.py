@@ -6,14 +6,18 @@ scale = (max - min) / 15 and zero = min + 8 · scale (torch's int4 kernel's form
 stored in the kernel's dtype and q is rounded against the stored values). Half a byte a weight, plus 2
 scales a group: a decode step reads a quarter of a bf16 model's bytes. A few rows multiply on torch's
 int4 kernel (`_weight_int4pack_mm_for_cpu`, its packed layout); past them a step is compute-bound, and
-tiles of the weight dequantised to the plan's dtype feed a dense GEMM. The tiles read torch's packed
-bytes directly: the layout (rows in blocks, each block's rows permuted within a k) is learned from torch
-once per engine (`learn_layout`) and checked by a round trip before any weight is quantised.
+tiles of the weight dequantised to the plan's dtype feed a dense GEMM. The tiles are dequantised by our
+CPU kernel where the plan says (`cpu_kernels.int4_tiles_`), else by torch ops: the same bits either way.
+They read torch's packed bytes directly: the layout (rows in blocks, each block's rows permuted within
+a k) is learned from torch once per engine (`learn_layout`) and checked by a round trip before any
+weight is quantised.
 """
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
+
+from appliance.engine import cpu_kernels
 
 TILE_ROWS = 1024  # weight rows dequantised at a time: a multiple of every packed block (64)
 QUANT_CHUNK_ROWS = 256  # weight rows quantised at a time (a multiple of 64: chunks pack as the whole would)
@@ -32,17 +36,24 @@ class Int4Layout:
     block_rows: int
     orders: Tuple[Tuple[int, Tuple[int, ...]], ...]  # (rows in a block, the row of each nibble slot)
 
-    def nibbles(self, rows: int, dst: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The views of `dst` [..., rows] (a k's rows of a block, in row order) that a block's low and high
-        nibbles fill. The two orders torch writes: rows in pairs (a byte holds rows 2i, 2i+1) or in
-        halves (a byte holds rows i and i + rows/2); ValueError for any other."""
+    def halves(self, rows: int) -> bool:
+        """Whether a byte of a `rows`-row block holds rows i and i + rows/2 (else rows 2i and 2i + 1: the
+        two orders torch writes); ValueError for any other."""
         order, half = dict(self.orders)[rows], rows // 2
         if list(order) == list(range(rows)):
-            pairs = dst.unflatten(-1, (half, 2))
-            return pairs[..., 0], pairs[..., 1]
+            return False
         if list(order[0::2]) == list(range(half)) and list(order[1::2]) == list(range(half, rows)):
-            return dst[..., :half], dst[..., half:]
+            return True
         raise ValueError(f"torch's int4 packing of {rows}-row blocks puts rows in an order the tiles do not read")
+
+    def nibbles(self, rows: int, dst: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The views of `dst` [..., rows] (a k's rows of a block, in row order) that a block's low and high
+        nibbles fill."""
+        half = rows // 2
+        if self.halves(rows):
+            return dst[..., :half], dst[..., half:]
+        pairs = dst.unflatten(-1, (half, 2))
+        return pairs[..., 0], pairs[..., 1]
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class Int4Plan:
     dtype: torch.dtype  # the kernel's activations, scales and zeros; the tiles
     layout: Int4Layout
     group_sizes: Tuple[int, ...] = ()  # what engine.quantization_group_size allows (named where one does not fit)
+    ours: bool = False  # the tiles dequantised by our CPU kernel (cpu_kernels.int4_tiles_), else by torch ops
 
 
 def quantize_groups(weight: torch.Tensor, group_size: int, dtype: torch.dtype):
@@ -82,13 +94,17 @@ def dequantize_transposed(packed: torch.Tensor, scales_and_zeros: torch.Tensor, 
     k, g, rows_out = packed.shape[1] * 2, plan.group_size, stop - start
     out = torch.empty(k, rows_out, dtype=dtype) if out is None else out.view(-1)[:k * rows_out].view(k, rows_out)
     part = scales_and_zeros[:, start:stop].float()  # [K/g, rows, 2]: a few KB
-    scale, offset = part[..., 0], part[..., 1] - MIDPOINT * part[..., 0]
-    scale, offset = scale.to(dtype), offset.to(dtype)
+    scale, offset = part[..., 0].to(dtype), (part[..., 1] - MIDPOINT * part[..., 0]).to(dtype)
     block = plan.layout.block_rows
     full = rows_out // block * block
-    for a, b, rows in ((0, full, block), (full, rows_out, rows_out - full)):
-        if b == a:
-            continue
+    parts = [(a, b, rows) for a, b, rows in ((0, full, block), (full, rows_out, rows_out - full)) if b > a]
+    if plan.ours:  # the same values, rounded as the torch ops below round them
+        for a, b, rows in parts:
+            cpu_kernels.int4_tiles_(packed[start + a:start + b], scale[:, a:b].float().contiguous(),
+                                    offset[:, a:b].float().contiguous(), rows, plan.layout.halves(rows), g,
+                                    out[:, a:b])
+        return out
+    for a, b, rows in parts:
         blocks = (b - a) // rows
         # Bytes to floats first (0..255 are exact in bf16): the nibbles split exactly in float arithmetic,
         # which torch vectorises; its integer bit operations and strided reads are many times slower.

@@ -20,7 +20,7 @@ library loaded, engine.cpu_kernels on):
 - GEMM, int8 weights (engine.quantization=int8): `int8_plan` (packed on any CPU without AMX: VPDPBUSD
   with AVX512-VNNI, else VPMADDUBSW on AVX2).
 - GEMM, int4 weights (engine.quantization=int4): `int4_plan` (torch's int4 kernel for a few rows, tiles
-  dequantised to bf16, or fp32 without bf16 units, past them).
+  dequantised by our kernel to bf16, or fp32 without bf16 units, past them).
 - Attention: `attention_select.select_backend` (the paged decode kernel for fp32 and bf16 caches).
 - RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 engines.
 Without our kernels every family runs on torch (int8 weights on torch's int8 kernel and tiles).
@@ -46,9 +46,11 @@ from appliance.engine.int8 import Int8Plan, kernel_problem
 BF16_WEIGHT_ROWS_NATIVE = range(1, 3)
 INT8_WEIGHT_ROWS = 32  # rows up to which our int8 GEMM was measured to beat torch's kernel (docs/engine.md)
 # Rows up to which torch's int4 kernel beats dequantised bf16 tiles (benchmarks/int4_linear.py, 11008x4096,
-# groups of 128, an AVX512-BF16 Xeon without AMX, 1 thread, a busy host: kernel 128 ms at 32 rows and 519 at
-# 128, tiles 258 and 416: the kernel grows ~4 ms a row, the tiles cost ~200 ms to dequantise + ~1.4 a row).
-INT4_KERNEL_ROWS = 64
+# groups of 128, an AVX512-BF16 Xeon without AMX, 1 thread, a busy host). Tiles by our kernel: the two
+# tie at 32 rows (49.9 vs 48.4 ms; 8 rows 8.7 vs 21.1, 128 rows 135.5 vs 124.7). Tiles by torch ops
+# (without our kernels): 128 ms at 32 rows against 258, 519 at 128 against 416 (~200 ms to dequantise).
+INT4_KERNEL_ROWS = 32
+INT4_KERNEL_ROWS_TORCH_TILES = 64
 
 # What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
 ATTENTION_KERNELS = {
@@ -119,8 +121,9 @@ class KernelPlan:
         plan = self.int4
         if plan is None:
             return None
+        tiles = "ours" if plan.ours else "torch"
         return (f"gemm int4 (groups of {plan.group_size}) {_rows(range(1, plan.kernel_rows + 1))}=torch int4 "
-                f"kernel, rows {plan.kernel_rows + 1}+=torch {dtype_name(plan.dtype)} tiles")
+                f"kernel, rows {plan.kernel_rows + 1}+={tiles} {dtype_name(plan.dtype)} tiles")
 
 
 def plan_kernels(cfg: EngineConfig, host: Host, geometry, device: Optional[torch.device] = None,
@@ -185,15 +188,17 @@ def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str]
         bf16_weight_rows=BF16_WEIGHT_ROWS_NATIVE if bf16_ours and amx else range(0),
         int8=int8_plan(host, ours) if cfg.quantization is Quantization.int8 else None,
         attention=attention, fused_ops=fp32_ours, argmax=fp32_ours,
-        int4=int4_plan(host, cfg.quantization_group_size) if cfg.quantization is Quantization.int4 else None)
+        int4=int4_plan(host, cfg.quantization_group_size, ours) if cfg.quantization is Quantization.int4 else None)
 
 
-def int4_plan(host: Host, group_size: int) -> Int4Plan:
-    """How int4 weights multiply on `host`: torch's int4 kernel up to INT4_KERNEL_ROWS rows, tiles past
-    them, both in bf16 where the CPU has bf16 units (else fp32: emulated bf16 is slower than fp32),
-    reading torch's packed layout as this host's torch writes it."""
+def int4_plan(host: Host, group_size: int, ours: bool) -> Int4Plan:
+    """How int4 weights multiply on `host`, with our CPU kernels running (`ours`) or not: torch's int4
+    kernel for few rows, tiles dequantised past them (by our kernel, else by torch ops, which take much
+    longer: a later crossover), both in bf16 where the CPU has bf16 units (else fp32: emulated bf16 is
+    slower than fp32), reading torch's packed layout as this host's torch writes it."""
     dtype = torch.bfloat16 if host.native_bf16 else torch.float32
-    return Int4Plan(group_size, INT4_KERNEL_ROWS, dtype, learn_layout(), quantization_group_sizes())
+    rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
+    return Int4Plan(group_size, rows, dtype, learn_layout(), quantization_group_sizes(), ours)
 
 
 def int8_plan(host: Host, ours: bool) -> Int8Plan:

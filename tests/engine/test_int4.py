@@ -5,12 +5,12 @@ import dataclasses
 import pytest
 import torch
 
-from appliance.engine import int4
+from appliance.engine import cpu_kernels, int4
 from appliance.engine.checkpoint_facts import CheckpointFacts
 from appliance.engine.config import EngineConfig
 from appliance.engine.host import Host
 from appliance.engine.int4 import Int4Plan, Int4Weight, kernel_problem, learn_layout, quantize_groups
-from appliance.engine.kernel_plan import INT4_KERNEL_ROWS, choose_kernels, int4_plan
+from appliance.engine.kernel_plan import INT4_KERNEL_ROWS, INT4_KERNEL_ROWS_TORCH_TILES, choose_kernels, int4_plan
 from appliance.errors import ConfigError
 
 LAYOUT = learn_layout()
@@ -145,17 +145,61 @@ AMX = frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"})
 
 
 @pytest.mark.parametrize("flags, dtype", [(frozenset({"avx2", "fma"}), torch.float32), (AMX, torch.bfloat16)])
-def test_the_plan_holds_the_group_the_units_dtype_and_this_torchs_layout(flags, dtype):
+@pytest.mark.parametrize("off", [None, "engine.cpu_kernels=false"])
+def test_the_plan_holds_the_group_the_units_dtype_and_this_torchs_layout(flags, dtype, off):
     host = Host(flags, 16 << 30, 16 << 30)
     plan = choose_kernels(EngineConfig(dtype="bfloat16", quantization="int4", quantization_group_size=64), host,
-                          None, "cpu")
-    assert plan.int8 is None and plan.int4 == int4_plan(host, 64)
-    assert (plan.int4.group_size, plan.int4.dtype, plan.int4.layout) == (64, dtype, LAYOUT)
+                          off, "cpu")
+    ours = off is None
+    assert plan.int8 is None and plan.int4 == int4_plan(host, 64, ours)
+    assert (plan.int4.group_size, plan.int4.dtype, plan.int4.layout, plan.int4.ours) == (64, dtype, LAYOUT, ours)
     assert plan.int4.group_sizes == (32, 64, 128)
+    rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
     line = plan.describe()
     assert "gemm bfloat16 (unquantized weights)" in line
-    assert (f"gemm int4 (groups of 64) rows 1-{INT4_KERNEL_ROWS}=torch int4 kernel, rows {INT4_KERNEL_ROWS + 1}+="
-            f"torch {str(dtype).replace('torch.', '')} tiles") in line
+    assert (f"gemm int4 (groups of 64) rows 1-{rows}=torch int4 kernel, rows {rows + 1}+="
+            f"{'ours' if ours else 'torch'} {str(dtype).replace('torch.', '')} tiles") in line
+
+
+needs_our_kernels = pytest.mark.skipif(not cpu_kernels.available(),
+                                       reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+@needs_our_kernels
+@pytest.mark.parametrize("n", [16, 48, 208, 1104])  # a short block alone; full blocks and a short last one
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_our_tiles_are_torchs_op_tiles_bit_for_bit(n, dtype, monkeypatch):
+    """Our kernel rounds the product and the sum as torch's ops do (in bf16 tiles: each to bf16), so a
+    plan with our kernels on multiplies as one with them off, in every tile dtype and tile of a layer."""
+    monkeypatch.setattr(int4, "TILE_ROWS", 128)  # tiles starting past 0, the last one partial
+    torch.manual_seed(n)
+    weight = torch.randn(n, 192) * 0.05
+    ours = Int4Weight(weight, dataclasses.replace(BF16, dtype=dtype, ours=True))
+    torchs = Int4Weight(weight, dataclasses.replace(BF16, dtype=dtype))
+    assert torch.equal(ours.packed, torchs.packed)
+    for tiles in (torch.float32, torch.bfloat16):
+        assert torch.equal(ours.dequantized(tiles), torchs.dequantized(tiles))
+    q, scale, zero = quantize_groups(weight, 32, dtype)
+    assert torch.allclose(ours.dequantized().double(), formula(q, scale, zero), rtol=0, atol=1e-6)
+    x = torch.randn(2 * INT4_KERNEL_ROWS, 192)
+    assert torch.equal(ours.linear(x), torchs.linear(x))
+
+
+@needs_our_kernels
+@pytest.mark.parametrize("change, message", [
+    (dict(block_rows=48), "block_rows must be even, at most 64 and divide the 64 packed rows, got 48"),
+    (dict(group_size=48), "group_size must divide K = 128, got 48"),
+    (dict(scale=torch.ones(4, 32)), r"scale and offset must be contiguous \[4, 64\], got \[4, 32\] and \[4, 64\]"),
+    (dict(out=torch.empty(128, 64, dtype=torch.float16)), "out must be a 2-D float32 or bf16 CPU tensor"),
+    (dict(out=torch.empty(64, 64)), r"out must be \[128, 64\], got \[64, 64\]"),
+])
+def test_our_tile_kernel_refuses_arguments_it_cannot_read(change, message):
+    args = dict(packed=torch.zeros(64, 64, dtype=torch.uint8), scale=torch.ones(4, 64), offset=torch.ones(4, 64),
+                block_rows=32, halves=True, group_size=32, out=torch.empty(128, 64))
+    cpu_kernels.int4_tiles_(**args)
+    assert torch.equal(args["out"], torch.ones(128, 64))  # q = 0: w = the offset
+    with pytest.raises(ValueError, match=message):
+        cpu_kernels.int4_tiles_(**{**args, **change})
 
 
 B7, B7_PROJECTIONS = 6_900_000_000, 6_480_000_000  # a LLaVA-1.5-7B's weights and its decoder's projections
@@ -246,8 +290,9 @@ def test_check_refuses_a_checkpoint_whose_projections_the_groups_do_not_fit(llam
 
 
 READ_BACK = """
+import dataclasses
 import torch
-from appliance.engine import int4
+from appliance.engine import cpu_kernels, int4
 layout = int4.learn_layout()
 assert int4.kernel_problem(layout, torch.float32) is None
 plan = int4.Int4Plan(32, 4, torch.float32, layout)
@@ -256,7 +301,12 @@ for n in (16, 48, 208):
     for rows in (3, 9):  # the kernel, the tiles
         x = torch.randn(rows, 96)
         assert torch.allclose(weight.linear(x), x @ weight.dequantized().t(), rtol=1e-5, atol=1e-5)
-print(torch.backends.cpu.get_cpu_capability(), layout.block_rows)
+    if cpu_kernels.available():  # our kernel reads this layout as torch's ops do
+        ours = int4.Int4Weight(torch.randn(n, 96) * 0.05, dataclasses.replace(plan, ours=True))
+        for dtype in (torch.float32, torch.bfloat16):
+            torchs = int4.dequantize_transposed(ours.packed, ours.scales_and_zeros, 0, n, plan, dtype)
+            assert torch.equal(ours.tile_transposed(0, n, dtype), torchs)
+print(torch.backends.cpu.get_cpu_capability(), layout.block_rows, cpu_kernels.available())
 """
 
 
@@ -264,7 +314,7 @@ print(torch.backends.cpu.get_cpu_capability(), layout.block_rows)
 @pytest.mark.parametrize("capability, block_rows", [("avx2", 32), ("default", 32)])
 def test_torchs_other_cpu_builds_pack_layouts_the_tiles_read(capability, block_rows):
     """torch packs int4 weights differently in its AVX2 and plain builds (ATEN_CPU_CAPABILITY picks one on
-    any x86 CPU): each is learned, checked and read back."""
+    any x86 CPU): each is learned, checked and read back, by torch's ops and by our kernel."""
     import os
     import subprocess
     import sys
@@ -272,7 +322,7 @@ def test_torchs_other_cpu_builds_pack_layouts_the_tiles_read(capability, block_r
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
     done = subprocess.run([sys.executable, "-c", READ_BACK], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [capability.upper(), str(block_rows)]
+    assert done.stdout.split() == [capability.upper(), str(block_rows), str(cpu_kernels.available())]
 
 
 def test_two_ranks_quantise_their_shards_and_answer_as_one():
