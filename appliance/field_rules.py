@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 from appliance.errors import ConfigError
 
@@ -32,7 +32,7 @@ class Rule:
     gt: Optional[float] = None
     le: Optional[float] = None
     lt: Optional[float] = None
-    choices: Optional[Tuple[str, ...]] = None
+    choices: Optional[Tuple[Union[str, int], ...]] = None
     pattern: Optional[str] = None
     why: str = ""
 
@@ -55,7 +55,7 @@ class Rule:
         if self.pattern is not None:
             return self.why
         if self.choices is not None:
-            return ", ".join(self.choices)
+            return ", ".join(map(str, self.choices))
         low = _number(self.ge) if self.ge is not None else f"more than {_number(self.gt)}" if self.gt is not None \
             else ""
         high = _number(self.le) if self.le is not None else f"less than {_number(self.lt)}" if self.lt is not None \

@@ -47,6 +47,7 @@ SLOW = (
     "tests/engine/test_tensor_parallel.py::test_indivisible_tp_size_is_a_clear_error",
     "tests/engine/test_tensor_parallel.py::test_worker_that_raises_mid_run_reaches_rank_0",
     "tests/engine/test_llava.py::test_tp2_matches_tp1",
+    "tests/engine/test_int4.py::test_two_ranks_quantise_their_shards_and_answer_as_one",
     "tests/engine/test_cpu_kernels.py::test_fresh_cache_builds_once",  # compiles the kernels
     "tests/engine/test_engine_sizing.py::test_cli_refusal_is_one_line_exit_2",
     "tests/chat/test_bf16.py",  # `appliance run` in fp32 and bf16

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
-from appliance.engine.config import EngineKind
+from appliance.engine.config import EngineKind, Quantization, quantization_group_sizes
 from appliance.errors import ConfigError
 
 
@@ -18,6 +18,8 @@ def check_engine(cfg) -> None:
     engine = cfg.engine
     if engine.kind is not EngineKind.generate:
         return
+    if engine.quantization is Quantization.int4 and getattr(cfg.model, "path", None):
+        _check_int4(cfg.model.path, engine)
     backend, device, dtype = engine.attention_backend.value, str(engine.device), engine.dtype.value
     if dtype == "auto":  # what the engine will resolve it to, when the checkpoint declares it
         dtype = _auto_dtype(cfg.model, device)
@@ -38,6 +40,16 @@ def check_engine(cfg) -> None:
     if why:
         raise ConfigError(f"engine.attention_backend=xformers cannot run: {why}; fix that or use "
                           f"attention_backend=torch (or auto)")
+
+
+def _check_int4(path, engine) -> None:
+    """The checkpoint's projections against engine.quantization_group_size (and torch's int4 packing)."""
+    from appliance.engine.int4_fit import checkpoint_problem
+
+    why = checkpoint_problem(str(path), engine.quantization_group_size, engine.tensor_parallel_size,
+                             quantization_group_sizes())
+    if why:
+        raise ConfigError(f"engine.quantization=int4 cannot hold {why}", param="engine.quantization_group_size")
 
 
 def _auto_dtype(model, device: str) -> str:

@@ -30,12 +30,16 @@ CSRC = Path(__file__).parent / "csrc"
 # The C kernels by family (csrc/cpu_kernels.h declares them), each compiled on its own and linked into one
 # library with the torch operators (cpu_ops.cpp).
 KERNEL_SOURCES = [CSRC / name for name in ("gemm_f32.c", "gemm_bf16.c", "gemm_bf16_fma.c", "gemm_int8.c",
-                                           "gemm_int8_avx2.c", "decode_attention.c", "small_ops.c")]
+                                           "gemm_int8_avx2.c", "decode_attention.c", "small_ops.c",
+                                           "int4_tiles.c")]
 HEADERS = [CSRC / name for name in ("cpu_kernels.h", "kernel_common.h", "few_rows.h", "group_panels.h", "panel16.h",
                                      "panel_layout.h")]
 SOURCES = [*KERNEL_SOURCES, *HEADERS, CSRC / "cpu_ops.cpp"]
 PREBUILT_DIR = Path(__file__).parent / "_kernels"  # what `python -m appliance.engine.build_kernels` fills
 C_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC"]
+# A kernel file's own flags past C_FLAGS: the int4 tiles round as torch's ops do, a product and a sum,
+# so no multiply-add may be fused (the compilers fuse by default).
+SOURCE_FLAGS = {"int4_tiles.c": ["-ffp-contract=off"]}
 CXX_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-std=c++20", "-shared"]
 BUILD_TIMEOUT_S = 300
 
@@ -78,8 +82,8 @@ def library_name(cc: str, cxx: str) -> str:
     h = hashlib.sha256()
     for source in SOURCES:
         h.update(source.read_bytes())
-    h.update(" ".join([cc, cxx, *C_FLAGS, *CXX_FLAGS, torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI),
-                       sys.platform]).encode())
+    h.update(" ".join([cc, cxx, *C_FLAGS, *CXX_FLAGS, repr(sorted(SOURCE_FLAGS.items())), torch.__version__,
+                       str(torch._C._GLIBCXX_USE_CXX11_ABI), sys.platform]).encode())
     return f"cpu_kernels-{h.hexdigest()[:16]}.so"
 
 
@@ -92,7 +96,8 @@ def compile_library(target: Path, cc: str, cxx: str) -> None:
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as work:
         objs, lib = [Path(work) / f"{source.stem}.o" for source in KERNEL_SOURCES], Path(work) / target.name
-        steps = [(source.name, [cc, *C_FLAGS, "-c", str(source), "-o", str(obj)])
+        steps = [(source.name, [cc, *C_FLAGS, *SOURCE_FLAGS.get(source.name, []), "-c", str(source), "-o",
+                                str(obj)])
                  for source, obj in zip(KERNEL_SOURCES, objs)]
         steps.append(("cpu_ops.cpp", [cxx, *CXX_FLAGS, abi, f"-I{torch_dir / 'include'}", str(CSRC / "cpu_ops.cpp"),
                                       *map(str, objs), "-o", str(lib), f"-L{torch_dir / 'lib'}", "-lc10",

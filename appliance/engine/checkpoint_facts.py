@@ -19,7 +19,7 @@ from appliance.engine.torch_files import load_torch_file
 from appliance.errors import ConfigError
 
 
-# The language model's projections, the weights engine.quantization=int8 stores as int8 (linear.py's
+# The language model's projections, the weights engine.quantization=int8 or int4 quantizes (linear.py's
 # column- and row-parallel layers); a vision tower's layers of the same names stay in the dtype.
 DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -37,11 +37,18 @@ class CheckpointFacts:
     other_bytes: int = 0  # integer tensors (kept as they are)
     projection_elements: int = 0  # of float_elements, those of the decoder's projections (int8 candidates)
 
-    def weight_bytes(self, dtype: torch.dtype, int8: bool = False) -> int:
+    def weight_bytes(self, dtype: torch.dtype, int8: bool = False, int4_group: Optional[int] = None) -> int:
         """The weights' memory in `dtype`, the decoder's projections as int8 bytes when `int8` (an upper
-        bound: tensors the engine skips are counted; int8's per-row scales are left out, ~0.1 %)."""
-        projections = self.projection_elements if int8 else 0
-        return (self.float_elements - projections) * dtype.itemsize + projections + self.other_bytes
+        bound: tensors the engine skips are counted; int8's per-row scales are left out, ~0.1 %), or as
+        int4 in groups of `int4_group` when given: half a byte a weight, and a scale and a zero a group
+        (int4.Int4Weight; counted as fp32, the widest they are stored in)."""
+        if int4_group is not None:
+            projections = self.projection_elements
+            quantized = math.ceil(projections / 2 + projections / int4_group * 2 * 4)
+        else:
+            projections = self.projection_elements if int8 else 0
+            quantized = projections
+        return (self.float_elements - projections) * dtype.itemsize + quantized + self.other_bytes
 
 
 def hf_checkpoint_facts(path: str) -> CheckpointFacts:

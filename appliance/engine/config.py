@@ -3,9 +3,9 @@ helpers every engine needs from it. Imports neither Hydra nor torch nor the gene
 pool engine (and a config tree) can use it alone; `appliance/config/schema.py` re-exports the names."""
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from appliance.field_rules import check_fields, rule, unbounded
+from appliance.field_rules import check_fields, field_rule, rule, unbounded
 from appliance.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ class EngineKind(str, Enum):
 class Quantization(str, Enum):
     none = "none"
     int8 = "int8"  # weights per output channel, quantised at load (engine/int8.py)
+    int4 = "int4"  # weights in groups of quantization_group_size inputs, quantised at load (engine/int4.py)
 
 
 class AttentionBackend(str, Enum):
@@ -63,7 +64,10 @@ class EngineConfig:
     # CPU flags the dtype and kernel rules treat as absent (e.g. [avx512_bf16, avx512_vnni, amx_bf16]: a newer
     # CPU runs the AVX2 paths, to compare them or to keep off a unit); [] uses all the CPU has.
     cpu_features_off: List[str] = field(default_factory=list)
-    quantization: Quantization = Quantization.none  # int8: the language model's linear layers, at load
+    quantization: Quantization = Quantization.none  # int8, int4: the language model's linear layers, at load
+    # int4: inputs sharing one scale and zero (torch's int4 kernel takes these; smaller is closer, larger smaller)
+    quantization_group_size: int = field(default=128, metadata=rule(
+        choices=(32, 64, 128), why="int4: weights per scale and zero"))
     seed: int = field(default=0, metadata=unbounded("any integer seeds the sampler's generators"))
 
     def __post_init__(self):
@@ -84,6 +88,15 @@ class EngineConfig:
         if self.kind is not EngineKind.generate and self.quantization is not Quantization.none:
             raise ConfigError(f"engine.quantization={self.quantization.value} applies to a language model "
                               f"(engine.kind=generate); pool models run in engine.dtype", param="engine.quantization")
+        if self.quantization is Quantization.int4 and str(self.device).startswith("cuda"):
+            raise ConfigError("engine.quantization=int4 runs on CPU (torch's int4 CPU kernel); on CUDA use "
+                              "engine.quantization=int8 or none", param="engine.quantization")
+
+
+def quantization_group_sizes() -> Tuple[int, ...]:
+    """The group sizes engine.quantization_group_size allows (its rule), to name where one does not fit."""
+    allowed = field_rule(EngineConfig, "quantization_group_size")
+    return tuple(int(g) for g in (allowed.choices if allowed and allowed.choices else ()))
 
 
 def dtype_name(dtype) -> str:

@@ -4,7 +4,8 @@ engines: a GEMM on bf16 weights prepacked once, multiplied on VDPBF16PS (CPUs wi
 to fp32 in registers (AVX2/FMA, CPUs without bf16 units), and a bf16-weight GEMM for few rows on torch's
 layout. For int8 weights (int8.py): a weight-only GEMM for few rows on AVX2 (int8 rows times fp32
 activations), and a packed GEMM which quantises the activations to int8 too (per row and per 512 k), on
-VPDPBUSD (CPUs with AVX512-VNNI) or on VPMADDUBSW (AVX2) from the same panels.
+VPDPBUSD (CPUs with AVX512-VNNI) or on VPMADDUBSW (AVX2) from the same panels. For int4 weights
+(int4.py): their tiles for prefill, dequantised from torch's packed bytes.
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -218,3 +219,13 @@ def linear_bf16w(x: torch.Tensor, w: torch.Tensor, bf16_units: bool = True) -> t
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(dim=-1) for a 2-D x (torch's CPU argmax is not vectorised, and a step's logits are wide)."""
     return ops().argmax_rows(x)
+
+
+def int4_tiles_(packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, block_rows: int, halves: bool,
+                group_size: int, out: torch.Tensor) -> None:
+    """out [K, cols] (fp32 or bf16; rows may be strided) = the int4 weight rows packed in torch's layout
+    ([cols, K/2] uint8, blocks of `block_rows` rows; a byte's nibbles hold rows j and j + block_rows/2
+    where `halves`, else 2j and 2j+1) dequantised, w = q · scale + offset (scale, offset [K/g, cols] fp32
+    holding values of out's dtype), transposed: a GEMM's right side (engine/int4.py). The product and the
+    sum are each rounded to out's dtype, as torch's ops round them."""
+    ops().int4_tiles_(packed, scale, offset, block_rows, halves, group_size, out)

@@ -19,6 +19,8 @@ library loaded, engine.cpu_kernels on):
   layout, on torch's GEMM except for a few rows, which run our bf16-weight GEMM (`bf16_weight_rows`).
 - GEMM, int8 weights (engine.quantization=int8): `int8_plan` (packed on any CPU without AMX: VPDPBUSD
   with AVX512-VNNI, else VPMADDUBSW on AVX2).
+- GEMM, int4 weights (engine.quantization=int4): `int4_plan` (torch's int4 kernel for a few rows, tiles
+  dequantised by our kernel to bf16, or fp32 without bf16 units, past them).
 - Attention: `attention_select.select_backend` (the paged decode kernel for fp32 and bf16 caches).
 - RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 engines.
 Without our kernels every family runs on torch (int8 weights on torch's int8 kernel and tiles).
@@ -31,8 +33,11 @@ from typing import Optional
 import torch
 
 from appliance.engine import cpu_kernels
-from appliance.engine.config import EngineConfig, Quantization, dtype_name, resolve_dtype
+from appliance.engine.config import EngineConfig, Quantization, dtype_name, quantization_group_sizes, \
+    resolve_dtype
 from appliance.engine.host import Host
+from appliance.engine.int4 import Int4Plan, learn_layout
+from appliance.engine.int4 import kernel_problem as int4_kernel_problem
 from appliance.engine.int8 import Int8Plan, kernel_problem
 
 # Rows a step where our few-row bf16-weight GEMM (torch's weight layout) runs on AMX hosts, whose weights
@@ -40,6 +45,12 @@ from appliance.engine.int8 import Int8Plan, kernel_problem
 # rows on.
 BF16_WEIGHT_ROWS_NATIVE = range(1, 3)
 INT8_WEIGHT_ROWS = 32  # rows up to which our int8 GEMM was measured to beat torch's kernel (docs/engine.md)
+# Rows up to which torch's int4 kernel beats dequantised bf16 tiles (benchmarks/int4_linear.py, 11008x4096,
+# groups of 128, an AVX512-BF16 Xeon without AMX, 1 thread, a busy host). Tiles by our kernel: the two
+# tie at 32 rows (49.9 vs 48.4 ms; 8 rows 8.7 vs 21.1, 128 rows 135.5 vs 124.7). Tiles by torch ops
+# (without our kernels): 128 ms at 32 rows against 258, 519 at 128 against 416 (~200 ms to dequantise).
+INT4_KERNEL_ROWS = 32
+INT4_KERNEL_ROWS_TORCH_TILES = 64
 
 # What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
 ATTENTION_KERNELS = {
@@ -63,6 +74,7 @@ class KernelPlan:
     fused_ops: bool  # RMSNorm, rotary, SwiGLU and the KV write on our kernels
     argmax: bool  # the sampler's greedy argmax on our kernel
     pool: bool = False  # a pool engine's plan: its models have linear layers and attention, nothing else here
+    int4: Optional[Int4Plan] = None  # how int4 weights multiply (engine.quantization=int4)
 
     def describe(self) -> str:
         """One line: which kernel runs each family (a pool engine's: GEMM and attention, all it runs)."""
@@ -70,7 +82,7 @@ class KernelPlan:
         head = f"kernels ({'pool, ' if self.pool else ''}{self.device}, {dtype_name(self.dtype)}): {self._gemm()}"
         if self.pool:
             return self._off(f"{head}; attention={POOL_ATTENTION}")
-        parts = [head, self._int8(), f"attention={self.attention} ({ATTENTION_KERNELS[self.attention]})",
+        parts = [head, self._int8(), self._int4(), f"attention={self.attention} ({ATTENTION_KERNELS[self.attention]})",
                  f"rmsnorm/rotary/swiglu/kv-write={ours}", f"argmax={'ours' if self.argmax else 'torch'}"]
         return self._off("; ".join(part for part in parts if part))
 
@@ -78,7 +90,7 @@ class KernelPlan:
         return line if self.cpu_kernels_off is None else f"{line} (our CPU kernels off: {self.cpu_kernels_off})"
 
     def _gemm(self) -> str:
-        gemm = f"gemm {dtype_name(self.dtype)}{' (unquantized weights)' if self.int8 else ''}"
+        gemm = f"gemm {dtype_name(self.dtype)}{' (unquantized weights)' if self.int8 or self.int4 else ''}"
         if self.packed_gemm and self.dtype == torch.bfloat16:
             units = "vdpbf16ps" if self.bf16_units else "avx2 fma, widened to fp32"
             return f"{gemm} every row=ours packed ({units})"
@@ -105,6 +117,14 @@ class KernelPlan:
         regimes.append(f"rows {first}+=torch {tiles} tiles")
         return "gemm int8 " + ", ".join(regimes)
 
+    def _int4(self) -> Optional[str]:
+        plan = self.int4
+        if plan is None:
+            return None
+        tiles = "ours" if plan.ours else "torch"
+        return (f"gemm int4 (groups of {plan.group_size}) {_rows(range(1, plan.kernel_rows + 1))}=torch int4 "
+                f"kernel, rows {plan.kernel_rows + 1}+={tiles} {dtype_name(plan.dtype)} tiles")
+
 
 def plan_kernels(cfg: EngineConfig, host: Host, geometry, device: Optional[torch.device] = None,
                  probe=None, fmha=None) -> KernelPlan:
@@ -124,7 +144,12 @@ def plan_kernels(cfg: EngineConfig, host: Host, geometry, device: Optional[torch
         problem = kernel_problem(device)
         if problem:
             raise ValueError(f"engine.quantization=int8 cannot run: {problem}; use engine.quantization=none")
-    return choose_kernels(cfg, host, off, attention)
+    plan = choose_kernels(cfg, host, off, attention)
+    if plan.int4 is not None:
+        problem = int4_kernel_problem(plan.int4.layout, plan.int4.dtype)
+        if problem:
+            raise ValueError(f"engine.quantization=int4 cannot run: {problem}; use engine.quantization=int8")
+    return plan
 
 
 def plan_pool_kernels(cfg: EngineConfig, host: Host) -> KernelPlan:
@@ -162,7 +187,18 @@ def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str]
         packed_gemm=fp32_ours or (bf16_ours and not amx), bf16_units="avx512_bf16" in host.cpu_flags,
         bf16_weight_rows=BF16_WEIGHT_ROWS_NATIVE if bf16_ours and amx else range(0),
         int8=int8_plan(host, ours) if cfg.quantization is Quantization.int8 else None,
-        attention=attention, fused_ops=fp32_ours, argmax=fp32_ours)
+        attention=attention, fused_ops=fp32_ours, argmax=fp32_ours,
+        int4=int4_plan(host, cfg.quantization_group_size, ours) if cfg.quantization is Quantization.int4 else None)
+
+
+def int4_plan(host: Host, group_size: int, ours: bool) -> Int4Plan:
+    """How int4 weights multiply on `host`, with our CPU kernels running (`ours`) or not: torch's int4
+    kernel for few rows, tiles dequantised past them (by our kernel, else by torch ops, which take much
+    longer: a later crossover), both in bf16 where the CPU has bf16 units (else fp32: emulated bf16 is
+    slower than fp32), reading torch's packed layout as this host's torch writes it."""
+    dtype = torch.bfloat16 if host.native_bf16 else torch.float32
+    rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
+    return Int4Plan(group_size, rows, dtype, learn_layout(), quantization_group_sizes(), ours)
 
 
 def int8_plan(host: Host, ours: bool) -> Int8Plan:

@@ -5,19 +5,22 @@ Which GEMM multiplies is the engine's kernel plan's choice (kernel_plan.py); the
 the weights are loaded. `pack_for_cpu(model, bf16_units)`: each layer's weight is repacked for our GEMM
 (bf16 weights for VDPBF16PS or, without bf16 units, for widening on AVX2/FMA) and the [N, K] copy is
 freed. `use_bf16_kernel(model, rows)`: steps of those many rows multiply bf16 weights on our few-row GEMM.
-`quantize_int8(model, plan)`, first: the decoder's projections keep int8 rows and scales instead
-(engine/int8.py), and packing leaves them be. A pool model's plain `nn.Linear` layers take the same plan
-once `packable_linears` has swapped them for `PlanLinear`s holding the same parameters."""
+`quantize_projections(model, plan)`, first: the decoder's projections keep int8 rows and scales
+(engine/int8.py) or int4 groups (engine/int4.py) instead, and packing leaves them be. A pool model's
+plain `nn.Linear` layers take the same plan once `packable_linears` has swapped them for `PlanLinear`s
+holding the same parameters."""
 from collections import Counter
-from typing import List, Optional
+from typing import List, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from appliance.engine import cpu_kernels, hugepages
+from appliance.engine.int4 import Int4Plan, Int4Weight, layer_problem
 from appliance.engine.int8 import Int8Plan, Int8Weight
 from appliance.engine.parallel import ParallelState
+from appliance.errors import ConfigError
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -30,7 +33,7 @@ class PackableLinear(nn.Module):
     """x W^T on torch's GEMM, or on ours once `pack` has repacked W."""
 
     packed: Optional[cpu_kernels.PackedWeight] = None
-    quantized: Optional[Int8Weight] = None
+    quantized: Optional[Union[Int8Weight, Int4Weight]] = None
     bf16_kernel_rows: range = range(0)  # steps with these many rows run our bf16-weight GEMM (use_bf16_kernel)
 
     def pack(self, out: Optional[torch.Tensor] = None, keep_weight: bool = False, bf16_units: bool = True) -> None:
@@ -38,8 +41,9 @@ class PackableLinear(nn.Module):
         if not keep_weight:
             self.weight.data = torch.empty(0)  # the Parameter (and its name) stays; its memory goes
 
-    def quantize(self, plan: Int8Plan) -> None:
-        self.quantized = Int8Weight(self.weight.data, plan)
+    def quantize(self, plan: Union[Int8Plan, Int4Plan]) -> None:
+        weight = self.weight.data
+        self.quantized = Int8Weight(weight, plan) if isinstance(plan, Int8Plan) else Int4Weight(weight, plan)
         self.weight.data = torch.empty(0, device=self.weight.device)  # the Parameter stays; its memory goes
 
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -116,16 +120,25 @@ def pack_for_cpu(model: nn.Module, bf16_units: bool = True) -> None:
         start += size
 
 
-def quantize_int8(model: nn.Module, plan: Int8Plan) -> int:
-    """int8 weights for every column- and row-parallel projection (the decoder's; the LM head and the
-    embeddings stay in the model's dtype, as vLLM's int8 schemes leave them), multiplied as `plan`
-    says. Returns the bytes saved."""
+def quantize_projections(model: nn.Module, plan: Union[Int8Plan, Int4Plan]) -> int:
+    """int8 or int4 weights (as `plan` is) for every column- and row-parallel projection (the decoder's;
+    the LM head and the embeddings stay in the model's dtype, as vLLM's int8 schemes leave them),
+    multiplied as `plan` says. Returns the bytes saved. int4: ConfigError naming the first layer whose
+    shape the group size (or torch's kernel) does not fit, and the group sizes that would, before any
+    layer is quantised."""
+    layers = [(name, m) for name, m in model.named_modules()
+              if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    if isinstance(plan, Int4Plan):
+        for name, m in layers:
+            problem = layer_problem(name, *m.weight.shape, plan.group_size, plan.group_sizes)
+            if problem:
+                raise ConfigError(f"engine.quantization=int4 cannot hold {problem}",
+                                  param="engine.quantization_group_size")
     saved = 0
-    for m in model.modules():
-        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
-            before = m.weight.numel() * m.weight.element_size()
-            m.quantize(plan)
-            saved += before - m.quantized.nbytes
+    for _, m in layers:
+        before = m.weight.numel() * m.weight.element_size()
+        m.quantize(plan)
+        saved += before - m.quantized.nbytes
     return saved
 
 

@@ -19,8 +19,8 @@ KV cache (`engine.kv_cache_memory_bytes`, per rank; `null`, the default, derives
 A model that cannot fit (weights + the KV cache, at least one `max_model_len` sequence when derived,
 + the reserve, against the memory available) is refused with one line that names the figures and
 the dtype or quantization that would fit. With `engine.quantization: int8` the decoder's projections
-count a byte a weight once loaded; they load in the dtype first, so the whole checkpoint in the dtype
-(+ the reserve) must fit too, before any KV cache exists.
+count a byte a weight once loaded (int4: half a byte, plus a scale and a zero a group); they load in the
+dtype first, so the whole checkpoint in the dtype (+ the reserve) must fit too, before any KV cache exists.
 """
 import math
 from dataclasses import dataclass
@@ -104,11 +104,15 @@ class _Sizing:
         self.world = max(1, cfg.tensor_parallel_size)
         self.cuda = str(cfg.device).startswith("cuda")
         self.int8 = cfg.quantization is Quantization.int8
+        self.int4_group = cfg.quantization_group_size if cfg.quantization is Quantization.int4 else None
 
-    def weights(self, dtype: torch.dtype, int8: Optional[bool] = None) -> int:
-        """Weights once loaded (int8 projections when this engine quantizes, unless `int8` says) on the
-        device that `host` describes: a card holds its rank's share, a host all ranks'."""
-        total = self.facts.weight_bytes(dtype, self.int8 if int8 is None else int8)
+    def weights(self, dtype: torch.dtype, int8: Optional[bool] = None, int4_group: Optional[int] = None) -> int:
+        """Weights once loaded (int8 or int4 projections as this engine quantizes, unless `int8` or
+        `int4_group` says) on the device that `host` describes: a card holds its rank's share, a host all
+        ranks'."""
+        if int8 is None and int4_group is None:
+            int8, int4_group = self.int8, self.int4_group
+        total = self.facts.weight_bytes(dtype, bool(int8), int4_group)
         return math.ceil(total / self.world) if self.cuda else total
 
     def reserve(self) -> int:
@@ -121,9 +125,10 @@ class _Sizing:
         """One max_model_len sequence, per rank."""
         return self.kv.bytes_for(self.max_model_len, dtype) if self.kv else 0
 
-    def need(self, dtype: torch.dtype, kv_per_rank: int, int8: Optional[bool] = None) -> int:
-        serving = self.weights(dtype, int8) + self.ranks_here() * kv_per_rank + self.reserve()
-        loading = self.weights(dtype, int8=False) + self.reserve()  # int8: quantized after loading
+    def need(self, dtype: torch.dtype, kv_per_rank: int, int8: Optional[bool] = None,
+             int4_group: Optional[int] = None) -> int:
+        serving = self.weights(dtype, int8, int4_group) + self.ranks_here() * kv_per_rank + self.reserve()
+        loading = self.weights(dtype, int8=False) + self.reserve()  # int8, int4: quantized after loading
         return max(serving, loading)
 
     def fits(self, dtype: torch.dtype) -> bool:
@@ -182,10 +187,16 @@ class _Sizing:
         hints = ["more memory"]
         if self.kv is not None:
             hints.append("a smaller engine.max_model_len" if kv_derived else "a smaller engine.kv_cache_memory_bytes")
-        if not self.int8 and self.kv is not None:
-            need = self.need(dtype, self.min_kv(dtype) if kv_derived else kv_per_rank, int8=True)
+        kv = self.min_kv(dtype) if kv_derived else kv_per_rank
+        if not self.int8 and self.int4_group is None and self.kv is not None:
+            need = self.need(dtype, kv, int8=True)
             if need <= self.host.memory_available:
                 return f"engine.quantization=int8 would need {_gib(need)}, which fits"
+        if self.int4_group is None and self.kv is not None and not self.cuda:
+            group = self.cfg.quantization_group_size
+            need = self.need(dtype, kv, int4_group=group)
+            if need <= self.host.memory_available:
+                return f"engine.quantization=int4 would need {_gib(need)}, which fits"
         return f"no dtype or quantization this engine runs fits: use {' or '.join(hints)}"
 
 

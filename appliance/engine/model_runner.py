@@ -25,7 +25,7 @@ from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
 from appliance.engine.kernel_plan import KernelPlan
-from appliance.engine.linear import pack_for_cpu, quantize_int8, use_bf16_kernel
+from appliance.engine.linear import pack_for_cpu, quantize_projections, use_bf16_kernel
 from appliance.engine.loader import iter_weights
 from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models import get_model_class, model_architecture
@@ -54,9 +54,11 @@ class ModelRunner:
         model = build_on_meta(lambda: model_cls(hf_config, self.tp, self.attn_backend, max_model_len))
         self.model: CausalLM = materialize(model, self.device, self.dtype).eval()
         self.model.load_weights(iter_weights(model_path))
-        if plan.int8 is not None:
-            saved = quantize_int8(self.model, plan.int8)
-            log.info("engine.quantization=int8: the decoder's weights take %.2f GB less", saved / 1e9)
+        quantized = plan.int8 or plan.int4
+        if quantized is not None:
+            saved = quantize_projections(self.model, quantized)
+            log.info("engine.quantization=%s: the decoder's weights take %.2f GB less", cfg.quantization.value,
+                     saved / 1e9)
         if plan.packed_gemm:
             pack_for_cpu(self.model, plan.bf16_units)
         if plan.bf16_weight_rows:

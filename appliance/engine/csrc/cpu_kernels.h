@@ -35,6 +35,9 @@ void silu_mul_f32(const float* x, float* out, int64_t M, int64_t I);
 void argmax_rows_f32(const float* x, int64_t M, int64_t N, int64_t* out);
 void linear_int8_f32(const float* x, int64_t ldx, const int8_t* q, const float* scale, float* y, int64_t ldy,
                      int64_t M, int64_t N, int64_t K);
+// int4_tiles.c: int4 weights in torch's packed layout dequantised to fp32 or bf16 columns (engine/int4.py).
+void int4_tiles(const uint8_t* packed, int64_t blocks, int64_t rows, int64_t K, int halves, const float* scale,
+                const float* offset, int64_t lds, int64_t g, void* out, int64_t ldo, int bf16);
 // bf16_units: use AVX512-BF16 where the CPU has it (0: the AVX2 path everywhere; tests compare the two).
 void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, int64_t ldy, int64_t M, int64_t N,
                       int64_t K, int bf16_units);

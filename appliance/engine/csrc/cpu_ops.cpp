@@ -349,6 +349,30 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, bool bf16_unit
   return y;
 }
 
+void int4_tiles_(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset, int64_t block_rows,
+                 bool halves, int64_t group_size, at::Tensor& out) {
+  TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.dim() == 2 &&
+                    packed.is_contiguous(), "packed must be a contiguous 2-D uint8 CPU tensor, got ",
+                    packed.scalar_type(), " ", packed.sizes());
+  check_f32(scale, "scale", 2);
+  check_f32(offset, "offset", 2);
+  TORCH_CHECK_VALUE(out.device().is_cpu() && (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16) &&
+                    out.dim() == 2 && out.stride(1) == 1, "out must be a 2-D float32 or bf16 CPU tensor with "
+                    "contiguous rows, got ", out.scalar_type(), " ", out.sizes());
+  const int64_t cols = packed.size(0), k = packed.size(1) * 2;
+  TORCH_CHECK_VALUE(block_rows > 0 && block_rows <= 64 && block_rows % 2 == 0 && cols % block_rows == 0,
+                    "block_rows must be even, at most 64 and divide the ", cols, " packed rows, got ", block_rows);
+  TORCH_CHECK_VALUE(group_size > 0 && k % group_size == 0, "group_size must divide K = ", k, ", got ", group_size);
+  TORCH_CHECK_VALUE(scale.sizes() == offset.sizes() && scale.size(0) == k / group_size && scale.size(1) == cols &&
+                    scale.is_contiguous() && offset.is_contiguous(), "scale and offset must be contiguous [",
+                    k / group_size, ", ", cols, "], got ", scale.sizes(), " and ", offset.sizes());
+  TORCH_CHECK_VALUE(out.size(0) == k && out.size(1) == cols, "out must be [", k, ", ", cols, "], got ", out.sizes());
+  if (cols > 0 && k > 0)
+    int4_tiles(packed.const_data_ptr<uint8_t>(), cols / block_rows, block_rows, k, halves ? 1 : 0,
+               scale.const_data_ptr<float>(), offset.const_data_ptr<float>(), cols, group_size, out.data_ptr(),
+               out.stride(0), out.scalar_type() == at::kBFloat16 ? 1 : 0);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(appliance, m) {
@@ -366,6 +390,8 @@ TORCH_LIBRARY(appliance, m) {
   m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor q, Tensor scale) -> Tensor");
   m.def("linear_bf16w(Tensor x, Tensor w, bool bf16_units=True) -> Tensor");
+  m.def("int4_tiles_(Tensor packed, Tensor scale, Tensor offset, int block_rows, bool halves, int group_size, "
+        "Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(appliance, CPU, m) {
@@ -379,4 +405,5 @@ TORCH_LIBRARY_IMPL(appliance, CPU, m) {
   m.impl("argmax_rows", &argmax_rows);
   m.impl("linear_int8", &linear_int8);
   m.impl("linear_bf16w", &linear_bf16w);
+  m.impl("int4_tiles_", &int4_tiles_);
 }
