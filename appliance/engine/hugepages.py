@@ -5,6 +5,7 @@ on every page. Where the kernel grants huge pages only on request (THP "madvise"
 we ask for them before the buffer is first touched. Elsewhere (no THP, not Linux) this is a plain
 allocation.
 """
+import math
 import mmap
 from typing import Sequence
 
@@ -17,12 +18,22 @@ MIN_BYTES = 8 * HUGE_PAGE  # below this the alignment slack is not worth it
 def empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised contiguous CPU tensor whose memory starts on a 2 MB boundary and is marked for
     huge pages (small tensors: a plain torch.empty)."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if nbytes < MIN_BYTES:
+    if _nbytes(shape, dtype) < MIN_BYTES:
         return torch.empty(tuple(shape), dtype=dtype)
+    return _fresh_mapping(shape, dtype)
+
+
+def zeros(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`empty`, reading as zeros, with no pass over it: the kernel zero-fills each page of a fresh
+    anonymous mapping when it is first touched, so the pages a run never reaches (most of a KV pool,
+    for one question) cost neither time nor memory (small tensors: a plain torch.zeros)."""
+    if _nbytes(shape, dtype) < MIN_BYTES:
+        return torch.zeros(tuple(shape), dtype=dtype)
+    return _fresh_mapping(shape, dtype)
+
+
+def _fresh_mapping(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    nbytes = _nbytes(shape, dtype)
     # A private anonymous mapping (shared ones follow the shmem THP setting, off by default): pages the
     # kernel has not handed out yet, so the advice comes first.
     memory = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -30,6 +41,10 @@ def empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Ten
     offset = -raw.data_ptr() % HUGE_PAGE
     advise_huge(memory, offset, nbytes)
     return raw[offset:offset + nbytes].view(dtype).view(tuple(shape))
+
+
+def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
 
 
 def advise_huge(memory: mmap.mmap, start: int, length: int) -> None:

@@ -84,7 +84,7 @@ class ModelRunner:
         # One pool for every layer's K and V (on CPU in huge pages: decode attention streams it).
         shape = (len(layers), 2, n, self.block_size, a.num_kv_heads, a.head_dim)
         if self.device.type == "cpu":
-            pool = hugepages.empty(shape, self.dtype).zero_()  # zeros: padded gathers read unused slots
+            pool = hugepages.zeros(shape, self.dtype)  # zeros: padded gathers read unused slots
         else:
             pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(layers):

@@ -1,5 +1,7 @@
 """Builders and comparisons shared by the engine tests."""
 import math
+import mmap
+import struct
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -110,3 +112,14 @@ def random_prompts(vocab: int, lengths: Sequence[int], seed: int = 0) -> List[Li
 def assert_no_block_leaks(engine) -> None:
     assert not engine.has_unfinished(), "engine still has unfinished requests"
     engine.block_manager.check_no_leaks()
+
+
+def resident_bytes(start: int, nbytes: int) -> int:
+    """Bytes of this process's memory [start, start + nbytes) that pages back, read from
+    /proc/self/pagemap (bit 63: present), which reports without touching anything."""
+    page = mmap.PAGESIZE
+    first, end = start // page, -(-(start + nbytes) // page)
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = pagemap.read((end - first) * 8)
+    return page * sum(entry >> 63 for (entry,) in struct.iter_unpack("<Q", entries))

@@ -1,4 +1,5 @@
-"""hugepages.empty: 2 MB-aligned, huge-page-advised CPU buffers for the packed weights and the KV pool."""
+"""hugepages.empty and .zeros: 2 MB-aligned, huge-page-advised CPU buffers for the packed weights and the KV
+pool."""
 import re
 from pathlib import Path
 
@@ -6,8 +7,10 @@ import pytest
 import torch
 
 from appliance.engine import hugepages
+from tests.engine.helpers import resident_bytes
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+PAGEMAP = Path("/proc/self/pagemap")
 
 
 def test_large_buffers_start_on_a_huge_page_and_are_advised(monkeypatch):
@@ -34,6 +37,23 @@ def test_the_buffer_outlives_every_name_but_the_tensor():
     view = t[1:3]
     del t
     assert float(view.sum()) == 2.0 * view.numel()
+
+
+@pytest.mark.skipif(not PAGEMAP.exists(), reason="needs /proc/self/pagemap")
+def test_large_zeros_are_not_touched_until_written():
+    t = hugepages.zeros((64, 1024, 1024), torch.float32)  # 256 MB, as a KV pool one question barely uses
+    assert t.shape == (64, 1024, 1024) and t.dtype == torch.float32 and t.is_contiguous()
+    assert t.data_ptr() % hugepages.HUGE_PAGE == 0
+    assert resident_bytes(t.data_ptr(), t.nbytes) == 0  # no pass over it: no page is backed yet
+    t[7].fill_(3.0)  # what a run writes becomes resident, and only that
+    assert resident_bytes(t.data_ptr(), t.nbytes) == t[7].nbytes
+    assert float(t[7].min()) == 3.0 and not t[:7].any() and not t[8:].any()
+
+
+def test_small_zeros_are_zero_even_in_reused_memory():
+    torch.full((16, 16), 7.0, dtype=torch.bfloat16)  # freed at once: the allocator may hand it out next
+    t = hugepages.zeros((16, 16), torch.bfloat16)
+    assert t.shape == (16, 16) and t.dtype == torch.bfloat16 and not t.any()
 
 
 @pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="the kernel grants no huge pages")

@@ -1,5 +1,7 @@
 """Models are built on the meta device and filled once from the checkpoint: no random initialisation,
 no full-precision model converted afterwards (engine/materialize.py, engine/loader.py)."""
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -7,13 +9,16 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from appliance.config.schema import EngineConfig
-from appliance.engine import loader
+from appliance.engine import hugepages, loader
 from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.host import Host
 from appliance.engine.kernel_plan import plan_kernels
 from appliance.engine.layers import RotaryEmbedding
+from appliance.engine.llm_engine import LLMEngine
 from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.model_runner import ModelRunner
+from appliance.engine.sampling_params import SamplingParams
+from tests.engine.helpers import resident_bytes
 from tests.servers import LLAVA_TINY
 
 INIT_OPS = {"normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
@@ -56,6 +61,19 @@ def test_a_bf16_engine_is_built_without_random_init_or_fp32_copy():
     ref = load_file(str(LLAVA_TINY / "model.safetensors"))
     name = next(k for k in ref if k.endswith("multi_modal_projector.linear_1.weight"))
     assert torch.equal(params["multi_modal_projector.linear_1.weight"], ref[name].bfloat16())
+
+
+@pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="needs /proc/self/pagemap")
+def test_the_kv_pool_holds_memory_only_where_a_run_wrote(llama_dir):
+    """Before: the CPU pool was zero-filled at start, every byte of it resident before any request."""
+    engine = LLMEngine(llama_dir, EngineConfig(kv_cache_memory_bytes=256 << 20))
+    layers = engine.executor.runner.model.attention_layers()
+    start = layers[0].k_cache.data_ptr()  # one pool: every layer's K and V, in order
+    nbytes = layers[-1].v_cache.data_ptr() + layers[-1].v_cache.nbytes - start
+    assert nbytes > 200 << 20 and resident_bytes(start, nbytes) == 0
+    engine.generate(["the quick brown fox"], SamplingParams(max_tokens=4, ignore_eos=True))
+    # The first blocks of each layer's K and V: one page each, a huge page where the host grants them.
+    assert 0 < resident_bytes(start, nbytes) <= 2 * len(layers) * hugepages.HUGE_PAGE
 
 
 def test_materialize_keeps_ties_and_loaders_and_runs_init_buffers():
