@@ -44,17 +44,17 @@ def write_catalog(root: Path, base_url: str) -> List[dict]:
 
 
 def write_item(root: Path, base_url: str, tile: str, day: dt.date, cloud: float, transform: Affine,
-               seed: int, bands=HLS_BANDS) -> dict:
+               seed: int, bands=HLS_BANDS, size: int = SIZE) -> dict:
     name = item_id(tile, day)
     scene = root / f"{name}.scene.tif"
-    synthetic.write_scene(scene, SIZE, SIZE, seed=seed, crs=CRS)
+    synthetic.write_scene(scene, size, size, seed=seed, crs=CRS)
     with rasterio.open(scene, "r+") as ds:
         ds.transform = transform
     files = split_bands(scene, root / name, prefix=name)
     scene.unlink()
     item = stac_item_dict(root / f"{name}.json", [f"{base_url}/{name}/{f.name}" for f in files], bands)
-    lon_lat = transform_bounds(CRS, "EPSG:4326", transform.c, transform.f - 30.0 * SIZE,
-                               transform.c + 30.0 * SIZE, transform.f)
+    lon_lat = transform_bounds(CRS, "EPSG:4326", transform.c, transform.f - 30.0 * size,
+                               transform.c + 30.0 * size, transform.f)
     west, south, east, north = lon_lat
     item.update(
         id=name, collection=COLLECTION, bbox=list(lon_lat),
@@ -63,7 +63,7 @@ def write_item(root: Path, base_url: str, tile: str, day: dt.date, cloud: float,
     )
     item["properties"] = {
         "datetime": f"{day.isoformat()}T16:58:49Z", "eo:cloud_cover": cloud, "grid:code": f"MGRS-{tile}",
-        "proj:code": CRS, "proj:shape": [SIZE, SIZE], "proj:transform": list(transform)[:6], "platform": "sentinel-2b",
+        "proj:code": CRS, "proj:shape": [size, size], "proj:transform": list(transform)[:6], "platform": "sentinel-2b",
     }
     (root / f"{name}.json").write_text(json.dumps(item))  # the same item, to run alone (input=)
     return item
