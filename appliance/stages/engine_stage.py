@@ -231,7 +231,7 @@ class EngineStage(Stage):
             raise RuntimeError(f"stage {self.name}: no engine yet; setup() builds it")
         return self.engine
 
-    def _pooling(self) -> "PoolEngine":
+    def pooling_engine(self) -> "PoolEngine":
         from appliance.engine.pool_engine import PoolEngine
 
         engine = self._running()
@@ -239,7 +239,7 @@ class EngineStage(Stage):
             raise RuntimeError(f"stage {self.name}: a pool request reached a generating engine")
         return engine
 
-    def _generating(self) -> "LLMEngine":
+    def generating_engine(self) -> "LLMEngine":
         from appliance.engine.llm_engine import LLMEngine
 
         engine = self._running()
@@ -252,7 +252,7 @@ class EngineStage(Stage):
 
     def _pool(self, records: Iterator[Record]) -> Iterator[Record]:
         return pool_in_order(records, EngineSteps(self), self.options.input, self.options.output,
-                             window=self._pooling().cfg.max_batch_size)
+                             window=self.pooling_engine().cfg.max_batch_size)
 
     def _generate(self, records: Iterator[Record]) -> Iterator[Record]:
         pending: Deque[Tuple[List[str], Record]] = deque()
@@ -289,7 +289,7 @@ class EngineStage(Stage):
     # ---- the engine's requests: `appliance run` (above) and `appliance serve`'s drivers go through these ----
     def add_item(self, item, coords=None) -> str:
         """Queue one pool item (a tile [C, H, W]) with the coordinates it carries; returns its request id."""
-        return self._pooling().add_request([item], coords=coords)
+        return self.pooling_engine().add_request([item], coords=coords)
 
     def step(self) -> list:
         """One engine step: its outputs (pool: the requests finished; generate: every running one's)."""
@@ -312,7 +312,7 @@ class EngineStage(Stage):
             params = SamplingParams(**answer_sampling(over_defaults(self.options.sampling, sampling or {}), answer))
         except (TypeError, ValueError) as e:
             raise InputError(f"sampling: {e}", param="sampling") from None
-        engine = self._generating()
+        engine = self.generating_engine()
         try:
             return engine.add_request(prompt, params, request_id=request_id, mm_ranges=mm_ranges,
                                       mm_data=mm_data, sibling=sibling)
@@ -327,7 +327,7 @@ class EngineStage(Stage):
         stage's; absent, the search runs to the end of the context (vLLM's default). InputError naming
         the field at fault."""
         sampling = over_defaults(self.options.sampling, sampling or {})
-        engine = self._generating()
+        engine = self.generating_engine()
         max_tokens = sampling.get("max_tokens") or answer_room(len(prompt), engine.max_model_len)
         params = BeamSearchParams(len(answer_ids), max_tokens, length_penalty, bool(sampling.get("ignore_eos")))
         try:
@@ -342,7 +342,7 @@ class EngineStage(Stage):
 
     def check_fits(self, prompt_tokens: int, max_tokens: Optional[int], field: str) -> None:
         """`check_fits` against this engine's context, naming `field`."""
-        check_fits(prompt_tokens, self._generating().max_model_len, field, "shorten it", max_tokens=max_tokens,
+        check_fits(prompt_tokens, self.generating_engine().max_model_len, field, "shorten it", max_tokens=max_tokens,
                    param=field)
 
     def close(self) -> None:
