@@ -67,6 +67,8 @@ def select_pinpoint(image_hw: tuple[int, int], pinpoints: Sequence[Sequence[int]
         key = (effective, -(ph * pw - effective))
         if best_key is None or key > best_key:
             best, best_key = (int(ph), int(pw)), key
+    if best is None:
+        raise ValueError("grid_pinpoints is empty: the model config names no grid to tile an image into")
     return best
 
 

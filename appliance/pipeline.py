@@ -104,6 +104,9 @@ class Shared:
     prompt stage renders with it, the engine detokenizes with it)."""
 
     def __init__(self):
+        self._start_empty()
+
+    def _start_empty(self) -> None:
         self._made: Dict[str, Any] = {}
         self._lock = threading.RLock()  # re-entrant: a value may be made from another (longest token <- tokenizer)
 
@@ -112,7 +115,7 @@ class Shared:
         return {}
 
     def __setstate__(self, state):
-        self.__init__()
+        self._start_empty()
 
     def get(self, key: str, make: Callable[[], Any]) -> Any:
         with self._lock:
@@ -182,11 +185,11 @@ class Pipeline:
         """Each record through every stage (`Stage.process_each`), or the error that stopped it."""
         results: List[Union[Record, Exception]] = list(records)
         for index, stage in enumerate(self.stages):
-            going = [i for i, result in enumerate(results) if not isinstance(result, Exception)]
+            going = [(i, result) for i, result in enumerate(results) if not isinstance(result, Exception)]
             if not going:
                 break
             self._setup(index)
-            for i, result in zip(going, stage.process_each([results[i] for i in going])):
+            for (i, _), result in zip(going, stage.process_each([record for _, record in going])):
                 results[i] = result
         return results
 

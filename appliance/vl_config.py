@@ -93,12 +93,16 @@ def derive(config: Any, input_type: ImageInputType) -> dict:
     layers = config.vision_feature_layer
     num_layers = 1 if isinstance(layers, int) else len(layers)
     per_view = tokens_per_view(config)
+    token = image_token_id(config)
+    if token is None:
+        raise ConfigError("config.json names no image token (image_token_id or image_token_index)")
+    shape: tuple[int, ...]
     if input_type is ImageInputType.pixel_values:
         shape = (int(getattr(vision, "num_channels", 3)), int(vision.image_size), int(vision.image_size))
     else:
         shape = (per_view, int(vision.hidden_size) * num_layers)
     return {
-        "image_token_id": int(image_token_id(config)),
+        "image_token_id": int(token),
         "image_input_shape": shape,
         "image_feature_size": per_view if config.model_type == "llava" else None,
     }
@@ -163,10 +167,12 @@ def load_checkpoint_config(path: Optional[str]):
 def checkpoint_architecture(raw: dict) -> str:
     """The architecture config.json names (`architectures[0]`, else from `model_type`), if supported."""
     names = raw.get("architectures") or []
+    model_type = raw.get("model_type")
     by_type = {t: a for a, t in SUPPORTED_ARCHITECTURES.items()}
-    arch = names[0] if names else by_type.get(raw.get("model_type"))
-    if arch not in SUPPORTED_ARCHITECTURES or by_type.get(raw.get("model_type")) != arch:
-        found = arch or f"model_type {raw.get('model_type')!r}"
+    expected = by_type.get(model_type) if isinstance(model_type, str) else None
+    arch = names[0] if names else expected
+    if arch not in SUPPORTED_ARCHITECTURES or expected != arch:
+        found = arch or f"model_type {model_type!r}"
         raise ConfigError(f"config.json: {found} is not a supported vision-language architecture "
                           f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     return arch

@@ -24,7 +24,7 @@ from appliance.config.engine_check import check_engine
 from appliance.field_rules import check_fields, nested_schema
 from appliance.config.free_text import apply_free_text, split_free_text
 from appliance.config.schema import GROUP_SCHEMAS, AppConfig, register_schemas
-from appliance.config.stage_overrides import STAGES_KEY, apply_stage_overrides, split_stage_overrides
+from appliance.config.stage_overrides import STAGES_KEY, apply_stage_overrides, override_text, split_stage_overrides
 from appliance.errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def _parse(overrides: Sequence[str]) -> List[Override]:
             raise ConfigError(f"bad override {line!r}: {_first_line(e)}{_split_word_hint(line)}") from None
     for override in parsed:
         if override.is_sweep_override():  # `input=a.tif,b.tif`: Hydra reads a sweep over two values
-            raise ConfigError(_sweep_hint(override.input_line))
+            raise ConfigError(_sweep_hint(override_text(override)))
     return parsed
 
 
@@ -159,14 +159,14 @@ def _check_stage_ids_at_root(parsed: Sequence[Override]) -> None:
     strays = [o for o in parsed if o.package is None and not _in_schema(o.key_or_group)]
     if not strays:
         return
-    stage_options = _stage_options([o.input_line for o in parsed if o.key_or_group in GROUP_SCHEMAS])
+    stage_options = _stage_options([override_text(o) for o in parsed if o.key_or_group in GROUP_SCHEMAS])
     for override in strays:
         root, _, rest = override.key_or_group.partition(".")
         if root not in stage_options:
             continue
         if _in_schema(root) and rest.split(".")[0] not in stage_options[root]:
             continue  # a misspelt key of the group: the schema's own error lists its fields
-        value = override.input_line.partition("=")[2]
+        value = override_text(override).partition("=")[2]
         suggestion = f"{STAGES_KEY}.{override.key_or_group}" + (f"={value}" if value else "")
         where = f"group '{root}'" if _in_schema(root) else "the root config"
         raise ConfigError(f"{override.key_or_group}: unknown key in {where}; '{root}' is a stage of this "
@@ -210,6 +210,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         OmegaConf.to_container(checked, throw_on_missing=True)
     except OmegaConfBaseException as e:
         raise ConfigError(_describe(e)) from None
+    if not isinstance(checked, DictConfig):  # merged into the AppConfig schema: always a mapping
+        raise ConfigError(f"the configuration is a {type(checked).__name__}, not a mapping of groups")
     check_fields(checked, AppConfig)  # each setting's declared rule (server.*, engine.*), before any model
     check_engine(checked)  # settings that can never run (e.g. a block size xformers' kernels refuse)
     load_stages(checked.plugins)
@@ -235,7 +237,7 @@ def _describe(error: BaseException) -> str:
 
 
 def _keyed_cause(error: BaseException) -> BaseException:
-    seen = error
+    seen: Optional[BaseException] = error
     while seen is not None:
         if getattr(seen, "full_key", None):
             return seen
@@ -245,7 +247,7 @@ def _keyed_cause(error: BaseException) -> BaseException:
 
 def _fields_beside(full_key: str) -> List[str]:
     """Field names allowed next to `full_key`, read from the schema dataclasses."""
-    schema = AppConfig
+    schema: Any = AppConfig  # a schema dataclass, or None below a field that is not one
     for part in full_key.split(".")[:-1]:
         field_types = {f.name: f.type for f in dataclasses.fields(schema)}
         schema = nested_schema(field_types.get(part))

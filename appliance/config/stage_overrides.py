@@ -23,6 +23,13 @@ from appliance.errors import ConfigError
 STAGES_KEY = "pipeline.stages"
 
 
+def override_text(override: Override) -> str:
+    """The override as written; Hydra's parser keeps it on every override it returns."""
+    if override.input_line is None:
+        raise ConfigError(f"override of {override.key_or_group!r} came without its text")
+    return override.input_line
+
+
 def split_stage_overrides(parsed: Sequence[Override]) -> Tuple[List[str], List[Override]]:
     """(override lines for Hydra, the overrides of `pipeline.stages.<id>...` for `apply_stage_overrides`)."""
     hydra, stages = [], []
@@ -30,7 +37,7 @@ def split_stage_overrides(parsed: Sequence[Override]) -> Tuple[List[str], List[O
         if override.package is None and override.key_or_group.startswith(STAGES_KEY + "."):
             stages.append(override)
         else:
-            hydra.append(override.input_line)
+            hydra.append(override_text(override))
     return hydra, stages
 
 
@@ -49,7 +56,7 @@ def apply_stage_overrides(cfg: DictConfig, overrides: Sequence[Override]) -> Non
 
 
 def _apply(cfg: DictConfig, stages: DictConfig, override: Override) -> None:
-    line = override.input_line
+    line = override_text(override)
     key = override.key_or_group
     stage_id, _, option = key[len(STAGES_KEY) + 1:].partition(".")
     if stage_id not in stages:
@@ -72,8 +79,8 @@ def _apply(cfg: DictConfig, stages: DictConfig, override: Override) -> None:
 def _unknown_id(override: Override, stages: DictConfig, cfg: DictConfig) -> str:
     """The stages the pipeline has and, when the override sets an option, the stages that have it."""
     stage_id, _, option = override.key_or_group[len(STAGES_KEY) + 1:].partition(".")
-    ids = list(stages.keys())
-    value = override.input_line.partition("=")[2]
+    ids = [str(stage) for stage in stages.keys()]
+    value = override_text(override).partition("=")[2]
     hint = ""
     if option:
         name = option.split(".")[0]
@@ -103,7 +110,7 @@ def _ids_with_option(stages: DictConfig, option: str, cfg: DictConfig) -> List[s
         return []
     owners = []
     for stage_id, node in stages.items():
-        name = (node.get("stage") if isinstance(node, DictConfig) else None) or stage_id
+        name = str((node.get("stage") if isinstance(node, DictConfig) else None) or stage_id)
         cls = STAGES.get(name)
         if cls is not None and option in {f.name for f in fields(cls.options_for(cfg))}:
             owners.append(str(stage_id))

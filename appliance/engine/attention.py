@@ -109,14 +109,17 @@ class PagedAttention(cpu_kernels.KernelLayer):
 
     def forward(self, q, k, v, ctx: StepContext) -> torch.Tensor:
         """q: [T, Hq*D], k/v: [T, Hk*D] -> [T, Hq*D]."""
+        k_cache, v_cache = self.k_cache, self.v_cache
+        if k_cache is None or v_cache is None:
+            raise RuntimeError("attention ran before the model runner assigned its k_cache and v_cache")
         t = q.shape[0]
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if (self.use_cpu_kernels and cpu_kernels.fits(k, v, self.k_cache)
+        if (self.use_cpu_kernels and cpu_kernels.fits(k, v, k_cache)
                 and k.stride(1) == v.stride(1) == self.head_dim):
-            cpu_kernels.write_kv(k, v, ctx.slot_mapping, self.k_cache, self.v_cache)
+            cpu_kernels.write_kv(k, v, ctx.slot_mapping, k_cache, v_cache)
         else:
-            self.k_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = k
-            self.v_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = v
-        return self.backend.forward(q, k, v, self.k_cache, self.v_cache, ctx, self.scale).reshape(t, -1)
+            k_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = k
+            v_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.slot_mapping] = v
+        return self.backend.forward(q, k, v, k_cache, v_cache, ctx, self.scale).reshape(t, -1)

@@ -109,4 +109,4 @@ def _facts(tensors: Iterable[Tuple[Optional[torch.dtype], Iterable[int]]], sourc
             other += n * dtype.itemsize
     if not elements:
         raise ConfigError(f"{source} holds no floating point weights: not a model checkpoint")
-    return CheckpointFacts(max(elements, key=elements.get), sum(elements.values()), other)
+    return CheckpointFacts(max(elements, key=lambda dtype: elements[dtype]), sum(elements.values()), other)

@@ -127,4 +127,7 @@ def engine_config_from(node) -> EngineConfig:
     from omegaconf import OmegaConf
 
     merged = OmegaConf.merge(OmegaConf.structured(EngineConfig), node)
-    return OmegaConf.to_object(merged)
+    config = OmegaConf.to_object(merged)
+    if not isinstance(config, EngineConfig):  # a structured node's object is its dataclass
+        raise TypeError(f"the engine group built a {type(config).__name__}, not an EngineConfig")
+    return config

@@ -112,7 +112,7 @@ class PackedWeight:
         self.scale = scale
         self.bf16_units = bf16_units
         self.vnni = vnni
-        shape = self.shape(*weight.shape, weight.dtype)
+        shape = self.shape(self.out_features, self.in_features, weight.dtype)
         self.data = torch.empty(shape, dtype=weight.dtype) if out is None else out.view(shape)
         ops().pack_weight(weight, self.data.view(-1))
 

@@ -3,11 +3,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from appliance.engine.linear import PackableLinear
+from appliance.engine.linear import PackableLinear, set_weight_loader
 from appliance.engine.parallel import ParallelState
 
 
 class VocabParallelEmbedding(nn.Module):
+    weight: torch.Tensor  # a Parameter, typed as PackableLinear's for the LM head that is both
+
     def __init__(self, vocab_size: int, dim: int, tp: ParallelState):
         super().__init__()
         self.tp = tp
@@ -16,7 +18,7 @@ class VocabParallelEmbedding(nn.Module):
         self.local = -(-vocab_size // tp.world_size)
         self.start = tp.rank * self.local
         self.weight = nn.Parameter(torch.empty(self.local, dim))
-        self.weight.weight_loader = self.weight_loader
+        set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         part = loaded[self.start:self.start + self.local]

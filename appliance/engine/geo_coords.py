@@ -5,7 +5,7 @@ their scene's). Items batched together must carry the same kind of coordinates (
 that `batch_coords` can stack them into the keyword arguments the model's forward takes.
 """
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,7 +35,14 @@ def batch_coords(coords: Sequence[Optional[GeoCoords]], device) -> Dict[str, tor
     frames, located = kind
     kwargs = {}
     if frames is not None:
-        kwargs["temporal_coords"] = torch.stack([c.temporal for c in coords]).to(device)
+        kwargs["temporal_coords"] = _stacked([None if c is None else c.temporal for c in coords], "temporal")
     if located:
-        kwargs["location_coords"] = torch.stack([c.location for c in coords]).to(device)
-    return kwargs
+        kwargs["location_coords"] = _stacked([None if c is None else c.location for c in coords], "location")
+    return {name: value.to(device) for name, value in kwargs.items()}
+
+
+def _stacked(parts: List[Optional[torch.Tensor]], what: str) -> torch.Tensor:
+    present = [p for p in parts if p is not None]
+    if len(present) != len(parts):
+        raise ValueError(f"a batch mixes items with and without {what} coordinates; batch one coords_kind")
+    return torch.stack(present)

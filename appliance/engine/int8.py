@@ -63,11 +63,17 @@ class Int8Weight:
     def nbytes(self) -> int:
         if self.packed is not None:
             return self.packed.nbytes
-        return self.q.numel() + self.scale.numel() * self.scale.element_size()
+        return self._rows().numel() + self.scale.numel() * self.scale.element_size()
+
+    def _rows(self) -> torch.Tensor:
+        """The [N, K] int8 rows; a weight packed for our GEMM keeps them only in its panels."""
+        if self.q is None:
+            raise RuntimeError("this int8 weight is packed for our GEMM and keeps no separate rows")
+        return self.q
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """W as the int8 rows stand for it (an unpacked weight)."""
-        return (self.q.to(torch.float32) * self.scale[:, None]).to(dtype)
+        return (self._rows().to(torch.float32) * self.scale[:, None]).to(dtype)
 
     def linear(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x Wᵀ (+ bias) for x [..., K], in x's dtype."""
@@ -76,19 +82,21 @@ class Int8Weight:
         on_cpu = x.device.type == "cpu"
         if self.packed is not None:
             y = cpu_kernels.linear(x2.float(), self.packed)
-        elif on_cpu and x2.shape[0] <= self.plan.cpu_kernel_rows:
-            x32 = x2.float()  # [rows, K]: a few KB, converted here so the kernel reads fp32 alone
-            y = cpu_kernels.linear_int8(x32 if x32.stride(-1) == 1 else x32.contiguous(), self.q, self.scale)
-        elif x2.shape[0] <= self.plan.kernel_rows and self.q.shape[1] % TORCH_KERNEL_K_MULTIPLE == 0:
-            compute = torch.bfloat16 if on_cpu else dtype
-            y = torch.ops.aten._weight_int8pack_mm(x2.to(compute), self.q, self.scale.to(compute))
         else:
-            compute = self.plan.tile_dtype if on_cpu else dtype
-            x2 = x2.to(compute)
-            y = torch.empty(x2.shape[0], self.q.shape[0], dtype=compute, device=x.device)
-            for start in range(0, self.q.shape[0], TILE_ROWS):
-                torch.mm(x2, self.q[start:start + TILE_ROWS].to(compute).t(), out=y[:, start:start + TILE_ROWS])
-            y *= self.scale.to(compute)  # the scales on the output: a pass over [rows, N], not over each tile
+            q = self._rows()
+            if on_cpu and x2.shape[0] <= self.plan.cpu_kernel_rows:
+                x32 = x2.float()  # [rows, K]: a few KB, converted here so the kernel reads fp32 alone
+                y = cpu_kernels.linear_int8(x32 if x32.stride(-1) == 1 else x32.contiguous(), q, self.scale)
+            elif x2.shape[0] <= self.plan.kernel_rows and q.shape[1] % TORCH_KERNEL_K_MULTIPLE == 0:
+                compute = torch.bfloat16 if on_cpu else dtype
+                y = torch.ops.aten._weight_int8pack_mm(x2.to(compute), q, self.scale.to(compute))
+            else:
+                compute = self.plan.tile_dtype if on_cpu else dtype
+                x2 = x2.to(compute)
+                y = torch.empty(x2.shape[0], q.shape[0], dtype=compute, device=x.device)
+                for start in range(0, q.shape[0], TILE_ROWS):
+                    torch.mm(x2, q[start:start + TILE_ROWS].to(compute).t(), out=y[:, start:start + TILE_ROWS])
+                y *= self.scale.to(compute)  # the scales on the output: a pass over [rows, N], not over each tile
         y = y.to(dtype).reshape(*shape[:-1], self.scale.shape[0])
         return y if bias is None else y + bias
 

@@ -69,6 +69,9 @@ def rope_inv_freq(head_dim: int, params: dict) -> torch.Tensor:
 class RotaryEmbedding(cpu_kernels.KernelLayer):
     """Neox-style rotary embedding (rotate the two halves), with a cos/sin table per position."""
 
+    cos: torch.Tensor  # buffers: [max_positions, head_dim]
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, params: Optional[dict] = None):
         super().__init__()
         self.head_dim, self.max_positions = head_dim, max_positions

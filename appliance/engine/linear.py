@@ -10,7 +10,7 @@ freed. `use_bf16_kernel(model, rows)`: steps of those many rows multiply bf16 we
 plain `nn.Linear` layers take the same plan once `packable_linears` has swapped them for `PlanLinear`s
 holding the same parameters."""
 from collections import Counter
-from typing import List, Optional, Union
+from typing import Callable, List, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,15 @@ from appliance.engine.int4 import Int4Plan, Int4Weight, layer_problem
 from appliance.engine.int8 import Int8Plan, Int8Weight
 from appliance.engine.parallel import ParallelState
 from appliance.errors import ConfigError
+
+
+WEIGHT_LOADER = "weight_loader"  # the parameter attribute load_named_weights calls, where set
+
+
+def set_weight_loader(param: torch.Tensor, loader: Callable[..., None]) -> None:
+    """Give `param` the loader that keeps this rank's part of a checkpoint tensor (torch's Parameter
+    declares no such attribute, so it is set by name)."""
+    setattr(param, WEIGHT_LOADER, loader)
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -35,16 +44,19 @@ class PackableLinear(nn.Module):
     packed: Optional[cpu_kernels.PackedWeight] = None
     quantized: Optional[Union[Int8Weight, Int4Weight]] = None
     bf16_kernel_rows: range = range(0)  # steps with these many rows run our bf16-weight GEMM (use_bf16_kernel)
+    weight: torch.Tensor  # each subclass sets its own Parameter
 
     def pack(self, out: Optional[torch.Tensor] = None, keep_weight: bool = False, bf16_units: bool = True) -> None:
         self.packed = cpu_kernels.PackedWeight(self.weight.data, out, bf16_units=bf16_units)
         if not keep_weight:
             self.weight.data = torch.empty(0)  # the Parameter (and its name) stays; its memory goes
 
-    def quantize(self, plan: Union[Int8Plan, Int4Plan]) -> None:
+    def quantize(self, plan: Union[Int8Plan, Int4Plan]) -> Union[Int8Weight, Int4Weight]:
         weight = self.weight.data
-        self.quantized = Int8Weight(weight, plan) if isinstance(plan, Int8Plan) else Int4Weight(weight, plan)
+        quantized = Int8Weight(weight, plan) if isinstance(plan, Int8Plan) else Int4Weight(weight, plan)
+        self.quantized = quantized
         self.weight.data = torch.empty(0, device=self.weight.device)  # the Parameter stays; its memory goes
+        return quantized
 
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.quantized is not None:
@@ -109,7 +121,7 @@ def pack_for_cpu(model: nn.Module, bf16_units: bool = True) -> None:
     if len(dtypes) > 1:
         raise ValueError(f"pack_for_cpu takes weights of one dtype, got {sorted(map(str, dtypes))}")
     dtype = dtypes.pop() if dtypes else torch.float32
-    sizes = [cpu_kernels.PackedWeight.numel(*m.weight.shape, dtype) for m in layers]
+    sizes = [cpu_kernels.PackedWeight.numel(m.weight.shape[0], m.weight.shape[1], dtype) for m in layers]
     # Pages are touched only as each layer is packed into them, and each layer's [N, K] copy is freed
     # after: the peak is the weights plus one layer, not twice the weights.
     arena = hugepages.empty([sum(sizes)], dtype)
@@ -137,8 +149,7 @@ def quantize_projections(model: nn.Module, plan: Union[Int8Plan, Int4Plan]) -> i
     saved = 0
     for _, m in layers:
         before = m.weight.numel() * m.weight.element_size()
-        m.quantize(plan)
-        saved += before - m.quantized.nbytes
+        saved += before - m.quantize(plan).nbytes
     return saved
 
 
@@ -150,11 +161,11 @@ class ColumnParallelLinear(PackableLinear):
         self.tp = tp
         self.out_local = tp.shard(out_features, "output features")
         self.weight = nn.Parameter(torch.empty(self.out_local, in_features))
-        self.weight.weight_loader = self.weight_loader
-        self.bias = None
+        set_weight_loader(self.weight, self.weight_loader)
+        self.bias: Optional[nn.Parameter] = None
         if bias:
             self.bias = nn.Parameter(torch.empty(self.out_local))
-            self.bias.weight_loader = self.weight_loader
+            set_weight_loader(self.bias, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         n = param.shape[0]
@@ -171,7 +182,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(in_features, sum(output_sizes), tp, bias)
         self.local_sizes = [tp.shard(s, "merged output size") for s in output_sizes]
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[int] = None) -> None:
+        if shard_id is None:
+            raise ValueError("a merged projection loads one part at a time: shard_id says which")
         n = self.local_sizes[shard_id]
         dst = param.data.narrow(0, sum(self.local_sizes[:shard_id]), n)
         dst.copy_(loaded.narrow(0, self.tp.rank * n, n))
@@ -188,6 +201,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         super().__init__(hidden, (num_heads + 2 * num_kv_heads) * head_dim, tp, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[str] = None) -> None:
+        if shard_id is None:
+            raise ValueError("a fused q/k/v projection loads one part at a time: shard_id is 'q', 'k' or 'v'")
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         start, n = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
         param.data.narrow(0, start, n).copy_(loaded.narrow(0, self.tp.rank * n, n))
@@ -201,11 +216,11 @@ class RowParallelLinear(PackableLinear):
         self.tp = tp
         self.in_local = tp.shard(in_features, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.in_local))
-        self.weight.weight_loader = self.weight_loader
-        self.bias = None
+        set_weight_loader(self.weight, self.weight_loader)
+        self.bias: Optional[nn.Parameter] = None
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features))
-            self.bias.weight_loader = default_weight_loader
+            set_weight_loader(self.bias, default_weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         n = param.shape[1]

@@ -2,7 +2,7 @@
 import dataclasses
 import itertools
 import logging
-from typing import Dict, Iterable, List, Optional, Sequence as Seq, Union
+from typing import Dict, List, Optional, Sequence as Seq, Tuple, Union
 
 import torch
 from transformers import AutoConfig, AutoTokenizer
@@ -151,7 +151,7 @@ class LLMEngine:
                 raise FieldError(name, f"token ids {outside[:5]} are outside the vocabulary "
                                        f"(0 to {self.vocab_size - 1})")
 
-    def _check_mm(self, ids: List[int], mm_data, mm_ranges: Optional[List[MMRange]]) -> List[MMRange]:
+    def _check_mm(self, ids: List[int], mm_data, mm_ranges: Optional[List[MMRange]]) -> Optional[List[MMRange]]:
         """Items in prompt order, each on a run of image tokens, and no image token without an item;
         the items' ranges key the prefix cache. Raises ValueError before anything is scheduled."""
         token = self.image_token_id
@@ -267,7 +267,7 @@ class LLMEngine:
 
     # ---- convenience ----------------------------------------------------------------------------
     def generate(self, prompts: Seq[Union[str, List[int]]],
-                 sampling_params: Union[SamplingParams, Iterable[SamplingParams], None] = None
+                 sampling_params: Union[SamplingParams, List[SamplingParams], Tuple[SamplingParams, ...], None] = None
                  ) -> List[RequestOutput]:
         """Run the prompts to completion; final outputs in input order."""
         params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else \

@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Optional, Tuple
 import torch
 from torch import nn
 
-from appliance.engine.linear import default_weight_loader
+from appliance.engine.linear import WEIGHT_LOADER, default_weight_loader
 from appliance.engine.safetensors_files import iter_weights
 
 
@@ -48,7 +48,7 @@ def load_named_weights(model: nn.Module, weights: Iterable[Tuple[Optional[str], 
             raise KeyError(f"checkpoint tensor {name!r} has no matching model parameter; is the "
                            f"architecture in config.json right for this checkpoint?")
         param = params[name]
-        loader = getattr(param, "weight_loader", None)
+        loader = getattr(param, WEIGHT_LOADER, None)
         with torch.no_grad():
             if loader is None:
                 default_weight_loader(param, tensor)

@@ -12,21 +12,23 @@ defines `init_buffers()` (it or a module above it), which `materialize` calls on
 exists. A meta buffer that no such module covers is a model bug, reported by name before anything is
 allocated.
 """
-from typing import Callable, Dict
+from typing import Callable, Dict, TypeVar
 
 import torch
 from torch import nn
 
 from appliance.engine import hugepages
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
-def build_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
+
+def build_on_meta(build: Callable[[], ModuleT]) -> ModuleT:
     """`build()` with every tensor it makes on the meta device (no memory, no initialisation)."""
     with torch.device("meta"):
         return build()
 
 
-def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def materialize(model: ModuleT, device: torch.device, dtype: torch.dtype) -> ModuleT:
     """Give `model`'s meta parameters and buffers uninitialised storage on `device` (floating point ones
     in `dtype`), then run each module's `init_buffers()`. Tied parameters stay tied; attributes set on
     a parameter (its `weight_loader`) carry over. Returns the model."""

@@ -77,7 +77,11 @@ class ModelRunner:
         a = layers[0]
         geometry = AttentionGeometry(a.num_heads, a.num_kv_heads, a.head_dim, self.block_size, len(layers))
         bytes_per_block = geometry.block_bytes(self.dtype)
-        n = self.cfg.num_kv_blocks or self.cfg.kv_cache_memory_bytes // bytes_per_block
+        n = self.cfg.num_kv_blocks
+        if not n:
+            if self.cfg.kv_cache_memory_bytes is None:
+                raise ValueError("the KV cache has no size: set engine.kv_cache_memory_bytes or engine.num_kv_blocks")
+            n = self.cfg.kv_cache_memory_bytes // bytes_per_block
         if n < 1:
             raise ValueError(f"engine.kv_cache_memory_bytes={self.cfg.kv_cache_memory_bytes} holds no KV "
                              f"block ({bytes_per_block} bytes each); raise it or set engine.num_kv_blocks")
@@ -95,7 +99,7 @@ class ModelRunner:
         step = StepInput([], [], [], [], [], [], [])
         bs = self.block_size
         row = 0
-        mm_pieces = []
+        mm_pieces: List[torch.Tensor] = []
         if self.multimodal:
             self._encode_new_images(out)
         for item in out.scheduled:
@@ -139,10 +143,13 @@ class ModelRunner:
                 need += [(held, image) for image in new.values()]
         if not need:
             return
+        model, cache = self.model, self.encoder_cache
+        if not isinstance(model, MultimodalCausalLM) or cache is None:
+            raise RuntimeError(f"{type(model).__name__} takes no images, yet a request holds some")
         with torch.inference_mode():
-            embs = self.encoder_cache.get_or_compute_many(
+            embs = cache.get_or_compute_many(
                 [image.content_hash for _, image in need],
-                lambda idx: self.model.embed_images([need[i][1] for i in idx]))
+                lambda idx: model.embed_images([need[i][1] for i in idx]))
         for (held, image), emb in zip(need, embs):
             held[image.content_hash] = emb
 
@@ -175,6 +182,8 @@ class ModelRunner:
         ctx.attn_meta = self.attn_backend.prepare(step, ctx)
         ids = torch.tensor(step.input_ids, dtype=torch.long, device=self.device)
         if step.mm_rows:
+            if step.mm_embeds is None:
+                raise ValueError("a step with image rows carries no image embeddings")
             rows = torch.tensor(step.mm_rows, dtype=torch.long, device=self.device)
             ids[rows] = 0  # placeholder ids may lie outside the vocab; their embeddings are replaced
             embeds = self.model.embed_tokens(ids)
@@ -205,9 +214,9 @@ class ModelRunner:
         for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             first, count = seq.prompt_scoring(start, start + item.num_new_tokens)
-            if count:
+            top_n = seq.sampling_params.prompt_logprobs
+            if count and top_n is not None:  # count is 0 unless the request asks for prompt_logprobs
                 targets = seq.token_ids[first + 1:first + 1 + count]
-                scored[seq.request_id] = self.sampler.score(logits[row:row + count], targets,
-                                                            seq.sampling_params.prompt_logprobs)
+                scored[seq.request_id] = self.sampler.score(logits[row:row + count], targets, top_n)
                 row += count
         return scored

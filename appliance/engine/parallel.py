@@ -39,7 +39,7 @@ class ParallelState:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
-            self.group.allreduce([x]).wait()
+            self._group().allreduce([x]).wait()
         return x
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,8 +47,13 @@ class ParallelState:
             return x
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        self.group.allgather([parts], [x]).wait()
+        self._group().allgather([parts], [x]).wait()
         return torch.cat(parts, dim=-1)
+
+    def _group(self) -> dist.ProcessGroup:
+        if self.group is None:
+            raise RuntimeError(f"a tensor-parallel state of {self.world_size} ranks has no process group")
+        return self.group
 
     def shard(self, size: int, what: str) -> int:
         """Per-rank share of a dimension that must split evenly."""

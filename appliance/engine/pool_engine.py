@@ -43,6 +43,13 @@ class PoolRequest:
     def done(self) -> bool:
         return all(o is not None for o in self.outputs)
 
+    def stacked_outputs(self) -> torch.Tensor:
+        """[N, ...]: every item's output, once `done`."""
+        outputs = [o for o in self.outputs if o is not None]
+        if len(outputs) != len(self.outputs):
+            raise RuntimeError(f"pool request {self.request_id} has items still running")
+        return torch.stack(outputs)
+
 
 def plan_batch(queue: Sequence[PoolRequest], max_batch_size: int) -> List[Tuple[PoolRequest, int]]:
     """Pick the next items FCFS, at most `max_batch_size`, all shaped like the first one picked and carrying
@@ -144,7 +151,7 @@ class PoolEngine:
             req.outputs[i] = out
             if req.done and req.request_id in self.requests:
                 del self.requests[req.request_id]
-                finished.append(PoolOutput(req.request_id, torch.stack(req.outputs), True, "done"))
+                finished.append(PoolOutput(req.request_id, req.stacked_outputs(), True, "done"))
         return finished
 
     @torch.inference_mode()
@@ -162,6 +169,8 @@ class PoolEngine:
         done: Dict[str, torch.Tensor] = {}
         while self.has_unfinished():
             for out in self.step():
+                if out.output is None:
+                    raise RuntimeError(f"pool request {out.request_id} finished without an output")
                 done[out.request_id] = out.output
         return [done[i] for i in ids]
 

@@ -61,12 +61,12 @@ class Sampler:
             cols = [tid for ids in suppress for tid in ids]
             logits[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = float("-inf")
         if masks is not None:
-            rows = torch.tensor(masks.rows, device=device)
+            mask_rows = torch.tensor(masks.rows, device=device)
             vocab = min(logits.shape[1], masks.allowed.shape[1])
-            constrained = logits[rows]
+            constrained = logits[mask_rows]
             constrained[:, :vocab].masked_fill_(~masks.allowed[:, :vocab].to(device), float("-inf"))
             constrained[:, vocab:] = float("-inf")  # padding rows of the embedding are never a token
-            logits[rows] = constrained
+            logits[mask_rows] = constrained
         return logits
 
     def _sample(self, logits, params, generators) -> torch.Tensor:
@@ -95,7 +95,7 @@ class Sampler:
     @staticmethod
     def score(logits: torch.Tensor, targets: List[int], top_n: int) -> List[Dict[int, float]]:
         """Per row: {target: its logprob, then the top N}, from the raw logits (prompt_logprobs)."""
-        return logprob_entries(torch.log_softmax(logits.float(), dim=-1), targets, [top_n] * len(targets))
+        return scored_entries(torch.log_softmax(logits.float(), dim=-1), targets, [top_n] * len(targets))
 
     @staticmethod
     def _logprobs(logits, tokens, params) -> List[Optional[Dict[int, float]]]:
@@ -110,18 +110,21 @@ def logprob_entries(logprobs: torch.Tensor, tokens: List[int], top_ns: List[Opti
                     ) -> List[Optional[Dict[int, float]]]:
     """The logprobs entry of each row of `logprobs` [R, V]: {its token: logprob, then the row's top N in
     order, the token not repeated}; None for a row whose N is None (it asked for none)."""
-    n_max = max((n or 0 for n in top_ns), default=0)
+    entries = scored_entries(logprobs, tokens, [n or 0 for n in top_ns])
+    return [None if n is None else entry for n, entry in zip(top_ns, entries)]
+
+
+def scored_entries(logprobs: torch.Tensor, tokens: List[int], top_ns: List[int]) -> List[Dict[int, float]]:
+    """`logprob_entries` for rows that each ask for N entries."""
+    n_max = max(top_ns, default=0)
     chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None]).squeeze(1).tolist()
     # One device -> host copy each for the whole batch, not one per row.
     if n_max:
         top_vals, top_ids = (t.tolist() for t in logprobs.topk(n_max, dim=-1))
     else:
         top_vals = top_ids = [[] for _ in tokens]
-    out: List[Optional[Dict[int, float]]] = []
+    out: List[Dict[int, float]] = []
     for token, lp, n, ids, vals in zip(tokens, chosen, top_ns, top_ids, top_vals):
-        if n is None:
-            out.append(None)
-            continue
         entry = {token: lp}
         for tid, value in zip(ids[:n], vals[:n]):
             entry.setdefault(tid, value)

@@ -1,8 +1,11 @@
 """State of one generation request as it moves through the engine."""
 from enum import Enum
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from appliance.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # a Sequence is plain Python; only its generator is torch's
+    import torch
 
 # (mm_hash, start, length): a run of placeholder tokens that stand for one multimodal item.
 MMRange = Tuple[str, int, int]
@@ -38,7 +41,7 @@ class Sequence:
         self.num_cached_tokens = 0  # prefix-cache hits at the last admission
         self.num_preemptions = 0
         self.finish_reason: Optional[str] = None
-        self.generator = None  # torch.Generator, made by the engine when the request is added
+        self.generator: Optional["torch.Generator"] = None  # made by the engine when the request is added
         self.min_tokens_suppress: Tuple[int, ...] = ()  # EOS / stop ids masked until min_tokens (engine sets)
         self.matcher = None  # llguidance's matcher of a structured request (engine sets), fed each token
         self.sibling: Optional["Sequence"] = None  # the request whose prompt this one shares (n > 1)

@@ -12,14 +12,17 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Literal, Optional, Sequence
 
 import torch
 
-KINDS = ("json", "regex", "choice", "grammar")
-# Separators as json.dumps writes them, and no free whitespace: a model cannot pad its answer with
-# newlines until max_tokens, and the text reads as the JSON models are trained on.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+if TYPE_CHECKING:  # imported where a grammar is first compiled
+    import llguidance
+
+# The kinds llguidance compiles from their text, by its name for each; json goes through its JSON schema compiler.
+TEXT_FORMATS: Dict[str, Literal["regex", "choice", "grammar"]] = {
+    "regex": "regex", "choice": "choice", "grammar": "grammar"}
+KINDS = ("json", *TEXT_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -43,9 +46,12 @@ class StructuredOutput:
                 raise ValueError(f"the JSON schema is not JSON: {e}") from None
         try:
             if self.kind == "json":  # JSON as json.dumps writes it: a schema's own x-guidance options win
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(self.spec, defaults=JSON_LAYOUT)
+                # Separators as json.dumps writes them, and no free whitespace: a model cannot pad its answer
+                # with newlines until max_tokens, and the text reads as the JSON models are trained on.
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(self.spec, defaults={
+                    "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
             else:
-                grammar = llguidance.grammar_from(self.kind, self.spec)
+                grammar = llguidance.grammar_from(TEXT_FORMATS[self.kind], self.spec)
         except (ValueError, TypeError) as e:
             raise ValueError(f"cannot read the {self.kind}: {e}") from None
         error = llguidance.LLMatcher.validate_grammar(grammar)
@@ -71,8 +77,9 @@ class GrammarMatchers:
     def __init__(self, hf_tokenizer, vocab_size: int, capacity: int = 64):
         self.hf_tokenizer, self.vocab_size, self.capacity = hf_tokenizer, vocab_size, capacity
         self.words = (vocab_size + 31) // 32  # int32 words a row's bitmask takes
-        self._tokenizer = None  # built on the first structured request (it walks the whole vocab)
-        self._compiled: "OrderedDict[StructuredOutput, object]" = OrderedDict()
+        # built on the first structured request (it walks the whole vocab)
+        self._tokenizer: Optional["llguidance.LLTokenizer"] = None
+        self._compiled: "OrderedDict[StructuredOutput, llguidance.LLMatcher]" = OrderedDict()
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
         self.fill_seconds = 0.0  # time the mask thread spent filling masks (what overlapping the forward hides)
 

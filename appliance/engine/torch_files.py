@@ -5,7 +5,7 @@ scalars (an EvalHook's best score), which `weights_only` refuses by default. The
 they build plain values; anything else that is not a tensor, container or plain value is refused.
 """
 import pickle
-from typing import List, Optional
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ def load_torch_file(path: str, mmap: bool = False):
 def numpy_scalar_globals(names: List[str]) -> Optional[list]:
     """The allow-list entries for `names` when every one is numpy's scalar constructor or a numeric dtype
     (they build plain values), else None."""
-    allowed = []
+    allowed: List[Union[Callable[..., Any], Tuple[Callable[..., Any], str]]] = []
     for name in names:
         if name in NUMPY_SCALAR_NAMES:
             scalar = np.float64(0).__reduce__()[0]  # numpy's scalar constructor, as pickle finds it

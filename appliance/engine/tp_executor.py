@@ -19,6 +19,7 @@ import os
 import sys
 import time
 import traceback
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -200,7 +201,7 @@ class TPExecutor:
         if not wait_watching(done.query, self.check_ranks, deadline):
             self._fail(f"tensor-parallel step did not finish within {self.timeout_s:g} s")
 
-    def _fail(self, msg: str, report: str = ""):
+    def _fail(self, msg: str, report: str = "") -> NoReturn:
         runner = getattr(self, "runner", None)  # absent while starting up
         if runner is not None and runner.device.type == "cuda" and runner.tp.group is not None:
             try:

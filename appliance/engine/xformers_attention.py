@@ -41,7 +41,8 @@ class XformersAttentionBackend:
 
     def __init__(self, fmha=None):
         if fmha is None:
-            from xformers.ops import fmha  # optional, CUDA-only dependency (the `gpu` extra)
+            from xformers.ops import fmha as xformers_fmha  # optional, CUDA-only dependency (the `gpu` extra)
+            fmha = xformers_fmha
         self.fmha = fmha
         self.ops = {DECODE: fmha.triton_splitk.FwOp, PREFILL: fmha.flash.FwOp, MIXED: fmha.flash.FwOp}
 

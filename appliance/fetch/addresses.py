@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 
@@ -61,7 +61,7 @@ def refusal(ip: IPAddress) -> Optional[str]:
     return None
 
 
-def first_refused(addresses: list[Address]) -> Optional[tuple[IPAddress, str]]:
+def first_refused(addresses: Sequence[Address]) -> Optional[tuple[IPAddress, str]]:
     """The first address that is refused, with the reason; None when all are public."""
     for address in addresses:
         reason = refusal(address.ip)

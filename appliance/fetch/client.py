@@ -24,11 +24,11 @@ import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, NoReturn, Optional, Union
+from typing import BinaryIO, Callable, Literal, NoReturn, Optional, Sequence, Union, overload
 
 from appliance.errors import InputError
 from appliance.fetch.addresses import Address, first_refused, resolve
-from appliance.fetch.connection import PinnedHTTPConnection, PinnedHTTPSConnection
+from appliance.fetch.connection import PinnedConnection, PinnedHTTPConnection, PinnedHTTPSConnection
 from appliance.fetch.policy import FetchPolicy
 from appliance.fetch.kept_connections import KeptConnections
 
@@ -74,7 +74,7 @@ def fetch_to_file(url: str, path: Union[str, os.PathLike, BinaryIO], policy: Fet
     stood. Errors writing locally (disk full, no such directory) stay OSError: they are not the URL's.
     """
     transfer = _Transfer(url, policy, field, ssl_context)
-    if hasattr(path, "write"):
+    if not isinstance(path, (str, os.PathLike)):  # an open binary file
         start = path.tell()
         try:
             return transfer.run(path.write)
@@ -183,7 +183,7 @@ class _Transfer:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         return _Hop(scheme, host, port, path, label + redirected)
 
-    def _reused(self, hop: _Hop) -> Optional[http.client.HTTPConnection]:
+    def _reused(self, hop: _Hop) -> Optional[PinnedConnection]:
         """A kept connection for exactly this hop's scheme, host, port and TLS context, its addresses
         judged again under this transfer's policy; None when the pool has none."""
         if self.connections is None:
@@ -198,7 +198,7 @@ class _Transfer:
                 raise
         return connection
 
-    def _keep(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse,
+    def _keep(self, connection: PinnedConnection, response: http.client.HTTPResponse,
               hop: _Hop) -> bool:
         """File the connection in the pool when its response was read to the end and the server keeps it."""
         read_to_the_end = response.isclosed() or response.length == 0  # read1 leaves a spent response open
@@ -209,7 +209,7 @@ class _Transfer:
         self.connections.put(hop.pool_key(self.ssl_context), connection)
         return True
 
-    def _vet(self, hop: _Hop, addresses: list[Address]) -> None:
+    def _vet(self, hop: _Hop, addresses: Sequence[Address]) -> None:
         if not self.policy.allows(hop.host):
             refused = first_refused(addresses)
             if refused is not None:
@@ -217,7 +217,7 @@ class _Transfer:
                 self._fail(f"host {hop.where} resolves to {ip}, {reason}; only public addresses are fetched "
                            "(an operator can allow this host with server.allowed_media_domains)")
 
-    def _connect(self, hop: _Hop) -> http.client.HTTPConnection:
+    def _connect(self, hop: _Hop) -> PinnedConnection:
         self._check_deadline(hop)
         try:
             addresses = resolve(hop.host, hop.port)
@@ -227,6 +227,7 @@ class _Transfer:
                        "can resolve")
         self._vet(hop, addresses)
         timeout = self.policy.connect_timeout_s
+        connection: PinnedConnection
         if hop.scheme == "https":
             connection = PinnedHTTPSConnection(hop.host, hop.port, addresses, timeout, self.deadline,
                                                self.ssl_context)
@@ -247,7 +248,15 @@ class _Transfer:
                        "accept http(s) connections from the server")
         return connection
 
-    def _get(self, connection: http.client.HTTPConnection, sock: socket.socket, hop: _Hop,
+    @overload
+    def _get(self, connection: PinnedConnection, sock: socket.socket, hop: _Hop,
+             reused: Literal[False]) -> http.client.HTTPResponse: ...
+
+    @overload
+    def _get(self, connection: PinnedConnection, sock: socket.socket, hop: _Hop,
+             reused: bool) -> Optional[http.client.HTTPResponse]: ...
+
+    def _get(self, connection: PinnedConnection, sock: socket.socket, hop: _Hop,
              reused: bool) -> Optional[http.client.HTTPResponse]:
         """The response's status and headers; None when a reused connection turns out closed by the
         server (the caller retries once on a fresh one)."""
@@ -284,8 +293,8 @@ class _Transfer:
             if response.status != 206:
                 self._fail(f"{hop.where} answered HTTP {response.status} to a range request; the URL must answer "
                            "206 with the bytes asked for (a server that supports HTTP range requests)")
-            total = (response.getheader("Content-Range") or "").rpartition("/")[2]
-            self.total_size = int(total) if total.isdigit() else -1
+            whole = (response.getheader("Content-Range") or "").rpartition("/")[2]
+            self.total_size = int(whole) if whole.isdigit() else -1
         elif response.status != 200:
             self._fail(f"{hop.where} answered HTTP {response.status}; the URL must answer 200 with the file")
         declared = response.length  # from Content-Length; None when chunked or absent

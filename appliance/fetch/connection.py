@@ -10,7 +10,7 @@ import http.client
 import socket
 import ssl
 import time
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from appliance.fetch.addresses import Address
 
@@ -40,11 +40,12 @@ class PinnedHTTPConnection(http.client.HTTPConnection):
                  deadline: float):
         super().__init__(host, port, timeout=connect_timeout_s)
         self.addresses, self.deadline = tuple(addresses), deadline
+        self.connect_timeout_s = connect_timeout_s
         self.auto_open = 0  # never reconnect behind the caller's back: connect() is called once, by it
         self.reused = False  # True once it has served a response and been kept (kept_connections.py)
 
     def connect(self) -> None:
-        self.sock = open_socket(self.addresses, self.timeout, self.deadline)
+        self.sock = open_socket(self.addresses, self.connect_timeout_s, self.deadline)
 
 
 class PinnedHTTPSConnection(http.client.HTTPSConnection):
@@ -53,13 +54,17 @@ class PinnedHTTPSConnection(http.client.HTTPSConnection):
         context = context or ssl.create_default_context()  # verifies the chain and the host name
         super().__init__(host, port, timeout=connect_timeout_s, context=context)
         self.addresses, self.deadline, self.tls = tuple(addresses), deadline, context
+        self.connect_timeout_s = connect_timeout_s
         self.auto_open = 0
         self.reused = False
 
     def connect(self) -> None:
-        sock = open_socket(self.addresses, self.timeout, self.deadline)
+        sock = open_socket(self.addresses, self.connect_timeout_s, self.deadline)
         try:  # the handshake runs under the connect timeout still set on the socket
             self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
         except BaseException:
             sock.close()
             raise
+
+
+PinnedConnection = Union[PinnedHTTPConnection, PinnedHTTPSConnection]  # what a fetch opens, keeps and reuses

@@ -10,10 +10,11 @@ a connection is taken out while in use, so two threads never share one.
 """
 from __future__ import annotations
 
-import http.client
 import threading
 from collections import defaultdict
 from typing import Hashable, Optional
+
+from appliance.fetch.connection import PinnedConnection
 
 MAX_IDLE_PER_HOST = 4  # one reader uses one; a few more if GDAL reads from several threads
 
@@ -21,17 +22,17 @@ MAX_IDLE_PER_HOST = 4  # one reader uses one; a few more if GDAL reads from seve
 class KeptConnections:
     def __init__(self, max_idle_per_host: int = MAX_IDLE_PER_HOST):
         self.max_idle_per_host = max_idle_per_host
-        self._idle: dict[Hashable, list[http.client.HTTPConnection]] = defaultdict(list)
+        self._idle: dict[Hashable, list[PinnedConnection]] = defaultdict(list)
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self, key: Hashable) -> Optional[http.client.HTTPConnection]:
+    def take(self, key: Hashable) -> Optional[PinnedConnection]:
         """An idle connection filed under `key` (most recently used first), or None."""
         with self._lock:
             idle = self._idle.get(key)
             return idle.pop() if idle else None
 
-    def put(self, key: Hashable, connection: http.client.HTTPConnection) -> None:
+    def put(self, key: Hashable, connection: PinnedConnection) -> None:
         """File a connection whose last response was read to the end; closed instead when the pool is
         closed or already holds enough for `key`."""
         with self._lock:

@@ -47,7 +47,7 @@ class FetchPolicy:
         `server.limits.max_media_bytes` and `server.limits.fetch_timeout_s` (the total time) of the
         composed config (a ServerConfig or its node), where the schema has given every key its value."""
         limits = _get(server_cfg, "limits")
-        domains = _get(server_cfg, "allowed_media_domains") or ()
+        domains: Any = _get(server_cfg, "allowed_media_domains") or ()  # checked by __post_init__
         if not isinstance(domains, (str, bytes)):
             domains = tuple(domains)  # OmegaConf ListConfig, list or tuple
         return cls(allowed_domains=domains,

@@ -58,7 +58,12 @@ def prompt_token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Optional[
                           decode: Callable[[int], str]) -> List[TokenLogprob]:
     """The engine's prompt logprobs (one entry per prompt token, the first None) -> `TokenLogprob`s."""
     first = [TokenLogprob(decode(token_ids[0]), None, ())] if logprobs and logprobs[0] is None else []
-    return first + token_logprobs(token_ids[len(first):], logprobs[len(first):], top_n, decode)
+    scored: List[Dict[int, float]] = []
+    for entry in logprobs[len(first):]:
+        if entry is None:
+            raise RuntimeError("prompt logprobs: only the first prompt token has none")
+        scored.append(entry)
+    return first + token_logprobs(token_ids[len(first):], scored, top_n, decode)
 
 
 def echo_text(prompt: Union[str, Sequence[int]], detokenize: Callable[[Sequence[int]], str]) -> str:

@@ -114,7 +114,8 @@ def check(tools: Optional[List[Tool]], choice: Any, calling: Optional[ToolCallin
     """Refuses (a field_error naming the field) what cannot be served: a choice without tools, a named
     function not among them, a second constraint beside a named or required choice, a tools' parameters
     schema that cannot compile."""
-    names = [tool.function.name for tool in tools or ()]
+    given = tools or []
+    names = [tool.function.name for tool in given]
     for i, name in enumerate(names):
         if name in names[:i]:
             raise field_error(f"{name!r} repeats; each tool needs its own name", f"tools[{i}].function.name")
@@ -123,7 +124,7 @@ def check(tools: Optional[List[Tool]], choice: Any, calling: Optional[ToolCallin
     if calling is None:
         return
     if calling.mode == "auto":
-        _check_readable(tools)
+        _check_readable(given)
         return
     if calling.mode == "named" and calling.name not in names:
         raise field_error(f"{calling.name!r} is not among tools ({', '.join(names) or 'none given'})",
@@ -133,7 +134,7 @@ def check(tools: Optional[List[Tool]], choice: Any, calling: Optional[ToolCallin
     if constrained_elsewhere:
         raise field_error("a named or required tool choice sets the answer's format; leave out response_format "
                           "and structured_outputs", "tool_choice")
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(given):
         if calling.mode == "required" or tool.function.name == calling.name:
             try:
                 StructuredOutput("json", json.dumps(function_schema(tool.function))).check()

@@ -196,7 +196,7 @@ class HermesCalls:
             if self.block is None:
                 self.block = ""
             else:
-                out += self._close_block()
+                out += self._close_block(self.block)
 
     def finish(self) -> List[Piece]:
         out = self.feed("")
@@ -207,8 +207,8 @@ class HermesCalls:
         self.block, self.pending = None, ""
         return out
 
-    def _close_block(self) -> List[Piece]:
-        text, self.block = self.block, None
+    def _close_block(self, text: str) -> List[Piece]:
+        self.block = None
         call = self._call(text)
         if call is None:
             return self._content(self.START + text + self.END)

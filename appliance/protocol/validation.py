@@ -10,7 +10,7 @@ paths leave it out.
 from typing import Any, Dict, List, Optional, Tuple, Type, get_args
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from appliance.errors import PROBLEMS_JOIN, InputError
 
@@ -54,7 +54,7 @@ def input_error(error: ValidationError, model: Type[BaseModel], expected: Dict[s
     return several(list(problems.values()))
 
 
-def _problem(problem: Dict[str, Any], model: Type[BaseModel], expected: Dict[str, str], at: str,
+def _problem(problem: ErrorDetails, model: Type[BaseModel], expected: Dict[str, str], at: str,
              unknown: str) -> InputError:
     loc: Tuple = tuple(key for key in problem["loc"] if not _is_tag(key))
     kind, given, ctx = problem["type"], problem.get("input"), problem.get("ctx") or {}
@@ -105,7 +105,10 @@ def _model_at(model: Type[BaseModel], loc: Tuple) -> Type[BaseModel]:
     """The (nested) model at `loc`."""
     for key in loc:
         if not isinstance(key, int):
-            model = _model_in(model.model_fields[key].annotation)
+            inner = _model_in(model.model_fields[key].annotation)
+            if inner is None:
+                raise RuntimeError(f"{model.__name__}.{key} holds no model")
+            model = inner
     return model
 
 

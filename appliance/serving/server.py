@@ -17,7 +17,7 @@ import threading
 import time
 from contextlib import contextmanager
 from http.client import HTTPConnection
-from typing import Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -68,7 +68,7 @@ def _serve(cfg: DictConfig, online: OnlinePipeline, spool: str) -> int:
     # each way (docs/serving.md).
     requests_rx, requests_tx = mp.Pipe(duplex=False)
     events_rx, events_tx = mp.Pipe(duplex=False)
-    container = OmegaConf.to_container(cfg, resolve=True)
+    container = cast(Dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # a DictConfig's: a dict
     spec = ApplianceSpec(cfg, container, shared, spool, online, requests_tx, events_rx)
     api_key = cfg.server.api_key or os.environ.get("APPLIANCE_API_KEY")
     gate = {"routes": spec.routes, "metrics": spec.frontend.http_metrics,

@@ -40,7 +40,7 @@ def start_deaf_thread(target: Callable[[], None], name: str) -> threading.Thread
     return thread
 
 
-def follow_parent(on_stop: Callable[[], None], process: str, parent_stopping: Callable[[], bool]) -> None:
+def follow_parent(on_stop: Callable[[], object], process: str, parent_stopping: Callable[[], bool]) -> None:
     """In a child started with the stop signals blocked: call `on_stop()` (on a watcher thread) when the
     parent sends SIGTERM, or anyone does once `parent_stopping()` is true (the parent's may have been merged
     into theirs: see above); other signals are dropped."""

@@ -2,7 +2,7 @@
 checked against its stage's `Options`, the stages built and their graph checked. Loads no weights."""
 import importlib
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Iterable, List, Optional, Type
+from typing import Any, Dict, Iterable, List, Optional, Type, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,7 +34,7 @@ class StageNode:
         """The node with its stage and every option spelled out (defaults included): what `appliance
         config` prints."""
         typed = OmegaConf.structured(self.options)
-        return {"stage": self.cls.name, **OmegaConf.to_container(typed, enum_to_str=True)}
+        return {"stage": self.cls.name, **cast(Dict[str, Any], OmegaConf.to_container(typed, enum_to_str=True))}
 
 
 def stage_nodes(stages: Any, cfg: Optional[DictConfig] = None) -> List[StageNode]:
@@ -55,7 +55,8 @@ def _stage_node(stage_id: str, node: Any, cfg: Optional[DictConfig]) -> StageNod
     if not isinstance(node, (dict, DictConfig)):
         raise ConfigError(f"{where}: expected a mapping of options ({{stage: NAME, option: value, ...}}; the "
                           f"'stage' key defaults to the id '{stage_id}'), got {node!r}")
-    raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    raw = cast(Dict[str, Any], OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) \
+        else dict(node)
     name = raw.pop("stage", None) or stage_id
     if name not in STAGES:
         registered = ", ".join(sorted(STAGES))

@@ -20,9 +20,9 @@ not after seconds of tokenizer work).
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Deque, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Deque, Dict, Iterator, List, Optional, Tuple, Union, cast
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from appliance.config.schema import EngineKind
 from appliance.config.typed import typed_dataclass
@@ -33,6 +33,10 @@ from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Record, Stage, register_stage
 from appliance.progress import DEFAULT_INTERVAL, Progress, check_interval
 from appliance.stages.pooling import EngineSteps, pool_in_order
+
+if TYPE_CHECKING:  # each imported where its kind of engine is built
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.pool_engine import PoolEngine
 
 
 @dataclass
@@ -66,7 +70,8 @@ def sampling_defaults(cfg) -> Dict[str, Any]:
     for stage_id, node in cfg.pipeline.stages.items():
         if node is not None and node.get("stage", stage_id) == "engine":
             sampling = node.get("sampling")
-            return dict(OmegaConf.to_container(sampling) if OmegaConf.is_config(sampling) else sampling or {})
+            return dict(cast(Dict[str, Any], OmegaConf.to_container(sampling)) if isinstance(sampling, DictConfig)
+                        else sampling or {})
     return {}
 
 
@@ -198,7 +203,7 @@ class EngineStage(Stage):
             self.consumes, self.produces = ("prompt",), ("completion", "choices")
             check_sampling(options.sampling, f"{self.name}.sampling")
             check_interval(options.progress_interval, f"{self.name}.progress_interval")
-        self.engine = None
+        self.engine: Optional[Union["PoolEngine", "LLMEngine"]] = None
 
     def check(self) -> None:
         """The model fits this machine: the engine's own sizing rule (engine/model_fit.py) on the model's
@@ -221,12 +226,33 @@ class EngineStage(Stage):
             from appliance.engine.llm_engine import LLMEngine
             self.engine = LLMEngine.from_config(self.cfg, tokenizer=model_tokenizer(self))
 
+    def _running(self) -> Union["PoolEngine", "LLMEngine"]:
+        if self.engine is None:
+            raise RuntimeError(f"stage {self.name}: no engine yet; setup() builds it")
+        return self.engine
+
+    def pooling_engine(self) -> "PoolEngine":
+        from appliance.engine.pool_engine import PoolEngine
+
+        engine = self._running()
+        if not isinstance(engine, PoolEngine):
+            raise RuntimeError(f"stage {self.name}: a pool request reached a generating engine")
+        return engine
+
+    def generating_engine(self) -> "LLMEngine":
+        from appliance.engine.llm_engine import LLMEngine
+
+        engine = self._running()
+        if not isinstance(engine, LLMEngine):
+            raise RuntimeError(f"stage {self.name}: a prompt reached a pool engine")
+        return engine
+
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
         return self._pool(records) if self.pool_mode else self._generate(records)
 
     def _pool(self, records: Iterator[Record]) -> Iterator[Record]:
         return pool_in_order(records, EngineSteps(self), self.options.input, self.options.output,
-                             window=self.engine.cfg.max_batch_size)
+                             window=self.pooling_engine().cfg.max_batch_size)
 
     def _generate(self, records: Iterator[Record]) -> Iterator[Record]:
         pending: Deque[Tuple[List[str], Record]] = deque()
@@ -263,17 +289,17 @@ class EngineStage(Stage):
     # ---- the engine's requests: `appliance run` (above) and `appliance serve`'s drivers go through these ----
     def add_item(self, item, coords=None) -> str:
         """Queue one pool item (a tile [C, H, W]) with the coordinates it carries; returns its request id."""
-        return self.engine.add_request([item], coords=coords)
+        return self.pooling_engine().add_request([item], coords=coords)
 
     def step(self) -> list:
         """One engine step: its outputs (pool: the requests finished; generate: every running one's)."""
-        return self.engine.step()
+        return self._running().step()
 
     def has_unfinished(self) -> bool:
-        return self.engine.has_unfinished()
+        return self._running().has_unfinished()
 
     def abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
+        self._running().abort(request_id)
 
     def add_request(self, prompt: List[int], sampling: Optional[Dict[str, Any]], field: str,
                     request_id: Optional[str] = None, mm_ranges=None, mm_data=None, answer: int = 0,
@@ -286,9 +312,10 @@ class EngineStage(Stage):
             params = SamplingParams(**answer_sampling(over_defaults(self.options.sampling, sampling or {}), answer))
         except (TypeError, ValueError) as e:
             raise InputError(f"sampling: {e}", param="sampling") from None
+        engine = self.generating_engine()
         try:
-            return self.engine.add_request(prompt, params, request_id=request_id, mm_ranges=mm_ranges,
-                                           mm_data=mm_data, sibling=sibling)
+            return engine.add_request(prompt, params, request_id=request_id, mm_ranges=mm_ranges,
+                                      mm_data=mm_data, sibling=sibling)
         except ValueError as e:  # e.g. a prompt longer than the model's context
             named = getattr(e, "field", None)  # a FieldError names the request field at fault
             raise InputError(str(e) if named else f"{field}: {e}", param=named or field) from None
@@ -300,10 +327,11 @@ class EngineStage(Stage):
         stage's; absent, the search runs to the end of the context (vLLM's default). InputError naming
         the field at fault."""
         sampling = over_defaults(self.options.sampling, sampling or {})
-        max_tokens = sampling.get("max_tokens") or answer_room(len(prompt), self.engine.max_model_len)
+        engine = self.generating_engine()
+        max_tokens = sampling.get("max_tokens") or answer_room(len(prompt), engine.max_model_len)
         params = BeamSearchParams(len(answer_ids), max_tokens, length_penalty, bool(sampling.get("ignore_eos")))
         try:
-            self.engine.add_beam_search(prompt, params, answer_ids, mm_data=mm_data)
+            engine.add_beam_search(prompt, params, answer_ids, mm_data=mm_data)
         except ValueError as e:
             named = getattr(e, "field", None)
             raise InputError(str(e) if named else f"{field}: {e}", param=named or field) from None
@@ -314,7 +342,8 @@ class EngineStage(Stage):
 
     def check_fits(self, prompt_tokens: int, max_tokens: Optional[int], field: str) -> None:
         """`check_fits` against this engine's context, naming `field`."""
-        check_fits(prompt_tokens, self.engine.max_model_len, field, "shorten it", max_tokens=max_tokens, param=field)
+        check_fits(prompt_tokens, self.generating_engine().max_model_len, field, "shorten it", max_tokens=max_tokens,
+                   param=field)
 
     def close(self) -> None:
         if self.engine is not None:

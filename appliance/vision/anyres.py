@@ -49,8 +49,8 @@ def anyres_preprocess(image: Image.Image, cfg: ClipPreprocessConfig) -> AnyresOu
     if not cfg.image_grid_pinpoints:
         raise ConfigError("preprocessor_config.json: image_grid_pinpoints is missing; "
                           "LLaVA-NeXT needs a list of [height, width] pinpoints")
-    tile = cfg.crop_hw[0] if cfg.do_center_crop else (cfg.resize_hw or (cfg.shortest_edge,) * 2)[0]
-    base_hw = cfg.resize_hw or (cfg.shortest_edge, cfg.shortest_edge)
+    base_hw = cfg.resize_hw or (cfg.short_side, cfg.short_side)
+    tile = cfg.crop_hw[0] if cfg.do_center_crop else base_hw[0]
     views, grid = anyres_tiles(image, cfg.image_grid_pinpoints, (tile, tile), base_hw, cfg.resample,
                                cfg.resize_backend)
     return AnyresOutput(pixel_values=clip_preprocess_batch(views, cfg),

@@ -77,6 +77,13 @@ class ClipPreprocessConfig:
         return tuple(int(m * 255) for m in self.image_mean)
 
     @property
+    def short_side(self) -> int:
+        """`shortest_edge`, for the steps that resize to it; ConfigError when the file gives no size."""
+        if self.shortest_edge is None:
+            raise ConfigError("preprocessor_config.json: size gives neither shortest_edge nor height and width")
+        return self.shortest_edge
+
+    @property
     def output_hw(self) -> Optional[tuple[int, int]]:
         """(height, width) of every output, or None when it depends on the input (no crop, no fixed size)."""
         if self.do_center_crop:
@@ -169,7 +176,8 @@ def resize_output_hw(height: int, width: int, cfg: ClipPreprocessConfig) -> tupl
     if cfg.resize_hw:
         return cfg.resize_hw
     short, long = (width, height) if width <= height else (height, width)
-    new_short, new_long = cfg.shortest_edge, int(cfg.shortest_edge * long / short)
+    new_short = cfg.short_side
+    new_long = int(new_short * long / short)
     return (new_long, new_short) if width <= height else (new_short, new_long)
 
 

@@ -53,7 +53,8 @@ def stub_worker(engine=None):
     shared = SimpleNamespace(running=[], set_running=lambda n: shared.running.append(n))
     worker = GenerateDriver(cfg, online=None, metrics=metrics, shared=shared)
     worker.stage = StubStage(engine or StubEngine())
-    worker.observe = RequestMetrics(metrics, worker.stage.engine)
+    worker.engine = worker.stage.engine  # start() takes it from the stage
+    worker.observe = RequestMetrics(metrics, worker.engine)
     worker.stats_log = StatsLog(0, ("prompt_tokens", "generation_tokens"), generate_line)  # no stats line
     worker.several = set()
     worker.sessions = {uid: SimpleNamespace(in_engine=True) for uid in "abcd"}  # 3 running, 1 waiting

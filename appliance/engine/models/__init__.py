@@ -40,11 +40,13 @@ def model_architecture(declared: Optional[str], hf_config=None, model_path: str 
     return names[0]
 
 
-def get_model_class(architecture: str, kind: EngineKind = EngineKind.generate):
+def get_model_class(architecture: Optional[str], kind: EngineKind = EngineKind.generate):
     """The class for `architecture` in engine `kind` (generate or pool), imported on demand so a model's
     dependencies load only when it is used. ValueError for an unknown architecture (listing the
-    registered ones) or one without that kind."""
-    entry = (POOL_PARTS.get(architecture) if kind is EngineKind.pool else None) or MODEL_REGISTRY.get(architecture)
+    registered ones; None, none declared, is one) or one without that kind."""
+    entry = None
+    if architecture is not None:
+        entry = (POOL_PARTS.get(architecture) if kind is EngineKind.pool else None) or MODEL_REGISTRY.get(architecture)
     if entry is None:
         raise ValueError(f"unknown model architecture {architecture!r}; registered: "
                          f"{', '.join(sorted(MODEL_REGISTRY))}")

@@ -13,10 +13,14 @@ The abstract methods make a model that lacks one fail when it is built, naming t
 at its first request.
 """
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Protocol, Tuple, runtime_checkable
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Dict, Iterable, List, Optional, Protocol, Tuple,
+                    runtime_checkable)
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # the pool path imports this module alone, without the attention layers
+    from appliance.engine.attention import PagedAttention
 
 
 class CausalLM(nn.Module, ABC):
@@ -39,7 +43,7 @@ class CausalLM(nn.Module, ABC):
         """[S, hidden] -> [S, vocab] (the full vocabulary on every tensor-parallel rank)."""
 
     @abstractmethod
-    def attention_layers(self) -> List[nn.Module]:
+    def attention_layers(self) -> List["PagedAttention"]:
         """The PagedAttention layers, in order; the runner gives each its K/V views of the pool."""
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:

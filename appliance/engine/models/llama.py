@@ -1,5 +1,5 @@
 """Llama / Mistral decoder built from the tensor-parallel layers."""
-from typing import Optional
+from typing import List, Optional, cast
 
 import torch
 from torch import nn
@@ -107,5 +107,6 @@ class LlamaForCausalLM(CausalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
-    def attention_layers(self):
-        return [layer.self_attn.attn for layer in self.model.layers]
+    def attention_layers(self) -> List[PagedAttention]:
+        # nn.ModuleList is not generic: its items read as plain Modules
+        return [cast(LlamaDecoderLayer, layer).self_attn.attn for layer in self.model.layers]

@@ -130,7 +130,7 @@ class LlavaVisionTower(nn.Module):
 
     def skip_param(self, name: str) -> bool:
         m = re.match(r"vision_tower\.encoder\.layers\.(\d+)\.", name)
-        return bool(m) and int(m.group(1)) >= self.tower_depth  # a tower layer after the deepest selected one
+        return m is not None and int(m.group(1)) >= self.tower_depth  # a tower layer after the deepest selected one
 
 
 class LlavaVisionEncoder(LlavaVisionTower):
@@ -198,16 +198,16 @@ class LlavaForConditionalGeneration(LlavaVisionTower, MultimodalCausalLM):
         """The item's input must have the model's shape and num_tokens its count."""
         v = hf_config.vision_config
         s, tokens = v.image_size, cls.view_tokens(hf_config)
-        pixel_shapes = [(3, s, s), (1, 3, s, s)]
-        feature_shapes = [(tokens, v.hidden_size * len(feature_layers(hf_config)))]
+        pixel_shapes: List[Tuple[int, ...]] = [(3, s, s), (1, 3, s, s)]
+        feature_shapes: List[Tuple[int, ...]] = [(tokens, v.hidden_size * len(feature_layers(hf_config)))]
 
         def check(item: ImageItem) -> None:
-            if (item.pixel_values is None) == (item.features is None):
-                raise ValueError(f"image {item.content_hash}: give exactly one of pixel_values and features")
-            if item.pixel_values is not None:
+            if item.pixel_values is not None and item.features is None:
                 what, shapes, got = "pixel_values", pixel_shapes, tuple(item.pixel_values.shape)
-            else:
+            elif item.features is not None and item.pixel_values is None:
                 what, shapes, got = "features", feature_shapes, tuple(item.features.shape)
+            else:
+                raise ValueError(f"image {item.content_hash}: give exactly one of pixel_values and features")
             if got not in shapes:
                 raise ValueError(f"image {item.content_hash}: {what} has shape {got}; this model takes "
                                  f"{' or '.join(map(str, shapes))}")
@@ -231,11 +231,13 @@ class LlavaForConditionalGeneration(LlavaVisionTower, MultimodalCausalLM):
 
     def views(self, item: ImageItem) -> torch.Tensor:
         """The item's pixel views for the tower, [1, 3, S, S]."""
-        pixels = item.pixel_values
-        pixels = pixels.unsqueeze(0) if pixels.dim() == 3 else pixels
+        given = item.pixel_values
+        if given is None:
+            raise ValueError(f"image {item.content_hash}: no pixel_values to make its view from")
+        pixels = given.unsqueeze(0) if given.dim() == 3 else given
         if pixels.dim() != 4 or pixels.shape[0] != 1:
             raise ValueError(f"image {item.content_hash}: LLaVA pixel_values must be [3, H, W] (one view), "
-                             f"got {tuple(item.pixel_values.shape)}")
+                             f"got {tuple(given.shape)}")
         return pixels
 
     def finish(self, item: ImageItem, feats: torch.Tensor) -> torch.Tensor:

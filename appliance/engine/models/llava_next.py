@@ -62,15 +62,17 @@ class LlavaNextForConditionalGeneration(Llava):
                                  f"got {item.image_size}")
             if (item.pixel_values is None) == (item.features is None):
                 raise ValueError(f"image {item.content_hash}: give exactly one of pixel_values and features")
-            rows, cols = grid_shape(tuple(item.image_size), anyres)
+            height, width = item.image_size
+            rows, cols = grid_shape((height, width), anyres)
+            want: Tuple[int, ...]
             if item.pixel_values is not None:
                 what, want, got = "pixel_values", (1 + rows * cols, *view_pixels), tuple(item.pixel_values.shape)
-            else:
+            elif item.features is not None:
                 what, want, got = "features", (1 + rows * cols, *view_features), tuple(item.features.shape)
             if got != want:
-                raise ValueError(f"image {item.content_hash}: an image of size {tuple(item.image_size)} takes "
+                raise ValueError(f"image {item.content_hash}: an image of size {(height, width)} takes "
                                  f"{what} of shape {want} (base view + {rows}x{cols} tiles), got {got}")
-            check_num_tokens(item, llava_next_feature_count(tuple(item.image_size), anyres))
+            check_num_tokens(item, llava_next_feature_count((height, width), anyres))
 
         return check
 
@@ -80,7 +82,7 @@ class LlavaNextForConditionalGeneration(Llava):
         newline = self.image_newline.to(feats.dtype)
         if tiles.shape[0] == 0:  # a single view: base + one newline (as transformers does)
             return torch.cat([base, newline[None]])
-        rows, cols = grid_shape(tuple(image_size), self.anyres)
+        rows, cols = grid_shape(image_size, self.anyres)
         if tiles.shape[0] != rows * cols:
             raise ValueError(f"an image of size {tuple(image_size)} is cut into {rows}x{cols} tiles, but "
                              f"{tiles.shape[0]} tile views were given")
@@ -92,10 +94,13 @@ class LlavaNextForConditionalGeneration(Llava):
         return torch.cat([base, grid.reshape(-1, d)])
 
     def views(self, item: ImageItem) -> torch.Tensor:
-        if item.pixel_values.dim() != 4:
+        pixels = item.pixel_values
+        if pixels is None:
+            raise ValueError(f"image {item.content_hash}: no pixel_values to make its views from")
+        if pixels.dim() != 4:
             raise ValueError(f"image {item.content_hash}: LLaVA-NeXT pixel_values must be "
-                             f"[1 + tiles, 3, H, W], got {tuple(item.pixel_values.shape)}")
-        return item.pixel_values
+                             f"[1 + tiles, 3, H, W], got {tuple(pixels.shape)}")
+        return pixels
 
     def finish(self, item: ImageItem, feats: torch.Tensor) -> torch.Tensor:
         """Per-view tower features [views, tokens, D] -> projected and packed embeddings."""

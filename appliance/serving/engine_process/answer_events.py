@@ -19,9 +19,12 @@ class AnswerEvents:
     def score_prompt(self, session: Session, out) -> None:
         """Keep the prompt's scored tokens (echo with logprobs) that its first answer's output brings."""
         number = session.answers[out.request_id].prompt
+        top_n = session.request.top_logprobs
+        if top_n is None:  # parse_completion asks prompt logprobs only of a request that asks logprobs
+            raise RuntimeError(f"{out.request_id}: prompt logprobs for a request that asked no logprobs")
         if number not in session.echo_logprobs:
             session.echo_logprobs[number] = prompt_token_logprobs(out.prompt_token_ids, out.prompt_logprobs,
-                                                                  session.request.top_logprobs, self.decode)
+                                                                  top_n, self.decode)
 
     def output(self, uid: str, session: Session, answer: ChoiceState, out, final: bool) -> None:
         """The answer's output of this step, once its counts include it; `final`: the request's last."""

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from appliance.engine.sampling_params import SamplingParams, over_defaults
 from appliance.errors import InputError
@@ -35,6 +35,7 @@ from appliance.serving.engine_process.tokenizing import Tokenizing
 from appliance.serving.engine_process.driver import Driver
 from appliance.serving.messages import (Admitted, DetokenizeJob, Done, Failed, GenerateJob, TokenizeJob,
                                        TokenizerInfoJob)
+from appliance.stages.engine_stage import EngineStage
 
 log = logging.getLogger(__name__)
 # Answers one request may ask for (prompts x n): each is a sequence in the engine, and the queue limit
@@ -57,7 +58,11 @@ class GenerateDriver(Driver):
     def start(self) -> None:
         # The pipeline's `engine` stage, the engine's one handle: requests are added, stepped and aborted
         # through it as `appliance run` does; the model's facts (tokenizer, KV stats) are read from its engine.
-        self.stage = self.online.engine
+        stage = self.online.engine
+        if not isinstance(stage, EngineStage):
+            raise RuntimeError("the served pipeline has no engine stage to generate with")
+        self.stage = stage
+        self.engine = stage.generating_engine()
         self.head = Pipeline(self.online.head, ready=True)
         self.sessions: Dict[str, Session] = {}
         # Requests in the engine that no step has run yet: their queue time is still to observe.
@@ -69,14 +74,14 @@ class GenerateDriver(Driver):
         # the stage's prompt_ids) while the loop's thread detokenizes. A fast tokenizer encodes and
         # decodes through shared borrows; only changing its truncation or padding would take it
         # exclusively, and nothing here does, so no lock is needed.
-        self.answer_events = AnswerEvents(self.emit, token_decoder(self.stage.engine.tokenizer),
+        self.answer_events = AnswerEvents(self.emit, token_decoder(self.engine.tokenizer),
                                           int(self.cfg.server.stream_interval))
-        self.observe = RequestMetrics(self.metrics, self.stage.engine)
+        self.observe = RequestMetrics(self.metrics, self.engine)
         self.stats_log = StatsLog(self.cfg.server.stats_interval_s, ("prompt_tokens", "generation_tokens"),
                                   generate_line)
-        ids = self.stage.engine.tokenizer.encode("Hello")[:8] or [0]
-        self.stage.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
-        cfg, blocks = self.stage.engine.cfg, self.stage.engine.stats()["kv_blocks_total"]
+        ids = self.engine.tokenizer.encode("Hello")[:8] or [0]
+        self.engine.generate([ids], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up step
+        cfg, blocks = self.engine.cfg, self.engine.stats()["kv_blocks_total"]
         self.metrics.cache_config({"block_size": cfg.block_size, "num_gpu_blocks": blocks,
                                    "cache_dtype": cfg.dtype.value, "enable_prefix_caching": cfg.enable_prefix_caching})
 
@@ -117,14 +122,15 @@ class GenerateDriver(Driver):
         chats = [(uid, job) for uid, job in group if job.request.kind == "chat"]
         outputs = self.head.run_each([self._record(uid, job) for uid, job in chats])
         heads = {uid: out for (uid, _), out in zip(chats, outputs)}
-        results = []
+        results: List[Union[Prepared, Unanswerable]] = []
         for uid, job in group:
             try:
                 check_answers(job.request.n, len(job.request.prompts))
                 if job.request.kind == "chat":
-                    if isinstance(heads[uid], Exception):
-                        raise heads[uid]
-                    prompts = [(heads[uid]["prompt"], heads[uid].get("mm_data"))]
+                    head = heads[uid]
+                    if isinstance(head, Exception):
+                        raise head
+                    prompts = [(head["prompt"], head.get("mm_data"))]
                 else:
                     prompts = [(self.stage.prompt_ids(p), None) for p in job.request.prompts]
                 field = "messages" if job.request.kind == "chat" else "prompt"
@@ -138,6 +144,8 @@ class GenerateDriver(Driver):
     @staticmethod
     def _record(uid: str, job: GenerateJob) -> dict:
         request = job.request
+        if request.messages is None:  # parse_chat sets them
+            raise RuntimeError(f"chat request {uid} came without its messages")
         return as_record(ChatRecord(request.messages, request.sampling, "messages", job.media_dir, uid, request.model,
                                     tools=request.tools, describe_tools=is_auto(request.tool_calling)))
 
@@ -163,8 +171,8 @@ class GenerateDriver(Driver):
         self.stats_log.add("prompt_tokens", prompt_tokens)
         self.emit(uid, Admitted(prompt_tokens))
 
-    def _detokenize(self, ids: List[int]) -> str:
-        return self.stage.engine.tokenizer.decode(ids, skip_special_tokens=True)
+    def _detokenize(self, ids: Sequence[int]) -> str:
+        return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
 
     def on_tokenized(self, message: Tokenized) -> None:
         if self.tokenizing.forget(message.uid):
@@ -217,7 +225,7 @@ class GenerateDriver(Driver):
             began = time.monotonic()
             outputs = self.stage.step()
             now = time.monotonic()
-            self.metrics.step_tokens.observe(self.stage.engine.step_tokens)
+            self.metrics.step_tokens.observe(self.engine.step_tokens)
             if self.unstarted:
                 self.observe.started(self.unstarted, began, (request_of(out.request_id) for out in outputs))
             new_tokens = started_prompts = 0
@@ -258,7 +266,7 @@ class GenerateDriver(Driver):
     def publish(self) -> None:
         """The running count the HTTP side reads (every turn), then the Prometheus gauges, and the stats
         line when it is due."""
-        stats = self.stage.engine.stats()
+        stats = self.engine.stats()
         running = self.running_requests(stats["num_running"])
         self.shared.set_running(running)
         self.observe.publish(stats, self.sessions)
@@ -274,7 +282,7 @@ class GenerateDriver(Driver):
         pass over the running sequences only (never over every session)."""
         if not self.several:
             return sequences
-        return len({request_of(rid) for rid in self.stage.engine.running_ids()})
+        return len({request_of(rid) for rid in self.engine.running_ids()})
 
     def fail_all(self, failure: Failed) -> None:
         for uid in [*self.sessions, *self.tokenizing.pending]:

@@ -33,6 +33,7 @@ from appliance.serving.engine_process.inbox import Finished, TileReady, Unanswer
 from appliance.serving.engine_process.records import SceneRecord, as_record
 from appliance.serving.engine_process.stats_log import StatsLog, pool_line
 from appliance.serving.engine_process.driver import Driver
+from appliance.stages.engine_stage import EngineStage
 from appliance.stages.pooling import SERVED_BATCHES_IN_FLIGHT, pool_in_order
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class EngineBridge(Stage):
     name = "engine"
 
     def __init__(self, session: PoolSession, input_field: str, output_field: str, window: int):
-        super().__init__(None, None)
+        super().__init__(None, session.driver.cfg)  # no options; the served pipeline's config
         self.session, self.input, self.output, self.window = session, input_field, output_field, window
 
     def process(self, records: Iterator[Record]) -> Iterator[Record]:
@@ -91,9 +92,12 @@ class PoolDriver(Driver):
         return {**super().message_handlers(), TileReady: self.on_tile, Finished: self.on_finished}
 
     def start(self) -> None:
-        self.stage = self.online.engine  # the engine's one handle: tiles are added, stepped and aborted through it
-        self.input_field, self.output_field = self.stage.options.input, self.stage.options.output
-        self.window = SERVED_BATCHES_IN_FLIGHT * self.stage.engine.cfg.max_batch_size
+        stage = self.online.engine
+        if not isinstance(stage, EngineStage):
+            raise RuntimeError("the served pipeline has no engine stage to pool with")
+        self.stage = stage  # the engine's one handle: tiles are added, stepped and aborted through it
+        self.input_field, self.output_field = stage.options.input, stage.options.output
+        self.window = SERVED_BATCHES_IN_FLIGHT * stage.pooling_engine().cfg.max_batch_size
         self.stages = Pipeline(self.online.stages(), ready=True)
         self.engine_index = len(self.online.head)
         self.sessions: Dict[str, PoolSession] = {}
@@ -143,7 +147,7 @@ class PoolDriver(Driver):
                 pass
             result = {"display": (last or {}).get("display")}
             if job.report_dir is not None:
-                result["scene"] = self._report(session, last)
+                result["scene"] = self._report(session, last, job.report_dir)
             self.post(Finished(session.uid, result))
         except RequestCancelled:
             pass
@@ -159,14 +163,15 @@ class PoolDriver(Driver):
             if reads is not None:
                 reads.close()
 
-    def _report(self, session: PoolSession, last: Optional[Record]) -> Dict[str, Any]:
+    def _report(self, session: PoolSession, last: Optional[Record], report_dir: str) -> Dict[str, Any]:
         """The scene report of the mask just written (previews into the job's report_dir); its summary."""
         from appliance.stages.geo.scene_report import write_scene_report
 
         if session.cancelled.is_set():  # aborted while the mask was written: its files are being removed
             raise RequestCancelled()
-        job = session.job
-        return write_scene_report(last["scene"], job.output_path, job.report_dir,
+        if last is None:
+            raise RuntimeError("the scene's pipeline ended without the record of its mask")
+        return write_scene_report(last["scene"], session.job.output_path, report_dir,
                                   self.cfg.server.scenes.preview_size)
 
     def on_tile(self, message: TileReady) -> None:
@@ -221,9 +226,12 @@ class PoolDriver(Driver):
             advanced: Dict[str, PoolSession] = {}
             for out in outputs:
                 owner = self.tiles.pop(out.request_id, None)
-                session = self.sessions.get(owner[0]) if owner is not None else None
+                if owner is None:
+                    continue
+                uid, seq = owner
+                session = self.sessions.get(uid)
                 if session is not None:
-                    session.results.put((owner[1], out.output[0]))
+                    session.results.put((seq, out.output[0]))
                     session.tiles += 1
                     advanced[session.uid] = session
                     self.metrics.tiles.inc()

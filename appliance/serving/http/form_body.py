@@ -12,13 +12,16 @@ empty file, a form cut short; the files' contents are checked when the scene is 
 import asyncio
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
 from appliance.serving.http.errors import APIError
+
+if TYPE_CHECKING:  # python-multipart defines it for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 FILES, DATE = "files", "date"
 MAX_DATE_BYTES = 4096  # a date field: 64 dates of YYYY-MM-DD with commas fit many times over
@@ -88,7 +91,7 @@ class _FormReader:
     size: int = 0             # its bytes so far
     text: Optional[bytearray] = None  # the date part being read
 
-    def callbacks(self) -> Dict[str, Any]:
+    def callbacks(self) -> "MultipartCallbacks":
         return {"on_part_begin": self.part_begin, "on_header_field": self.header_field,
                 "on_header_value": self.header_value, "on_header_end": self.header_end,
                 "on_headers_finished": self.headers_finished, "on_part_data": self.part_data,

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any, Deque, Dict, Optional
+from typing import TYPE_CHECKING, Any, Deque, Dict, Optional
 
 from starlette.responses import JSONResponse
 
@@ -27,6 +27,9 @@ from appliance.serving.http.errors import APIError, error_response
 from appliance.serving.messages import Abort, Failed
 from appliance.serving.pipes import LoopReader, LoopWriter
 from appliance.serving.state import DEAD, SharedState
+
+if TYPE_CHECKING:  # imported where the first scrape asks for it
+    from appliance.serving.metrics import HttpMetrics
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +99,7 @@ class Frontend:
         self.model_name = cfg["server"]["served_model_name"] or cfg["model"]["name"]
         self.channels: Dict[str, Channel] = {}
         self.writer: Optional[LoopWriter] = None  # made on the event loop, by the first request
-        self._http_metrics = None
+        self._http_metrics: Optional["HttpMetrics"] = None
 
     def __getstate__(self):
         """LitServe hands the spec, and so this, to the engine process too, which serves no route: the HTTP
@@ -105,7 +108,7 @@ class Frontend:
         return {**self.__dict__, "requests": None, "events": None, "channels": {}, "writer": None,
                 "_http_metrics": None}
 
-    def http_metrics(self):
+    def http_metrics(self) -> "HttpMetrics":
         if self._http_metrics is None:
             from appliance.serving.metrics import HttpMetrics
 
@@ -133,7 +136,7 @@ class Frontend:
         return channel
 
     def submit(self, channel: Channel, job: Any) -> None:
-        self.writer.send((channel.uid, time.monotonic(), job))
+        self._sender().send((channel.uid, time.monotonic(), job))
 
     def close(self, channel: Channel) -> None:
         """The request is answered, failed or abandoned; abort it in the engine unless it finished."""
@@ -142,7 +145,7 @@ class Frontend:
         channel.stop_watching()
         self.shared.set_inflight(len(self.channels))
         if not channel.finished:
-            self.writer.send((channel.uid, time.monotonic(), Abort()))
+            self._sender().send((channel.uid, time.monotonic(), Abort()))
 
     def end_all(self) -> None:
         """The server stops now: every open request ends with a 503 (its route answers it, or ends its
@@ -184,6 +187,11 @@ class Frontend:
             loop = asyncio.get_running_loop()
             self.writer = LoopWriter(self.requests.fileno(), loop)
             LoopReader(self.events.fileno(), loop, self._route)
+
+    def _sender(self) -> LoopWriter:
+        if self.writer is None:
+            raise RuntimeError("a request reached the engine's pipe before open() attached it")
+        return self.writer
 
     def _route(self, events) -> None:
         for uid, event in events:

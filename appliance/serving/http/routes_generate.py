@@ -180,7 +180,7 @@ class AnswerShaper:
         self.opened = True
         if self.kind != "chat":
             return []
-        usage = None if self.request.include_usage else ...
+        usage: Any = None if self.request.include_usage else ...  # as chat_chunk's usage_: ... leaves it out
         if self.continuous_usage and isinstance(first_event, Tokens):
             usage = shape.usage(first_event.prompt_tokens, 0)
         return [shape.chat_chunk(self.uid, self.model, self.created, i, {"role": "assistant", "content": ""},
@@ -190,7 +190,7 @@ class AnswerShaper:
         usage = shape.usage(event.prompt_tokens, event.completion_tokens)
         per_chunk = usage if self.continuous_usage else (None if self.request.include_usage else ...)
         if self.tool_answers is not None:
-            chunks = self._tool_chunks(event, per_chunk)
+            chunks = self._tool_chunks(self.tool_answers[event.index], event, per_chunk)
             if event.final and self.request.include_usage:
                 chunks.append(shape.usage_chunk(self.kind, self.uid, self.model, self.created, usage))
             return chunks
@@ -208,11 +208,11 @@ class AnswerShaper:
         return chunks
 
 
-    def _tool_chunks(self, event: Tokens, usage: Any) -> List[Dict[str, Any]]:
+    def _tool_chunks(self, answer: ToolCallAnswer, event: Tokens, usage: Any) -> List[Dict[str, Any]]:
         """A tool-calling choice's chunks for its next text: one per delta (content, a call's start, more
         arguments), its finish reason on the last (an empty delta when nothing is left), the event's
         logprobs on the first (held until a chunk goes out)."""
-        answer, held = self.tool_answers[event.index], self.held_logprobs[event.index]
+        held = self.held_logprobs[event.index]
         held.extend(event.logprobs or ())
         deltas = answer.deltas(event.text, last=event.finish_reason is not None)
         if event.finish_reason is not None and not deltas:

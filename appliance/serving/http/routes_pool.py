@@ -118,10 +118,10 @@ class PoolRoutes:
         kind = content_type(request)
         if kind not in GEOTIFF_TYPES:
             raise unsupported_body(kind, self.frames)
-        quicklook = request.query_params.get("quicklook", "false").lower()
-        if quicklook not in ("true", "false", "1", "0"):
-            raise APIError(400, f"quicklook: {quicklook!r}; allowed: true, false", param="quicklook")
-        quicklook = quicklook in ("true", "1")
+        given = request.query_params.get("quicklook", "false").lower()
+        if given not in ("true", "false", "1", "0"):
+            raise APIError(400, f"quicklook: {given!r}; allowed: true, false", param="quicklook")
+        quicklook = given in ("true", "1")
         date = checked_dates(query_dates(request), self.frames, "date")
         input_path, output = self._spool(uid, ".in.tif"), self._spool(uid, ".out.tif")
         spooled = [input_path, output, output + ".aux.xml", quicklook_path(output), stac_path(output)]

@@ -172,7 +172,10 @@ class SceneRoutes:
                 for i, href in enumerate(parsed.urls):
                     check_served_href(href, f"urls[{i}]", self.s3_buckets)  # server policy before the job queues
                 return parsed.urls, "urls", parsed.date
-            check_served_href(parsed.url, "url", self.s3_buckets)
+            url = parsed.url
+            if url is None:  # parse_scene_body refuses a body with neither
+                raise RuntimeError("parse_scene_body passed a body with neither url nor urls")
+            check_served_href(url, "url", self.s3_buckets)
         except InputError as e:
             raise APIError.from_input(e) from None
-        return parsed.url, "url", parsed.date
+        return url, "url", parsed.date

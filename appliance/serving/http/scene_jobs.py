@@ -136,9 +136,10 @@ class SceneJobs:
     def prune(self) -> None:
         """Forget the finished jobs past `keep_s` or beyond the newest `max_kept`, and stray directories."""
         now = self.clock()
-        finished = sorted((job for job in self.jobs.values() if job.finished), key=lambda job: job.finished_at)
-        for i, job in enumerate(finished):
-            if now - job.finished_at >= self.keep_s or len(finished) - i > self.max_kept:
+        finished = sorted(((job.finished_at, job) for job in self.jobs.values() if job.finished_at is not None),
+                          key=lambda pair: pair[0])
+        for i, (finished_at, job) in enumerate(finished):
+            if now - finished_at >= self.keep_s or len(finished) - i > self.max_kept:
                 self.forget(job)
         if os.path.isdir(self.root):
             for name in os.listdir(self.root):

@@ -66,7 +66,7 @@ class VisionInputs(Stage):
         if not inputs or inputs == [None]:
             raise InputError("input: give an image path (or a list of them)", param="input")
         output = Path(record["output"]) if record.get("output") else None
-        single_file = output is not None and output.suffix == ".safetensors"
+        single_file = output if output is not None and output.suffix == ".safetensors" else None
         if single_file and len(inputs) > 1:
             raise InputError(f"output: {output} is one file but {len(inputs)} images were given; give a directory",
                              param="output")
@@ -76,7 +76,7 @@ class VisionInputs(Stage):
             if not source.is_file():
                 raise InputError(f"input: {source} is not a file", param="input")
             name = source.stem + self.options.suffix
-            target = output if single_file else (output / name if output else source.with_name(name))
+            target = single_file or (output / name if output else source.with_name(name))
             if target.exists() and not record.get("overwrite"):
                 raise InputError(f"output: {target} exists; pass overwrite=true to replace it", param="output")
             pairs.append((source, target))

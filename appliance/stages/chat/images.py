@@ -84,6 +84,8 @@ class ImageSide:
             pixels = anyres_preprocess(loaded.image, self.preprocess).pixel_values
             count = llava_next_feature_count(size, self.anyres)
         else:
+            if self.vl.image_feature_size is None:  # from_config builds `anyres` exactly when it is None
+                raise RuntimeError("a LLaVA-1.5 image side has no image_feature_size: build it with from_config")
             pixels, count = clip_preprocess(loaded.image, self.preprocess), self.vl.image_feature_size
         return ImageItem(content_hash=loaded.content_hash, offset=0, num_tokens=count, pixel_values=pixels,
                          image_size=size)

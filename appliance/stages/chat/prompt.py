@@ -20,7 +20,7 @@ ids are taken as given (`prompt_token_ids`, what the server's `/v1/completions` 
 """
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from appliance.config.schema import ImageInputType
 from appliance.engine.multimodal import ImageItem, mm_ranges
@@ -34,6 +34,9 @@ from appliance.stages.engine_stage import (check_fits, check_text_fits, model_co
                                      model_tokenizer, prompt_token_ids)
 from appliance.vision.image_load import is_web_image
 from appliance.vl_config import declared_input_type
+
+if TYPE_CHECKING:  # imported where setup() starts the pool
+    from appliance.vision.preprocess_executor import PreprocessExecutor
 
 
 CHAT_COMPLETION = ChatRendering()  # how a chat completion's prompt is made (frozen)
@@ -76,7 +79,9 @@ class ChatPrompt(Stage):
             raise ConfigError(f"chat_prompt.content_format: {options.content_format!r}; allowed: auto, parts, string")
         if options.workers < 1:
             raise ConfigError(f"chat_prompt.workers: {options.workers}; allowed: 1 or more")
-        self.tokenizer = self.images = self.pool = None
+        self.tokenizer: Any = None
+        self.images: Optional[ImageSide] = None
+        self.pool: Optional["PreprocessExecutor"] = None
         self.max_len = self.longest_token = 0
         # Read once: an OmegaConf lookup is slow beside a plain attribute, and every request asks.
         self.multimodal = cfg.model.get("vision_language") is not None
@@ -144,7 +149,8 @@ class ChatPrompt(Stage):
         if record.get("completion_prompt") is not None:
             return self._completion_ids(record), []
         parts = self.options.content_format == "parts" or (self.options.content_format == "auto" and self.multimodal)
-        chat, tools = with_tools(record["messages"], record.get("tools"), self.tokenizer, record.get("describe_tools"))
+        chat, tools = with_tools(record["messages"], record.get("tools"), self.tokenizer,
+                                  bool(record.get("describe_tools")))
         messages, urls = template_messages(chat, parts)
         self._check_takes_images(urls, record)
         if self.images is not None and len(urls) > self.images.vl.limit_per_prompt:
@@ -159,9 +165,14 @@ class ChatPrompt(Stage):
         if self.images is not None:
             check_image_tokens(ids, self.images.vl.image_token_id, len(urls), where)
         typed = record.get("typed_fields")
-        futures = [images.add(self.images.prepare, url, at(where, field, typed), record["media_dir"])
+        futures = [images.add(self._image_side().prepare, url, at(where, field, typed), record["media_dir"])
                    for url, field in urls]
         return ids, futures
+
+    def _image_side(self) -> ImageSide:
+        if self.images is None:
+            raise RuntimeError(f"{self.name}: an image came before setup() read the model's image side")
+        return self.images
 
     def _check_takes_images(self, urls: List[Tuple[str, str]], record: Record) -> None:
         if urls and not self.multimodal:
@@ -180,7 +191,8 @@ class ChatPrompt(Stage):
         """The record with its prompt, once its images are ready."""
         items = [future.result() for future in futures]
         if items:
-            ids, offsets = expand_placeholders(ids, self.images.vl.image_token_id, [i.num_tokens for i in items])
+            ids, offsets = expand_placeholders(ids, self._image_side().vl.image_token_id,
+                                               [i.num_tokens for i in items])
             for item, offset in zip(items, offsets):
                 item.offset = offset
         if (record.get("rendering") or CHAT_COMPLETION).fit_context and record.get("completion_prompt") is None:

@@ -10,7 +10,7 @@ templates usually expect strings, so text-only models get the text parts joined.
 where each run starts: that is the `offset` of the i-th `ImageItem`.
 """
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from appliance.errors import ConfigError, InputError
 from appliance.protocol.openai_requests import image_url
@@ -44,12 +44,13 @@ def template_messages(messages: List[Dict[str, Any]],
                 out_parts.append({"type": "image"})
             else:
                 out_parts.append({"type": "text", "text": part["text"]})
+        rendered_content: Union[str, List[Dict[str, str]]] = out_parts
         if not parts:
-            out_parts = " ".join(p["text"] for p in out_parts if p["type"] == "text")
+            rendered_content = " ".join(p["text"] for p in out_parts if p["type"] == "text")
         # OpenAI's `developer` role is what chat templates know as `system`.
         role = "system" if message["role"] == "developer" else message["role"]
         tool_keys = {key: message[key] for key in TOOL_KEYS if key in message}  # read by templates with tools
-        rendered.append({**tool_keys, "role": role, "content": out_parts})
+        rendered.append({**tool_keys, "role": role, "content": rendered_content})
     return rendered, images
 
 

@@ -109,7 +109,9 @@ def acquisition(given: Optional[dt.datetime], item_datetime: Optional[str], tag:
     if when is not None:
         return Acquired(when, "STAC datetime")
     if tag is not None:
-        return Acquired(parse_when(tag[1]), f"{tag[0]} tag")
+        when = parse_when(tag[1])  # date_tag keeps only a tag that reads as a date
+        if when is not None:
+            return Acquired(when, f"{tag[0]} tag")
     for name in names:
         when = name_date(name)
         if when is not None:

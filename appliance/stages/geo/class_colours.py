@@ -56,10 +56,16 @@ def parse_colours_tag(text: Optional[str], count: int) -> List[Colour]:
     """The colours in a mask's `class_colours` tag; the defaults when it has none or it does not fit."""
     parts = text.split(",") if text else []
     try:
-        colours = [tuple(int(p.strip()[i:i + 2], 16) for i in (1, 3, 5)) for p in parts]
+        colours = [_hex_colour(p) for p in parts]
     except ValueError:
         colours = []
     return colours if len(colours) == count and all(len(p.strip()) == 7 for p in parts) else default_colours(count)
+
+
+def _hex_colour(text: str) -> Colour:
+    """`#0B1621` -> (11, 22, 33); ValueError when the digits are not hex."""
+    text = text.strip()
+    return int(text[1:3], 16), int(text[3:5], 16), int(text[5:7], 16)
 
 
 def _shown(value) -> str:

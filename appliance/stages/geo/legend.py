@@ -15,7 +15,12 @@ BACKGROUND, INK = (255, 255, 255), (0, 0, 0)
 def legend_entries(class_names: Sequence[str], colours: Sequence[Colour],
                    nodata: Colour) -> List[Tuple[str, Optional[Colour]]]:
     """(name, swatch colour) per class, None for the unpainted class 0; nodata last."""
-    return [(name, None if i == 0 else tuple(colours[i])) for i, name in enumerate(class_names)] + [("nodata", nodata)]
+    return [(name, None if i == 0 else _rgb(colours[i])) for i, name in enumerate(class_names)] + [("nodata", nodata)]
+
+
+def _rgb(colour: Colour) -> Colour:
+    red, green, blue = colour  # a tuple, whatever sequence the colour came as
+    return red, green, blue
 
 
 def with_legend(picture: Image.Image, entries: Sequence[Tuple[str, Optional[Colour]]]) -> Image.Image:

@@ -16,9 +16,10 @@ TCP connections, not one per GET; `close()` at the end of the request closes the
 `opener_for` serves exactly one URL and answers GDAL's sidecar probes (.aux.xml, .msk, ...) as missing
 files.
 """
+import dataclasses  # `dataclasses.field`: RemoteReads has an attribute named `field`
 import io
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List
 
 from appliance.errors import InputError
@@ -36,7 +37,7 @@ class _Remote:
     """What one request has read of one URL."""
     size: int
     fetched: int = 0
-    chunks: "OrderedDict[int, bytes]" = field(default_factory=OrderedDict)
+    chunks: "OrderedDict[int, bytes]" = dataclasses.field(default_factory=OrderedDict)
     next_chunk: int = -1  # the chunk after the last fetch: a miss there is a sequential read
     read_ahead: int = 0   # chunks the next sequential miss fetches beyond what it asks for
 
@@ -48,8 +49,8 @@ class RemoteReads:
     kept-alive connections (never shared with another request)."""
     policy: FetchPolicy
     field: str
-    files: Dict[str, _Remote] = field(default_factory=dict)
-    connections: KeptConnections = field(default_factory=KeptConnections)
+    files: Dict[str, _Remote] = dataclasses.field(default_factory=dict)
+    connections: KeptConnections = dataclasses.field(default_factory=KeptConnections)
 
     def close(self) -> None:
         self.connections.close()
@@ -60,9 +61,9 @@ class RangeFile(io.RawIOBase):
         super().__init__()
         self.url, self.reads = url, reads
         self.pos = 0
-        self.remote = reads.files.get(url)
-        if self.remote is None:
-            self.remote = _Remote(size=-1)
+        known = reads.files.get(url)
+        self.remote = known if known is not None else _Remote(size=-1)
+        if known is None:
             first, size = self._get(0, 0)
             if size < 0:
                 raise InputError(f"{reads.field}: the server did not say the file's size (Content-Range); it must "

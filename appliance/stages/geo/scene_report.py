@@ -134,7 +134,8 @@ def class_summary(ds, names: Sequence[str], colours: Optional[Sequence[Tuple[int
     colours = colours if colours is not None else default_colours(count)
     pixel_area = pixel_area_m2(ds.crs, ds.transform)
     row_areas = geographic_row_areas_m2(ds.crs, ds.transform, ds.height)
-    pixels, areas = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.float64)
+    pixels = np.zeros(count, dtype=np.int64)
+    areas: np.ndarray = np.zeros(count, dtype=np.float64)  # m² per class; pixels x pixel area when that is fixed
     for row, rows in strips(ds):
         per_row = strip_counts(ds.read(window=Window(0, row, ds.width, rows)), count)
         pixels += per_row.sum(axis=0)

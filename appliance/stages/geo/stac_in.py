@@ -39,7 +39,8 @@ def _describe(key: str, asset: dict) -> str:
 
 def pick_assets(assets: Dict[str, dict], stac_bands: Sequence[str]) -> List[str]:
     """Asset keys serving each of `stac_bands`, in order. InputError naming the missing band(s)."""
-    picked, missing = [], []
+    picked: List[str] = []
+    missing: List[str] = []
     for wanted in stac_bands:
         match = next((key for key, asset in assets.items()
                       if isinstance(asset, dict) and asset.get("href")
@@ -47,7 +48,8 @@ def pick_assets(assets: Dict[str, dict], stac_bands: Sequence[str]) -> List[str]
                      None)
         if match is None:
             missing.append(wanted)
-        picked.append(match)
+        else:
+            picked.append(match)
     if missing:
         available = ", ".join(_describe(k, a) for k, a in assets.items() if isinstance(a, dict)) or "none"
         raise InputError(f"has no asset for band(s) {', '.join(missing)} (matched by eo:bands common_name or name, "

@@ -41,7 +41,8 @@ def pad_to_tile(pixels: np.ndarray, tile_size: int, mode: str) -> np.ndarray:
     _, h, w = pixels.shape
     if h == tile_size and w == tile_size:
         return pixels
-    return np.pad(pixels, ((0, 0), (0, tile_size - h), (0, tile_size - w)), mode=mode)
+    # numpy types `mode` as a Literal of its modes; `mode` is a Padding value, each one of them.
+    return np.pad(pixels, ((0, 0), (0, tile_size - h), (0, tile_size - w)), mode=mode)  # type: ignore[call-overload]
 
 
 def block_cache_bytes(reader: SceneReader, tile_size: int) -> int:

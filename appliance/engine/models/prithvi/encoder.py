@@ -125,6 +125,8 @@ class PrithviViT(nn.Module):
     after the deepest requested one are skipped (their outputs could not change the result).
     """
 
+    pos_embed: torch.Tensor  # buffer: the fixed sin-cos table [1, 1 + T'H'W', D] of `base_grid`
+
     def __init__(
         self,
         in_chans: int,
@@ -170,7 +172,9 @@ class PrithviViT(nn.Module):
 
     def token_grid(self, x: torch.Tensor) -> Tuple[int, int, int]:
         """(T', H', W') token grid for a [B, C, T, H, W] input."""
-        return tuple(s // p for s, p in zip(x.shape[-3:], self.patch_size))
+        t, h, w = x.shape[-3:]
+        pt, ph, pw = self.patch_size
+        return t // pt, h // ph, w // pw
 
     def forward(
         self,

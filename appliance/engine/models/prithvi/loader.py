@@ -22,6 +22,7 @@ import torch
 from appliance.engine.torch_files import load_torch_file
 from appliance.errors import ConfigError
 
+from .encoder import PrithviViT
 from .posembed import sincos_3d_table
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ def load_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source
     device); floating point tensors become `dtype` on the way (no copy where they already are)."""
     state = dict(state)
     encoder = model.encoder
+    if not isinstance(encoder, PrithviViT):
+        raise TypeError(f"load_state takes a Prithvi model (its `encoder` a PrithviViT), got {type(model).__name__}")
     state[f"{model.encoder_prefix}.pos_embed"] = sincos_3d_table(encoder.embed_dim, encoder.base_grid)
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     check_keys(model, state, source)

@@ -1,7 +1,8 @@
 """Shaping of a segmentation model's input and output, the same for both neck/head layouts: frames
 axis, the date-major reshape some checkpoints were trained with, reflect padding, centre crop; and
 `TileSegmentation`, the forward that applies them around a layout's own network."""
-from typing import Optional, Tuple
+from abc import ABC, abstractmethod
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,7 @@ def reflect_pad(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return x.reshape(b, c, t, *x.shape[-2:])
 
 
-def resize_and_crop(logits: torch.Tensor, padded: Tuple[int, int], size: Tuple[int, int]) -> torch.Tensor:
+def resize_and_crop(logits: torch.Tensor, padded: Sequence[int], size: Sequence[int]) -> torch.Tensor:
     """Logits -> bilinearly resized to the padded input (align_corners=False, as both references do), then
     the centre `size` that `reflect_pad` padded around."""
     if tuple(logits.shape[-2:]) != tuple(padded):
@@ -55,7 +56,7 @@ def resize_and_crop(logits: torch.Tensor, padded: Tuple[int, int], size: Tuple[i
     return logits[..., top : top + h, left : left + w]
 
 
-class TileSegmentation(nn.Module):
+class TileSegmentation(nn.Module, ABC):
     """A segmentation model's forward around its network: the frames axis, the date-major reshape when the
     checkpoint was trained with it, reflect padding to `pad_multiple`, then the logits resized and cropped
     back. A layout gives `pad_multiple` and `logits(x, temporal_coords, location_coords)` of a padded x."""
@@ -63,6 +64,16 @@ class TileSegmentation(nn.Module):
     def __init__(self, date_major: bool = False):
         super().__init__()
         self.date_major = date_major
+
+    @property
+    @abstractmethod
+    def pad_multiple(self) -> int:
+        """Inputs are reflect-padded to a multiple of this many pixels."""
+
+    @abstractmethod
+    def logits(self, x: torch.Tensor, temporal_coords: Optional[torch.Tensor],
+               location_coords: Optional[torch.Tensor]) -> torch.Tensor:
+        """Padded [B, C, T, H, W] -> logits [B, num_classes, h, w] (any h, w: the forward resizes them)."""
 
     def forward(
         self,
