@@ -142,7 +142,8 @@ def quantize_projections(model: nn.Module, plan: Union[Int8Plan, Int4Plan]) -> i
               if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
     if isinstance(plan, Int4Plan):
         for name, m in layers:
-            problem = layer_problem(name, *m.weight.shape, plan.group_size, plan.group_sizes)
+            out_features, in_features = m.weight.shape
+            problem = layer_problem(name, out_features, in_features, plan.group_size, plan.group_sizes)
             if problem:
                 raise ConfigError(f"engine.quantization=int4 cannot hold {problem}",
                                   param="engine.quantization_group_size")
