@@ -46,10 +46,9 @@ from appliance.engine.int8 import Int8Plan, kernel_problem
 BF16_WEIGHT_ROWS_NATIVE = range(1, 3)
 INT8_WEIGHT_ROWS = 32  # rows up to which our int8 GEMM was measured to beat torch's kernel (docs/engine.md)
 # Rows up to which torch's int4 kernel beats dequantised bf16 tiles (benchmarks/int4_linear.py, 11008x4096,
-# groups of 128, an AVX512-BF16 EPYC, quiet; docs/benchmarks.md). Tiles by our kernel tie at 32 rows on one
-# thread (33.7 vs 33.6 ms; 128 rows 133.5 vs 76.5); on two the kernel wins to ~120 rows, as the tiles' GEMMs
-# gain little from the second thread: the rule is one thread's until that is fixed. Tiles by torch ops
-# (without our kernels) tie later: 64 rows 66.8 vs 81.7 ms on one thread, 128 rows 133.5 vs 118.1.
+# groups of 128, an AVX512-BF16 EPYC, quiet; docs/benchmarks.md). Tiles by our kernel tie at 32 rows: one
+# thread 33.7 vs 33.6 ms, two 17.3 vs 17.3 (64 rows: 34 vs 27). Tiles by torch ops (without our kernels) tie
+# later: one thread, 64 rows 66.8 vs 81.7 ms, 128 rows 133.5 vs 118.1.
 INT4_KERNEL_ROWS = 32
 INT4_KERNEL_ROWS_TORCH_TILES = 64
 
