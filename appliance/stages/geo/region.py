@@ -19,7 +19,7 @@ from appliance.pipeline import Record, Stage, register_stage
 from appliance.progress import DEFAULT_INTERVAL, Progress, check_interval
 from appliance.stages.geo.raster_inputs import TIFF_SUFFIXES
 from appliance.stages.geo.region_collection import region_collection, write_collection
-from appliance.stages.geo.region_items import region_items
+from appliance.stages.geo.region_items import RegionItem, region_items
 from appliance.stages.geo.region_mosaic import MosaicRule, placed, write_mosaic
 from appliance.stages.geo.region_publish import publish_region
 from appliance.stages.geo.region_summary import region_summary, summary_table, write_summary
@@ -60,12 +60,8 @@ class Region(Stage):
             yield {"display": f"region: {share} done; once every share is, `appliance assemble` with the same "
                               "keys builds the collection, mosaic and summary"}
             return
-        lines = build_region(directory, self.options, self._about())
-        if lines:
-            yield {"display": "region: " + "\nregion: ".join(lines)}
-            published = publish(self.cfg, directory, self._about())  # last: a refusal leaves every file shown
-            if published:
-                yield {"display": "region: " + published}
+        for line in region_outputs(self.cfg, directory, self.options):
+            yield {"display": "region: " + line}
 
     def _counted(self, records: Iterator[Record]) -> Iterator[Record]:
         """The records, each written scene counted: progress over a run of several scenes into a directory,
@@ -87,46 +83,44 @@ class Region(Stage):
             return None
         return str(output)
 
-    def _about(self) -> str:
-        return about(self.cfg)
 
 
-def about(cfg) -> str:
-    """The collection's description."""
-    return f"Masks by {cfg.model.name} (pipeline {cfg.pipeline.name})"
-
-
-def build_region(directory: str, options: RegionOptions, description: str) -> List[str]:
-    """Write the region's outputs over `directory`'s complete masks; a line for each (none without a mask)."""
+def region_outputs(cfg, directory: str, options: RegionOptions) -> Iterator[str]:
+    """Write the region's outputs over `directory`'s complete masks, a line for each as it is written (none
+    without a mask), then publish the region to `publish.url` where one is set: last, so that a refusal
+    leaves every file shown. The items are read once, for both."""
     items = region_items(directory)
     if not items:
         log.warning("region: no complete mask in %s; no collection, mosaic or summary written", directory)
-        return []
-    lines = []
+        return
+    description = f"Masks by {cfg.model.name} (pipeline {cfg.pipeline.name})"
+    yield from _build(directory, items, options, description)
+    published = _publish(cfg.get("publish"), directory, items, description)
+    if published:
+        yield published
+
+
+def _build(directory: str, items: List[RegionItem], options: RegionOptions, description: str) -> Iterator[str]:
     if options.collection:
-        lines.append(f"collection {write_collection(directory, items, _identifier(directory), description)}")
+        yield f"collection {write_collection(directory, items, _identifier(directory), description)}"
     on_map = placed(items) if options.mosaic else []
     if len(on_map) < len(items) and options.mosaic:
         log.warning("region: %d of %d masks have no CRS and are left out of the mosaic",
                     len(items) - len(on_map), len(items))
     mosaic = write_mosaic(directory, on_map, options.mosaic_rule) if on_map else None
     if mosaic:
-        lines.append(f"mosaic {mosaic} ({len(on_map)} masks, overlaps: {options.mosaic_rule.value})")
+        yield f"mosaic {mosaic} ({len(on_map)} masks, overlaps: {options.mosaic_rule.value})"
     if options.summary:
         # The region's totals come from the mosaic only when it holds every mask (overlaps counted once);
         # else they are the items' sum.
         summary = region_summary(items, mosaic if len(on_map) == len(items) else None)
-        lines.append(f"summary {write_summary(directory, summary)}\n{summary_table(summary)}")
-    return lines
+        yield f"summary {write_summary(directory, summary)}\n{summary_table(summary)}"
 
 
-def publish(cfg, directory: str, description: str) -> Optional[str]:
-    """Send the region built over `directory` to `publish.url` (region_publish.py) when one is set: the
-    line saying what was sent, else None."""
-    settings = cfg.get("publish")
+def _publish(settings, directory: str, items: List[RegionItem], description: str) -> Optional[str]:
+    """Send the region to `publish.url` (region_publish.py) when one is set: the line saying what was sent."""
     if settings is None or not settings.get("url"):
         return None
-    items = region_items(directory)
     collection = region_collection(items, _identifier(directory), description)
     return publish_region(settings, directory, collection.to_dict(include_self_link=False, transform_hrefs=False),
                           items)

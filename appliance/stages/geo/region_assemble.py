@@ -12,15 +12,15 @@ from appliance.errors import ConfigError, InputError
 from appliance.pipeline import Stage
 from appliance.stages.geo.aoi import parse_aoi
 from appliance.stages.geo.raster_inputs import RasterInputs
-from appliance.stages.geo.region import Region, about, build_region, publish
+from appliance.stages.geo.region import Region, region_outputs
 from appliance.stages.geo.region_items import incomplete
 
 SHOWN_MISSING = 20  # scenes named in the error; the count says how many more
 
 
 def assemble(cfg: Any, stages: List[Stage]) -> Iterator[str]:
-    """The region's lines (region.build_region) over `cfg.output`, for the pipeline's built `stages`, as each
-    step ends, then the publishing's (region.publish) where `publish.url` is set; InputError naming the
+    """The region's lines (region.region_outputs: what was built over `cfg.output`, then what was published
+    where `publish.url` is set), for the pipeline's built `stages`, as each step ends; InputError naming the
     scenes whose outputs are missing or incomplete."""
     inputs = _stage(stages, RasterInputs)
     region = _stage(stages, Region)
@@ -42,11 +42,7 @@ def assemble(cfg: Any, stages: List[Stage]) -> Iterator[str]:
                          f"{directory}: {named}{more}; run their shares again (a rerun maps only what is "
                          "missing), then assemble", param="output")
     yield f"{len(planned)} scenes of the search complete"
-    lines = build_region(directory, region.options, about(cfg))
-    yield from lines
-    published = publish(cfg, directory, about(cfg)) if lines else None  # last: a refusal leaves the files shown
-    if published:
-        yield published
+    yield from region_outputs(cfg, directory, region.options)
 
 
 def _stage(stages: List[Stage], cls: Type[Stage]) -> Any:
