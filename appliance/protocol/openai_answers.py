@@ -14,7 +14,7 @@ from typing import Dict, List, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Annotated
 
-from appliance.protocol.openai_responses import ERROR_TYPES
+from appliance.protocol.openai_responses import ErrorType
 
 ANSWER = ConfigDict(extra="forbid", strict=True)
 
@@ -35,7 +35,7 @@ class Usage(BaseModel):
 class ErrorInfo(BaseModel):
     model_config = ANSWER
     message: str = Field(description="what was wrong, naming the field, and how to fix it")
-    type: Literal[tuple(sorted(set(ERROR_TYPES.values())))]
+    type: ErrorType
     param: Optional[str] = Field(description="the field at fault (a path such as messages.0.content), or null")
     code: int = Field(description="the HTTP status")
 

@@ -9,7 +9,7 @@ send that the engine does not apply are accepted only at their neutral value. Un
 unknown keys inside a message are ignored, as vLLM does.
 """
 import json
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from typing_extensions import Annotated
@@ -17,12 +17,13 @@ from typing_extensions import Annotated
 from appliance.engine.structured_output import StructuredOutput, json_object
 from appliance.protocol import openai_tools
 from appliance.protocol.openai_tools import Tool, ToolCalling, ToolCalls, ToolChoice
-from appliance.protocol.openai_fields import (LENIENT, STRICT, Integer, Number, Text, TokenId, either, engine_range,
-                                              integer, neutral, one_or_list)
+from appliance.protocol.openai_fields import (LENIENT, STRICT, Integer, Integral, JsonSchema, Neutral, Number,
+                                              OneOrList, Text, TokenId, engine_range, member, picked_by)
 from appliance.protocol.strict_schema import strict_schema
 from appliance.protocol.validation import field_error
 
-ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's name for system in newer models
+# developer: OpenAI's name for system in newer models
+Role = Literal["system", "developer", "user", "assistant", "tool"]
 PART_TYPES = ("text", "image_url")
 MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 MAX_CHOICES = 128
@@ -49,8 +50,10 @@ class TextPart(BaseModel):
 class ImagePart(BaseModel):
     model_config = LENIENT
     type: Literal["image_url"]
-    image_url: either(lambda v: "object" if isinstance(v, dict) else "url" if isinstance(v, str) else None,
-                      object=ImageURL, url=Text)  # the bare string some clients send
+    image_url: Annotated[Union[Annotated[ImageURL, member("object")],
+                               Annotated[Text, member("url")]],  # the bare string some clients send
+                         picked_by(lambda v: "object" if isinstance(v, dict) else "url" if isinstance(v, str)
+                                   else None)]
 
 
 def _known_part(part: Any) -> Any:
@@ -59,14 +62,15 @@ def _known_part(part: Any) -> Any:
     return part
 
 
-Part = Annotated[either(lambda v: v.get("type") if isinstance(v, dict) else "text", text=TextPart,
-                        image_url=ImagePart), BeforeValidator(_known_part)]
+Part = Annotated[Union[Annotated[TextPart, member("text")], Annotated[ImagePart, member("image_url")]],
+                 picked_by(lambda v: v.get("type") if isinstance(v, dict) else "text"), BeforeValidator(_known_part)]
 
 
-NULL, GIVEN = {"type": "null"}, {"not": {"type": "null"}}  # a property absent or null; present, not null
+NULL: JsonSchema = {"type": "null"}  # a property absent or null
+GIVEN: JsonSchema = {"not": {"type": "null"}}  # a property present, not null
 
 
-def _role(*roles: str, required=(), **properties: Any) -> Dict[str, Any]:
+def _role(*roles: str, required=(), **properties: Any) -> JsonSchema:
     return {"properties": {"role": {"enum": list(roles)}, **properties}, "required": ["role", *required]}
 
 
@@ -81,8 +85,8 @@ class Message(BaseModel):
               content={"anyOf": [{"type": "string"}, {"type": "array", "items": {
                   "properties": {"type": {"const": "text"}}}}]}),
     ]})
-    role: Literal[ROLES]
-    content: Optional[either(one_or_list, one=str, list=Annotated[List[Part], Field(min_length=1)])] = None
+    role: Role
+    content: Optional[OneOrList[str, Annotated[List[Part], Field(min_length=1)]]] = None
     tool_calls: Optional[ToolCalls] = Field(default=None, description="an assistant message's calls (its "
                                                                       "content may then be null)")
     tool_call_id: Optional[Text] = Field(default=None, description="a tool message: the call it answers")
@@ -97,7 +101,7 @@ class Message(BaseModel):
         if self.role == "tool":
             if self.tool_call_id is None:
                 raise field_error("required in a tool message: the id of the tool call it answers", "tool_call_id")
-            if not isinstance(self.content, str) and any(part.type != "text" for part in self.content):
+            if isinstance(self.content, list) and any(part.type != "text" for part in self.content):
                 raise field_error("a tool message takes text only", "content")
         return self
 
@@ -142,8 +146,9 @@ class StructuredOutputs(BaseModel):
     """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar."""
     model_config = ConfigDict(**LENIENT, json_schema_extra={"oneOf": [  # `_one_kind`, for the document
         {"properties": {kind: GIVEN}, "required": [kind]} for kind in STRUCTURED_KINDS]})
-    json_: Optional[either(lambda v: "text" if isinstance(v, str) else "object" if isinstance(v, dict) else None,
-                           text=str, object=Dict[str, Any])] = Field(default=None, alias="json")
+    json_: Optional[Annotated[Union[Annotated[str, member("text")], Annotated[Dict[str, Any], member("object")]],
+                              picked_by(lambda v: "text" if isinstance(v, str) else "object" if isinstance(v, dict)
+                                        else None)]] = Field(default=None, alias="json")
     regex: Optional[Text] = None
     choice: Optional[Annotated[List[str], Field(min_length=1)]] = None
     grammar: Optional[Text] = Field(default=None, description="a Lark or EBNF grammar, as llguidance reads it")
@@ -160,43 +165,45 @@ class StructuredOutputs(BaseModel):
 
 
 Bias = Annotated[Number, engine_range(minimum=-100, maximum=100)]
-Seed = integer(ge=-2 ** 63, le=2 ** 63 - 1)
-Logprobs = integer(ge=0, le=MAX_LOGPROBS)
+Seed = Integral[Annotated[int, Field(ge=-2 ** 63, le=2 ** 63 - 1)]]
+Logprobs = Integral[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]]
+Unapplied = Annotated[Optional[Number], Neutral(0, "the engine does not apply it")]
 
 
 TOKEN_KEY = r"^[0-9]+$"  # a logit_bias key: a token id in decimal
 
 
-def _either_absent(*names: str) -> Dict[str, Any]:
+def _either_absent(*names: str) -> JsonSchema:
     """At most one of `names` given (not null)."""
     return {"anyOf": [{"properties": {name: NULL}} for name in names]}
 
 
-def _only_with(name: str, value: Any, needs: str, needed: Any) -> Dict[str, Any]:
+def _only_with(name: str, value: Any, needs: str, needed: Any) -> JsonSchema:
     """`name` at `value` (absent or null: its neutral value) unless `needs` is `needed`."""
     return {"anyOf": [{"properties": {name: value}}, {"properties": {needs: {"const": needed}}, "required": [needs]}]}
 
 
-NEUTRAL = {"enum": [None, False, 0]}  # what `_beam_search` counts as not given
+NEUTRAL: JsonSchema = {"enum": [None, False, 0]}  # what `_beam_search` counts as not given
+# `GenerateBody._beam_search`'s and `_consistent`'s rules, for the document
+GENERATE_RULES: List[JsonSchema] = [
+    _only_with("stream_options", NULL, "stream", True),
+    _either_absent("response_format", "structured_outputs"),
+    _only_with("length_penalty", {"const": 1.0}, "use_beam_search", True),
+    {"anyOf": [{"properties": {"use_beam_search": {"not": {"const": True}}}},
+               {"properties": {name: NEUTRAL for name in NOT_WITH_BEAM_SEARCH}}]},
+]
 
 
 class GenerateBody(BaseModel):
     """What chat completions and completions share."""
-    # `_beam_search`'s and `_consistent`'s rules, for the document
-    model_config = ConfigDict(**STRICT, json_schema_extra={"allOf": [
-        _only_with("stream_options", NULL, "stream", True),
-        _either_absent("response_format", "structured_outputs"),
-        _only_with("length_penalty", {"const": 1.0}, "use_beam_search", True),
-        {"anyOf": [{"properties": {"use_beam_search": {"not": {"const": True}}}},
-                   {"properties": {name: NEUTRAL for name in NOT_WITH_BEAM_SEARCH}}]},
-    ]})
+    model_config = ConfigDict(**STRICT, json_schema_extra={"allOf": list(GENERATE_RULES)})
 
     model: Optional[str] = None
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
-    n: Optional[integer(ge=1, le=MAX_CHOICES)] = Field(default=1, description="answers (choices) "
-                                                                                              "to the request")
+    n: Optional[Integral[Annotated[int, Field(ge=1, le=MAX_CHOICES)]]] = Field(
+        default=1, description="answers (choices) to the request")
     max_tokens: Optional[Annotated[Integer, engine_range(minimum=1)]] = None
     max_completion_tokens: Optional[Annotated[Integer, engine_range(minimum=1)]] = None
     temperature: Optional[Annotated[Number, engine_range(minimum=0)]] = None
@@ -204,7 +211,7 @@ class GenerateBody(BaseModel):
     top_k: Optional[Annotated[Integer, engine_range(minimum=0)]] = Field(default=None, description="0: all tokens")
     min_tokens: Optional[Annotated[Integer, engine_range(minimum=0)]] = None
     seed: Optional[Seed] = None
-    stop: Optional[either(one_or_list, one=Text, list=List[Text])] = Field(
+    stop: Optional[OneOrList[Text, List[Text]]] = Field(
         default=None, description="strings that end the answer (not empty)")
     stop_token_ids: Optional[List[TokenId]] = None
     ignore_eos: Optional[bool] = None
@@ -213,8 +220,8 @@ class GenerateBody(BaseModel):
         default=None, description="token id (decimal) -> bias added to its logit")
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
-    frequency_penalty: neutral(Number, 0, "the engine does not apply it") = None
-    presence_penalty: neutral(Number, 0, "the engine does not apply it") = None
+    frequency_penalty: Unapplied = None
+    presence_penalty: Unapplied = None
     use_beam_search: Optional[bool] = Field(default=None, description="beam search of width n (vLLM's): the n "
                                             "best answers, best first; temperature, top_p, top_k and seed "
                                             "are ignored")
@@ -254,20 +261,21 @@ class GenerateBody(BaseModel):
             kind = self.response_format.type
             if kind == "json_object":
                 return json_object()
-            if kind == "json_schema":
-                return StructuredOutput("json", json.dumps(strict_schema(self.response_format.json_schema.schema_)))
+            json_schema = self.response_format.json_schema  # given with json_schema: `_schema_given`
+            if kind == "json_schema" and json_schema is not None:
+                return StructuredOutput("json", json.dumps(strict_schema(json_schema.schema_)))
             return None
         if self.structured_outputs is not None:
-            kind, spec = next((k, v) for k, v in self.structured_outputs.specs().items() if v is not None)
-            if kind == "json":  # a schema, as an object or as JSON text (text that is not JSON: grammar() says so)
+            spec_kind, spec = next((k, v) for k, v in self.structured_outputs.specs().items() if v is not None)
+            if spec_kind == "json":  # a schema, as an object or as JSON text (text that is not JSON: grammar() says so)
                 spec = strict_schema(_json_or_text(spec))
-            return StructuredOutput(kind, spec if isinstance(spec, str) else json.dumps(spec))
+            return StructuredOutput(spec_kind, spec if isinstance(spec, str) else json.dumps(spec))
         return None
 
 
 class ChatCompletionRequest(GenerateBody):
     model_config = ConfigDict(**STRICT, json_schema_extra={"allOf": [  # `_top_needs_logprobs`, for the document
-        *GenerateBody.model_config["json_schema_extra"]["allOf"], _only_with("top_logprobs", NULL, "logprobs", True)]})
+        *GENERATE_RULES, _only_with("top_logprobs", NULL, "logprobs", True)]})
     messages: Annotated[List[Message], Field(min_length=1)]
     logprobs: Optional[bool] = None
     top_logprobs: Optional[Logprobs] = None
@@ -318,18 +326,19 @@ def _prompt_kind(value: Any) -> Optional[str]:
 
 
 TokenIds = Annotated[List[TokenId], Field(min_length=1)]
+Prompt = Annotated[Union[Annotated[Text, member("text")], Annotated[TokenIds, member("token_ids")],
+                         Annotated[Annotated[List[Text], Field(min_length=1)], member("texts")],
+                         Annotated[Annotated[List[TokenIds], Field(min_length=1)], member("token_id_lists")]],
+                   picked_by(_prompt_kind)]
 
 
 class CompletionRequest(GenerateBody):
-    prompt: either(_prompt_kind, text=Text, token_ids=TokenIds,
-                   texts=Annotated[List[Text], Field(min_length=1)],
-                   token_id_lists=Annotated[List[TokenIds], Field(min_length=1)]) = Field(
-        description="a prompt (text or token ids) or a list of prompts")
+    prompt: Prompt = Field(description="a prompt (text or token ids) or a list of prompts")
     logprobs: Optional[Logprobs] = Field(
         default=None, description="the sampled token's logprob plus the top N")
     echo: Optional[bool] = Field(default=False, description="the prompt before the answer")
-    best_of: Optional[integer(ge=1)] = Field(default=None, description="1 or n only")
-    suffix: neutral(str, "", "the engine does not insert text") = None
+    best_of: Optional[Integral[Annotated[int, Field(ge=1)]]] = Field(default=None, description="1 or n only")
+    suffix: Annotated[Optional[str], Neutral("", "the engine does not insert text")] = None
 
     @model_validator(mode="after")
     def _best_of_is_n(self):

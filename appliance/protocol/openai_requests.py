@@ -10,7 +10,7 @@ valid on its own. Fields a request leaves out take the pipeline's defaults (the 
 not OpenAI's.
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Type, Union
+from typing import Any, Dict, List, Optional, Type, TypeVar, Union
 
 from pydantic import ValidationError
 
@@ -69,6 +69,7 @@ EXPECTED = {
     "tool_choice.function.name": "a non-empty string, the name of one of tools",
 }
 UNKNOWN = "unknown or unsupported field"
+Body = TypeVar("Body", bound=GenerateBody)
 
 
 @dataclass
@@ -128,7 +129,7 @@ def image_url(part: Dict[str, Any]) -> Any:
     return value.get("url") if isinstance(value, dict) else value
 
 
-def _validate(model: Type[GenerateBody], body: Any, at: str) -> GenerateBody:
+def _validate(model: Type[Body], body: Any, at: str) -> Body:
     if not isinstance(body, dict):
         raise InputError(f"{at or 'body'}: expected a JSON object, got {type(body).__name__}", param=at or None)
     try:

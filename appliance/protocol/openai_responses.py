@@ -8,7 +8,7 @@ the engine reports `{token_id: logprob}` per output token (sampled token first, 
 """
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -186,10 +186,14 @@ def usage_chunk(kind: str, request_id: str, model: str, created: int, usage_: Di
     return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [], "usage": usage_}
 
 
-ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-               405: "MethodNotAllowedError", 413: "RequestTooLargeError", 422: "BadRequestError",
-               429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError",
-               504: "TimeoutError"}
+# OpenAI's error types, sorted (the answers' schema lists them in this order)
+ErrorType = Literal["AuthenticationError", "BadRequestError", "InternalServerError", "MethodNotAllowedError",
+                    "NotFoundError", "RateLimitError", "RequestTooLargeError", "ServiceUnavailableError",
+                    "TimeoutError"]
+ERROR_TYPES: Dict[int, ErrorType] = {
+    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
+    413: "RequestTooLargeError", 422: "BadRequestError", 429: "RateLimitError", 500: "InternalServerError",
+    503: "ServiceUnavailableError", 504: "TimeoutError"}
 
 
 def error_body(status: int, message: str, param: Optional[str] = None) -> Dict[str, Any]:

@@ -16,18 +16,17 @@ means at most one call in every mode.
 """
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import jsonschema
 from pydantic import BaseModel, Field
 from typing_extensions import Annotated
 
 from appliance.engine.structured_output import StructuredOutput
-from appliance.protocol.openai_fields import LENIENT, Text, either
+from appliance.protocol.openai_fields import LENIENT, Text, member, picked_by
 from appliance.protocol.strict_schema import strict_schema
 from appliance.protocol.validation import field_error
 
-MODES = ("none", "auto", "required")
 NO_PARAMETERS = {"type": "object", "properties": {}}  # a function defined without parameters takes none: `{}`
 
 
@@ -57,8 +56,10 @@ class NamedToolChoice(BaseModel):
     function: FunctionName
 
 
-ToolChoice = either(lambda v: "mode" if isinstance(v, str) else "function" if isinstance(v, dict) else None,
-                    mode=Literal[MODES], function=NamedToolChoice)
+ToolChoice = Annotated[Union[Annotated[Literal["none", "auto", "required"], member("mode")],
+                             Annotated[NamedToolChoice, member("function")]],
+                       picked_by(lambda v: "mode" if isinstance(v, str) else "function" if isinstance(v, dict)
+                                 else None)]
 
 
 class FunctionCall(BaseModel):

@@ -30,15 +30,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import Annotated
 
 from appliance.errors import InputError
-from appliance.protocol.openai_fields import either, integer, one_or_list
+from appliance.protocol.openai_fields import Integral, JsonSchema, OneOrList
 from appliance.protocol.validation import input_error
 
 
-MAX_BAND_FILES = 64  # a per-band list: more than any model's bands
+MAX_BAND_FILES = 64  # a list of per-band files or of dates (here and in scenes.py): more than any model has
 
 
 URL = r"^([Hh][Tt][Tt][Pp][Ss]?|[Ss]3)://"  # data_format url: http(s), or s3://bucket/key (any case)
-URL_TEXT = {"type": "string", "pattern": URL}
+URL_TEXT: JsonSchema = {"type": "string", "pattern": URL}
+NonEmptyText = Annotated[str, Field(min_length=1)]
+# an acquisition date, or a multi-date model's list of them (stages/geo/multidate.given_dates checks them)
+Dates = OneOrList[str, Annotated[List[str], Field(min_length=1, max_length=MAX_BAND_FILES)]]
 
 
 class PoolingData(BaseModel):
@@ -47,9 +50,8 @@ class PoolingData(BaseModel):
         {"properties": {"data_format": {"enum": ["b64_json", "path"]}}},
         {"properties": {"data": {"anyOf": [URL_TEXT, {"type": "array", "items": URL_TEXT}]}}}]})
 
-    data: either(one_or_list, one=Annotated[str, Field(min_length=1)],
-                 list=Annotated[List[Annotated[str, Field(min_length=1)]],
-                                Field(min_length=1, max_length=MAX_BAND_FILES)]) = Field(
+    data: OneOrList[NonEmptyText, Annotated[List[NonEmptyText],
+                                            Field(min_length=1, max_length=MAX_BAND_FILES)]] = Field(
         description="the GeoTIFF: base64, a URL (http(s), or s3:// where the server allows the bucket) or a file "
                     "name; or a list of single-band files (URLs or file names), one per model band in the model's "
                     "band order. A multi-date model (T dates): one stacked GeoTIFF of T x bands, or a list of its T "
@@ -57,13 +59,12 @@ class PoolingData(BaseModel):
     data_format: Literal["b64_json", "url", "path"]
     out_data_format: Literal["b64_json", "path"] = "b64_json"
     image_format: Optional[Literal["tiff", "tif", "geotiff"]] = "tiff"
-    indices: Optional[List[integer(ge=0)]] = Field(
+    indices: Optional[List[Integral[Annotated[int, Field(ge=0)]]]] = Field(
         default=None, min_length=1, description="0-based file bands, in the model's band order")
     aoi: Optional[List[float]] = Field(default=None, description="area of interest [xmin, ymin, xmax, ymax], "
                                                                 "lon/lat unless aoi_crs: the output is that window")
     aoi_crs: Optional[str] = Field(default=None, description="the aoi's CRS, e.g. EPSG:32615 (default EPSG:4326)")
-    date: Optional[either(one_or_list, one=str, list=Annotated[List[str], Field(min_length=1,
-                                                                           max_length=MAX_BAND_FILES)])] = Field(
+    date: Optional[Dates] = Field(
         default=None, description="the scene's acquisition date, YYYY-MM-DD, for models with a time encoding (a "
                                   "multi-date model: a list of its T dates, in the order of the inputs); default: "
                                   "the source's own")
@@ -114,6 +115,7 @@ def parse_pooling(body: Any, frames: int = 1) -> PoolingRequest:
     except ValidationError as e:
         raise input_error(e, PoolingBody, EXPECTED) from None
     data = parsed.data
+    files = data.data if isinstance(data.data, list) else [data.data]
     listed = isinstance(data.data, list)
     if listed and frames == 1 and data.data_format == "b64_json":
         raise InputError("data.data: a list of per-band files takes data_format url or path; send one multi-band "
@@ -125,7 +127,7 @@ def parse_pooling(body: Any, frames: int = 1) -> PoolingRequest:
         raise InputError(f"data.indices: picks bands of each date of a list; one file for this {frames}-date model "
                          "is a stacked file, read by its declared band order: drop indices", param="data.indices")
     if data.data_format == "url":
-        for i, url in enumerate(data.data if listed else [data.data]):
+        for i, url in enumerate(files):
             field = f"data.data[{i}]" if listed and frames > 1 else "data.data"
             if not re.match(URL, url):
                 raise InputError(f"{field}: expected an http(s) URL (or s3://bucket/key) with data_format url",

@@ -16,17 +16,18 @@ answer models describe what the routes send as plain dicts (no model is built pe
 answers with them catch a drift either way. `SceneSummary` is what the engine process computes from the
 written mask (stages/geo/scene_report.py) and the HTTP side passes on as it is.
 """
-from typing import Any, List, Literal, Optional
+from typing import Any, List, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import Annotated
 
 from appliance.errors import InputError
 from appliance.protocol.openai_answers import ANSWER, Byte, Count, ErrorInfo
-from appliance.protocol.openai_fields import either, one_or_list
+from appliance.protocol.pooling import MAX_BAND_FILES, Dates, NonEmptyText
 from appliance.protocol.validation import input_error
 
-SCENE_FILES = ("mask.tif", "item.json", "scene.png", "mask.png")  # a done scene's files, by public name
+SceneFile = Literal["mask.tif", "item.json", "scene.png", "mask.png"]  # a done scene's files, by public name
+SCENE_FILES = get_args(SceneFile)
 TILE_LAYERS = ("mask", "scene")  # a done scene's map tiles: the classes, the input's RGB (stages/geo/map_tiles.py)
 Status = Literal["queued", "running", "done", "failed"]
 Colour = Annotated[List[Byte], Field(min_length=3, max_length=3, description="RGB")]
@@ -40,14 +41,14 @@ class SceneBody(BaseModel):
         {"properties": {"url": {"type": "string"}, "urls": {"type": "null"}}, "required": ["url"]},
         {"properties": {"urls": {"type": "array"}, "url": {"type": "null"}}, "required": ["urls"]}]})
 
-    url: Optional[Annotated[str, Field(min_length=1)]] = Field(
+    url: Optional[NonEmptyText] = Field(
         default=None,
         description="a GeoTIFF or a STAC item: http(s), or s3:// where the server allows the bucket; read by "
                     "windows, never downloaded whole. A multi-date model: one stacked GeoTIFF of its T dates")
-    urls: Optional[Annotated[List[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=64)]] = Field(
+    urls: Optional[Annotated[List[NonEmptyText], Field(min_length=1, max_length=MAX_BAND_FILES)]] = Field(
         default=None, description="a multi-date model's T dates in time order, each a GeoTIFF or STAC item URL "
                                   "(instead of url)")
-    date: Optional[either(one_or_list, one=str, list=Annotated[List[str], Field(min_length=1, max_length=64)])] = Field(
+    date: Optional[Dates] = Field(
         default=None, description="the scene's acquisition date, YYYY-MM-DD, for models with a time encoding (a "
                                   "multi-date model: a list of its T dates, in order); default: the source's own")
 
@@ -144,7 +145,7 @@ class Scene(BaseModel):
     tiles_total: Optional[Count] = Field(description="null until the scene is opened and its tiles planned")
     error: Optional[ErrorInfo] = Field(description="failed: why, as an error answer says it")
     result: Optional[SceneSummary] = Field(description="done: the summary")
-    files: List[Literal[SCENE_FILES]] = Field(description="done: the files GET /v1/scenes/{id}/{file} answers")
+    files: List[SceneFile] = Field(description="done: the files GET /v1/scenes/{id}/{file} answers")
 
 
 class TileJSON(BaseModel):

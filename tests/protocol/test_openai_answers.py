@@ -2,6 +2,7 @@
 the builders make validates, and a field more or a field less is refused, so the models and the
 builders cannot drift apart unnoticed. (tests/serving/test_answer_models.py checks a real server's.)"""
 import json
+from typing import get_args
 
 import pytest
 from pydantic import ValidationError
@@ -86,3 +87,8 @@ def test_nested_fields_are_checked_too():
         Completion.model_validate(body)
     with pytest.raises(ValidationError, match="type"):
         ErrorResponse.model_validate({"error": {"message": "m", "type": "Nope", "param": None, "code": 400}})
+
+
+def test_the_error_types_documented_are_those_a_status_answers():
+    """The schema's enum of error types lists no type the server never sends (mypy checks the converse)."""
+    assert set(get_args(shape.ErrorType)) == set(shape.ERROR_TYPES.values())
