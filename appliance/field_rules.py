@@ -80,7 +80,7 @@ class Rule:
         words = {"minimum": self.ge, "exclusiveMinimum": self.gt, "maximum": self.le, "exclusiveMaximum": self.lt,
                  "enum": list(self.choices) if self.choices is not None else None,
                  "pattern": f"^({self.pattern})$" if self.pattern is not None else None}
-        return {name: _number_or_int(value) for name, value in words.items() if value is not None}
+        return {name: whole_as_int(value) for name, value in words.items() if value is not None}
 
 
 def rule(**kwargs) -> dict:
@@ -136,5 +136,6 @@ def _number(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _number_or_int(value):
+def whole_as_int(value):
+    """A float that is a whole number as an int (4.0 -> 4); any other value as it is."""
     return int(value) if isinstance(value, float) and value.is_integer() else value

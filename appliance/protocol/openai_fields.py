@@ -14,6 +14,7 @@ from pydantic import (BeforeValidator, ConfigDict, Discriminator, Field, GetCore
 from pydantic_core import CoreSchema, core_schema
 from typing_extensions import Annotated
 
+from appliance.field_rules import whole_as_int
 from appliance.protocol.validation import field_error
 
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -21,14 +22,10 @@ LENIENT = ConfigDict(extra="ignore", strict=True)  # OpenAI objects whose other 
 JsonSchema = Dict[str, Any]  # a JSON schema (fits pydantic's `json_schema_extra`)
 
 
-def _integral(value: Any) -> Any:
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
 Int = TypeVar("Int", bound=int)
 # An integer, 4.0 taken as 4; bounds go inside (`Integral[Annotated[int, Field(ge=1)]]`): placed after the
 # BeforeValidator, pydantic writes them into the JSON schema as `ge`, not `minimum`.
-Integral = Annotated[Int, Strict(), BeforeValidator(_integral)]
+Integral = Annotated[Int, Strict(), BeforeValidator(whole_as_int)]
 Integer = Integral[int]
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 TokenId = Integral[Annotated[int, Field(ge=0)]]
