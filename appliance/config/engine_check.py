@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
-from appliance.engine.config import EngineKind, Quantization, quantization_group_sizes
+from appliance.engine.config import EngineKind, Quantization, engine_config_from, quantization_group_sizes
 from appliance.errors import ConfigError
 
 
@@ -18,8 +18,13 @@ def check_engine(cfg) -> None:
     engine = cfg.engine
     if engine.kind is not EngineKind.generate:
         return
-    if engine.quantization is Quantization.int4 and getattr(cfg.model, "path", None):
-        _check_int4(cfg.model.path, engine)
+    path = getattr(cfg.model, "path", None)
+    if path:
+        from appliance.engine.awq import settle_quantization
+
+        engine = settle_quantization(engine_config_from(engine), str(path))  # as the engine settles it
+    if engine.quantization is Quantization.int4 and path:
+        _check_int4(path, engine)
     backend, device, dtype = engine.attention_backend.value, str(engine.device), engine.dtype.value
     if dtype == "auto":  # what the engine will resolve it to, when the checkpoint declares it
         dtype = _auto_dtype(cfg.model, device)

@@ -10,10 +10,11 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
+from appliance.engine.awq import PARTS, projection_shape
 from appliance.engine.safetensors_files import SAFETENSORS_DTYPES, checkpoint_files, read_header
 from appliance.engine.torch_files import load_torch_file
 from appliance.errors import ConfigError
@@ -28,6 +29,19 @@ def is_decoder_projection(name: str) -> bool:
     parts = name.split(".")
     return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in DECODER_PROJECTIONS \
         and "vision_tower" not in parts
+
+
+def header_tensors(header: Dict[str, dict]) -> Iterator[Tuple[str, Optional[torch.dtype], List[int]]]:
+    """(name, dtype, shape) of a safetensors header's tensors as the engine loads them: an AWQ layer's
+    qweight, qzeros and scales as the one weight `X.weight` [out, in] they load as, before it is packed
+    (engine/awq.py; counted in fp16, AWQ's own dtype)."""
+    for name, tensor in header.items():
+        layer, _, part = name.rpartition(".")
+        dense = projection_shape(name, tensor["shape"])
+        if dense is not None:
+            yield dense[0], torch.float16, list(dense[1])
+        elif part not in PARTS or f"{layer}.qweight" not in header:
+            yield name, SAFETENSORS_DTYPES.get(tensor["dtype"]), tensor["shape"]
 
 
 @dataclass(frozen=True)
@@ -56,8 +70,9 @@ def hf_checkpoint_facts(path: str) -> CheckpointFacts:
     tensors, projections = [], 0
     for file in checkpoint_files(path):
         _, header = read_header(file)
-        tensors += [(SAFETENSORS_DTYPES.get(t["dtype"]), t["shape"]) for t in header.values()]
-        projections += sum(math.prod(t["shape"]) for name, t in header.items() if is_decoder_projection(name))
+        for name, dtype, shape in header_tensors(header):
+            tensors.append((dtype, shape))
+            projections += math.prod(shape) if is_decoder_projection(name) else 0
     facts = _facts(tensors, path)
     return CheckpointFacts(declared_dtype(path) or facts.dtype, facts.float_elements, facts.other_bytes,
                            projections)

@@ -25,6 +25,7 @@ class EngineKind(str, Enum):
 
 
 class Quantization(str, Enum):
+    auto = "auto"  # the checkpoint's: int4 for an AWQ checkpoint (engine/awq.py), else none
     none = "none"
     int8 = "int8"  # weights per output channel, quantised at load (engine/int8.py)
     int4 = "int4"  # weights in groups of quantization_group_size inputs, quantised at load (engine/int4.py)
@@ -64,8 +65,9 @@ class EngineConfig:
     # CPU flags the dtype and kernel rules treat as absent (e.g. [avx512_bf16, avx512_vnni, amx_bf16]: a newer
     # CPU runs the AVX2 paths, to compare them or to keep off a unit); [] uses all the CPU has.
     cpu_features_off: List[str] = field(default_factory=list)
-    quantization: Quantization = Quantization.none  # int8, int4: the language model's linear layers, at load
-    # int4: inputs sharing one scale and zero (torch's int4 kernel takes these; smaller is closer, larger smaller)
+    quantization: Quantization = Quantization.auto  # int8, int4: the language model's linear layers, at load
+    # int4: inputs sharing one scale and zero (torch's int4 kernel takes these; smaller is closer, larger smaller);
+    # an AWQ checkpoint's own group size replaces it
     quantization_group_size: int = field(default=128, metadata=rule(
         choices=(32, 64, 128), why="int4: weights per scale and zero"))
     seed: int = field(default=0, metadata=unbounded("any integer seeds the sampler's generators"))
@@ -85,7 +87,7 @@ class EngineConfig:
 
     def verify(self) -> None:
         """Rules between fields (check_fields calls it on a composed node too)."""
-        if self.kind is not EngineKind.generate and self.quantization is not Quantization.none:
+        if self.kind is not EngineKind.generate and self.quantization not in (Quantization.auto, Quantization.none):
             raise ConfigError(f"engine.quantization={self.quantization.value} applies to a language model "
                               f"(engine.kind=generate); pool models run in engine.dtype", param="engine.quantization")
         if self.quantization is Quantization.int4 and str(self.device).startswith("cuda"):

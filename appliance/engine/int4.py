@@ -146,16 +146,34 @@ class Int4Weight:
     (`scales_and_zeros`, [K/g, N, 2] in the plan's dtype, as torch's kernel reads them)."""
 
     def __init__(self, weight: torch.Tensor, plan: Int4Plan):
-        self.plan = plan
         n, k = weight.shape
-        g = plan.group_size
+        self._allocate(n, k, plan)
+        for start in range(0, self.out_features, QUANT_CHUNK_ROWS):
+            stop = min(start + QUANT_CHUNK_ROWS, self.out_features)
+            self._put(start, *quantize_groups(weight[start:stop].float(), plan.group_size, plan.dtype))
+
+    @classmethod
+    def from_groups(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, plan: Int4Plan) -> "Int4Weight":
+        """A weight quantised already (a checkpoint's groups): q [N, K] in 0..15 (any dtype), scale and zero
+        [N, K/g] with w = (q - 8) · scale + zero, stored in the plan's dtype as they are."""
+        weight = cls.__new__(cls)
+        n, k = q.shape
+        weight._allocate(n, k, plan)
+        for start in range(0, q.shape[0], QUANT_CHUNK_ROWS):
+            stop = min(start + QUANT_CHUNK_ROWS, q.shape[0])
+            weight._put(start, q[start:stop].to(torch.int32), scale[start:stop], zero[start:stop])
+        return weight
+
+    def _allocate(self, n: int, k: int, plan: Int4Plan) -> None:
+        self.plan = plan
         self.packed = torch.empty(n, k // 2, dtype=torch.uint8)
-        self.scales_and_zeros = torch.empty(k // g, n, 2, dtype=plan.dtype)
-        for start in range(0, n, QUANT_CHUNK_ROWS):
-            stop = min(start + QUANT_CHUNK_ROWS, n)
-            q, scale, zero = quantize_groups(weight[start:stop].float(), g, plan.dtype)
-            self.packed[start:stop] = pack(q)
-            self.scales_and_zeros[:, start:stop] = torch.stack((scale, zero), dim=-1).transpose(0, 1)
+        self.scales_and_zeros = torch.empty(k // plan.group_size, n, 2, dtype=plan.dtype)
+
+    def _put(self, start: int, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
+        """Rows from `start`: q int32 [rows, K], scale and zero [rows, K/g]."""
+        stop = start + q.shape[0]
+        self.packed[start:stop] = pack(q.contiguous())
+        self.scales_and_zeros[:, start:stop] = torch.stack((scale, zero), dim=-1).transpose(0, 1)
 
     @property
     def out_features(self) -> int:

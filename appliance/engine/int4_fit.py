@@ -2,7 +2,7 @@
 weight loads (`appliance check` refuses what the engine would refuse at load: linear.quantize_projections)."""
 from typing import Optional, Tuple
 
-from appliance.engine.checkpoint_facts import is_decoder_projection
+from appliance.engine.checkpoint_facts import header_tensors, is_decoder_projection
 from appliance.engine.int4 import layer_problem
 from appliance.engine.safetensors_files import checkpoint_files, read_header
 
@@ -17,10 +17,10 @@ def checkpoint_problem(path: str, group_size: int, tp: int, group_sizes: Tuple[i
     except (OSError, ValueError):  # reported where the weights are read
         return None
     for header in headers:
-        for name, tensor in sorted(header.items()):
-            if not is_decoder_projection(name) or len(tensor["shape"]) != 2:
+        for name, _, shape in sorted(header_tensors(header)):
+            if not is_decoder_projection(name) or len(shape) != 2:
                 continue
-            n, k = tensor["shape"]
+            n, k = shape
             row = name.split(".")[-2] in ROW_PARALLEL
             problem = layer_problem(name.rsplit(".", 1)[0], n if row else n // tp, k // tp if row else k,
                                     group_size, group_sizes)

@@ -158,7 +158,7 @@ def plan_pool_kernels(cfg: EngineConfig, host: Host) -> KernelPlan:
     stays torch's SDPA, which the models call on whole items (nothing paged), and there are no fused small
     ops or sampler to plan. Pool models run unquantized (EngineConfig.verify refuses int8 with kind=pool; this
     catches a generate config handed to a pool engine)."""
-    if cfg.quantization is not Quantization.none:
+    if cfg.quantization not in (Quantization.auto, Quantization.none):
         raise ValueError(f"engine.quantization={cfg.quantization.value}: pool models run unquantized; "
                          f"use engine.quantization=none")
     plan = choose_kernels(cfg, host, cpu_kernels_off(cfg, torch.device(cfg.device).type), "torch")

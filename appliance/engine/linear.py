@@ -6,11 +6,13 @@ the weights are loaded. `pack_for_cpu(model, bf16_units)`: each layer's weight i
 (bf16 weights for VDPBF16PS or, without bf16 units, for widening on AVX2/FMA) and the [N, K] copy is
 freed. `use_bf16_kernel(model, rows)`: steps of those many rows multiply bf16 weights on our few-row GEMM.
 `quantize_projections(model, plan)`, first: the decoder's projections keep int8 rows and scales
-(engine/int8.py) or int4 groups (engine/int4.py) instead, and packing leaves them be. A pool model's
+(engine/int8.py) or int4 groups (engine/int4.py) instead, and packing leaves them be; the int4 groups of a
+quantised checkpoint (engine/awq.py) load into parameters `add_int4_groups` gives the projections, and are
+packed as they are. A pool model's
 plain `nn.Linear` layers take the same plan once `packable_linears` has swapped them for `PlanLinear`s
 holding the same parameters."""
 from collections import Counter
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,7 @@ from appliance.errors import ConfigError
 
 
 WEIGHT_LOADER = "weight_loader"  # the parameter attribute load_named_weights calls, where set
+INT4_GROUPS = ("group_scales", "group_zeros")  # a projection's int4 groups read from a checkpoint (add_int4_groups)
 
 
 def set_weight_loader(param: torch.Tensor, loader: Callable[..., None]) -> None:
@@ -52,10 +55,21 @@ class PackableLinear(nn.Module):
             self.weight.data = torch.empty(0)  # the Parameter (and its name) stays; its memory goes
 
     def quantize(self, plan: Union[Int8Plan, Int4Plan]) -> Union[Int8Weight, Int4Weight]:
+        """The weight as `plan` holds it: quantised now, or, where the checkpoint held int4 groups
+        (add_int4_groups), the weight's q with those groups packed as they are."""
         weight = self.weight.data
-        quantized = Int8Weight(weight, plan) if isinstance(plan, Int8Plan) else Int4Weight(weight, plan)
+        groups = {name: p for name, p in self.named_parameters(recurse=False) if name in INT4_GROUPS}
+        quantized: Union[Int8Weight, Int4Weight]
+        if isinstance(plan, Int8Plan):
+            quantized = Int8Weight(weight, plan)
+        elif groups:
+            scale, zero = (groups[name].data for name in INT4_GROUPS)
+            quantized = Int4Weight.from_groups(weight, scale, zero, plan)
+        else:
+            quantized = Int4Weight(weight, plan)
         self.quantized = quantized
-        self.weight.data = torch.empty(0, device=self.weight.device)  # the Parameter stays; its memory goes
+        for param in [self.weight, *groups.values()]:  # the Parameters stay; their memory goes
+            param.data = torch.empty(0, device=param.device)
         return quantized
 
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -138,20 +152,47 @@ def quantize_projections(model: nn.Module, plan: Union[Int8Plan, Int4Plan]) -> i
     multiplied as `plan` says. Returns the bytes saved. int4: ConfigError naming the first layer whose
     shape the group size (or torch's kernel) does not fit, and the group sizes that would, before any
     layer is quantised."""
-    layers = [(name, m) for name, m in model.named_modules()
-              if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    layers = projections(model)
     if isinstance(plan, Int4Plan):
-        for name, m in layers:
-            out_features, in_features = m.weight.shape
-            problem = layer_problem(name, out_features, in_features, plan.group_size, plan.group_sizes)
-            if problem:
-                raise ConfigError(f"engine.quantization=int4 cannot hold {problem}",
-                                  param="engine.quantization_group_size")
+        check_int4_layers(layers, plan.group_size, plan.group_sizes)
     saved = 0
     for _, m in layers:
         before = m.weight.numel() * m.weight.element_size()
         saved += before - m.quantize(plan).nbytes
     return saved
+
+
+def projections(model: nn.Module) -> List[Tuple[str, PackableLinear]]:
+    """The column- and row-parallel projections of `model` (the decoder's), by name."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+
+
+def check_int4_layers(layers: List[Tuple[str, PackableLinear]], group_size: int, group_sizes: Tuple[int, ...]) -> None:
+    """ConfigError naming the first layer whose shape groups of `group_size` (or torch's kernel) do not fit,
+    and the group sizes that would."""
+    for name, m in layers:
+        out_features, in_features = m.weight.shape
+        problem = layer_problem(name, out_features, in_features, group_size, group_sizes)
+        if problem:
+            raise ConfigError(f"engine.quantization=int4 cannot hold {problem}", param="engine.quantization_group_size")
+
+
+def add_int4_groups(model: nn.Module, group_size: int, group_sizes: Tuple[int, ...]) -> None:
+    """Give each projection of `model` (built on the meta device, not yet materialized) parameters for the
+    int4 groups a quantised checkpoint holds (engine/awq.py), whose projections' `weight` then holds q
+    (0..15, exact in any dtype): `group_scales` and `group_zeros` [out, in / group_size] (this rank's),
+    with w = (q - 8) · scale + zero. They load through the layer's own weight loader, fused and sharded
+    as the weight is; `quantize` packs them. ConfigError, as `quantize_projections`, for a layer the
+    groups do not fit."""
+    layers = projections(model)
+    check_int4_layers(layers, group_size, group_sizes)
+    for _, m in layers:
+        out_features, in_features = m.weight.shape
+        for name in INT4_GROUPS:
+            param = nn.Parameter(torch.empty(out_features, in_features // group_size, device=m.weight.device),
+                                 requires_grad=False)
+            set_weight_loader(param, getattr(m.weight, WEIGHT_LOADER))  # the weight's: sharded and fused alike
+            m.register_parameter(name, param)
 
 
 class ColumnParallelLinear(PackableLinear):

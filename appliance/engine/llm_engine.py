@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Sequence as Seq, Tuple, Union
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from appliance.engine.awq import settle_quantization
 from appliance.engine.beam_runs import BeamRuns
 from appliance.engine.beam_search import BeamSearchParams
 from appliance.engine.block_manager import BlockManager
@@ -50,6 +51,7 @@ class LLMEngine:
         self.image_token_id = image_token_id(hf_config)  # None for a text model
         self.max_model_len = max_model_len(hf_config.get_text_config(), cfg.max_model_len)
         # dtype and KV budget settled (or the model refused) before any weight or tokenizer loads.
+        cfg = settle_quantization(cfg, model_path)  # engine.quantization=auto: the checkpoint's
         host = engine_host(cfg, host)
         if cfg.cpu_features_off:
             log.info("CPU features treated as absent (engine.cpu_features_off): %s", " ".join(cfg.cpu_features_off))

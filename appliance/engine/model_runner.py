@@ -21,11 +21,13 @@ import torch
 from appliance.engine import cpu_kernels, hugepages
 from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.attention_select import make_backend
+from appliance.engine.awq import awq_format
+from appliance.engine.awq import linear_tensors as awq_linear_tensors
 from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
 from appliance.engine.kernel_plan import KernelPlan
-from appliance.engine.linear import pack_for_cpu, quantize_projections, use_bf16_kernel
+from appliance.engine.linear import add_int4_groups, pack_for_cpu, quantize_projections, use_bf16_kernel
 from appliance.engine.loader import iter_weights
 from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models import get_model_class, model_architecture
@@ -52,8 +54,14 @@ class ModelRunner:
         self.attn_backend = make_backend(plan.attention)
         # Built without memory, given storage in the final dtype, filled once from the checkpoint.
         model = build_on_meta(lambda: model_cls(hf_config, self.tp, self.attn_backend, max_model_len))
+        weights = iter_weights(model_path)
+        if plan.int4 is not None and awq_format(model_path) is not None:
+            # An AWQ checkpoint (its group size the plan's: awq.settle_quantization): its int4 groups load
+            # beside q, to be packed as they are.
+            add_int4_groups(model, plan.int4.group_size, plan.int4.group_sizes)
+            weights = awq_linear_tensors(weights, plan.int4.group_size)
         self.model: CausalLM = materialize(model, self.device, self.dtype).eval()
-        self.model.load_weights(iter_weights(model_path))
+        self.model.load_weights(weights)
         quantized = plan.int8 or plan.int4
         if quantized is not None:
             saved = quantize_projections(self.model, quantized)

@@ -26,7 +26,7 @@ def questions(count: int, seed: int = 777) -> List[dict]:
 
 def answers(tmp_path, lines: Sequence[dict], overrides: Sequence[str] = ()) -> Dict[str, str]:
     """{custom_id: answer} from one offline batch run with `overrides`."""
-    name = "-".join(o.replace("=", "_").replace(".", "_") for o in overrides) or "default"
+    name = "-".join(o.replace("=", "_").replace(".", "_").replace("/", "_") for o in overrides) or "default"
     output = tmp_path / f"answers-{name}.jsonl"
     pipeline = build_pipeline(compose(["pipeline=llava_chat", *overrides]))
     try:

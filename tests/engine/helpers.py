@@ -123,3 +123,16 @@ def resident_bytes(start: int, nbytes: int) -> int:
         pagemap.seek(first * 8)
         entries = pagemap.read((end - first) * 8)
     return page * sum(entry >> 63 for (entry,) in struct.iter_unpack("<Q", entries))
+
+
+def write_awq_checkpoint(out, group_size: int):
+    """The tiny LLaVA written in AWQ's GEMM layout into `out` (scripts/awq_checkpoint.py; scripts/ is not a
+    package); returns `out`."""
+    import importlib.util
+
+    from tests.servers import LLAVA_TINY, REPO
+
+    spec = importlib.util.spec_from_file_location("awq_checkpoint", REPO / "scripts" / "awq_checkpoint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_awq_checkpoint(out, LLAVA_TINY, group_size)
