@@ -49,3 +49,8 @@ def test_agreement_keeps_single_tile_pixels_apart_from_overlaps(tmp_path):
     theirs[0, 10] = 1  # 1 of the 63 single-tile pixels with a class in both
     text = bench().agreement(write_mask(tmp_path / "a.tif", ours), write_mask(tmp_path / "b.tif", theirs), plan)
     assert text.startswith(f"{62 / 63:.2%} one tile, {28 / 32:.2%} overlaps (nodata {95 / 96:.2%}, water 0%)")
+
+
+def test_agreement_says_when_no_pixel_lies_in_an_overlap(tmp_path):
+    mask = write_mask(tmp_path / "a.tif", np.ones((8, 8), np.uint8))
+    assert bench().agreement(mask, mask, TilePlan(8, 8, 8, 7)).startswith("100.00% one tile, no pixels in overlaps")
