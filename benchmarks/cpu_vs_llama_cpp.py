@@ -13,10 +13,12 @@ one after another in their own processes (never two models in memory at once), t
 before each where this user may (root), each warmed up first (an 8-token prompt, one token out: every
 weight read once):
 - ours, `appliance serve` with its defaults (engine.dtype=auto), through the official `openai` client;
-- ours served with engine.quantization=int8;
+- ours served with engine.quantization=int8, and with int4 (`--systems ...,ours-int4`);
 - llama.cpp BF16 and Q8_0 (benchmarks/llama_cpp_decode.py, run by `--llama-python`, a Python with
   llama-cpp-python installed: see that file), GGUFs of the same weights, converted once into DIR/7b/gguf/
-  by the llama.cpp source's convert_hf_to_gguf.py (`--llama-src`); skipped without them.
+  by the llama.cpp source's convert_hf_to_gguf.py (`--llama-src`); skipped without them. Q4_K_M
+  (`llama-q4_k_m`), llama.cpp's recommended 4-bit type, is made from the BF16 GGUF by llama.cpp's own
+  quantiser (llama_model_quantize).
 Same token-id prompts for all (real_scale.py's `text_prompt`, 32 tokens), greedy, EOS ignored:
 - prefill: 8 prompts at once, prompt tokens / time to the last first token;
 - one stream: decode ms/token after the first token (`--tokens` out);
@@ -48,7 +50,9 @@ from appliance.engine.host import Host  # real_scale puts the repository on the 
 
 STREAMS = 8
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-GGUF_TYPES = {"bf16": "BF16", "q8_0": "Q8_0"}
+GGUF_TYPES = {"bf16": "BF16", "q8_0": "Q8_0", "q4_k_m": "Q4_K_M"}
+QUANTIZED_FROM_BF16 = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}  # made by llama.cpp's quantiser, not the converter
+PAIRS = (("ours", "llama-bf16"), ("ours-int8", "llama-q8_0"), ("ours-int4", "llama-q4_k_m"))
 
 
 def cpu_flags() -> frozenset:
@@ -147,7 +151,9 @@ def gguf_source(root: Path) -> Path:
 def gguf(root: Path, args, kind: str) -> Path:
     """DIR/<shape>/gguf/llava-text-<kind>.gguf, converted from the LLaVA checkpoint once (its language model)."""
     path = root / "gguf" / f"llava-text-{kind}.gguf"
-    if not path.exists():
+    if not path.exists() and kind in QUANTIZED_FROM_BF16:
+        quantize(args, gguf(root, args, "bf16"), path, QUANTIZED_FROM_BF16[kind])
+    elif not path.exists():
         if not args.llama_src:
             raise RuntimeError(f"{path} is missing: give --llama-src (llama.cpp's source) to convert it")
         path.parent.mkdir(exist_ok=True)
@@ -156,6 +162,18 @@ def gguf(root: Path, args, kind: str) -> Path:
                         "--outtype", kind, "--outfile", str(partial)], check=True)
         partial.rename(path)
     return path
+
+
+def quantize(args, source: Path, path: Path, ftype: str) -> None:
+    """`path` quantised from the GGUF `source` to llama.cpp's `ftype`, by its own quantiser."""
+    code = f"""if True:
+        import ctypes, llama_cpp
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread = llama_cpp.{ftype}, {args.threads}
+        raise SystemExit(llama_cpp.llama_model_quantize({str(source)!r}.encode(), {str(path) + '.partial'!r}.encode(),
+                                                        ctypes.byref(params)))"""
+    subprocess.run([args.llama_python, "-c", code], check=True)
+    Path(str(path) + ".partial").rename(path)
 
 
 def llama_cpp(root: Path, args, kind: str) -> dict:
@@ -212,7 +230,8 @@ def main() -> int:
     root = args.dir / args.shape
     build(root, args.shape)
     systems = {"ours": lambda: ours(root, args, "none"), "ours-int8": lambda: ours(root, args, "int8"),
-               "llama-bf16": lambda: llama_cpp(root, args, "bf16"), "llama-q8_0": lambda: llama_cpp(root, args, "q8_0")}
+               "ours-int4": lambda: ours(root, args, "int4"),
+               **{f"llama-{kind}": (lambda kind=kind: llama_cpp(root, args, kind)) for kind in GGUF_TYPES}}
     rows, notes = {}, []
     for name in args.systems.split(","):
         if name.startswith("llama") and not args.llama_python:
@@ -243,7 +262,7 @@ def main() -> int:
         print(f"| {name} | {r.get('dtype', '')} | {r['prefill_tok_s']:.1f} tok/s | {r['decode_ms']:.0f} ms/token "
               f"| {decoding} | {r['prefill_tok_s'] * flop / 1e9:.0f} GFLOP/s "
               f"({100 * r['prefill_tok_s'] * flop / 1e9 / gemm:.0f} % of fp32 GEMM) |")
-    for mine, theirs in (("ours", "llama-bf16"), ("ours-int8", "llama-q8_0")):
+    for mine, theirs in PAIRS:
         if mine in rows and theirs in rows:
             a, b = rows[mine], rows[theirs]
             streams = (f"{a['decoding_tok_s'] / b['decoding_tok_s']:.2f}x"
