@@ -11,6 +11,8 @@
 #include "cpu_kernels.h"
 #include "vnni_tile.h"
 
+#define PASS_K 512  // k a tile call covers (its groups one after another), as the int8 GEMM's pass
+#define PASS_GROUPS(g) (PASS_K / (g))
 #define SLAB 2  // panels a thread unpacks and multiplies at a time: 256 KB (K = 4096) beside a BMC block of x in L2
 
 // The int4 weight: torch's packed bytes and where a row's nibbles lie in them.
@@ -69,42 +71,48 @@ static __attribute__((target("avx2"))) void unpack_panel(const int4_source* w, i
             for (int t = 0; t < 4; t++) out[(kq * BPANEL + j) * 4 + t] = nibble_at(w, first + j, 4 * kq + t);
 }
 
-// A pass's sums of an mr x 32 tile into y: y (+)= rs (sums s) + rz o per output, rs and rz each row's
-// x scale and x scale times sum for this group (row stride lds), s and o the outputs' scales and offsets.
+// `groups` passes of an mr x 32 tile into y, one a group of g = 4 kc k: y (+)= rs (sums s) + rz o per
+// output, rs and rz each row's x scale and x scale times sum for the group, s and o the outputs' scales
+// and offsets. x (rows g bytes apart) steps M g a group, xs and xz M, s and o sg, the panel kc quad rows.
+// One call covers PASS_K k: a call a group would cost as much again as the group's products.
 static inline VNNI_UNITS __attribute__((always_inline)) void int4_tile_rows(
-        const int8_t* x, int64_t ldx, const float* xs, const float* xz, int64_t lds, const uint8_t* panel,
-        int64_t kc, const float* s, const float* o, float* y, int64_t ldy, int accumulate, const int mr, int nr,
-        const int prefetch) {
-    __m512i c[BMR][2];
-    vnni_tile_sums(x, ldx, panel, kc, c, mr, prefetch);
-    const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
-    const __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16);
+        const int8_t* x, int64_t M, const float* xs, const float* xz, const uint8_t* panel, int64_t kc,
+        int64_t groups, const float* s, const float* o, int64_t sg, float* y, int64_t ldy, int accumulate,
+        const int mr, int nr, const int prefetch) {
+    const int64_t g = 4 * kc;
     const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1),
                     m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
-    for (int i = 0; i < mr; i++) {
-        float* yr = y + i * ldy;
-        const __m512 rs = _mm512_set1_ps(xs[i * lds]), rz = _mm512_set1_ps(xz[i * lds]);
-        __m512 y0 = accumulate ? _mm512_maskz_loadu_ps(m0, yr) : _mm512_setzero_ps();
-        __m512 y1 = accumulate ? _mm512_maskz_loadu_ps(m1, yr + 16) : _mm512_setzero_ps();
-        y0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(c[i][0]), rs), s0, _mm512_fmadd_ps(rz, o0, y0));
-        y1 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(c[i][1]), rs), s1, _mm512_fmadd_ps(rz, o1, y1));
-        _mm512_mask_storeu_ps(yr, m0, y0);
-        _mm512_mask_storeu_ps(yr + 16, m1, y1);
+    for (int64_t gi = 0; gi < groups; gi++, x += M * g, xs += M, xz += M, s += sg, o += sg) {
+        __m512i c[BMR][2];
+        vnni_tile_sums(x, g, panel + gi * kc * BPANEL * 4, kc, c, mr, prefetch);
+        const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
+        const __m512 o0 = _mm512_loadu_ps(o), o1 = _mm512_loadu_ps(o + 16);
+        for (int i = 0; i < mr; i++) {
+            float* yr = y + i * ldy;
+            const __m512 rs = _mm512_set1_ps(xs[i]), rz = _mm512_set1_ps(xz[i]);
+            __m512 y0 = accumulate || gi ? _mm512_maskz_loadu_ps(m0, yr) : _mm512_setzero_ps();
+            __m512 y1 = accumulate || gi ? _mm512_maskz_loadu_ps(m1, yr + 16) : _mm512_setzero_ps();
+            y0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(c[i][0]), rs), s0, _mm512_fmadd_ps(rz, o0, y0));
+            y1 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(c[i][1]), rs), s1, _mm512_fmadd_ps(rz, o1, y1));
+            _mm512_mask_storeu_ps(yr, m0, y0);
+            _mm512_mask_storeu_ps(yr + 16, m1, y1);
+        }
     }
 }
 
 #define INT4_TILE_CASE(rows, pf) \
-    case rows: int4_tile_rows(x, ldx, xs, xz, lds, panel, kc, s, o, y, ldy, accumulate, rows, nr, pf); return;
-#define INT4_TILE_CASES(pf)                                                                                     \
-    switch (mr) {                                                                                               \
-        INT4_TILE_CASE(1, pf) INT4_TILE_CASE(2, pf) INT4_TILE_CASE(3, pf) INT4_TILE_CASE(4, pf)                 \
-        INT4_TILE_CASE(5, pf) INT4_TILE_CASE(6, pf) INT4_TILE_CASE(7, pf)                                       \
-        default: int4_tile_rows(x, ldx, xs, xz, lds, panel, kc, s, o, y, ldy, accumulate, BMR, nr, pf); return; \
+    case rows: int4_tile_rows(x, M, xs, xz, panel, kc, groups, s, o, sg, y, ldy, accumulate, rows, nr, pf); return;
+#define INT4_TILE_CASES(pf)                                                                                   \
+    switch (mr) {                                                                                             \
+        INT4_TILE_CASE(1, pf) INT4_TILE_CASE(2, pf) INT4_TILE_CASE(3, pf) INT4_TILE_CASE(4, pf)               \
+        INT4_TILE_CASE(5, pf) INT4_TILE_CASE(6, pf) INT4_TILE_CASE(7, pf)                                     \
+        default: int4_tile_rows(x, M, xs, xz, panel, kc, groups, s, o, sg, y, ldy, accumulate, BMR, nr, pf); \
+            return;                                                                                           \
     }
 
-static VNNI_UNITS void int4_tile(const int8_t* x, int64_t ldx, const float* xs, const float* xz, int64_t lds,
-                                 const uint8_t* panel, int64_t kc, const float* s, const float* o, float* y,
-                                 int64_t ldy, int accumulate, int mr, int nr, int first) {
+static VNNI_UNITS void int4_tile(const int8_t* x, int64_t M, const float* xs, const float* xz,
+                                 const uint8_t* panel, int64_t kc, int64_t groups, const float* s, const float* o,
+                                 int64_t sg, float* y, int64_t ldy, int accumulate, int mr, int nr, int first) {
     if (first)
         INT4_TILE_CASES(1)
     INT4_TILE_CASES(0)
@@ -169,13 +177,15 @@ static VNNI_UNITS void linear_int4_units(const int8_t* xq, const float* xs, cons
                 for (int64_t q = 0; q < np; q++) {
                     const int64_t p = p0 + q;
                     const int nr = N - p * BPANEL < BPANEL ? (int)(N - p * BPANEL) : BPANEL;
-                    for (int64_t gi = 0; gi < G; gi++)
+                    for (int64_t g0 = 0; g0 < G; g0 += PASS_GROUPS(g)) {
+                        const int64_t groups = G - g0 < PASS_GROUPS(g) ? G - g0 : PASS_GROUPS(g);
                         for (int64_t m0 = m1; m0 < m2; m0 += BMR)
-                            int4_tile(xq + (gi * M + m0) * g, g, xs + gi * M + m0, xz + gi * M + m0, 1,
-                                      wq + q * panel_bytes + gi * g / 4 * BPANEL * 4, g / 4,
-                                      s + gi * SLAB * BPANEL + q * BPANEL, o + gi * SLAB * BPANEL + q * BPANEL,
-                                      y + m0 * ldy + p * BPANEL, ldy, gi > 0, m2 - m0 < BMR ? (int)(m2 - m0) : BMR,
-                                      nr, m0 == m1);
+                            int4_tile(xq + (g0 * M + m0) * g, M, xs + g0 * M + m0, xz + g0 * M + m0,
+                                      wq + q * panel_bytes + g0 * g / 4 * BPANEL * 4, g / 4, groups,
+                                      s + g0 * SLAB * BPANEL + q * BPANEL, o + g0 * SLAB * BPANEL + q * BPANEL,
+                                      SLAB * BPANEL, y + m0 * ldy + p * BPANEL, ldy, g0 > 0,
+                                      m2 - m0 < BMR ? (int)(m2 - m0) : BMR, nr, m0 == m1);
+                    }
                 }
             }
         }
