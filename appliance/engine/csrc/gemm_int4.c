@@ -3,9 +3,9 @@
 // q in 0..15, and multiplied by VPDPBUSD (vnni_tile.h) against x quantised to int8 per row and weight
 // group. With w = (q - 8) s + z per group, a group's part of an output is
 //   sum_k x w = xs (s sum_k xq q + (z - 8 s) sum_k xq)
-// for x = xs xq: each pass (one group, g k) adds its int32 sums times the row's scale and the outputs'
-// scales, and the row's sum times the outputs' offsets z - 8 s, into y. A pass's sums cannot overflow:
-// 128 products of at most 15 x 127. The int4 bytes are read once a call and unpacked into a thread's own
+// for x = xs xq: each group (g k) adds its int32 sums times the row's scale and the outputs' scales, and
+// the row's sum times the outputs' offsets z - 8 s, into y. A group's sums cannot overflow: 128 products
+// of at most 15 x 127. The int4 bytes are read once a call and unpacked into a thread's own
 // panels (a few hundred KB, cache-resident while every row meets them), so the multiplies, not the
 // unpacking, are the cost: twice bf16's products an instruction, as the int8 GEMM.
 #include "cpu_kernels.h"
