@@ -11,6 +11,8 @@
 #include "cpu_kernels.h"
 #include "vnni_tile.h"
 
+_Static_assert(BPANEL == 32, "the unpacking writes panels of 32 outputs (a 256-bit vector of nibbles a k)");
+
 #define PASS_K 512  // k a tile call covers (its groups one after another), as the int8 GEMM's pass
 #define PASS_GROUPS(g) (PASS_K / (g))
 #define SLAB 2  // panels a thread unpacks and multiplies at a time: 256 KB (K = 4096) beside a BMC block of x in L2
@@ -33,8 +35,7 @@ static inline uint8_t nibble_at(const int4_source* w, int64_t n, int64_t k) {
 }
 
 // Four k of 32 rows (row-ordered nibble bytes) as 32 unsigned quads, a panel row.
-static inline __attribute__((target("avx2"))) void store_quads(__m256i r0, __m256i r1, __m256i r2, __m256i r3,
-                                                               uint8_t* out) {
+static inline void store_quads(__m256i r0, __m256i r1, __m256i r2, __m256i r3, uint8_t* out) {
     const __m256i lo01 = _mm256_unpacklo_epi8(r0, r1), hi01 = _mm256_unpackhi_epi8(r0, r1);
     const __m256i lo23 = _mm256_unpacklo_epi8(r2, r3), hi23 = _mm256_unpackhi_epi8(r2, r3);
     // each lane's rows 0-3, 4-7, 8-11, 12-15 (lane 1: 16 rows on), 4 bytes a row
@@ -49,7 +50,7 @@ static inline __attribute__((target("avx2"))) void store_quads(__m256i r0, __m25
 // Panel p (weight rows 32p ..) in the panel layout: [K / 4][32][4] quads. A panel inside a full 64-row
 // block whose bytes hold rows j and j + 32 (torch's AVX-512 packing) is one nibble of 32 bytes a k, 4 k
 // (128 bytes) in a row; any other (a short last block, other packings) is read nibble by nibble.
-static __attribute__((target("avx2"))) void unpack_panel(const int4_source* w, int64_t p, uint8_t* out) {
+static void unpack_panel(const int4_source* w, int64_t p, uint8_t* out) {
     const int64_t first = p * BPANEL, K4 = w->K / 4;
     const int64_t start = first / 64 * 64;
     if (w->block_rows == 64 && w->halves && start + 64 <= w->N) {
