@@ -5,7 +5,8 @@ to fp32 in registers (AVX2/FMA, CPUs without bf16 units), and a bf16-weight GEMM
 layout. For int8 weights (int8.py): a weight-only GEMM for few rows on AVX2 (int8 rows times fp32
 activations), and a packed GEMM which quantises the activations to int8 too (per row and per 512 k), on
 VPDPBUSD (CPUs with AVX512-VNNI) or on VPMADDUBSW (AVX2) from the same panels. For int4 weights
-(int4.py): their tiles for prefill, dequantised from torch's packed bytes.
+(int4.py): prefill on VPDPBUSD (AVX512-VNNI) from torch's packed bytes, or their tiles dequantised for a
+dense GEMM elsewhere.
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -229,3 +230,13 @@ def int4_tiles_(packed: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
     holding values of out's dtype), transposed: a GEMM's right side (engine/int4.py). The product and the
     sum are each rounded to out's dtype, as torch's ops round them."""
     ops().int4_tiles_(packed, scale, offset, block_rows, halves, group_size, out)
+
+
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, block_rows: int, halves: bool,
+                tail_halves: bool, group_size: int) -> torch.Tensor:
+    """x Wᵀ in fp32 for x [M, K] fp32 (rows may be strided) and an int4 weight as torch's kernel holds it:
+    `packed` [N, K/2] uint8 in its CPU layout (blocks of `block_rows` rows, a byte's nibbles holding rows j
+    and j + rows/2 where `halves`, else 2j and 2j+1; `tail_halves` for a short last block) and
+    `scales_and_zeros` [K/g, N, 2] (fp32 or bf16), w = (q - 8) · scale + zero. On VPDPBUSD (CPUs with
+    AVX512-VNNI), x quantised to int8 per row and group of `group_size` k (engine/int4.py, prefill sizes)."""
+    return ops().linear_int4(x, packed, scales_and_zeros, block_rows, halves, tail_halves, group_size)

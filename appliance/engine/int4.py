@@ -5,12 +5,15 @@ asymmetrically onto 16 levels at load: w ≈ (q - 8) · scale + zero, with q in 
 scale = (max - min) / 15 and zero = min + 8 · scale (torch's int4 kernel's format; scale and zero are
 stored in the kernel's dtype and q is rounded against the stored values). Half a byte a weight, plus 2
 scales a group: a decode step reads a quarter of a bf16 model's bytes. A few rows multiply on torch's
-int4 kernel (`_weight_int4pack_mm_for_cpu`, its packed layout); past them a step is compute-bound, and
-tiles of the weight dequantised to the plan's dtype feed a dense GEMM. The tiles are dequantised by our
-CPU kernel where the plan says (`cpu_kernels.int4_tiles_`), else by torch ops: the same bits either way.
-They read torch's packed bytes directly: the layout (rows in blocks, each block's rows permuted within
-a k) is learned from torch once per engine (`learn_layout`) and checked by a round trip before any
-weight is quantised.
+int4 kernel (`_weight_int4pack_mm_for_cpu`, its packed layout); past them a step is compute-bound. There,
+on CPUs with AVX512-VNNI (the plan's `vnni`), our int4 GEMM (`cpu_kernels.linear_int4`) unpacks the
+nibbles into the int8 GEMM's panels and multiplies them on VPDPBUSD against x quantised to int8 per row
+and group (twice bf16's products an instruction; x's rounding moves results slightly, as int8's GEMM
+does). Elsewhere tiles of the weight dequantised to the plan's dtype feed a dense GEMM: dequantised by
+our CPU kernel where the plan says (`cpu_kernels.int4_tiles_`), else by torch ops, the same bits either
+way. Both read torch's packed bytes directly: the layout (rows in blocks, each block's rows permuted
+within a k) is learned from torch once per engine (`learn_layout`) and checked by a round trip before
+any weight is quantised.
 """
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -36,6 +39,12 @@ class Int4Layout:
     block_rows: int
     orders: Tuple[Tuple[int, Tuple[int, ...]], ...]  # (rows in a block, the row of each nibble slot)
 
+    @property
+    def panels_fast(self) -> bool:
+        """Whether our int4 GEMM unpacks this layout a vector at a time (torch's AVX-512 packing: 64-row
+        blocks, a byte holding rows j and j + 32); others it reads nibble by nibble, too slowly to plan."""
+        return self.block_rows == 64 and self.halves(64)
+
     def halves(self, rows: int) -> bool:
         """Whether a byte of a `rows`-row block holds rows i and i + rows/2 (else rows 2i and 2i + 1: the
         two orders torch writes); ValueError for any other."""
@@ -59,7 +68,8 @@ class Int4Layout:
 @dataclass(frozen=True)
 class Int4Plan:
     """How int4 weights multiply on one host (the engine's kernel plan chooses it): torch's int4 kernel
-    up to `kernel_rows` rows a step, dense GEMMs on tiles dequantised to `dtype` past them."""
+    up to `kernel_rows` rows a step, past them our VPDPBUSD GEMM (`vnni`) or dense GEMMs on tiles
+    dequantised to `dtype`."""
 
     group_size: int
     kernel_rows: int
@@ -67,6 +77,7 @@ class Int4Plan:
     layout: Int4Layout
     group_sizes: Tuple[int, ...] = ()  # what engine.quantization_group_size allows (named where one does not fit)
     ours: bool = False  # the tiles dequantised by our CPU kernel (cpu_kernels.int4_tiles_), else by torch ops
+    vnni: bool = False  # past kernel_rows, our int4 GEMM on VPDPBUSD (cpu_kernels.linear_int4) instead of tiles
 
 
 def quantize_groups(weight: torch.Tensor, group_size: int, dtype: torch.dtype):
@@ -200,6 +211,11 @@ class Int4Weight:
         if x2.shape[0] <= self.plan.kernel_rows:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.plan.group_size,
                                                            self.scales_and_zeros)
+        elif self.plan.vnni:
+            layout, tail = self.plan.layout, n % self.plan.layout.block_rows
+            y = cpu_kernels.linear_int4(x2.float(), self.packed, self.scales_and_zeros, layout.block_rows,
+                                        layout.halves(layout.block_rows), tail > 0 and layout.halves(tail),
+                                        self.plan.group_size)
         else:
             y = torch.empty(x2.shape[0], n, dtype=compute)
             buffer = torch.empty(x2.shape[1] * min(TILE_ROWS, n), dtype=compute)

@@ -10,7 +10,8 @@ from appliance.engine.checkpoint_facts import CheckpointFacts
 from appliance.engine.config import EngineConfig
 from appliance.engine.host import Host
 from appliance.engine.int4 import Int4Plan, Int4Weight, kernel_problem, learn_layout, quantize_groups
-from appliance.engine.kernel_plan import INT4_KERNEL_ROWS, INT4_KERNEL_ROWS_TORCH_TILES, choose_kernels, int4_plan
+from appliance.engine.kernel_plan import INT4_KERNEL_ROWS, INT4_KERNEL_ROWS_TORCH_TILES, INT4_KERNEL_ROWS_VNNI, \
+    choose_kernels, int4_plan
 from appliance.errors import ConfigError
 
 LAYOUT = learn_layout()
@@ -142,23 +143,35 @@ def test_the_group_size_is_one_of_the_kernels_and_int4_runs_on_cpu_generate_engi
 
 
 AMX = frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"})
+VNNI = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"})  # an EPYC's, no AMX
 
 
-@pytest.mark.parametrize("flags, dtype", [(frozenset({"avx2", "fma"}), torch.float32), (AMX, torch.bfloat16)])
+@pytest.mark.parametrize("flags, dtype", [(frozenset({"avx2", "fma"}), torch.float32), (AMX, torch.bfloat16),
+                                          (VNNI, torch.bfloat16), (AMX | VNNI, torch.bfloat16)],
+                         ids=["avx2", "amx", "vnni", "amx-vnni"])
 @pytest.mark.parametrize("off", [None, "engine.cpu_kernels=false"])
 def test_the_plan_holds_the_group_the_units_dtype_and_this_torchs_layout(flags, dtype, off):
     host = Host(flags, 16 << 30, 16 << 30)
     plan = choose_kernels(EngineConfig(dtype="bfloat16", quantization="int4", quantization_group_size=64), host,
                           off, "cpu")
     ours = off is None
+    vnni = ours and flags == VNNI and LAYOUT.panels_fast  # AMX's bf16 tiles stay
     assert plan.int8 is None and plan.int4 == int4_plan(host, 64, ours)
-    assert (plan.int4.group_size, plan.int4.dtype, plan.int4.layout, plan.int4.ours) == (64, dtype, LAYOUT, ours)
+    assert (plan.int4.group_size, plan.int4.dtype, plan.int4.layout, plan.int4.ours, plan.int4.vnni) == \
+        (64, dtype, LAYOUT, ours, vnni)
     assert plan.int4.group_sizes == (32, 64, 128)
-    rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
+    rows = INT4_KERNEL_ROWS_VNNI if vnni else INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
+    past = "ours vpdpbusd" if vnni else f"{'ours' if ours else 'torch'} {str(dtype).replace('torch.', '')} tiles"
     line = plan.describe()
     assert "gemm bfloat16 (unquantized weights)" in line
-    assert (f"gemm int4 (groups of 64) rows 1-{rows}=torch int4 kernel, rows {rows + 1}+="
-            f"{'ours' if ours else 'torch'} {str(dtype).replace('torch.', '')} tiles") in line
+    assert f"gemm int4 (groups of 64) rows 1-{rows}=torch int4 kernel, rows {rows + 1}+={past}" in line
+
+
+@pytest.mark.parametrize("features_off", [["avx512_vnni"], ["avx512bw"]])
+def test_cpu_features_off_takes_the_vnni_gemm_away(features_off):
+    host = Host(VNNI, 16 << 30, 16 << 30).without(features_off)
+    plan = int4_plan(host, 128, True)
+    assert not plan.vnni and plan.kernel_rows == INT4_KERNEL_ROWS
 
 
 needs_our_kernels = pytest.mark.skipif(not cpu_kernels.available(),
@@ -200,6 +213,56 @@ def test_our_tile_kernel_refuses_arguments_it_cannot_read(change, message):
     assert torch.equal(args["out"], torch.ones(128, 64))  # q = 0: w = the offset
     with pytest.raises(ValueError, match=message):
         cpu_kernels.int4_tiles_(**{**args, **change})
+
+
+needs_vnni = pytest.mark.skipif(not cpu_kernels.available() or not {"avx512_vnni", "avx512bw"} <= Host.read().cpu_flags,
+                                reason="our int4 GEMM runs on CPUs with AVX512-VNNI and our kernels loaded")
+
+
+def int8_x_bound(x: torch.Tensor, w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The most rounding x to int8 per row and group can move x Wᵀ: each x off by at most half its row's and
+    group's step (largest |x| / 127), times the |w| it meets."""
+    m, k = x.shape
+    step = x.reshape(m, k // group_size, group_size).abs().amax(dim=2) / 127
+    return (step / 2) @ w.abs().reshape(w.shape[0], k // group_size, group_size).sum(dim=2).t()
+
+
+@needs_vnni
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [33, 100, 513])
+@pytest.mark.parametrize("plan", [BF16, FP32], ids=["bf16", "fp32"])
+def test_our_vnni_gemm_is_the_dequantised_product_within_x_int8_rounding(group_size, rows, plan):
+    """Past the plan's kernel rows: K = 640 (not a multiple of the int8 GEMM's 512), N = 1104 (17 full 64-row
+    blocks, a 16-row last one: half a 32-output panel); each row's zeros far from 0 and x's mean not 0, so
+    that the zero term counts; bf16 or fp32 scales and zeros."""
+    torch.manual_seed(rows + group_size)
+    n, k = 1104, 640
+    weight = torch.randn(n, k) * 0.05 + torch.linspace(-0.2, 0.2, n)[:, None]
+    w4 = Int4Weight(weight, dataclasses.replace(plan, group_size=group_size, kernel_rows=INT4_KERNEL_ROWS_VNNI,
+                                                ours=True, vnni=True))
+    x = (torch.randn(rows, k) + 0.5).to(plan.dtype).float()  # as the plan's dtype holds it: x itself is exact
+    w = w4.dequantized()
+    error = (w4.linear(x) - x @ w.t()).abs()
+    bound = int8_x_bound(x, w, group_size) + 1e-5 * (x.abs() @ w.abs().t())  # + the fp32 sums' rounding
+    assert (error <= bound).all(), f"{(error - bound).max()} past the bound"
+    assert error.max() > 0  # x was rounded to int8: the VPDPBUSD GEMM ran, not tiles
+
+
+@needs_our_kernels
+@pytest.mark.parametrize("change, message", [
+    (dict(x=torch.ones(4, 64)), r"int4 linear takes x \[M, 128\] for packed \[64, 64\], got x \[4, 64\]"),
+    (dict(group_size=48), "group_size must be a multiple of 4 up to 128 that divides K = 128, got 48"),
+    (dict(block_rows=80), "block_rows must be even and at most 64"),
+    (dict(scales_and_zeros=torch.ones(4, 64, 2, dtype=torch.float16)), "scales_and_zeros must be a contiguous float32"),
+    (dict(scales_and_zeros=torch.ones(2, 64, 2)), r"scales_and_zeros must be .* \[4, 64, 2\], got Float \[2, 64, 2\]"),
+])
+def test_our_int4_gemm_refuses_arguments_it_cannot_read(change, message):
+    args = dict(x=torch.ones(4, 128), packed=torch.zeros(64, 64, dtype=torch.uint8),
+                scales_and_zeros=torch.ones(4, 64, 2), block_rows=64, halves=True, tail_halves=False, group_size=32)
+    if {"avx512_vnni", "avx512bw"} <= Host.read().cpu_flags:  # q = 0, scale 1, zero 1: w = -7
+        assert torch.equal(cpu_kernels.linear_int4(**args), torch.full((4, 64), -7.0 * 128))
+    with pytest.raises(ValueError, match=message):
+        cpu_kernels.linear_int4(**{**args, **change})
 
 
 B7, B7_PROJECTIONS = 6_900_000_000, 6_480_000_000  # a LLaVA-1.5-7B's weights and its decoder's projections
@@ -293,7 +356,9 @@ READ_BACK = """
 import dataclasses
 import torch
 from appliance.engine import cpu_kernels, int4
+from appliance.engine.host import Host
 layout = int4.learn_layout()
+VNNI = {"avx512_vnni", "avx512bw"} <= Host.read().cpu_flags
 assert int4.kernel_problem(layout, torch.float32) is None
 plan = int4.Int4Plan(32, 4, torch.float32, layout)
 for n in (16, 48, 208):
@@ -306,6 +371,11 @@ for n in (16, 48, 208):
         for dtype in (torch.float32, torch.bfloat16):
             torchs = int4.dequantize_transposed(ours.packed, ours.scales_and_zeros, 0, n, plan, dtype)
             assert torch.equal(ours.tile_transposed(0, n, dtype), torchs)
+        if VNNI:  # our int4 GEMM reads it too (nibble by nibble: the plan keeps tiles for such a layout)
+            x, tail = torch.randn(9, 96), n % layout.block_rows
+            y = cpu_kernels.linear_int4(x, ours.packed, ours.scales_and_zeros, layout.block_rows,
+                                        layout.halves(layout.block_rows), tail > 0 and layout.halves(tail), 32)
+            assert torch.allclose(y, x @ ours.dequantized().t(), rtol=0.02, atol=0.02)
 print(torch.backends.cpu.get_cpu_capability(), layout.block_rows, cpu_kernels.available())
 """
 
