@@ -51,7 +51,7 @@ STAGES = [
     ("  model built on meta", "appliance/engine/materialize.py", "build_on_meta"),
     ("  weights: storage", "appliance/engine/materialize.py", "materialize"),
     ("  weights: read + copy", "appliance/engine/loader.py", "load_named_weights"),
-    ("  weights: int8", "appliance/engine/linear.py", "quantize_int8"),
+    ("  weights: int8 / int4", "appliance/engine/linear.py", "quantize_projections"),
     ("  weights: packed panels", "appliance/engine/linear.py", "pack_for_cpu"),
     ("  weights: bf16 kernel", "appliance/engine/linear.py", "use_bf16_kernel"),
     ("  KV cache allocation", "appliance/engine/model_runner.py", "_allocate_kv_cache"),
