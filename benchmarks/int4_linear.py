@@ -8,7 +8,7 @@ plan has none: no AVX512-VNNI, AMX, or our kernels not loaded) and the dequantis
 nan where it does not load, and by torch ops), each timed at every row count (the plan runs our GEMV up
 to kernel_plan.INT4_GEMV_ROWS rows before our GEMM; elsewhere torch's kernel up to INT4_KERNEL_ROWS rows
 before our tiles, or INT4_KERNEL_ROWS_TORCH_TILES before torch's): where the columns cross is where those
-constants belong. Each weight is held in copies used in turn, together past twice the L3 (an int4 weight
+constants belong. Each weight is held in copies used in turn, together past four times the L3 (an int4 weight
 is 24 MB), so that every call reads its weight from memory, as a decode step does; the last columns are
 our GEMV's weight GB/s at each row count and the host's read bandwidth, measured in the same process
 (roofline.memory_bandwidth). The best of `--repeats` passes over the copies after one warm-up.
@@ -30,7 +30,7 @@ from appliance.engine.kernel_plan import int4_plan, int8_plan
 from roofline import memory_bandwidth
 
 IN_FEATURES, OUT_FEATURES = 4096, 11008
-FROM_MEMORY_BYTES = 64 << 20  # twice a 32 MB L3: the copies of a weight together
+FROM_MEMORY_BYTES = 128 << 20  # four times a 32 MB L3: the copies of a weight together
 
 
 def best_ms(fn, calls: int, repeats: int) -> float:

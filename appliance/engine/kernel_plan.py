@@ -53,12 +53,11 @@ INT8_WEIGHT_ROWS = 32  # rows up to which our int8 GEMM was measured to beat tor
 INT4_KERNEL_ROWS = 32
 INT4_KERNEL_ROWS_TORCH_TILES = 64
 # Rows up to which our int4 GEMV beats our int4 GEMM on VPDPBUSD, both reading torch's AVX-512 packing (same
-# benchmark and EPYC, weights from memory, a busy host: noisy). One thread, two runs: 1 row 0.85-1.15 vs
-# 2.93-3.16 ms (torch's int4 kernel 2.38-2.40), 16 rows 4.93 vs 6.11-6.60, 24 rows 7.44-7.55 vs 8.19-8.42,
-# 32 rows 9.80-12.87 vs 10.07-10.25. Two threads: 1 row 0.63 vs 2.65, 16 rows 5.35 vs 5.84, 24 rows 5.03
-# vs 4.39, 32 rows 7.45 vs 6.33. It wins in every run up to 16 rows. torch's int4 kernel loses to the GEMV
-# at every row count, so it runs nowhere on these hosts.
-INT4_GEMV_ROWS = 16
+# benchmark and EPYC, weights from memory, a shared host: noisy). Two threads, the quietest run: 1 row 0.74
+# vs 1.47 ms (torch's int4 kernel 1.24), 16 rows 2.41 vs 3.05, 24 rows 3.72 vs 4.63, 32 rows 4.91 vs 5.44,
+# 40 rows 7.26 vs 6.14. 24 rows won in 4 of 5 runs (lost 5.03 vs 4.39 in the busiest), 32 in 2 of 4. torch's
+# int4 kernel loses to the GEMV at every row count, so it runs nowhere on these hosts.
+INT4_GEMV_ROWS = 24
 
 # What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
 ATTENTION_KERNELS = {
