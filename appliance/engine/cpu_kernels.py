@@ -5,7 +5,7 @@ to fp32 in registers (AVX2/FMA, CPUs without bf16 units), and a bf16-weight GEMM
 layout. For int8 weights (int8.py): a weight-only GEMM for few rows on AVX2 (int8 rows times fp32
 activations), and a packed GEMM which quantises the activations to int8 too (per row and per 512 k), on
 VPDPBUSD (CPUs with AVX512-VNNI) or on VPMADDUBSW (AVX2) from the same panels. For int4 weights
-(int4.py): prefill on VPDPBUSD (AVX512-VNNI) from torch's packed bytes, or their tiles dequantised for a
+(int4.py): decode and prefill on VPDPBUSD (AVX512-VNNI) from torch's packed bytes, or their tiles dequantised for a
 dense GEMM elsewhere.
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
@@ -240,3 +240,10 @@ def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.T
     `scales_and_zeros` [K/g, N, 2] (fp32 or bf16), w = (q - 8) · scale + zero. On VPDPBUSD (CPUs with
     AVX512-VNNI), x quantised to int8 per row and group of `group_size` k (engine/int4.py, prefill sizes)."""
     return ops().linear_int4(x, packed, scales_and_zeros, block_rows, halves, tail_halves, group_size)
+
+
+def gemv_int4(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, tail_halves: bool,
+              group_size: int) -> torch.Tensor:
+    """`linear_int4` for a few rows (decode), the same bits, reading torch's AVX-512 packing (64-row blocks,
+    a byte's nibbles holding rows j and j + 32) where it lies instead of unpacking it into panels."""
+    return ops().gemv_int4(x, packed, scales_and_zeros, tail_halves, group_size)

@@ -4,12 +4,14 @@ Each weight row is cut into groups of `engine.quantization_group_size` inputs, a
 asymmetrically onto 16 levels at load: w ≈ (q - 8) · scale + zero, with q in [0, 15],
 scale = (max - min) / 15 and zero = min + 8 · scale (torch's int4 kernel's format; scale and zero are
 stored in the kernel's dtype and q is rounded against the stored values). Half a byte a weight, plus 2
-scales a group: a decode step reads a quarter of a bf16 model's bytes. A few rows multiply on torch's
-int4 kernel (`_weight_int4pack_mm_for_cpu`, its packed layout); past them a step is compute-bound. There,
-on CPUs with AVX512-VNNI (the plan's `vnni`), our int4 GEMM (`cpu_kernels.linear_int4`) unpacks the
-nibbles into the int8 GEMM's panels and multiplies them on VPDPBUSD against x quantised to int8 per row
-and group (twice bf16's products an instruction; x's rounding moves results slightly, as int8's GEMM
-does). Elsewhere tiles of the weight dequantised to the plan's dtype feed a dense GEMM: dequantised by
+scales a group: a decode step reads a quarter of a bf16 model's bytes. On CPUs with AVX512-VNNI (the
+plan's `vnni`) every step multiplies on VPDPBUSD against x quantised to int8 per row and group (x's
+rounding moves results slightly, as int8's GEMM does): a few rows (`gemv_rows`, decode) on our GEMV
+(`cpu_kernels.gemv_int4`), which reads torch's packed bytes where they lie, bound by the memory; more
+on our int4 GEMM (`cpu_kernels.linear_int4`), which unpacks the nibbles into the int8 GEMM's panels
+(twice bf16's products an instruction), the same bits for a row either way. Elsewhere a few rows
+multiply on torch's int4 kernel (`_weight_int4pack_mm_for_cpu`, its packed layout); past them a step is
+compute-bound, and tiles of the weight dequantised to the plan's dtype feed a dense GEMM: dequantised by
 our CPU kernel where the plan says (`cpu_kernels.int4_tiles_`), else by torch ops, the same bits either
 way. Both read torch's packed bytes directly: the layout (rows in blocks, each block's rows permuted
 within a k) is learned from torch once per engine (`learn_layout`) and checked by a round trip before
@@ -67,9 +69,9 @@ class Int4Layout:
 
 @dataclass(frozen=True)
 class Int4Plan:
-    """How int4 weights multiply on one host (the engine's kernel plan chooses it): torch's int4 kernel
-    up to `kernel_rows` rows a step, past them our VPDPBUSD GEMM (`vnni`) or dense GEMMs on tiles
-    dequantised to `dtype`."""
+    """How int4 weights multiply on one host (the engine's kernel plan chooses it): our VPDPBUSD GEMV up
+    to `gemv_rows` rows a step, else torch's int4 kernel up to `kernel_rows`, past them our VPDPBUSD GEMM
+    (`vnni`) or dense GEMMs on tiles dequantised to `dtype`."""
 
     group_size: int
     kernel_rows: int
@@ -78,6 +80,7 @@ class Int4Plan:
     group_sizes: Tuple[int, ...] = ()  # what engine.quantization_group_size allows (named where one does not fit)
     ours: bool = False  # the tiles dequantised by our CPU kernel (cpu_kernels.int4_tiles_), else by torch ops
     vnni: bool = False  # past kernel_rows, our int4 GEMM on VPDPBUSD (cpu_kernels.linear_int4) instead of tiles
+    gemv_rows: int = 0  # steps of up to these many rows run our int4 GEMV (cpu_kernels.gemv_int4)
 
 
 def quantize_groups(weight: torch.Tensor, group_size: int, dtype: torch.dtype):
@@ -207,12 +210,15 @@ class Int4Weight:
         """x Wᵀ (+ bias) for x [..., K], in x's dtype."""
         shape, dtype, compute = x.shape, x.dtype, self.plan.dtype
         x2 = x.reshape(-1, shape[-1]).to(compute).contiguous()
-        n = self.out_features
-        if x2.shape[0] <= self.plan.kernel_rows:
+        n, layout, rows = self.out_features, self.plan.layout, x2.shape[0]
+        tail = n % layout.block_rows
+        if rows <= self.plan.gemv_rows:
+            y = cpu_kernels.gemv_int4(x2.float(), self.packed, self.scales_and_zeros,
+                                      tail > 0 and layout.halves(tail), self.plan.group_size)
+        elif rows <= self.plan.kernel_rows:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.plan.group_size,
                                                            self.scales_and_zeros)
         elif self.plan.vnni:
-            layout, tail = self.plan.layout, n % self.plan.layout.block_rows
             y = cpu_kernels.linear_int4(x2.float(), self.packed, self.scales_and_zeros, layout.block_rows,
                                         layout.halves(layout.block_rows), tail > 0 and layout.halves(tail),
                                         self.plan.group_size)

@@ -19,9 +19,9 @@ library loaded, engine.cpu_kernels on):
   layout, on torch's GEMM except for a few rows, which run our bf16-weight GEMM (`bf16_weight_rows`).
 - GEMM, int8 weights (engine.quantization=int8): `int8_plan` (packed on any CPU without AMX: VPDPBUSD
   with AVX512-VNNI, else VPMADDUBSW on AVX2).
-- GEMM, int4 weights (engine.quantization=int4): `int4_plan` (torch's int4 kernel for a few rows; past
-  them our int4 GEMM on VPDPBUSD with AVX512-VNNI and no AMX, else tiles dequantised by our kernel to bf16,
-  or fp32 without bf16 units).
+- GEMM, int4 weights (engine.quantization=int4): `int4_plan` (with AVX512-VNNI and no AMX, our int4 GEMV
+  on VPDPBUSD for a few rows and our int4 GEMM past them; else torch's int4 kernel for a few rows and
+  tiles dequantised by our kernel to bf16, or fp32 without bf16 units, past them).
 - Attention: `attention_select.select_backend` (the paged decode kernel for fp32 and bf16 caches).
 - RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 engines.
 Without our kernels every family runs on torch (int8 weights on torch's int8 kernel and tiles).
@@ -52,9 +52,12 @@ INT8_WEIGHT_ROWS = 32  # rows up to which our int8 GEMM was measured to beat tor
 # later: one thread, 64 rows 66.8 vs 81.7 ms, 128 rows 133.5 vs 118.1.
 INT4_KERNEL_ROWS = 32
 INT4_KERNEL_ROWS_TORCH_TILES = 64
-# Rows up to which torch's int4 kernel beats our int4 GEMM on VPDPBUSD (same benchmark and EPYC, one thread,
-# CPU time on a busy host): 2 rows 3.1 vs 3.9 ms, 3 rows 3.7 vs 3.9, 4 rows 4.4 vs 3.6, 16 rows 16.9 vs 6.7.
-INT4_KERNEL_ROWS_VNNI = 3
+# Rows up to which our int4 GEMV beats our int4 GEMM on VPDPBUSD, both reading torch's AVX-512 packing (same
+# benchmark and EPYC, weights from memory, a shared host: noisy). Two threads, the quietest run: 1 row 0.74
+# vs 1.47 ms (torch's int4 kernel 1.24), 16 rows 2.41 vs 3.05, 24 rows 3.72 vs 4.63, 32 rows 4.91 vs 5.44,
+# 40 rows 7.26 vs 6.14. 24 rows won in 4 of 5 runs (lost 5.03 vs 4.39 in the busiest), 32 in 2 of 4. torch's
+# int4 kernel loses to the GEMV at every row count, so it runs nowhere on these hosts.
+INT4_GEMV_ROWS = 24
 
 # What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
 ATTENTION_KERNELS = {
@@ -125,9 +128,13 @@ class KernelPlan:
         plan = self.int4
         if plan is None:
             return None
+        few, kernel = plan.gemv_rows, plan.kernel_rows
+        regimes = [f"{_rows(range(1, few + 1))}=ours int4 gemv"] if few else []
+        if kernel > few:
+            regimes.append(f"{_rows(range(few + 1, kernel + 1))}=torch int4 kernel")
         past = "ours vpdpbusd" if plan.vnni else f"{'ours' if plan.ours else 'torch'} {dtype_name(plan.dtype)} tiles"
-        return (f"gemm int4 (groups of {plan.group_size}) {_rows(range(1, plan.kernel_rows + 1))}=torch int4 "
-                f"kernel, rows {plan.kernel_rows + 1}+={past}")
+        regimes.append(f"rows {max(few, kernel) + 1}+={past}")
+        return f"gemm int4 (groups of {plan.group_size}) " + ", ".join(regimes)
 
 
 def plan_kernels(cfg: EngineConfig, host: Host, geometry, device: Optional[torch.device] = None,
@@ -196,16 +203,20 @@ def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str]
 
 
 def int4_plan(host: Host, group_size: int, ours: bool) -> Int4Plan:
-    """How int4 weights multiply on `host`, with our CPU kernels running (`ours`) or not: torch's int4
-    kernel for few rows; past them, with ours on a CPU with AVX512-VNNI and no AMX (whose bf16 tiles
-    outrun it), our int4 GEMM on VPDPBUSD (twice bf16's products an instruction, as the int8 GEMM) where
-    it unpacks this torch's layout a vector at a time; else tiles dequantised (by our kernel, else by torch
+    """How int4 weights multiply on `host`, with our CPU kernels running (`ours`) or not. With ours on a
+    CPU with AVX512-VNNI and no AMX (whose bf16 tiles outrun VPDPBUSD), where this torch packs int4 as its
+    AVX-512 build does (64-row blocks, a byte holding rows j and j + 32): our int4 GEMV for up to
+    INT4_GEMV_ROWS rows (reading the packed bytes where they lie, at the memory's rate), past them our
+    int4 GEMM (unpacking them into panels: twice bf16's products an instruction, as the int8 GEMM).
+    Elsewhere torch's int4 kernel for few rows, past them tiles dequantised (by our kernel, else by torch
     ops, which take much longer: a later crossover), both in bf16 where the CPU has bf16 units (else fp32:
     emulated bf16 is slower than fp32), reading torch's packed layout as this host's torch writes it."""
     dtype = torch.bfloat16 if host.native_bf16 else torch.float32
     layout, flags = learn_layout(), host.cpu_flags
     vnni = ours and {"avx512_vnni", "avx512bw"} <= flags and "amx_bf16" not in flags and layout.panels_fast
-    rows = INT4_KERNEL_ROWS_VNNI if vnni else INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
+    if vnni:
+        return Int4Plan(group_size, 0, dtype, layout, quantization_group_sizes(), ours, vnni, INT4_GEMV_ROWS)
+    rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
     return Int4Plan(group_size, rows, dtype, layout, quantization_group_sizes(), ours, vnni)
 
 

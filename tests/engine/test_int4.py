@@ -10,7 +10,7 @@ from appliance.engine.checkpoint_facts import CheckpointFacts
 from appliance.engine.config import EngineConfig
 from appliance.engine.host import Host
 from appliance.engine.int4 import Int4Plan, Int4Weight, kernel_problem, learn_layout, quantize_groups
-from appliance.engine.kernel_plan import INT4_KERNEL_ROWS, INT4_KERNEL_ROWS_TORCH_TILES, INT4_KERNEL_ROWS_VNNI, \
+from appliance.engine.kernel_plan import INT4_GEMV_ROWS, INT4_KERNEL_ROWS, INT4_KERNEL_ROWS_TORCH_TILES, \
     choose_kernels, int4_plan
 from appliance.errors import ConfigError
 
@@ -160,18 +160,36 @@ def test_the_plan_holds_the_group_the_units_dtype_and_this_torchs_layout(flags, 
     assert (plan.int4.group_size, plan.int4.dtype, plan.int4.layout, plan.int4.ours, plan.int4.vnni) == \
         (64, dtype, LAYOUT, ours, vnni)
     assert plan.int4.group_sizes == (32, 64, 128)
-    rows = INT4_KERNEL_ROWS_VNNI if vnni else INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
-    past = "ours vpdpbusd" if vnni else f"{'ours' if ours else 'torch'} {str(dtype).replace('torch.', '')} tiles"
     line = plan.describe()
     assert "gemm bfloat16 (unquantized weights)" in line
-    assert f"gemm int4 (groups of 64) rows 1-{rows}=torch int4 kernel, rows {rows + 1}+={past}" in line
+    if vnni:  # torch's int4 kernel runs nowhere: our GEMV, then our GEMM
+        assert (plan.int4.gemv_rows, plan.int4.kernel_rows) == (INT4_GEMV_ROWS, 0)
+        assert (f"gemm int4 (groups of 64) rows 1-{INT4_GEMV_ROWS}=ours int4 gemv, rows {INT4_GEMV_ROWS + 1}+=ours "
+                f"vpdpbusd;") in line
+        return
+    rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
+    assert plan.int4.gemv_rows == 0
+    tiles = f"{'ours' if ours else 'torch'} {str(dtype).replace('torch.', '')} tiles"
+    assert f"gemm int4 (groups of 64) rows 1-{rows}=torch int4 kernel, rows {rows + 1}+={tiles};" in line
 
 
 @pytest.mark.parametrize("features_off", [["avx512_vnni"], ["avx512bw"]])
-def test_cpu_features_off_takes_the_vnni_gemm_away(features_off):
+def test_cpu_features_off_takes_the_vnni_gemv_and_gemm_away(features_off):
     host = Host(VNNI, 16 << 30, 16 << 30).without(features_off)
     plan = int4_plan(host, 128, True)
-    assert not plan.vnni and plan.kernel_rows == INT4_KERNEL_ROWS
+    assert not plan.vnni and (plan.gemv_rows, plan.kernel_rows) == (0, INT4_KERNEL_ROWS)
+
+
+def test_the_gemv_needs_torchs_avx512_packing():
+    """Only torch's AVX-512 packing (64-row blocks, a byte holding rows j and j + 32) is read in place:
+    with another, a VNNI host keeps torch's int4 kernel for few rows and tiles past them."""
+    other = int4.Int4Layout(32, ((16, tuple(range(16))), (32, tuple(range(32)))))  # AVX2's: rows 2j and 2j + 1
+    plan = int4_plan(Host(VNNI, 16 << 30, 16 << 30), 128, True)
+    assert plan.gemv_rows == (INT4_GEMV_ROWS if LAYOUT.panels_fast else 0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("appliance.engine.kernel_plan.learn_layout", lambda: other)
+        plan = int4_plan(Host(VNNI, 16 << 30, 16 << 30), 128, True)
+    assert (plan.gemv_rows, plan.kernel_rows, plan.vnni) == (0, INT4_KERNEL_ROWS, False)
 
 
 needs_our_kernels = pytest.mark.skipif(not cpu_kernels.available(),
@@ -232,13 +250,13 @@ def int8_x_bound(x: torch.Tensor, w: torch.Tensor, group_size: int) -> torch.Ten
 @pytest.mark.parametrize("rows", [33, 100, 513])
 @pytest.mark.parametrize("plan", [BF16, FP32], ids=["bf16", "fp32"])
 def test_our_vnni_gemm_is_the_dequantised_product_within_x_int8_rounding(group_size, rows, plan):
-    """Past the plan's kernel rows: K = 640 (not a multiple of the int8 GEMM's 512), N = 1104 (17 full 64-row
+    """Past the plan's GEMV rows: K = 640 (not a multiple of the int8 GEMM's 512), N = 1104 (17 full 64-row
     blocks, a 16-row last one: half a 32-output panel); each row's zeros far from 0 and x's mean not 0, so
     that the zero term counts; bf16 or fp32 scales and zeros."""
     torch.manual_seed(rows + group_size)
     n, k = 1104, 640
     weight = torch.randn(n, k) * 0.05 + torch.linspace(-0.2, 0.2, n)[:, None]
-    w4 = Int4Weight(weight, dataclasses.replace(plan, group_size=group_size, kernel_rows=INT4_KERNEL_ROWS_VNNI,
+    w4 = Int4Weight(weight, dataclasses.replace(plan, group_size=group_size, kernel_rows=0, gemv_rows=0,
                                                 ours=True, vnni=True))
     x = (torch.randn(rows, k) + 0.5).to(plan.dtype).float()  # as the plan's dtype holds it: x itself is exact
     w = w4.dequantized()
@@ -246,6 +264,46 @@ def test_our_vnni_gemm_is_the_dequantised_product_within_x_int8_rounding(group_s
     bound = int8_x_bound(x, w, group_size) + 1e-5 * (x.abs() @ w.abs().t())  # + the fp32 sums' rounding
     assert (error <= bound).all(), f"{(error - bound).max()} past the bound"
     assert error.max() > 0  # x was rounded to int8: the VPDPBUSD GEMM ran, not tiles
+
+
+@needs_vnni
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [1104, 1072])  # 17 full 64-row blocks and a 16-row last one; 16 and a 48-row one
+@pytest.mark.parametrize("plan", [BF16, FP32], ids=["bf16", "fp32"])
+def test_our_vnni_gemv_is_the_dequantised_product_within_x_int8_rounding_and_the_gemms_bits(group_size, rows, n,
+                                                                                            plan, monkeypatch):
+    """Up to the plan's GEMV rows (5: a 4-row pass and a 1-row one), the GEMV reads torch's bytes in place:
+    within x's int8 rounding of the dequantised product, as the GEMM test above measures it (K = 640, zeros
+    far from 0, x's mean not 0), and the same bits as the GEMM, which quantises x and scales groups alike."""
+    calls = []
+    gemv = cpu_kernels.gemv_int4
+    monkeypatch.setattr(cpu_kernels, "gemv_int4", lambda x, *a: calls.append(x.shape[0]) or gemv(x, *a))
+    torch.manual_seed(rows + group_size + n)
+    k = 640
+    weight = torch.randn(n, k) * 0.05 + torch.linspace(-0.2, 0.2, n)[:, None]
+    w4 = Int4Weight(weight, dataclasses.replace(plan, group_size=group_size, kernel_rows=0, gemv_rows=5, ours=True,
+                                                vnni=True))
+    x = (torch.randn(rows, k) + 0.5).to(plan.dtype).float()
+    w = w4.dequantized()
+    y = w4.linear(x)
+    assert calls == [rows]
+    error = (y - x @ w.t()).abs()
+    bound = int8_x_bound(x, w, group_size) + 1e-5 * (x.abs() @ w.abs().t())
+    assert (error <= bound).all(), f"{(error - bound).max()} past the bound"
+    assert error.max() > 0
+    gemm = Int4Weight.__new__(Int4Weight)
+    gemm.__dict__.update(w4.__dict__, plan=dataclasses.replace(w4.plan, gemv_rows=0))
+    assert torch.equal(y, gemm.linear(x)) and calls == [rows]
+
+
+@needs_our_kernels
+@pytest.mark.parametrize("rows", [0, 2])
+def test_our_int4_gemv_refuses_rows_torchs_avx512_packing_cannot_hold(rows):
+    args = dict(x=torch.ones(rows, 128), packed=torch.zeros(24, 64, dtype=torch.uint8),
+                scales_and_zeros=torch.ones(4, 24, 2), tail_halves=True, group_size=32)
+    with pytest.raises(ValueError, match="the int4 GEMV reads torch's AVX-512 packing, whose rows come in 16s, got 24"):
+        cpu_kernels.gemv_int4(**args)
 
 
 @needs_our_kernels
@@ -256,13 +314,18 @@ def test_our_vnni_gemm_is_the_dequantised_product_within_x_int8_rounding(group_s
     (dict(scales_and_zeros=torch.ones(4, 64, 2, dtype=torch.float16)), "scales_and_zeros must be a contiguous float32"),
     (dict(scales_and_zeros=torch.ones(2, 64, 2)), r"scales_and_zeros must be .* \[4, 64, 2\], got Float \[2, 64, 2\]"),
 ])
-def test_our_int4_gemm_refuses_arguments_it_cannot_read(change, message):
+def test_our_int4_gemm_and_gemv_refuse_arguments_they_cannot_read(change, message):
     args = dict(x=torch.ones(4, 128), packed=torch.zeros(64, 64, dtype=torch.uint8),
                 scales_and_zeros=torch.ones(4, 64, 2), block_rows=64, halves=True, tail_halves=False, group_size=32)
+    gemv_args = {name: value for name, value in args.items() if name not in ("block_rows", "halves")}
     if {"avx512_vnni", "avx512bw"} <= Host.read().cpu_flags:  # q = 0, scale 1, zero 1: w = -7
         assert torch.equal(cpu_kernels.linear_int4(**args), torch.full((4, 64), -7.0 * 128))
+        assert torch.equal(cpu_kernels.gemv_int4(**gemv_args), torch.full((4, 64), -7.0 * 128))
     with pytest.raises(ValueError, match=message):
         cpu_kernels.linear_int4(**{**args, **change})
+    if "block_rows" not in change:  # the checks the GEMV shares
+        with pytest.raises(ValueError, match=message):
+            cpu_kernels.gemv_int4(**{**gemv_args, **change})
 
 
 B7, B7_PROJECTIONS = 6_900_000_000, 6_480_000_000  # a LLaVA-1.5-7B's weights and its decoder's projections

@@ -373,8 +373,10 @@ void int4_tiles_(const at::Tensor& packed, const at::Tensor& scale, const at::Te
                out.stride(0), out.scalar_type() == at::kBFloat16 ? 1 : 0);
 }
 
-at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
-                       int64_t block_rows, bool halves, bool tail_halves, int64_t group_size) {
+// The shared checks of the int4 products' arguments (x [M, K] fp32, packed [N, K / 2] uint8, the [K / g, N, 2]
+// scale and zero pairs) and y [M, N] for them.
+at::Tensor int4_output(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
+                       int64_t group_size) {
   check_f32(x, "x", 2);
   check_rows(x, "x");
   TORCH_CHECK_VALUE(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.dim() == 2 &&
@@ -383,8 +385,6 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& packed, const at::
   const int64_t m = x.size(0), n = packed.size(0), k = packed.size(1) * 2;
   TORCH_CHECK_VALUE(x.size(1) == k, "int4 linear takes x [M, ", k, "] for packed ", packed.sizes(), ", got x ",
                     x.sizes());
-  TORCH_CHECK_VALUE(block_rows > 0 && block_rows <= 64 && block_rows % 2 == 0 && n % 2 == 0,
-                    "block_rows must be even and at most 64, and the packed rows even, got ", block_rows, " and ", n);
   TORCH_CHECK_VALUE(group_size >= 4 && group_size % 4 == 0 && group_size <= 128 && k % group_size == 0,
                     "group_size must be a multiple of 4 up to 128 that divides K = ", k, ", got ", group_size);
   TORCH_CHECK_VALUE(scales_and_zeros.device().is_cpu() && scales_and_zeros.is_contiguous() &&
@@ -392,16 +392,40 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& packed, const at::
                     scales_and_zeros.sizes() == at::IntArrayRef({k / group_size, n, 2}),
                     "scales_and_zeros must be a contiguous float32 or bf16 CPU tensor [", k / group_size, ", ", n,
                     ", 2], got ", scales_and_zeros.scalar_type(), " ", scales_and_zeros.sizes());
-  at::Tensor y = at::empty({m, n}, x.options());
-  if (m > 0 && n > 0 && k > 0) {
-    const int rc = linear_int4_vnni(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k,
-                                    packed.const_data_ptr<uint8_t>(), block_rows, halves ? 1 : 0,
-                                    tail_halves ? 1 : 0, scales_and_zeros.const_data_ptr(), 2 * n,
-                                    scales_and_zeros.scalar_type() == at::kBFloat16 ? 1 : 0,
-                                    y.mutable_data_ptr<float>(), n, m, n, k, group_size);
-    TORCH_CHECK(rc != -1, "the int4 GEMM on VPDPBUSD needs a CPU with AVX512-VNNI");
-    TORCH_CHECK(rc == 0, "out of memory for the int4 GEMM's quantised x and panels");
-  }
+  return at::empty({m, n}, x.options());
+}
+
+void check_int4_rc(int rc, const char* kernel) {
+  TORCH_CHECK(rc != -1, "the int4 ", kernel, " on VPDPBUSD needs a CPU with AVX512-VNNI");
+  TORCH_CHECK(rc == 0, "out of memory for the int4 ", kernel, "'s quantised x");
+}
+
+at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
+                       int64_t block_rows, bool halves, bool tail_halves, int64_t group_size) {
+  at::Tensor y = int4_output(x, packed, scales_and_zeros, group_size);
+  const int64_t m = x.size(0), n = packed.size(0), k = packed.size(1) * 2;
+  TORCH_CHECK_VALUE(block_rows > 0 && block_rows <= 64 && block_rows % 2 == 0 && n % 2 == 0,
+                    "block_rows must be even and at most 64, and the packed rows even, got ", block_rows, " and ", n);
+  if (m > 0 && n > 0 && k > 0)
+    check_int4_rc(linear_int4_vnni(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k,
+                                   packed.const_data_ptr<uint8_t>(), block_rows, halves ? 1 : 0, tail_halves ? 1 : 0,
+                                   scales_and_zeros.const_data_ptr(), 2 * n,
+                                   scales_and_zeros.scalar_type() == at::kBFloat16 ? 1 : 0,
+                                   y.mutable_data_ptr<float>(), n, m, n, k, group_size), "GEMM");
+  return y;
+}
+
+at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
+                     bool tail_halves, int64_t group_size) {
+  at::Tensor y = int4_output(x, packed, scales_and_zeros, group_size);
+  const int64_t m = x.size(0), n = packed.size(0), k = packed.size(1) * 2;
+  TORCH_CHECK_VALUE(n % 16 == 0, "the int4 GEMV reads torch's AVX-512 packing, whose rows come in 16s, got ", n);
+  if (m > 0 && n > 0 && k > 0)
+    check_int4_rc(gemv_int4_vnni(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k,
+                                 packed.const_data_ptr<uint8_t>(), tail_halves ? 1 : 0,
+                                 scales_and_zeros.const_data_ptr(), 2 * n,
+                                 scales_and_zeros.scalar_type() == at::kBFloat16 ? 1 : 0,
+                                 y.mutable_data_ptr<float>(), n, m, n, k, group_size), "GEMV");
   return y;
 }
 
@@ -426,6 +450,7 @@ TORCH_LIBRARY(appliance, m) {
         "Tensor(a!) out) -> ()");
   m.def("linear_int4(Tensor x, Tensor packed, Tensor scales_and_zeros, int block_rows, bool halves, "
         "bool tail_halves, int group_size) -> Tensor");
+  m.def("gemv_int4(Tensor x, Tensor packed, Tensor scales_and_zeros, bool tail_halves, int group_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(appliance, CPU, m) {
@@ -441,4 +466,5 @@ TORCH_LIBRARY_IMPL(appliance, CPU, m) {
   m.impl("linear_bf16w", &linear_bf16w);
   m.impl("int4_tiles_", &int4_tiles_);
   m.impl("linear_int4", &linear_int4);
+  m.impl("gemv_int4", &gemv_int4);
 }

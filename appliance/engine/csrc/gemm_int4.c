@@ -1,38 +1,18 @@
 // The int4 GEMM on CPUs with AVX512-VNNI (engine/int4.py, prefill sizes): int4 weights in torch's packed
 // layout unpacked, a few panels at a time, into the int8 GEMM's panels (group_panels.h) as unsigned quads
 // q in 0..15, and multiplied by VPDPBUSD (vnni_tile.h) against x quantised to int8 per row and weight
-// group. With w = (q - 8) s + z per group, a group's part of an output is
-//   sum_k x w = xs (s sum_k xq q + (z - 8 s) sum_k xq)
-// for x = xs xq: each group (g k) adds its int32 sums times the row's scale and the outputs' scales, and
-// the row's sum times the outputs' offsets z - 8 s, into y. A group's sums cannot overflow: 128 products
-// of at most 15 x 127. The int4 bytes are read once a call and unpacked into a thread's own
+// group, each group's sums scaled into y as int4_groups.h says. A group's sums cannot overflow: 128
+// products of at most 15 x 127. The int4 bytes are read once a call and unpacked into a thread's own
 // panels (a few hundred KB, cache-resident while every row meets them), so the multiplies, not the
 // unpacking, are the cost: twice bf16's products an instruction, as the int8 GEMM.
 #include "cpu_kernels.h"
-#include "vnni_tile.h"
+#include "int4_groups.h"
 
 _Static_assert(BPANEL == 32, "the unpacking writes panels of 32 outputs (a 256-bit vector of nibbles a k)");
 
 #define PASS_K 512  // k a tile call covers (its groups one after another), as the int8 GEMM's pass
 #define PASS_GROUPS(g) (PASS_K / (g))
 #define SLAB 2  // panels a thread unpacks and multiplies at a time: 256 KB (K = 4096) beside a BMC block of x in L2
-
-// The int4 weight: torch's packed bytes and where a row's nibbles lie in them.
-typedef struct {
-    const uint8_t* packed;  // [N][K / 2] bytes as torch's int4 CPU packing writes them
-    int64_t N, K, block_rows;  // blocks of block_rows rows, each [K][block_rows / 2] bytes; the last may be short
-    int halves, tail_halves;  // a byte holds rows j and j + rows / 2 (else 2j and 2j + 1): full blocks, the last
-} int4_source;
-
-// The nibble of weight row n at k (0 past the last row: a panel's padding).
-static inline uint8_t nibble_at(const int4_source* w, int64_t n, int64_t k) {
-    if (n >= w->N) return 0;
-    const int64_t start = n / w->block_rows * w->block_rows, r = n - start;
-    const int64_t rows = w->N - start < w->block_rows ? w->N - start : w->block_rows, half = rows / 2;
-    const int halves = rows == w->block_rows ? w->halves : w->tail_halves;
-    const uint8_t byte = w->packed[start * w->K / 2 + k * half + (halves ? r % half : r / 2)];
-    return (halves ? r >= half : r & 1) ? byte >> 4 : byte & 0xF;
-}
 
 // Four k of 32 rows (row-ordered nibble bytes) as 32 unsigned quads, a panel row.
 static inline void store_quads(__m256i r0, __m256i r1, __m256i r2, __m256i r3, uint8_t* out) {
@@ -93,8 +73,8 @@ static inline VNNI_UNITS __attribute__((always_inline)) void int4_tile_rows(
             const __m512 rs = _mm512_set1_ps(xs[i]), rz = _mm512_set1_ps(xz[i]);
             __m512 y0 = accumulate || gi ? _mm512_maskz_loadu_ps(m0, yr) : _mm512_setzero_ps();
             __m512 y1 = accumulate || gi ? _mm512_maskz_loadu_ps(m1, yr + 16) : _mm512_setzero_ps();
-            y0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(c[i][0]), rs), s0, _mm512_fmadd_ps(rz, o0, y0));
-            y1 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(c[i][1]), rs), s1, _mm512_fmadd_ps(rz, o1, y1));
+            y0 = int4_group_add(c[i][0], rs, rz, s0, o0, y0);
+            y1 = int4_group_add(c[i][1], rs, rz, s1, o1, y1);
             _mm512_mask_storeu_ps(yr, m0, y0);
             _mm512_mask_storeu_ps(yr + 16, m1, y1);
         }
@@ -119,41 +99,19 @@ static VNNI_UNITS void int4_tile(const int8_t* x, int64_t M, const float* xs, co
     INT4_TILE_CASES(0)
 }
 
-// x [M, K] as int8 xq [G][M][g] with a scale xs [G][M] and scale times sum xz [G][M] a row and group of g
-// k: group-major, so that a pass's rows lie side by side (a block of them stays in L1 while the panels'
-// outputs meet it; rows K bytes apart would fall into the same few cache sets).
-static VNNI_UNITS void quantize_rows_groups(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t g,
-                                           int8_t* xq, float* xs, float* xz) {
-    const int64_t G = K / g;
-    #pragma omp parallel for schedule(static) if (M * K >= (1 << 17))
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t b = 0; b < G; b++) {
-            int32_t sum;
-            const float scale = quantize_block(x + m * ldx + b * g, g, g, xq + (b * M + m) * g, &sum);
-            xs[b * M + m] = scale;
-            xz[b * M + m] = scale * (float)sum;
-        }
-}
-
 // The slab's scales and offsets z - 8 s, fp32 [G][SLAB * 32] (0 past the last output), from the weight's
 // [G][ldsz] (scale, zero) pairs of fp32 or bf16.
-static void slab_scales(const void* sz, int64_t ldsz, int bf16, int64_t G, int64_t first, int64_t cols, float* s,
-                        float* o) {
+static VNNI_UNITS void slab_scales(const void* sz, int64_t ldsz, int bf16, int64_t G, int64_t first, int64_t cols,
+                                   float* s, float* o) {
+    const int64_t es = bf16 ? 2 : 4;
     for (int64_t gi = 0; gi < G; gi++)
-        for (int64_t j = 0; j < SLAB * BPANEL; j++) {
-            float scale = 0.f, zero = 0.f;
-            if (j < cols) {
-                const int64_t at = gi * ldsz + 2 * (first + j);
-                if (bf16) {
-                    const uint16_t* p = (const uint16_t*)sz + at;
-                    union { uint32_t u; float f; } a = {(uint32_t)p[0] << 16}, b = {(uint32_t)p[1] << 16};
-                    scale = a.f, zero = b.f;
-                } else {
-                    scale = ((const float*)sz)[at], zero = ((const float*)sz)[at + 1];
-                }
-            }
-            s[gi * SLAB * BPANEL + j] = scale;
-            o[gi * SLAB * BPANEL + j] = zero - 8.f * scale;
+        for (int64_t j = 0; j < SLAB * BPANEL; j += 16) {
+            __m512 sv = _mm512_setzero_ps(), ov = sv;
+            if (j < cols)
+                int4_scales16((const char*)sz + (gi * ldsz + 2 * (first + j)) * es, bf16,
+                              cols - j < 16 ? (int)(cols - j) : 16, &sv, &ov);
+            _mm512_storeu_ps(s + gi * SLAB * BPANEL + j, sv);
+            _mm512_storeu_ps(o + gi * SLAB * BPANEL + j, ov);
         }
 }
 
