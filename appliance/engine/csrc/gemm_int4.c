@@ -157,20 +157,15 @@ int linear_int4_vnni(const float* x, int64_t ldx, const uint8_t* packed, int64_t
     if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return -1;
     const int64_t G = K / g, threads = omp_get_max_threads();
     const int64_t per_thread = SLAB * K * BPANEL + 2 * sizeof(float) * G * SLAB * BPANEL;
-    int8_t* xq = malloc(M * K);
-    float* xs = malloc(sizeof(float) * M * G);
-    float* xz = malloc(sizeof(float) * M * G);
     char* scratch = malloc(threads * per_thread);
-    int rc = -2;
-    if (xq != NULL && xs != NULL && xz != NULL && scratch != NULL) {
-        const int4_source w = {packed, N, K, block_rows, halves, tail_halves};
-        quantize_rows_groups(x, ldx, M, K, g, xq, xs, xz);
-        linear_int4_units(xq, xs, xz, &w, scales_and_zeros, ldsz, sz_bf16, g, y, ldy, M, scratch, per_thread);
-        rc = 0;
+    int4_x xq;
+    if (scratch == NULL || int4_x_quantize(x, ldx, M, K, g, &xq) != 0) {
+        free(scratch);
+        return -2;
     }
-    free(xq);
-    free(xs);
-    free(xz);
+    const int4_source w = {packed, N, K, block_rows, halves, tail_halves};
+    linear_int4_units(xq.q, xq.scale, xq.sum, &w, scales_and_zeros, ldsz, sz_bf16, g, y, ldy, M, scratch, per_thread);
+    int4_x_free(&xq);
     free(scratch);
-    return rc;
+    return 0;
 }

@@ -96,29 +96,24 @@ int gemv_int4_vnni(const float* x, int64_t ldx, const uint8_t* packed, int tail_
                    int64_t N, int64_t K, int64_t g) {
     if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return -1;
     const int64_t G = K / g, blocks = (N + 63) / 64, full = N / 64, es = sz_bf16 ? 2 : 4;
-    int8_t* xq = malloc(M * K);
-    float* xs = malloc(sizeof(float) * M * G);
-    float* xz = malloc(sizeof(float) * M * G);
     uint8_t* tail = full < blocks ? malloc(K * 32) : NULL;
-    int rc = -2;
-    if (xq != NULL && xs != NULL && xz != NULL && (tail != NULL || full == blocks)) {
-        const int4_source w = {packed, N, K, 64, 1, tail_halves};
-        quantize_rows_groups(x, ldx, M, K, g, xq, xs, xz);
-        if (tail != NULL) tail_block(&w, full * 64, tail);
-        #pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t* block = b < full ? packed + b * 64 * K / 2 : tail;
-            const int nr = N - b * 64 < 64 ? (int)(N - b * 64) : 64;
-            for (int64_t m = 0; m < M; m += GEMV_ROWS)
-                gemv_rows(xq + m * g, M, xs + m, xz + m, block, (const char*)scales_and_zeros + 2 * b * 64 * es,
-                          ldsz, sz_bf16, G, g, y + m * ldy + b * 64, ldy, nr,
-                          M - m < GEMV_ROWS ? (int)(M - m) : GEMV_ROWS);
-        }
-        rc = 0;
+    int4_x xq;
+    if ((tail == NULL && full < blocks) || int4_x_quantize(x, ldx, M, K, g, &xq) != 0) {
+        free(tail);
+        return -2;
     }
-    free(xq);
-    free(xs);
-    free(xz);
+    const int4_source w = {packed, N, K, 64, 1, tail_halves};
+    if (tail != NULL) tail_block(&w, full * 64, tail);
+    #pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t* block = b < full ? packed + b * 64 * K / 2 : tail;
+        const int nr = N - b * 64 < 64 ? (int)(N - b * 64) : 64;
+        for (int64_t m = 0; m < M; m += GEMV_ROWS)
+            gemv_rows(xq.q + m * g, M, xq.scale + m, xq.sum + m, block,
+                      (const char*)scales_and_zeros + 2 * b * 64 * es, ldsz, sz_bf16, G, g, y + m * ldy + b * 64, ldy,
+                      nr, M - m < GEMV_ROWS ? (int)(M - m) : GEMV_ROWS);
+    }
+    int4_x_free(&xq);
     free(tail);
-    return rc;
+    return 0;
 }

@@ -43,6 +43,32 @@ static VNNI_UNITS void quantize_rows_groups(const float* x, int64_t ldx, int64_t
         }
 }
 
+// x quantised per row and group (quantize_rows_groups) in buffers of its own, as both kernels take it.
+typedef struct {
+    int8_t* q;  // [G][M][g]
+    float* scale;  // [G][M]: a row and group's scale
+    float* sum;  // [G][M]: that scale times the group's sum of q
+} int4_x;
+
+static void int4_x_free(int4_x* x) {
+    free(x->q);
+    free(x->scale);
+    free(x->sum);
+}
+
+// x [M, K] quantised into fresh buffers: 0, or -2 where memory ran out (nothing is then held).
+static int int4_x_quantize(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t g, int4_x* out) {
+    out->q = malloc(M * K);
+    out->scale = malloc(sizeof(float) * M * (K / g));
+    out->sum = malloc(sizeof(float) * M * (K / g));
+    if (out->q == NULL || out->scale == NULL || out->sum == NULL) {
+        int4_x_free(out);
+        return -2;
+    }
+    quantize_rows_groups(x, ldx, M, K, g, out->q, out->scale, out->sum);
+    return 0;
+}
+
 // The scales s and offsets z - 8 s of `n` (0..16) consecutive outputs of a group (0 past them), from their
 // (scale, zero) pairs at `pairs`, bf16 (a pair a 32-bit lane) where `bf16`, else fp32.
 static inline VNNI_UNITS __attribute__((always_inline)) void int4_scales16(const void* pairs, int bf16, int n,
