@@ -53,10 +53,9 @@ INT8_WEIGHT_ROWS = 32  # rows up to which our int8 GEMM was measured to beat tor
 INT4_KERNEL_ROWS = 32
 INT4_KERNEL_ROWS_TORCH_TILES = 64
 # Rows up to which our int4 GEMV beats our int4 GEMM on VPDPBUSD, both reading torch's AVX-512 packing (same
-# benchmark and EPYC, weights from memory, a shared host: noisy). Two threads, the quietest run: 1 row 0.74
-# vs 1.47 ms (torch's int4 kernel 1.24), 16 rows 2.41 vs 3.05, 24 rows 3.72 vs 4.63, 32 rows 4.91 vs 5.44,
-# 40 rows 7.26 vs 6.14. 24 rows won in 4 of 5 runs (lost 5.03 vs 4.39 in the busiest), 32 in 2 of 4. torch's
-# int4 kernel loses to the GEMV at every row count, so it runs nowhere on these hosts.
+# benchmark and EPYC, weights from memory, quiet, two threads): 1 row 0.46 vs 1.51 ms (torch's int4 kernel
+# 1.19), 16 rows 2.56 vs 3.13, 24 rows 5.46 vs 5.48, 32 rows 7.27 vs 6.48. torch's int4 kernel loses to the
+# GEMV at every row count, so it runs nowhere on these hosts.
 INT4_GEMV_ROWS = 24
 
 # What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
