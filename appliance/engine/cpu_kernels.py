@@ -84,10 +84,17 @@ def use_in(model: nn.Module) -> None:
             module.use_cpu_kernels = True
 
 
-def fits(*tensors: torch.Tensor) -> bool:
-    """Every tensor is fp32 on CPU with unit stride in its last dim: our kernels take it."""
-    for t in tensors:  # a plain loop: this runs ~50 times a decode step
-        if not t.is_cpu or t.dtype != torch.float32 or t.stride(-1) != 1:
+SMALL_OP_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes the small ops (RMSNorm, rotary, ...) take
+
+
+def fits(first: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Every tensor is on the CPU with unit stride in its last dim, all fp32 or all bf16: the small ops
+    take them."""
+    dtype = first.dtype
+    if dtype not in SMALL_OP_DTYPES:
+        return False
+    for t in (first, *others):  # a plain loop: this runs ~50 times a decode step
+        if not t.is_cpu or t.dtype != dtype or t.stride(-1) != 1:
             return False
     return True
 
@@ -181,7 +188,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm over the last dim of a 2-D x (rows may be strided)."""
+    """Llama's RMSNorm over the last dim of a 2-D x (rows may be strided); fp32, or bf16 rounded as
+    layers.RMSNorm's torch path rounds (so are the other small ops below)."""
     return ops().rms_norm(x, weight, eps)
 
 

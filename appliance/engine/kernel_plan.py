@@ -23,7 +23,8 @@ library loaded, engine.cpu_kernels on):
   on VPDPBUSD for a few rows and our int4 GEMM past them; else torch's int4 kernel for a few rows and
   tiles dequantised by our kernel to bf16, or fp32 without bf16 units, past them).
 - Attention: `attention_select.select_backend` (the paged decode kernel for fp32 and bf16 caches).
-- RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 engines.
+- RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 and bf16 engines
+  (the bf16 ops round where torch's bf16 ops do; the sampler's logits are fp32 in both).
 Without our kernels every family runs on torch (int8 weights on torch's int8 kernel and tiles).
 """
 import contextlib
@@ -197,7 +198,7 @@ def choose_kernels(cfg: EngineConfig, host: Host, cpu_kernels_off: Optional[str]
         packed_gemm=fp32_ours or (bf16_ours and not amx), bf16_units="avx512_bf16" in host.cpu_flags,
         bf16_weight_rows=BF16_WEIGHT_ROWS_NATIVE if bf16_ours and amx else range(0),
         int8=int8_plan(host, ours) if cfg.quantization is Quantization.int8 else None,
-        attention=attention, fused_ops=fp32_ours, argmax=fp32_ours,
+        attention=attention, fused_ops=fp32_ours or bf16_ours, argmax=fp32_ours or bf16_ours,
         int4=int4_plan(host, cfg.quantization_group_size, ours) if cfg.quantization is Quantization.int4 else None)
 
 

@@ -254,6 +254,69 @@ def test_silu_mul_matches_torch(rows, inter):
     close(act(x), F.silu(x[:, :inter]) * x[:, inter:])
 
 
+def bf16_inputs(*shape, scale=3.0):
+    """bf16 values over a wide range, with a NaN and infinities: where rounding and special values show."""
+    x = torch.randn(*shape) * scale
+    x.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    return x.bfloat16()
+
+
+def assert_same_bits(got, reference):
+    """The same bits, but a NaN's (its sign and payload are not a result torch promises)."""
+    assert got.dtype == reference.dtype == torch.bfloat16 and got.shape == reference.shape
+    nan = reference.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got.view(torch.int16)[~nan], reference.view(torch.int16)[~nan])
+
+
+# bf16: each small op rounds where torch's bf16 path (layers.py) rounds, so a bf16 engine gives the same
+# bits with our kernels on or off (4096 and 11008: Llama 7B's widths; 13 and 20: loop tails).
+@pytest.mark.parametrize("rows, dim", [(1, 4096), (37, 13), (3, 4104)])
+def test_bf16_rms_norm_gives_the_torch_paths_bits(rows, dim):
+    norm = RMSNorm(dim, eps=1e-5).to(torch.bfloat16)
+    norm.weight.data = bf16_inputs(dim, scale=1.0).nan_to_num(0.0, 1.0, -1.0)
+    x = bf16_inputs(rows, dim + 8)[:, :dim]  # strided rows
+    reference = norm(x)
+    cpu_kernels.use_in(norm)
+    assert_same_bits(norm(x), reference)
+
+
+@pytest.mark.parametrize("rows, inter", [(1, 11008), (200, 20)])
+def test_bf16_silu_mul_gives_the_torch_paths_bits(rows, inter):
+    x = bf16_inputs(rows, 2 * inter, scale=6.0)
+    x[0, 3:7] = torch.tensor([-88.5, -100.0, -3e38, 3e38])  # past exp's range: silu goes to -0, or x
+    act = SiluAndMul()
+    reference = act(x)
+    cpu_kernels.use_in(act)
+    assert_same_bits(act(x), reference)
+
+
+@pytest.mark.parametrize("head_dim", [128, 20])
+def test_bf16_rotary_gives_the_torch_paths_bits(head_dim):
+    rope = RotaryEmbedding(head_dim, 4096).to(torch.bfloat16)
+    rope.init_buffers()
+    qkv = bf16_inputs(70, 14 * head_dim)  # 70 tokens: rotated in parallel
+    q, k = qkv[:, :8 * head_dim].view(70, 8, head_dim), qkv[:, 8 * head_dim:10 * head_dim].view(70, 2, head_dim)
+    positions = torch.randint(0, 4096, (70,))
+    ref_q, ref_k = rope(positions, q.clone(), k.clone())
+    cpu_kernels.use_in(rope)
+    got_q, got_k = rope(positions, q, k)
+    assert got_q.data_ptr() == q.data_ptr()
+    assert_same_bits(got_q, ref_q)
+    assert_same_bits(got_k, ref_k)
+
+
+def test_bf16_write_kv_copies_the_rows():
+    k_cache, v_cache = torch.zeros(64, 4, 2, 16, dtype=torch.bfloat16), torch.zeros(64, 4, 2, 16, dtype=torch.bfloat16)
+    qkv = bf16_inputs(5, 3 * 32)
+    k, v = qkv[:, 32:64].view(5, 2, 16), qkv[:, 64:].view(5, 2, 16)
+    slots = torch.tensor([3, 0, 255, 17, 9])
+    cpu_kernels.write_kv(k, v, slots, k_cache, v_cache)
+    assert_same_bits(k_cache.view(-1, 2, 16)[slots], k)
+    assert_same_bits(v_cache.view(-1, 2, 16)[slots], v)
+    assert k_cache.count_nonzero() == v_cache.count_nonzero() == 5 * 32  # nothing else written
+
+
 def test_argmax_rows_matches_torch_with_ties_and_nan():
     x = torch.randn(7, 1000)
     x[1, 10] = x[1, 500] = 50.0  # tie: the first index wins
@@ -318,7 +381,7 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
      IndexError, r"slots\[1\] = 32 is outside the 32 cache slots"),
     (lambda: cpu_kernels.write_kv(torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.tensor([3, 4]),
                                   torch.zeros(8, 4, 2, 8, dtype=torch.float16), torch.zeros(8, 4, 2, 8)),
-     ValueError, "contiguous float32"),
+     ValueError, "k_cache and v_cache must be contiguous Float CPU tensors of one shape, as k is"),
     (lambda: cpu_kernels.rotary_(torch.randn(2, 4, 8), torch.randn(2, 2, 8), torch.tensor([0, 16]),
                                  torch.randn(16, 8), torch.randn(16, 8)),
      IndexError, r"positions\[1\] = 16 is outside the 16 rotary table positions"),
@@ -329,6 +392,11 @@ def test_paged_decode_attention_refuses_bad_arguments(change, error, message):
      r"weight must be contiguous \[8\]"),
     (lambda: cpu_kernels.rms_norm(torch.randn(3, 8, dtype=torch.float64), torch.randn(8), 1e-6), ValueError, "float32"),
     (lambda: cpu_kernels.silu_mul(torch.randn(3, 7)), ValueError, r"\[M, 2I\]"),
+    (lambda: cpu_kernels.rms_norm(torch.randn(3, 8).bfloat16(), torch.randn(8), 1e-6), ValueError,
+     "weight must be BFloat16 as the input is, got Float"),
+    (lambda: cpu_kernels.write_kv(torch.randn(2, 2, 8).bfloat16(), torch.randn(2, 2, 8).bfloat16(),
+                                  torch.tensor([3, 4]), torch.zeros(4, 16), torch.zeros(4, 16)), ValueError,
+     "k_cache and v_cache must be contiguous BFloat16 CPU tensors"),
     (lambda: cpu_kernels.argmax_rows(torch.ones(3, 4, dtype=torch.int32)), ValueError, "x must be float32"),
     (lambda: cpu_kernels.argmax_rows(torch.ones(3)), ValueError, "x must be 2-D"),
     (lambda: cpu_kernels.ops().linear_packed(torch.randn(2, 8), cpu_kernels.PackedWeight(torch.randn(4, 8)).data, 17),

@@ -44,30 +44,31 @@ def plan(host_name, dtype, quantization="none", device="cpu", off=None, attentio
 # and for int8 weights without AMX, packed for the AVX2 int8 GEMM where there is no VNNI (before: our
 # few-row GEMM, torch's kernel, tiles).
 CASES = {
-    # fp32 with ours: every GEMM packed, the fused ops and the argmax ours, on any x86 host.
+    # fp32 with ours: every GEMM packed, the fused ops and the argmax ours, on any x86 host (bf16 too since
+    # the small ops took bf16; fp16 stays on torch).
     "fp32 avx2": (("avx2", "float32", "none", "cpu", None), (True, NONE, None, True, True)),
     "fp32 amx": (("amx", "float32", "none", "cpu", None), (True, NONE, None, True, True)),
     # bf16: packed wherever there is no AMX (VDPBF16PS or AVX2 FMA), else a few rows on our bf16-weight GEMM.
-    "bf16 avx2": (("avx2", "bfloat16", "none", "cpu", None), (True, NONE, None, False, False)),
-    "bf16 avx512_bf16": (("avx512_bf16", "bfloat16", "none", "cpu", None), (True, NONE, None, False, False)),
-    "bf16 amx": (("amx", "bfloat16", "none", "cpu", None), (False, BF16_WEIGHT_ROWS_NATIVE, None, False, False)),
+    "bf16 avx2": (("avx2", "bfloat16", "none", "cpu", None), (True, NONE, None, True, True)),
+    "bf16 avx512_bf16": (("avx512_bf16", "bfloat16", "none", "cpu", None), (True, NONE, None, True, True)),
+    "bf16 amx": (("amx", "bfloat16", "none", "cpu", None), (False, BF16_WEIGHT_ROWS_NATIVE, None, True, True)),
     "fp16 avx2": (("avx2", "float16", "none", "cpu", None), (False, NONE, None, False, False)),
     # int8: our packed GEMM wherever there is no AMX (VPDPBUSD with VNNI, else VPMADDUBSW on AVX2); with
     # AMX our few-row GEMM, torch's kernel, tiles.
     "int8 fp32 avx2": (("avx2", "float32", "int8", "cpu", None),
                        (True, NONE, Int8Plan(0, torch.float32, packed=True), True, True)),
     "int8 bf16 avx2": (("avx2", "bfloat16", "int8", "cpu", None),
-                       (True, NONE, Int8Plan(0, torch.float32, packed=True), False, False)),
+                       (True, NONE, Int8Plan(0, torch.float32, packed=True), True, True)),
     "int8 bf16 avx512_bf16": (("avx512_bf16", "bfloat16", "int8", "cpu", None),
-                              (True, NONE, Int8Plan(0, torch.bfloat16, packed=True), False, False)),
+                              (True, NONE, Int8Plan(0, torch.bfloat16, packed=True), True, True)),
     "int8 bf16 avx512_vnni": (("avx512_vnni", "bfloat16", "int8", "cpu", None),
-                              (True, NONE, Int8Plan(0, torch.bfloat16, packed=True, vnni=True), False, False)),
+                              (True, NONE, Int8Plan(0, torch.bfloat16, packed=True, vnni=True), True, True)),
     "int8 fp32 avx512_vnni": (("avx512_vnni", "float32", "int8", "cpu", None),
                               (True, NONE, Int8Plan(0, torch.bfloat16, packed=True, vnni=True), True, True)),
     "int8 fp32 amx": (("amx", "float32", "int8", "cpu", None),
                       (True, NONE, Int8Plan(16, torch.bfloat16, INT8_WEIGHT_ROWS), True, True)),
     "int8 bf16 amx": (("amx", "bfloat16", "int8", "cpu", None),
-                      (False, BF16_WEIGHT_ROWS_NATIVE, Int8Plan(16, torch.bfloat16, INT8_WEIGHT_ROWS), False, False)),
+                      (False, BF16_WEIGHT_ROWS_NATIVE, Int8Plan(16, torch.bfloat16, INT8_WEIGHT_ROWS), True, True)),
     # Without ours (engine.cpu_kernels=false, or no library): torch for everything.
     "fp32 avx2 off": (("avx2", "float32", "none", "cpu", OFF), (False, NONE, None, False, False)),
     "bf16 avx512_bf16 off": (("avx512_bf16", "bfloat16", "none", "cpu", "no compiler"),
@@ -132,7 +133,7 @@ def test_an_explicit_choice_that_cannot_run_is_refused_naming_the_setting(monkey
                    "attention=cpu (prefill=torch sdpa, decode=ours paged)", "rmsnorm/rotary/swiglu/kv-write=ours",
                    "argmax=ours"]),
     ("bf16 avx2", ["gemm bfloat16 every row=ours packed (avx2 fma, widened to fp32)",
-                   "rmsnorm/rotary/swiglu/kv-write=torch", "argmax=torch"]),
+                   "rmsnorm/rotary/swiglu/kv-write=ours", "argmax=ours"]),
     ("bf16 avx512_bf16", ["gemm bfloat16 every row=ours packed (vdpbf16ps)"]),
     ("bf16 amx", ["gemm bfloat16 rows 1-2=ours bf16-weight, other rows=torch"]),
     ("int8 bf16 avx2", ["gemm bfloat16 (unquantized weights) every row=ours packed (avx2 fma, widened to fp32)",

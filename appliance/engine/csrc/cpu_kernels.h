@@ -31,9 +31,14 @@ int paged_decode_attention_bf16(const float* q, const uint16_t* k_cache, const u
 void rms_norm_f32(const float* x, int64_t ldx, const float* w, float eps, float* out, int64_t M, int64_t D);
 void rotary_f32(float* q, int64_t ldq, float* k, int64_t ldk, const int64_t* positions, const float* cos_t,
                 const float* sin_t, int64_t T, int64_t Hq, int64_t Hk, int64_t D);
-void write_kv_f32(const float* k, int64_t ldk, const float* v, int64_t ldv, const int64_t* slots,
-                  float* k_cache, float* v_cache, int64_t T, int64_t width);
+void write_kv_rows(const void* k, int64_t ldk, const void* v, int64_t ldv, const int64_t* slots, void* k_cache,
+                   void* v_cache, int64_t T, int64_t width, int64_t elem);
 void silu_mul_f32(const float* x, float* out, int64_t M, int64_t I);
+void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps, uint16_t* out, int64_t M,
+                   int64_t D);
+void rotary_bf16(uint16_t* q, int64_t ldq, uint16_t* k, int64_t ldk, const int64_t* positions,
+                 const uint16_t* cos_t, const uint16_t* sin_t, int64_t T, int64_t Hq, int64_t Hk, int64_t D);
+void silu_mul_bf16(const uint16_t* x, uint16_t* out, int64_t M, int64_t I);
 void argmax_rows_f32(const float* x, int64_t M, int64_t N, int64_t* out);
 void linear_int8_f32(const float* x, int64_t ldx, const int8_t* q, const float* scale, float* y, int64_t ldy,
                      int64_t M, int64_t N, int64_t K);

@@ -24,6 +24,18 @@ void check_f32(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK_VALUE(t.dim() == dim, name, " must be ", dim, "-D, got shape ", t.sizes());
 }
 
+// A small op's fp32 or bf16 tensor; `like`, if given, the tensor whose dtype it must share.
+void check_small(const at::Tensor& t, const char* name, int64_t dim, const at::Tensor* like = nullptr) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+                    " must be float32 or bfloat16, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(like == nullptr || t.scalar_type() == like->scalar_type(), name, " must be ",
+                    like ? like->scalar_type() : t.scalar_type(), " as the input is, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, name, " must be ", dim, "-D, got shape ", t.sizes());
+}
+
+uint16_t* bf16_ptr(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
 // An index tensor as int64 contiguous (converted if needed), `dim`-D.
 at::Tensor ids(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be on the CPU, got ", t.device());
@@ -238,25 +250,28 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_ca
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_f32(x, "x", 2);
-  check_f32(weight, "weight", 1);
+  check_small(x, "x", 2);
+  check_small(weight, "weight", 1, &x);
   check_rows(x, "x");
-  const int64_t m = x.size(0), d = x.size(1);
+  const int64_t m = x.size(0), d = x.size(1), ldx = m > 1 ? x.stride(0) : d;
   TORCH_CHECK_VALUE(weight.size(0) == d && weight.is_contiguous(), "weight must be contiguous [", d, "], got ",
                     weight.sizes());
   at::Tensor out = at::empty({m, d}, x.options());
-  if (m > 0)
-    rms_norm_f32(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : d, weight.const_data_ptr<float>(),
-                 static_cast<float>(eps), out.mutable_data_ptr<float>(), m, d);
+  if (m == 0) return out;
+  if (x.scalar_type() == at::kBFloat16)
+    rms_norm_bf16(bf16_ptr(x), ldx, bf16_ptr(weight), static_cast<float>(eps), bf16_ptr(out), m, d);
+  else
+    rms_norm_f32(x.const_data_ptr<float>(), ldx, weight.const_data_ptr<float>(), static_cast<float>(eps),
+                 out.mutable_data_ptr<float>(), m, d);
   return out;
 }
 
 void rotary_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos,
              const at::Tensor& sin) {
-  check_f32(q, "q", 3);
-  check_f32(k, "k", 3);
-  check_f32(cos, "cos", 2);
-  check_f32(sin, "sin", 2);
+  check_small(q, "q", 3);
+  check_small(k, "k", 3, &q);
+  check_small(cos, "cos", 2, &q);
+  check_small(sin, "sin", 2, &q);
   check_heads(q, "q");
   check_heads(k, "k");
   const int64_t t = q.size(0), d = q.size(2);
@@ -267,7 +282,11 @@ void rotary_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positio
   const at::Tensor pos = ids(positions, "positions", 1);
   TORCH_CHECK_VALUE(pos.size(0) == t, "positions must have one entry per token (", t, "), got ", pos.size(0));
   check_ids_below(pos, cos.size(0), "positions", "rotary table positions");
-  if (t > 0)
+  if (t == 0) return;
+  if (q.scalar_type() == at::kBFloat16)
+    rotary_bf16(bf16_ptr(q), q.stride(0), bf16_ptr(k), k.stride(0), pos.const_data_ptr<int64_t>(), bf16_ptr(cos),
+                bf16_ptr(sin), t, q.size(1), k.size(1), d);
+  else
     rotary_f32(q.mutable_data_ptr<float>(), q.stride(0), k.mutable_data_ptr<float>(), k.stride(0),
                pos.const_data_ptr<int64_t>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(), t,
                q.size(1), k.size(1), d);
@@ -275,15 +294,15 @@ void rotary_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positio
 
 void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slots, const at::Tensor& k_cache,
               const at::Tensor& v_cache) {
-  check_f32(k, "k", 3);
-  check_f32(v, "v", 3);
+  check_small(k, "k", 3);
+  check_small(v, "v", 3, &k);
   check_heads(k, "k");
   check_heads(v, "v");
   TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "k ", k.sizes(), " and v ", v.sizes(), " must have one shape");
-  TORCH_CHECK_VALUE(k_cache.device().is_cpu() && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
-                    v_cache.device().is_cpu() && v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous() &&
-                    k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must be contiguous float32 CPU "
-                    "tensors of one shape, got ", k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK_VALUE(k_cache.device().is_cpu() && k_cache.scalar_type() == k.scalar_type() && k_cache.is_contiguous() &&
+                    v_cache.device().is_cpu() && v_cache.scalar_type() == k.scalar_type() && v_cache.is_contiguous() &&
+                    k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must be contiguous ", k.scalar_type(),
+                    " CPU tensors of one shape, as k is, got ", k_cache.sizes(), " and ", v_cache.sizes());
   const int64_t t = k.size(0), width = k.size(1) * k.size(2);
   TORCH_CHECK_VALUE(width > 0 && k_cache.numel() % width == 0, "the caches (", k_cache.sizes(),
                     ") do not hold rows of kv_heads * head_dim = ", width);
@@ -291,18 +310,21 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slots,
   TORCH_CHECK_VALUE(s.size(0) == t, "slots must have one entry per token (", t, "), got ", s.size(0));
   check_ids_below(s, k_cache.numel() / width, "slots", "cache slots");
   if (t > 0)
-    write_kv_f32(k.const_data_ptr<float>(), k.stride(0), v.const_data_ptr<float>(), v.stride(0),
-                 s.const_data_ptr<int64_t>(), k_cache.mutable_data_ptr<float>(), v_cache.mutable_data_ptr<float>(),
-                 t, width);
+    write_kv_rows(k.const_data_ptr(), k.stride(0), v.const_data_ptr(), v.stride(0), s.const_data_ptr<int64_t>(),
+                  k_cache.mutable_data_ptr(), v_cache.mutable_data_ptr(), t, width, k.element_size());
 }
 
 at::Tensor silu_mul(const at::Tensor& x_in) {
-  check_f32(x_in, "x", 2);
+  check_small(x_in, "x", 2);
   TORCH_CHECK_VALUE(x_in.size(1) % 2 == 0, "x must be [M, 2I] (gate and up), got ", x_in.sizes());
   const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), i = x.size(1) / 2;
   at::Tensor out = at::empty({m, i}, x.options());
-  if (m > 0 && i > 0) silu_mul_f32(x.const_data_ptr<float>(), out.mutable_data_ptr<float>(), m, i);
+  if (m == 0 || i == 0) return out;
+  if (x.scalar_type() == at::kBFloat16)
+    silu_mul_bf16(bf16_ptr(x), bf16_ptr(out), m, i);
+  else
+    silu_mul_f32(x.const_data_ptr<float>(), out.mutable_data_ptr<float>(), m, i);
   return out;
 }
 

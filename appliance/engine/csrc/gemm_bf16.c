@@ -20,13 +20,6 @@ static inline float load1_bf16(const char* p) {
 // chosen at run time; x rows are rounded to bf16 first (exact for a bf16 engine's activations).
 #define BF16_UNITS __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-static inline BF16_UNITS float bf16_to_f32(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 // y[i][0], y[i][ldy_n] = the dot products of bf16 rows xb[0..mr-1] (row stride K) with weight rows w0,
 // w1, 32 k a pass; the K % 32 tail in fp32. Inlined with a constant mr, as few_rows_tile.
 static inline BF16_UNITS __attribute__((always_inline)) void dp_tile(const uint16_t* xb, const uint16_t* w0,

@@ -1,6 +1,6 @@
 // Shared by several kernel families of csrc/ (decode attention, the small ops, the few-row weight-only
-// GEMMs): the C headers every kernel file takes, horizontal sums, a vector exp and 8-lane loaders of fp32
-// and bf16 elements. Everything here is static inline, so each file compiles its own copy.
+// GEMMs): the C headers every kernel file takes, horizontal sums, a vector exp, 8-lane loaders of fp32
+// and bf16 elements and bf16 rounding. Everything here is static inline, so each file compiles its own copy.
 #pragma once
 
 #include <immintrin.h>
@@ -53,3 +53,35 @@ static inline __m256 load8_bf16(const char* p) {
     __m128i half = _mm_loadu_si128((const __m128i*)p);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
 }
+
+// fp32 lanes rounded to the nearest bf16, ties to even, as torch rounds the result of each bf16 op (a NaN
+// becomes torch's quiet NaN); still fp32, its low 16 bits zero.
+static inline __m256 round8_bf16(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u));
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan);
+}
+
+// Eight fp32 lanes rounded to bf16 and stored.
+static inline void store8_bf16(uint16_t* p, __m256 v) {
+    __m256i bits = _mm256_srli_epi32(_mm256_castps_si256(round8_bf16(v)), 16);
+    _mm_storeu_si128((__m128i*)p, _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+}
+
+// One element each way, for a loop's tail.
+static inline float bf16_to_f32(uint16_t b) {
+    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+    return v.f;
+}
+
+static inline uint16_t f32_to_bf16(float x) {
+    if (x != x) return 0x7FC0;
+    union { float f; uint32_t u; } v = {x};
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+// x rounded to bf16 and widened back.
+static inline float round1_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }

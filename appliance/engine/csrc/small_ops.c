@@ -1,5 +1,6 @@
 // Small per-token ops fused (RMSNorm, rotary, KV-cache write, SwiGLU, argmax; AVX2/FMA), because a decode
-// step would otherwise pay torch's per-op overhead some 400 times.
+// step would otherwise pay torch's per-op overhead some 400 times. The bf16 ops compute in fp32 and round
+// to bf16 where torch's bf16 path (layers.py) rounds, so either path gives the same tokens.
 #include "cpu_kernels.h"
 #include "kernel_common.h"
 
@@ -37,14 +38,29 @@ void rotary_f32(float* q, int64_t ldq, float* k, int64_t ldk, const int64_t* pos
     }
 }
 
-// k_cache/v_cache viewed as [slots, width]: row slots[t] <- k[t] / v[t] (rows of stride ldk / ldv).
-void write_kv_f32(const float* k, int64_t ldk, const float* v, int64_t ldv, const int64_t* slots,
-                  float* k_cache, float* v_cache, int64_t T, int64_t width) {
+// k_cache/v_cache viewed as [slots, width]: row slots[t] <- k[t] / v[t] (rows of stride ldk / ldv), elements
+// of `elem` bytes (fp32 or bf16: a copy either way).
+void write_kv_rows(const void* k, int64_t ldk, const void* v, int64_t ldv, const int64_t* slots, void* k_cache,
+                   void* v_cache, int64_t T, int64_t width, int64_t elem) {
+    const int64_t row = width * elem;
     #pragma omp parallel for schedule(static) if (T * width > 65536)
     for (int64_t t = 0; t < T; t++) {
-        memcpy(k_cache + slots[t] * width, k + t * ldk, sizeof(float) * width);
-        memcpy(v_cache + slots[t] * width, v + t * ldv, sizeof(float) * width);
+        memcpy((char*)k_cache + slots[t] * row, (const char*)k + t * ldk * elem, row);
+        memcpy((char*)v_cache + slots[t] * row, (const char*)v + t * ldv * elem, row);
     }
+}
+
+// silu(g) = g / (1 + e^-g), torch's formula. Where e^-g passes exp256's range (g < -88.3) it is the square
+// of e^(-g/2), so it overflows to inf where expf does and silu goes to -0 (NaN at -inf) as torch's does.
+static inline __m256 silu8(__m256 g) {
+    __m256 neg = _mm256_sub_ps(_mm256_setzero_ps(), g);
+    __m256 e = exp256(neg);
+    __m256 big = _mm256_cmp_ps(neg, _mm256_set1_ps(88.3f), _CMP_GT_OQ);
+    if (_mm256_movemask_ps(big)) {
+        __m256 h = exp256(_mm256_mul_ps(neg, _mm256_set1_ps(0.5f)));
+        e = _mm256_blendv_ps(e, _mm256_mul_ps(h, h), big);
+    }
+    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
 }
 
 // SwiGLU: out[m, i] = silu(x[m, i]) * x[m, I + i] for x [M, 2I].
@@ -54,13 +70,81 @@ void silu_mul_f32(const float* x, float* out, int64_t M, int64_t I) {
         const float* g = x + m * 2 * I;
         float* o = out + m * I;
         int64_t i = 0;
-        for (; i + 8 <= I; i += 8) {
-            __m256 gv = _mm256_loadu_ps(g + i);
-            __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-            __m256 sig = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(g + I + i)));
-        }
+        for (; i + 8 <= I; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(g + I + i)));
         for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
+    }
+}
+
+// rms_norm_f32 for bf16 x, w and out: x normalised in fp32, rounded to bf16, times w, rounded again.
+void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps, uint16_t* out, int64_t M,
+                   int64_t D) {
+    #pragma omp parallel for schedule(static) if (M * D > 65536)
+    for (int64_t m = 0; m < M; m++) {
+        const uint16_t* xr = x + m * ldx;
+        uint16_t* o = out + m * D;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) {
+            __m256 v = load8_bf16((const char*)(xr + d));
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum(acc);
+        for (; d < D; d++) ss += bf16_to_f32(xr[d]) * bf16_to_f32(xr[d]);
+        float r = 1.f / sqrtf(ss / (float)D + eps);
+        __m256 rv = _mm256_set1_ps(r);
+        for (d = 0; d + 8 <= D; d += 8) {
+            __m256 h = round8_bf16(_mm256_mul_ps(load8_bf16((const char*)(xr + d)), rv));
+            store8_bf16(o + d, _mm256_mul_ps(load8_bf16((const char*)(w + d)), h));
+        }
+        for (; d < D; d++) o[d] = f32_to_bf16(bf16_to_f32(w[d]) * round1_bf16(bf16_to_f32(xr[d]) * r));
+    }
+}
+
+// rotary_f32 for bf16 q, k and tables: each product rounded to bf16, then their sum.
+void rotary_bf16(uint16_t* q, int64_t ldq, uint16_t* k, int64_t ldk, const int64_t* positions,
+                 const uint16_t* cos_t, const uint16_t* sin_t, int64_t T, int64_t Hq, int64_t Hk, int64_t D) {
+    int64_t half = D / 2;
+    #pragma omp parallel for schedule(static) if (T > 64)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t* c = cos_t + positions[t] * D;
+        const uint16_t* s = sin_t + positions[t] * D;
+        for (int64_t h = 0; h < Hq + Hk; h++) {
+            uint16_t* x = h < Hq ? q + t * ldq + h * D : k + t * ldk + (h - Hq) * D;
+            int64_t i = 0;
+            for (; i + 8 <= half; i += 8) {
+                __m256 x1 = load8_bf16((const char*)(x + i)), x2 = load8_bf16((const char*)(x + i + half));
+                __m256 c1 = load8_bf16((const char*)(c + i)), s1 = load8_bf16((const char*)(s + i));
+                __m256 c2 = load8_bf16((const char*)(c + i + half)), s2 = load8_bf16((const char*)(s + i + half));
+                store8_bf16(x + i, _mm256_sub_ps(round8_bf16(_mm256_mul_ps(x1, c1)), round8_bf16(_mm256_mul_ps(x2, s1))));
+                store8_bf16(x + i + half,
+                            _mm256_add_ps(round8_bf16(_mm256_mul_ps(x2, c2)), round8_bf16(_mm256_mul_ps(x1, s2))));
+            }
+            for (; i < half; i++) {
+                float x1 = bf16_to_f32(x[i]), x2 = bf16_to_f32(x[i + half]);
+                x[i] = f32_to_bf16(round1_bf16(x1 * bf16_to_f32(c[i])) - round1_bf16(x2 * bf16_to_f32(s[i])));
+                x[i + half] = f32_to_bf16(round1_bf16(x2 * bf16_to_f32(c[i + half])) +
+                                          round1_bf16(x1 * bf16_to_f32(s[i + half])));
+            }
+        }
+    }
+}
+
+// silu_mul_f32 for bf16: silu(gate) rounded to bf16, times up, rounded.
+void silu_mul_bf16(const uint16_t* x, uint16_t* out, int64_t M, int64_t I) {
+    #pragma omp parallel for schedule(static) if (M * I > 65536)
+    for (int64_t m = 0; m < M; m++) {
+        const uint16_t* g = x + m * 2 * I;
+        uint16_t* o = out + m * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) {
+            __m256 silu = round8_bf16(silu8(load8_bf16((const char*)(g + i))));
+            store8_bf16(o + i, _mm256_mul_ps(silu, load8_bf16((const char*)(g + I + i))));
+        }
+        for (; i < I; i++) {
+            float gf = bf16_to_f32(g[i]);
+            o[i] = f32_to_bf16(round1_bf16(gf / (1.f + expf(-gf))) * bf16_to_f32(g[I + i]));
+        }
     }
 }
 
