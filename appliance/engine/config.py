@@ -25,7 +25,7 @@ class EngineKind(str, Enum):
 
 
 class Quantization(str, Enum):
-    auto = "auto"  # the checkpoint's: int4 for an AWQ checkpoint (engine/awq.py), else none
+    auto = "auto"  # the checkpoint's: int4 for an AWQ or GPTQ one (engine/quantized_checkpoint.py), else none
     none = "none"
     int8 = "int8"  # weights per output channel, quantised at load (engine/int8.py)
     int4 = "int4"  # weights in groups of quantization_group_size inputs, quantised at load (engine/int4.py)
