@@ -25,7 +25,7 @@ def check_engine(cfg) -> None:
         fmt = declared_format(str(path))
         engine = settle_quantization(engine_config_from(engine), fmt, str(path))  # as the engine settles it
         if fmt is not None:
-            _check_quantized_split(str(path), fmt, engine.tensor_parallel_size)
+            _check_quantized_layers(str(path), fmt, engine.tensor_parallel_size)
         elif engine.quantization is Quantization.int4:
             _check_int4(path, engine)
     backend, device, dtype = engine.attention_backend.value, str(engine.device), engine.dtype.value
@@ -60,12 +60,16 @@ def _check_int4(path, engine) -> None:
         raise ConfigError(f"engine.quantization=int4 cannot hold {why}", param="engine.quantization_group_size")
 
 
-def _check_quantized_split(path: str, fmt, tp: int) -> None:
-    """A checkpoint quantised already (quantized_checkpoint.py) runs in its own groups: each rank's share
-    of its projections must hold whole ones."""
+def _check_quantized_layers(path: str, fmt, tp: int) -> None:
+    """A checkpoint quantised already (quantized_checkpoint.py): the layers its format cannot load, and, as
+    it runs in its own groups, each rank's share of its projections must hold whole ones."""
     from appliance.engine.int4_fit import split_problem
     from appliance.engine.quantized_checkpoint import a_checkpoint
 
+    try:
+        fmt.check_layers(path)
+    except (OSError, ValueError):  # files missing or unreadable: reported where the weights are read
+        pass
     why = split_problem(path, fmt, tp)
     if why:
         hint = "; use a smaller engine.tensor_parallel_size" if tp > 1 else ""

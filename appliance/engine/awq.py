@@ -33,6 +33,9 @@ class AwqFormat:
         """[N, K] of the nn.Linear weight a layer's qweight [K, N/8] holds."""
         return int(qweight_shape[1]) * 8, int(qweight_shape[0])
 
+    def check_layers(self, path: str) -> None:
+        """Nothing to read: every layer the config admits loads."""
+
     def int4_groups(self, layer: str, parts: Dict[str, torch.Tensor]
                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer `layer`'s (q [N, K], scale [N, K/G], zero [N, K/G]) in torch's int4 convention, fp32

@@ -11,7 +11,8 @@ nibble + 1 in the common format (AutoGPTQ stores z - 1) and the stored nibble in
 checkpoint stores z = 8 like any other.
 
 Groups must follow the inputs (g_idx[k] = k // G), as torch's int4 kernel reads them: a checkpoint
-quantised in activation order (desc_act, unless its groups were fixed first) is refused by name.
+quantised in activation order (desc_act, unless its groups were fixed first) is refused by name, by
+`check` from the g_idx tensors alone and again as each layer loads.
 A layer becomes torch's int4 convention (w = (q - 8) · scale + zero) as AWQ's does: scale = s and
 zero = (8 - z) · s, exact in fp32.
 """
@@ -21,6 +22,7 @@ from typing import Dict, Sequence, Tuple
 import torch
 
 from appliance.engine.int4 import MIDPOINT
+from appliance.engine.safetensors_files import iter_weights
 from appliance.errors import ConfigError
 
 CHECKPOINT_FORMATS = {"gptq": 1, "gptq_v2": 0}  # checkpoint_format -> what to add to a stored zero
@@ -51,16 +53,26 @@ class GptqFormat:
             if tuple(parts[part].shape) != expected[part] or k % g:
                 raise ValueError(f"{layer}.{part} has shape {tuple(parts[part].shape)}; GPTQ in groups of {g} "
                                  f"with qweight {tuple(qweight.shape)} needs {expected[part]}")
-        if not torch.equal(g_idx.long(), torch.arange(k) // g):
-            raise ConfigError(f"{self.where}.desc_act={self.desc_act}: {layer}.g_idx puts inputs in groups out of "
-                              f"input order (activation order); only GPTQ whose groups follow the inputs loads",
-                              param="model.path")
+        self._check_order(layer, g_idx)
         shifts = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble j of an int32: bits 4j..4j+3
         q = ((qweight[:, None, :] >> shifts[:, None]) & 0xF).reshape(k, n)  # row 8i + j: nibble j
         z = ((qzeros[..., None] >> shifts) & 0xF).reshape(k // g, n) + self.zero_offset  # column 8c + j
         scale = scales.float()
         zero = (MIDPOINT - z) * scale
         return q.t(), scale.t(), zero.t()
+
+    def check_layers(self, path: str) -> None:
+        """ConfigError for a layer whose groups do not follow its inputs, read from the g_idx tensors of
+        the checkpoint at `path` (not its weights): only where desc_act says they may not."""
+        if self.desc_act:
+            for name, g_idx in iter_weights(path, keep=lambda name: name.endswith(".g_idx")):
+                self._check_order(name.rsplit(".", 1)[0], g_idx)
+
+    def _check_order(self, layer: str, g_idx: torch.Tensor) -> None:
+        if not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // self.group_size):
+            raise ConfigError(f"{self.where}.desc_act={self.desc_act}: {layer}.g_idx puts inputs in groups out of "
+                              f"input order (activation order); only GPTQ whose groups follow the inputs loads",
+                              param="model.path")
 
 
 def gptq_format(quant: dict, where: str, group_size: int) -> GptqFormat:

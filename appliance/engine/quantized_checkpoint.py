@@ -40,6 +40,8 @@ class QuantizedFormat(Protocol):
 
     def dense_shape(self, qweight_shape: Sequence[int]) -> Tuple[int, int]: ...
 
+    def check_layers(self, path: str) -> None: ...  # ConfigError for a layer the config alone does not show
+
     def int4_groups(self, layer: str, parts: Dict[str, torch.Tensor]
                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 

@@ -138,12 +138,15 @@ def test_check_and_run_refuse_what_the_engine_cannot_load(tmp_path, gptq32, caps
         assert lines == [f"appliance {verb}: error: {message}"]
 
 
-def test_groups_in_activation_order_are_refused_by_name(tmp_path, gptq32):
+def test_groups_in_activation_order_are_refused_by_name(tmp_path, gptq32, capsys):
     """desc_act: a g_idx that is not input // G (inputs quantised in activation order) names the field and
-    the layer; the same flag with groups in input order (static groups) loads."""
+    the layer, by `check` from the g_idx tensors as by the engine as the layer loads; the same flag with
+    groups in input order (static groups) loads."""
     from appliance.engine.llm_engine import LLMEngine
 
     path = variant(tmp_path, gptq32, desc_act=True)
+    args = ["pipeline=llava_chat", f"model.path={path}"]
+    assert compose(args)
     cfg = EngineConfig(dtype="float32", num_kv_blocks=16, cpu_features_off=FP32_PLAN)
     assert LLMEngine(str(path), cfg).cfg.quantization.value == "int4"
     tensors = load_file(str(path / "model.safetensors"))
@@ -151,11 +154,15 @@ def test_groups_in_activation_order_are_refused_by_name(tmp_path, gptq32):
     order = torch.randperm(g_idx.numel(), generator=torch.Generator().manual_seed(0))
     tensors[f"{ATTENTION}.q_proj.g_idx"] = g_idx[order]
     save_file(tensors, str(path / "model.safetensors"))
+    message = (f"{path}/{QUANT_FIELD}.desc_act=True: {ATTENTION}.q_proj.g_idx puts inputs in groups out of "
+               f"input order (activation order); only GPTQ whose groups follow the inputs loads")
     with pytest.raises(ConfigError) as e:
         LLMEngine(str(path), cfg)
-    assert str(e.value) == (f"{path}/{QUANT_FIELD}.desc_act=True: {ATTENTION}.q_proj.g_idx puts inputs in groups "
-                            f"out of input order (activation order); only GPTQ whose groups follow the inputs loads")
-    assert e.value.param == "model.path"
+    assert str(e.value) == message and e.value.param == "model.path"
+    with pytest.raises(ConfigError, match="desc_act=True"):
+        compose(args)
+    assert main(["check", *args]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"appliance check: error: {message}"]
 
 
 def test_the_memory_plan_counts_a_gptq_checkpoint_as_the_weights_it_loads(gptq32):
