@@ -67,7 +67,7 @@ class EngineConfig:
     cpu_features_off: List[str] = field(default_factory=list)
     quantization: Quantization = Quantization.auto  # int8, int4: the language model's linear layers, at load
     # int4: inputs sharing one scale and zero (torch's int4 kernel takes these; smaller is closer, larger smaller);
-    # an AWQ checkpoint's own group size replaces it
+    # an AWQ or GPTQ checkpoint's own group size replaces it
     quantization_group_size: int = field(default=128, metadata=rule(
         choices=(32, 64, 128), why="int4: weights per scale and zero"))
     seed: int = field(default=0, metadata=unbounded("any integer seeds the sampler's generators"))

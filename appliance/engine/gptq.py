@@ -3,11 +3,12 @@ config and its layers' packing and formula (quantized_checkpoint.py reads them a
 
 config.json declares `quantization_config: {"quant_method": "gptq", "bits": 4, "group_size": G,
 "desc_act": bool, "sym": bool}`, with `"checkpoint_format": "gptq_v2"` where the zeros are stored as they
-are. Each quantised linear X holds `X.qweight` int32 [K/8, N] (packed along the inputs: nibble j, bits
-4j..4j+3, of qweight[i, n] is q[8i + j, n]), `X.qzeros` int32 [K/G, N/8] (packed along the outputs:
-nibble j of qzeros[g, c] is column 8c + j), `X.scales` fp16 [K/G, N] and `X.g_idx` int32 [K], the group of
-each input. w[k, n] = (q[k, n] - z[g, n]) · s[g, n] with g = g_idx[k], where the zero z is the stored
-nibble + 1 in the common format (AutoGPTQ stores z - 1) and the stored nibble in gptq_v2; a symmetric
+are (GPTQModel's `"lm_head": true`, a quantised LM head, is refused). Each quantised linear X holds
+`X.qweight` int32 [K/8, N] (packed along the inputs: nibble j, bits 4j..4j+3, of qweight[i, n] is
+q[8i + j, n]), `X.qzeros` int32 [K/G, N/8] (packed along the outputs: nibble j of qzeros[g, c] is column
+8c + j), `X.scales` fp16 [K/G, N] and `X.g_idx` int32 [K], the group of each input.
+w[k, n] = (q[k, n] - z[g, n]) · s[g, n] with g = g_idx[k], where the zero z is the stored nibble + 1 in
+the common format (AutoGPTQ stores z - 1) and the stored nibble in gptq_v2; a symmetric
 checkpoint stores z = 8 like any other.
 
 Groups must follow the inputs (g_idx[k] = k // G), as torch's int4 kernel reads them: a checkpoint
@@ -82,4 +83,7 @@ def gptq_format(quant: dict, where: str, group_size: int) -> GptqFormat:
     if layout not in CHECKPOINT_FORMATS:
         raise ConfigError(f"{where}.checkpoint_format={quant.get('checkpoint_format')}: only GPTQ's own layouts "
                           f"load ({' or '.join(CHECKPOINT_FORMATS)})", param="model.path")
+    if quant.get("lm_head", False):
+        raise ConfigError(f"{where}.lm_head={quant.get('lm_head')}: only the decoder's projections load quantised "
+                          f"(an LM head in GPTQ does not)", param="model.path")
     return GptqFormat(group_size, CHECKPOINT_FORMATS[layout], where, bool(quant.get("desc_act", False)))

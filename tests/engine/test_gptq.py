@@ -118,6 +118,8 @@ def test_a_gptq_llava_answers_as_its_dense_weights_do(gptq32):
     ({"group_size": -1}, [], f"{{path}}/{QUANT_FIELD}.group_size=-1: int4 takes groups of 32, 64, 128"),
     ({"checkpoint_format": "marlin"}, [],
      f"{{path}}/{QUANT_FIELD}.checkpoint_format=marlin: only GPTQ's own layouts load (gptq or gptq_v2)"),
+    ({"lm_head": True}, [], f"{{path}}/{QUANT_FIELD}.lm_head=True: only the decoder's projections load "
+                            f"quantised (an LM head in GPTQ does not)"),
     ({"quant_method": "bitsandbytes"}, [],
      f"{{path}}/{QUANT_FIELD}.quant_method=bitsandbytes: only awq and gptq checkpoints load quantised"),
     ({"group_size": 128}, ["engine.tensor_parallel_size=2"],
