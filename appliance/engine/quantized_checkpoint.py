@@ -89,6 +89,7 @@ def quantized_format(hf_config, path: str) -> Optional[QuantizedFormat]:
 
 
 def a_checkpoint(fmt: QuantizedFormat) -> str:
+    """The format as refusals name it: "an AWQ checkpoint", "a GPTQ checkpoint"."""
     return f"{'an' if fmt.name[0] in 'AEIOU' else 'a'} {fmt.name} checkpoint"
 
 
