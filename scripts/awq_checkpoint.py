@@ -1,33 +1,31 @@
 """Write a checkpoint in AWQ's GEMM layout (4-bit, as AutoAWQ publishes them) from an HF directory: the
 language model's projections quantised per group by AWQ's formula, every other tensor as it is.
 
-    python scripts/awq_checkpoint.py OUT [--source DIR] [--group-size 128]
+    python scripts/awq_checkpoint.py OUT [--source DIR] [--group-size 128] [--keep LAYER ...]
 
 The quantiser is the plain asymmetric min/max one (AWQ's scale search is left out: the layout is the
 point, for the loader's tests): per group of G inputs of an output column, s = (max - min) / 15 (fp16),
 z = round(-min / s) clamped to 0..15, q = round(w / s) + z clamped to 0..15, so w ≈ (q - z) · s. Stored
 transposed from nn.Linear's [out, in]: qweight int32 [in, out/8], qzeros int32 [in/G, out/8], scales
 fp16 [in/G, out], eight 4-bit values an int32 in AWQ's order (its nibble j holds column PACK_ORDER[j]).
+`--keep` layers (e.g. language_model.model.layers.1.mlp.down_proj) stay plain, named in the config's
+`modules_to_not_convert` as AutoAWQ names the layers it leaves.
 Needs the appliance package importable (installed, or PYTHONPATH at the repository).
 """
 import argparse
 import json
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from appliance.engine.awq import PACK_ORDER
+from appliance.engine.decoder_projections import is_decoder_projection
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = REPO / "appliance" / "assets" / "models" / "llava_tiny"
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def is_language_projection(name: str) -> bool:
-    parts = name.split(".")
-    return parts[-1] == "weight" and parts[-2] in PROJECTIONS and "vision_tower" not in parts
 
 
 def quantize(weight: torch.Tensor, group_size: int):
@@ -51,24 +49,28 @@ def pack(values: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def write_awq_checkpoint(out: Path, source: Path = DEFAULT_SOURCE, group_size: int = 128) -> Path:
-    """`source`'s files in `out` with its language model's projections in AWQ's GEMM layout; returns `out`."""
+def write_awq_checkpoint(out: Path, source: Path = DEFAULT_SOURCE, group_size: int = 128,
+                         keep: Sequence[str] = ()) -> Path:
+    """`source`'s files in `out` with its language model's projections (but `keep`) in AWQ's GEMM layout;
+    returns `out`."""
     out.mkdir(parents=True, exist_ok=True)
     for file in source.iterdir():
         if file.is_file() and file.suffix != ".safetensors" and file.name != "config.json":
             shutil.copy(file, out / file.name)
     tensors = {}
     for name, tensor in load_file(str(source / "model.safetensors")).items():
-        if not is_language_projection(name):
+        layer = name.rsplit(".", 1)[0]
+        if not is_decoder_projection(name) or layer in keep:
             tensors[name] = tensor
             continue
         q, z, s = quantize(tensor, group_size)
-        layer = name.rsplit(".", 1)[0]
         tensors.update({f"{layer}.qweight": pack(q), f"{layer}.qzeros": pack(z), f"{layer}.scales": s})
     save_file(tensors, str(out / "model.safetensors"))
     config = json.loads((source / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
                                      "zero_point": True, "version": "gemm"}
+    if keep:
+        config["quantization_config"]["modules_to_not_convert"] = list(keep)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 
@@ -78,8 +80,9 @@ def main(argv=None) -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
     parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--keep", nargs="*", default=[], help="layers left plain")
     args = parser.parse_args(argv)
-    print(write_awq_checkpoint(args.out, args.source, args.group_size))
+    print(write_awq_checkpoint(args.out, args.source, args.group_size, args.keep))
 
 
 if __name__ == "__main__":

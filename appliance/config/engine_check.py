@@ -20,11 +20,14 @@ def check_engine(cfg) -> None:
         return
     path = getattr(cfg.model, "path", None)
     if path:
-        from appliance.engine.awq import settle_quantization
+        from appliance.engine.quantized_checkpoint import declared_format, settle_quantization
 
-        engine = settle_quantization(engine_config_from(engine), str(path))  # as the engine settles it
-    if engine.quantization is Quantization.int4 and path:
-        _check_int4(path, engine)
+        fmt = declared_format(str(path))
+        engine = settle_quantization(engine_config_from(engine), fmt, str(path))  # as the engine settles it
+        if fmt is not None:
+            _check_quantized_layers(str(path), fmt, engine.tensor_parallel_size)
+        elif engine.quantization is Quantization.int4:
+            _check_int4(path, engine)
     backend, device, dtype = engine.attention_backend.value, str(engine.device), engine.dtype.value
     if dtype == "auto":  # what the engine will resolve it to, when the checkpoint declares it
         dtype = _auto_dtype(cfg.model, device)
@@ -55,6 +58,23 @@ def _check_int4(path, engine) -> None:
                              quantization_group_sizes())
     if why:
         raise ConfigError(f"engine.quantization=int4 cannot hold {why}", param="engine.quantization_group_size")
+
+
+def _check_quantized_layers(path: str, fmt, tp: int) -> None:
+    """A checkpoint quantised already (quantized_checkpoint.py): the layers its format cannot load, and, as
+    it runs in its own groups, each rank's share of its projections must hold whole ones."""
+    from appliance.engine.int4_fit import split_problem
+    from appliance.engine.quantized_checkpoint import a_checkpoint
+
+    try:
+        fmt.check_layers(path)
+    except (OSError, ValueError):  # files missing or unreadable: reported where the weights are read
+        pass
+    why = split_problem(path, fmt, tp)
+    if why:
+        hint = "; use a smaller engine.tensor_parallel_size" if tp > 1 else ""
+        raise ConfigError(f"{path}, {a_checkpoint(fmt)} in groups of {fmt.group_size}, cannot run on "
+                          f"engine.tensor_parallel_size={tp}: {why}{hint}", param="engine.tensor_parallel_size")
 
 
 def _auto_dtype(model, device: str) -> str:

@@ -14,33 +14,27 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
-from appliance.engine.awq import PARTS, projection_shape
+from appliance.engine.decoder_projections import is_decoder_projection
+from appliance.engine.quantized_checkpoint import QuantizedFormat, declared_format, dense_projection
 from appliance.engine.safetensors_files import SAFETENSORS_DTYPES, checkpoint_files, read_header
 from appliance.engine.torch_files import load_torch_file
 from appliance.errors import ConfigError
 
 
-# The language model's projections, the weights engine.quantization=int8 or int4 quantizes (linear.py's
-# column- and row-parallel layers); a vision tower's layers of the same names stay in the dtype.
-DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def is_decoder_projection(name: str) -> bool:
-    parts = name.split(".")
-    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in DECODER_PROJECTIONS \
-        and "vision_tower" not in parts
-
-
-def header_tensors(header: Dict[str, dict]) -> Iterator[Tuple[str, Optional[torch.dtype], List[int]]]:
-    """(name, dtype, shape) of a safetensors header's tensors as the engine loads them: an AWQ layer's
-    qweight, qzeros and scales as the one weight `X.weight` [out, in] they load as, before it is packed
-    (engine/awq.py; counted in fp16, AWQ's own dtype)."""
+def header_tensors(header: Dict[str, dict], fmt: Optional[QuantizedFormat] = None
+                   ) -> Iterator[Tuple[str, Optional[torch.dtype], List[int]]]:
+    """(name, dtype, shape) of a safetensors header's tensors as the engine loads them: a layer of a
+    checkpoint quantised as `fmt` (qweight, qzeros, scales, ...) as the one weight `X.weight` [out, in]
+    it loads as, before it is packed (quantized_checkpoint.py; counted in fp16, the formats' own dtype)."""
     for name, tensor in header.items():
+        if fmt is None:
+            yield name, SAFETENSORS_DTYPES.get(tensor["dtype"]), tensor["shape"]
+            continue
         layer, _, part = name.rpartition(".")
-        dense = projection_shape(name, tensor["shape"])
+        dense = dense_projection(fmt, name, tensor["shape"])
         if dense is not None:
             yield dense[0], torch.float16, list(dense[1])
-        elif part not in PARTS or f"{layer}.qweight" not in header:
+        elif part not in fmt.parts or f"{layer}.{fmt.parts[0]}" not in header:
             yield name, SAFETENSORS_DTYPES.get(tensor["dtype"]), tensor["shape"]
 
 
@@ -68,9 +62,10 @@ class CheckpointFacts:
 def hf_checkpoint_facts(path: str) -> CheckpointFacts:
     """Facts of an HF model directory (config.json and its safetensors)."""
     tensors, projections = [], 0
+    fmt = declared_format(path)
     for file in checkpoint_files(path):
         _, header = read_header(file)
-        for name, dtype, shape in header_tensors(header):
+        for name, dtype, shape in header_tensors(header, fmt):
             tensors.append((dtype, shape))
             projections += math.prod(shape) if is_decoder_projection(name) else 0
     facts = _facts(tensors, path)

@@ -25,7 +25,7 @@ class EngineKind(str, Enum):
 
 
 class Quantization(str, Enum):
-    auto = "auto"  # the checkpoint's: int4 for an AWQ checkpoint (engine/awq.py), else none
+    auto = "auto"  # the checkpoint's: int4 for an AWQ or GPTQ one (engine/quantized_checkpoint.py), else none
     none = "none"
     int8 = "int8"  # weights per output channel, quantised at load (engine/int8.py)
     int4 = "int4"  # weights in groups of quantization_group_size inputs, quantised at load (engine/int4.py)
@@ -67,7 +67,7 @@ class EngineConfig:
     cpu_features_off: List[str] = field(default_factory=list)
     quantization: Quantization = Quantization.auto  # int8, int4: the language model's linear layers, at load
     # int4: inputs sharing one scale and zero (torch's int4 kernel takes these; smaller is closer, larger smaller);
-    # an AWQ checkpoint's own group size replaces it
+    # an AWQ or GPTQ checkpoint's own group size replaces it
     quantization_group_size: int = field(default=128, metadata=rule(
         choices=(32, 64, 128), why="int4: weights per scale and zero"))
     seed: int = field(default=0, metadata=unbounded("any integer seeds the sampler's generators"))

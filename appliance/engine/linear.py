@@ -7,10 +7,9 @@ the weights are loaded. `pack_for_cpu(model, bf16_units)`: each layer's weight i
 freed. `use_bf16_kernel(model, rows)`: steps of those many rows multiply bf16 weights on our few-row GEMM.
 `quantize_projections(model, plan)`, first: the decoder's projections keep int8 rows and scales
 (engine/int8.py) or int4 groups (engine/int4.py) instead, and packing leaves them be; the int4 groups of a
-quantised checkpoint (engine/awq.py) load into parameters `add_int4_groups` gives the projections, and are
-packed as they are. A pool model's
-plain `nn.Linear` layers take the same plan once `packable_linears` has swapped them for `PlanLinear`s
-holding the same parameters."""
+quantised checkpoint (engine/quantized_checkpoint.py) load into parameters `add_int4_groups` gives the
+projections, and are packed as they are. A pool model's plain `nn.Linear` layers take the same plan once
+`packable_linears` has swapped them for `PlanLinear`s holding the same parameters."""
 from collections import Counter
 from typing import Callable, List, Optional, Tuple, Union
 
@@ -179,7 +178,7 @@ def check_int4_layers(layers: List[Tuple[str, PackableLinear]], group_size: int,
 
 def add_int4_groups(model: nn.Module, group_size: int, group_sizes: Tuple[int, ...]) -> None:
     """Give each projection of `model` (built on the meta device, not yet materialized) parameters for the
-    int4 groups a quantised checkpoint holds (engine/awq.py), whose projections' `weight` then holds q
+    int4 groups a quantised checkpoint holds (engine/quantized_checkpoint.py), whose projections' `weight` then holds q
     (0..15, exact in any dtype): `group_scales` and `group_zeros` [out, in / group_size] (this rank's),
     with w = (q - 8) · scale + zero. They load through the layer's own weight loader, fused and sharded
     as the weight is; `quantize` packs them. ConfigError, as `quantize_projections`, for a layer the

@@ -7,7 +7,6 @@ from typing import Dict, List, Optional, Sequence as Seq, Tuple, Union
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from appliance.engine.awq import settle_quantization
 from appliance.engine.beam_runs import BeamRuns
 from appliance.engine.beam_search import BeamSearchParams
 from appliance.engine.block_manager import BlockManager
@@ -23,6 +22,7 @@ from appliance.engine.multimodal import image_token_id
 from appliance.engine.multimodal import mm_ranges as mm_ranges_of
 from appliance.engine.outputs import RequestOutput
 from appliance.engine.parallel import rank_device
+from appliance.engine.quantized_checkpoint import quantized_format, settle_quantization
 from appliance.engine.sampler import SamplerOutput
 from appliance.engine.sampling_params import FieldError, SamplingParams
 from appliance.engine.scheduler import Scheduler, SchedulerOutput
@@ -51,7 +51,7 @@ class LLMEngine:
         self.image_token_id = image_token_id(hf_config)  # None for a text model
         self.max_model_len = max_model_len(hf_config.get_text_config(), cfg.max_model_len)
         # dtype and KV budget settled (or the model refused) before any weight or tokenizer loads.
-        cfg = settle_quantization(cfg, model_path)  # engine.quantization=auto: the checkpoint's
+        cfg = settle_quantization(cfg, quantized_format(hf_config, model_path), model_path)  # auto: the checkpoint's
         host = engine_host(cfg, host)
         if cfg.cpu_features_off:
             log.info("CPU features treated as absent (engine.cpu_features_off): %s", " ".join(cfg.cpu_features_off))

@@ -21,8 +21,6 @@ import torch
 from appliance.engine import cpu_kernels, hugepages
 from appliance.engine.attention_geometry import AttentionGeometry
 from appliance.engine.attention_select import make_backend
-from appliance.engine.awq import awq_format
-from appliance.engine.awq import linear_tensors as awq_linear_tensors
 from appliance.engine.config import EngineConfig, resolve_dtype
 from appliance.engine.context import StepContext, StepInput
 from appliance.engine.encoder_cache import EncoderCache
@@ -33,6 +31,7 @@ from appliance.engine.materialize import build_on_meta, materialize
 from appliance.engine.models import get_model_class, model_architecture
 from appliance.engine.models.base import CausalLM, MultimodalCausalLM
 from appliance.engine.parallel import ParallelState
+from appliance.engine.quantized_checkpoint import linear_tensors, quantized_format
 from appliance.engine.sampler import Sampler, SamplerOutput
 from appliance.engine.scheduler import SchedulerOutput
 
@@ -55,11 +54,12 @@ class ModelRunner:
         # Built without memory, given storage in the final dtype, filled once from the checkpoint.
         model = build_on_meta(lambda: model_cls(hf_config, self.tp, self.attn_backend, max_model_len))
         weights = iter_weights(model_path)
-        if plan.int4 is not None and awq_format(model_path) is not None:
-            # An AWQ checkpoint (its group size the plan's: awq.settle_quantization): its int4 groups load
-            # beside q, to be packed as they are.
+        quantized_checkpoint = quantized_format(hf_config, model_path)
+        if plan.int4 is not None and quantized_checkpoint is not None:
+            # A checkpoint quantised already (its group size the plan's: settle_quantization): its int4
+            # groups load beside q, to be packed as they are.
             add_int4_groups(model, plan.int4.group_size, plan.int4.group_sizes)
-            weights = awq_linear_tensors(weights, plan.int4.group_size)
+            weights = linear_tensors(weights, quantized_checkpoint, plan.int4.dtype)
         self.model: CausalLM = materialize(model, self.device, self.dtype).eval()
         self.model.load_weights(weights)
         quantized = plan.int8 or plan.int4

@@ -125,14 +125,29 @@ def resident_bytes(start: int, nbytes: int) -> int:
     return page * sum(entry >> 63 for (entry,) in struct.iter_unpack("<Q", entries))
 
 
-def write_awq_checkpoint(out, group_size: int):
-    """The tiny LLaVA written in AWQ's GEMM layout into `out` (scripts/awq_checkpoint.py; scripts/ is not a
-    package); returns `out`."""
+def write_awq_checkpoint(out, group_size: int, **options):
+    """The tiny LLaVA written in AWQ's GEMM layout into `out` (scripts/awq_checkpoint.py, with its
+    `options`); returns `out`."""
+    from tests.servers import LLAVA_TINY
+
+    return _script("awq_checkpoint").write_awq_checkpoint(out, LLAVA_TINY, group_size, **options)
+
+
+def write_gptq_checkpoint(out, group_size: int, **options):
+    """The tiny LLaVA written in GPTQ's layout into `out` (scripts/gptq_checkpoint.py, with its `options`);
+    returns `out`."""
+    from tests.servers import LLAVA_TINY
+
+    return _script("gptq_checkpoint").write_gptq_checkpoint(out, LLAVA_TINY, group_size, **options)
+
+
+def _script(name: str):
+    """scripts/`name`.py as a module (scripts/ is not a package)."""
     import importlib.util
 
-    from tests.servers import LLAVA_TINY, REPO
+    from tests.servers import REPO
 
-    spec = importlib.util.spec_from_file_location("awq_checkpoint", REPO / "scripts" / "awq_checkpoint.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.write_awq_checkpoint(out, LLAVA_TINY, group_size)
+    return module

@@ -124,6 +124,10 @@ QUANT_FIELD = "config.json quantization_config"
     ({"zero_point": False}, [], f"{{path}}/{QUANT_FIELD}.zero_point=False: only AWQ with zero points loads"),
     ({"group_size": 256}, [], f"{{path}}/{QUANT_FIELD}.group_size=256: int4 takes groups of 32, 64, 128"),
     ({"group_size": -1}, [], f"{{path}}/{QUANT_FIELD}.group_size=-1: int4 takes groups of 32, 64, 128"),
+    ({"group_size": 128}, ["engine.tensor_parallel_size=2"],
+     "{path}, an AWQ checkpoint in groups of 128, cannot run on engine.tensor_parallel_size=2: "
+     "language_model.model.layers.0.mlp.down_proj has 192 input features per rank, not a multiple of the "
+     "checkpoint's 128; use a smaller engine.tensor_parallel_size"),
 ])
 def test_check_and_run_refuse_what_the_engine_cannot_load(tmp_path, awq32, capsys, quant, overrides, refusal):
     path = variant(tmp_path, awq32, **quant)
@@ -136,6 +140,28 @@ def test_check_and_run_refuse_what_the_engine_cannot_load(tmp_path, awq32, capsy
         assert main([verb, *args, "prompt=What color is the shape?"]) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert lines == [f"appliance {verb}: error: {message}"]
+
+
+def test_modules_not_converted_load_quantised_in_the_checkpoints_groups(tmp_path):
+    """Layers named in modules_to_not_convert hold plain weights: a decoder projection among them runs
+    int4 in the checkpoint's groups, as int4 at load quantises it, beside the format's own layers (k
+    beside quantised q and v, fused)."""
+    from appliance.engine.int4 import Int4Weight
+    from appliance.engine.llm_engine import LLMEngine
+
+    plain = ("language_model.model.layers.0.self_attn.k_proj", "language_model.model.layers.1.mlp.down_proj")
+    path = write_awq_checkpoint(tmp_path / "awq", 32, keep=plain)
+    assert json.loads((path / "config.json").read_text())["quantization_config"]["modules_to_not_convert"] == \
+        list(plain)
+    engine = LLMEngine(str(path), EngineConfig(dtype="float32", num_kv_blocks=16, cpu_features_off=FP32_PLAN))
+    raw = load_file(str(path / "model.safetensors"))
+    for name, m in engine.executor.runner.model.named_modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+            prefix, own = name.rsplit(".", 1)
+            layers = [f"{prefix}.{part}" for part in FUSED.get(own, (own,))]
+            expected = [Int4Weight(raw[f"{layer}.weight"], engine.kernels.int4).dequantized(torch.float32).double()
+                        if layer in plain else formula(raw, layer, 32)[0] for layer in layers]
+            assert torch.equal(m.quantized.dequantized(torch.float32).double(), torch.cat(expected)), name
 
 
 def test_the_engine_settles_an_awq_checkpoint_as_check_does(awq32):
