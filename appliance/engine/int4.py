@@ -180,6 +180,11 @@ class Int4Weight:
 
     def _allocate(self, n: int, k: int, plan: Int4Plan) -> None:
         self.plan = plan
+        # How torch's packing orders the rows of a full block and of the short last one (if any): read once,
+        # not per step.
+        tail = n % plan.layout.block_rows
+        self.block_halves = plan.layout.halves(plan.layout.block_rows)
+        self.tail_halves = tail > 0 and plan.layout.halves(tail)
         self.packed = torch.empty(n, k // 2, dtype=torch.uint8)
         self.scales_and_zeros = torch.empty(k // plan.group_size, n, 2, dtype=plan.dtype)
 
@@ -210,18 +215,16 @@ class Int4Weight:
         """x Wᵀ (+ bias) for x [..., K], in x's dtype."""
         shape, dtype, compute = x.shape, x.dtype, self.plan.dtype
         x2 = x.reshape(-1, shape[-1]).to(compute).contiguous()
-        n, layout, rows = self.out_features, self.plan.layout, x2.shape[0]
-        tail = n % layout.block_rows
+        n, rows = self.out_features, x2.shape[0]
         if rows <= self.plan.gemv_rows:
-            y = cpu_kernels.gemv_int4(x2.float(), self.packed, self.scales_and_zeros,
-                                      tail > 0 and layout.halves(tail), self.plan.group_size)
+            y = cpu_kernels.gemv_int4(x2.float(), self.packed, self.scales_and_zeros, self.tail_halves,
+                                      self.plan.group_size)
         elif rows <= self.plan.kernel_rows:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.plan.group_size,
                                                            self.scales_and_zeros)
         elif self.plan.vnni:
-            y = cpu_kernels.linear_int4(x2.float(), self.packed, self.scales_and_zeros, layout.block_rows,
-                                        layout.halves(layout.block_rows), tail > 0 and layout.halves(tail),
-                                        self.plan.group_size)
+            y = cpu_kernels.linear_int4(x2.float(), self.packed, self.scales_and_zeros, self.plan.layout.block_rows,
+                                        self.block_halves, self.tail_halves, self.plan.group_size)
         else:
             y = torch.empty(x2.shape[0], n, dtype=compute)
             buffer = torch.empty(x2.shape[1] * min(TILE_ROWS, n), dtype=compute)
