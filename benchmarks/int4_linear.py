@@ -3,14 +3,16 @@
     .venv/bin/python benchmarks/int4_linear.py --threads 2 [--rows 1 2 3 4 8 32 128] [--group-size 128]
 
 bf16: torch's F.linear on the bf16 weight. int8: the host's int8 plan (kernel_plan.int8_plan, our
-kernels on where they load). int4: torch's int4 kernel, our VPDPBUSD GEMV and GEMM (nan where the host's
-plan has none: no AVX512-VNNI, AMX, or our kernels not loaded) and the dequantised tiles (by our kernel,
-nan where it does not load, and by torch ops), each timed at every row count (the plan runs our GEMV up
-to kernel_plan.INT4_GEMV_ROWS rows before our GEMM; elsewhere torch's kernel up to INT4_KERNEL_ROWS rows
-before our tiles, or INT4_KERNEL_ROWS_TORCH_TILES before torch's): where the columns cross is where those
-constants belong. Each weight is held in copies used in turn, together past four times the L3 (an int4 weight
-is 24 MB), so that every call reads its weight from memory, as a decode step does; the last columns are
-our GEMV's weight GB/s at each row count and the host's read bandwidth, measured in the same process
+kernels on where they load). int4: torch's int4 kernel, our GEMV (on VPDPBUSD, or on AVX2 where torch
+packs for AVX2, e.g. under ATEN_CPU_CAPABILITY=avx2) and our VPDPBUSD GEMM (nan where the host's plan has
+none: no AVX512-VNNI or AVX2 packing, AMX, or our kernels not loaded) and the dequantised tiles (by our
+kernel, nan where it does not load, and by torch ops), each timed at every row count (the plan runs our
+GEMV up to kernel_plan.INT4_GEMV_ROWS rows before our GEMM; our AVX2 GEMV up to INT4_GEMV_ROWS_AVX2
+before torch's kernel; elsewhere torch's kernel up to INT4_KERNEL_ROWS rows before our tiles, or
+INT4_KERNEL_ROWS_TORCH_TILES before torch's): where the columns cross is where those constants belong.
+Each weight is held in copies used in turn, together past four times the L3 (an int4 weight is 24 MB),
+so that every call reads its weight from memory, as a decode step does; the last columns are our GEMV's
+weight GB/s at each row count and the host's read bandwidth, measured in the same process
 (roofline.memory_bandwidth). The best of `--repeats` passes over the copies after one warm-up.
 """
 import argparse
@@ -84,7 +86,7 @@ def main() -> None:
     plan4 = int4_plan(host, args.group_size, ours)
     w4 = Int4Weight(weight, plan4)
     w4s = copies(w4, w4.nbytes)
-    gemv = plan4.vnni
+    gemv = plan4.gemv_rows > 0  # the plan's GEMV: VPDPBUSD where it has vnni, else AVX2
     w4_kernel = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=max(args.rows)))
     w4_gemv = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=max(args.rows)))
     w4_vnni = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=0))
@@ -92,7 +94,8 @@ def main() -> None:
     w4_torch_tiles = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=0, ours=False, vnni=False))
     print(f"{OUT_FEATURES}x{IN_FEATURES}, {args.threads} threads, int4 groups of {args.group_size} in "
           f"{str(plan4.dtype).replace('torch.', '')} ({len(w4s)} copies of {w4.nbytes / 1e6:.1f} MB; the plan: "
-          f"our gemv rows 1-{plan4.gemv_rows}, torch's int4 kernel rows 1-{plan4.kernel_rows})")
+          f"our {'vpdpbusd' if plan4.vnni else 'avx2'} gemv rows 1-{plan4.gemv_rows}, torch's int4 kernel rows "
+          f"1-{plan4.kernel_rows})")
     print(f"{'rows':>5} {'bf16 ms':>9} {'int8 ms':>9} {'int4 kernel ms':>15} {'int4 gemv ms':>13} "
           f"{'int4 vnni ms':>13} {'int4 tiles ms':>14} {'int4 torch tiles ms':>20} {'gemv GB/s':>10} {'read GB/s':>10}")
     nan = float("nan")

@@ -5,8 +5,8 @@ to fp32 in registers (AVX2/FMA, CPUs without bf16 units), and a bf16-weight GEMM
 layout. For int8 weights (int8.py): a weight-only GEMM for few rows on AVX2 (int8 rows times fp32
 activations), and a packed GEMM which quantises the activations to int8 too (per row and per 512 k), on
 VPDPBUSD (CPUs with AVX512-VNNI) or on VPMADDUBSW (AVX2) from the same panels. For int4 weights
-(int4.py): decode and prefill on VPDPBUSD (AVX512-VNNI) from torch's packed bytes, or their tiles dequantised for a
-dense GEMM elsewhere.
+(int4.py): decode and prefill on VPDPBUSD (AVX512-VNNI) from torch's packed bytes, decode on VPMADDUBSW
+(AVX2) from torch's AVX2 packing, or their tiles dequantised for a dense GEMM elsewhere.
 
 They are torch operators (`torch.ops.appliance.*`, csrc/cpu_ops.cpp) that check every argument (dtype,
 device, shape, strides, block / slot / position ids in range) and raise ValueError or IndexError before
@@ -255,3 +255,11 @@ def gemv_int4(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Ten
     """`linear_int4` for a few rows (decode), the same bits, reading torch's AVX-512 packing (64-row blocks,
     a byte's nibbles holding rows j and j + 32) where it lies instead of unpacking it into panels."""
     return ops().gemv_int4(x, packed, scales_and_zeros, tail_halves, group_size)
+
+
+def gemv_int4_avx2(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, tail_halves: bool,
+                   group_size: int) -> torch.Tensor:
+    """`gemv_int4` on AVX2 alone (VPMADDUBSW; CPUs without AVX512-VNNI), reading torch's AVX2 packing
+    (32-row blocks, a byte's nibbles holding rows j and j + 16) where it lies; x quantised as there, the
+    same bits."""
+    return ops().gemv_int4_avx2(x, packed, scales_and_zeros, tail_halves, group_size)

@@ -9,8 +9,10 @@ plan's `vnni`) every step multiplies on VPDPBUSD against x quantised to int8 per
 rounding moves results slightly, as int8's GEMM does): a few rows (`gemv_rows`, decode) on our GEMV
 (`cpu_kernels.gemv_int4`), which reads torch's packed bytes where they lie, bound by the memory; more
 on our int4 GEMM (`cpu_kernels.linear_int4`), which unpacks the nibbles into the int8 GEMM's panels
-(twice bf16's products an instruction), the same bits for a row either way. Elsewhere a few rows
-multiply on torch's int4 kernel (`_weight_int4pack_mm_for_cpu`, its packed layout); past them a step is
+(twice bf16's products an instruction), the same bits for a row either way. On CPUs with AVX2 alone,
+where torch packs for AVX2 (32-row blocks), a few rows run our AVX2 GEMV (`cpu_kernels.gemv_int4_avx2`,
+VPMADDUBSW on the packed bytes where they lie, x quantised as above: the VNNI GEMV's bits). Elsewhere,
+and past those rows, a few rows multiply on torch's int4 kernel (`_weight_int4pack_mm_for_cpu`); past them a step is
 compute-bound, and tiles of the weight dequantised to the plan's dtype feed a dense GEMM: dequantised by
 our CPU kernel where the plan says (`cpu_kernels.int4_tiles_`), else by torch ops, the same bits either
 way. Both read torch's packed bytes directly: the layout (rows in blocks, each block's rows permuted
@@ -42,6 +44,12 @@ class Int4Layout:
     orders: Tuple[Tuple[int, Tuple[int, ...]], ...]  # (rows in a block, the row of each nibble slot)
 
     @property
+    def avx2_fast(self) -> bool:
+        """Whether our AVX2 int4 GEMV reads this layout (torch's AVX2 packing: 32-row blocks, a byte
+        holding rows j and j + 16)."""
+        return self.block_rows == 32 and self.halves(32)
+
+    @property
     def panels_fast(self) -> bool:
         """Whether our int4 GEMM unpacks this layout a vector at a time (torch's AVX-512 packing: 64-row
         blocks, a byte holding rows j and j + 32); others it reads nibble by nibble, too slowly to plan."""
@@ -69,9 +77,9 @@ class Int4Layout:
 
 @dataclass(frozen=True)
 class Int4Plan:
-    """How int4 weights multiply on one host (the engine's kernel plan chooses it): our VPDPBUSD GEMV up
-    to `gemv_rows` rows a step, else torch's int4 kernel up to `kernel_rows`, past them our VPDPBUSD GEMM
-    (`vnni`) or dense GEMMs on tiles dequantised to `dtype`."""
+    """How int4 weights multiply on one host (the engine's kernel plan chooses it): our int4 GEMV up to
+    `gemv_rows` rows a step (on VPDPBUSD where `vnni`, else on AVX2), else torch's int4 kernel up to
+    `kernel_rows`, past them our VPDPBUSD GEMM (`vnni`) or dense GEMMs on tiles dequantised to `dtype`."""
 
     group_size: int
     kernel_rows: int
@@ -80,7 +88,7 @@ class Int4Plan:
     group_sizes: Tuple[int, ...] = ()  # what engine.quantization_group_size allows (named where one does not fit)
     ours: bool = False  # the tiles dequantised by our CPU kernel (cpu_kernels.int4_tiles_), else by torch ops
     vnni: bool = False  # past kernel_rows, our int4 GEMM on VPDPBUSD (cpu_kernels.linear_int4) instead of tiles
-    gemv_rows: int = 0  # steps of up to these many rows run our int4 GEMV (cpu_kernels.gemv_int4)
+    gemv_rows: int = 0  # steps of up to these many rows run our int4 GEMV (gemv_int4; gemv_int4_avx2 unless vnni)
 
 
 def quantize_groups(weight: torch.Tensor, group_size: int, dtype: torch.dtype):
@@ -217,8 +225,8 @@ class Int4Weight:
         x2 = x.reshape(-1, shape[-1]).to(compute).contiguous()
         n, rows = self.out_features, x2.shape[0]
         if rows <= self.plan.gemv_rows:
-            y = cpu_kernels.gemv_int4(x2.float(), self.packed, self.scales_and_zeros, self.tail_halves,
-                                      self.plan.group_size)
+            gemv = cpu_kernels.gemv_int4 if self.plan.vnni else cpu_kernels.gemv_int4_avx2
+            y = gemv(x2.float(), self.packed, self.scales_and_zeros, self.tail_halves, self.plan.group_size)
         elif rows <= self.plan.kernel_rows:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.plan.group_size,
                                                            self.scales_and_zeros)

@@ -20,8 +20,9 @@ library loaded, engine.cpu_kernels on):
 - GEMM, int8 weights (engine.quantization=int8): `int8_plan` (packed on any CPU without AMX: VPDPBUSD
   with AVX512-VNNI, else VPMADDUBSW on AVX2).
 - GEMM, int4 weights (engine.quantization=int4): `int4_plan` (with AVX512-VNNI and no AMX, our int4 GEMV
-  on VPDPBUSD for a few rows and our int4 GEMM past them; else torch's int4 kernel for a few rows and
-  tiles dequantised by our kernel to bf16, or fp32 without bf16 units, past them).
+  on VPDPBUSD for a few rows and our int4 GEMM past them; else for a few rows our AVX2 int4 GEMV where
+  torch packs for AVX2, or torch's int4 kernel, and tiles dequantised by our kernel to bf16, or fp32
+  without bf16 units, past them).
 - Attention: `attention_select.select_backend` (the paged decode kernel for fp32 and bf16 caches).
 - RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 and bf16 engines
   (the bf16 ops round where torch's bf16 ops do; the sampler's logits are fp32 in both).
@@ -58,6 +59,12 @@ INT4_KERNEL_ROWS_TORCH_TILES = 64
 # 1.19), 16 rows 2.56 vs 3.13, 24 rows 5.46 vs 5.48, 32 rows 7.27 vs 6.48. torch's int4 kernel loses to the
 # GEMV at every row count, so it runs nowhere on these hosts.
 INT4_GEMV_ROWS = 24
+# Rows up to which our AVX2 int4 GEMV beats torch's int4 kernel (its AVX2 build), both reading torch's AVX2
+# packing (same benchmark under ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host, two threads, loaded: a load
+# of 3-4 on 2 cores, so single figures are noisy): GEMV against torch's kernel, ms, 1 row 2.16 vs 7.08,
+# 2 rows 7.34 vs 7.99, 4 rows 23.3 vs 12.0, 8 rows 16.0 vs 15.8, 16 rows 18.5 vs 37.1, 32 rows 41.3 vs
+# 58.8; past 32 rows the tiles take over anyway, so torch's kernel runs nowhere where the GEMV does.
+INT4_GEMV_ROWS_AVX2 = 32
 
 # What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
 ATTENTION_KERNELS = {
@@ -129,7 +136,8 @@ class KernelPlan:
         if plan is None:
             return None
         few, kernel = plan.gemv_rows, plan.kernel_rows
-        regimes = [f"{_rows(range(1, few + 1))}=ours int4 gemv"] if few else []
+        gemv = "ours int4 gemv" if plan.vnni else "ours int4 gemv (avx2)"
+        regimes = [f"{_rows(range(1, few + 1))}={gemv}"] if few else []
         if kernel > few:
             regimes.append(f"{_rows(range(few + 1, kernel + 1))}=torch int4 kernel")
         past = "ours vpdpbusd" if plan.vnni else f"{'ours' if plan.ours else 'torch'} {dtype_name(plan.dtype)} tiles"
@@ -210,14 +218,18 @@ def int4_plan(host: Host, group_size: int, ours: bool) -> Int4Plan:
     int4 GEMM (unpacking them into panels: twice bf16's products an instruction, as the int8 GEMM).
     Elsewhere torch's int4 kernel for few rows, past them tiles dequantised (by our kernel, else by torch
     ops, which take much longer: a later crossover), both in bf16 where the CPU has bf16 units (else fp32:
-    emulated bf16 is slower than fp32), reading torch's packed layout as this host's torch writes it."""
+    emulated bf16 is slower than fp32), reading torch's packed layout as this host's torch writes it. With
+    ours where torch packs as its AVX2 build does (32-row blocks, a byte holding rows j and j + 16: CPUs
+    without AVX-512), our AVX2 int4 GEMV takes steps of up to INT4_GEMV_ROWS_AVX2 rows instead of torch's
+    int4 kernel."""
     dtype = torch.bfloat16 if host.native_bf16 else torch.float32
     layout, flags = learn_layout(), host.cpu_flags
     vnni = ours and {"avx512_vnni", "avx512bw"} <= flags and "amx_bf16" not in flags and layout.panels_fast
     if vnni:
         return Int4Plan(group_size, 0, dtype, layout, quantization_group_sizes(), ours, vnni, INT4_GEMV_ROWS)
     rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
-    return Int4Plan(group_size, rows, dtype, layout, quantization_group_sizes(), ours, vnni)
+    gemv = INT4_GEMV_ROWS_AVX2 if ours and {"avx2", "fma"} <= flags and layout.avx2_fast else 0
+    return Int4Plan(group_size, rows, dtype, layout, quantization_group_sizes(), ours, vnni, gemv)
 
 
 def int8_plan(host: Host, ours: bool) -> Int8Plan:

@@ -10,8 +10,8 @@ from appliance.engine.checkpoint_facts import CheckpointFacts
 from appliance.engine.config import EngineConfig
 from appliance.engine.host import Host
 from appliance.engine.int4 import Int4Plan, Int4Weight, kernel_problem, learn_layout, quantize_groups
-from appliance.engine.kernel_plan import INT4_GEMV_ROWS, INT4_KERNEL_ROWS, INT4_KERNEL_ROWS_TORCH_TILES, \
-    choose_kernels, int4_plan
+from appliance.engine.kernel_plan import INT4_GEMV_ROWS, INT4_GEMV_ROWS_AVX2, INT4_KERNEL_ROWS, \
+    INT4_KERNEL_ROWS_TORCH_TILES, choose_kernels, int4_plan
 from appliance.errors import ConfigError
 
 LAYOUT = learn_layout()
@@ -168,24 +168,29 @@ def test_the_plan_holds_the_group_the_units_dtype_and_this_torchs_layout(flags, 
                 f"vpdpbusd;") in line
         return
     rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
-    assert plan.int4.gemv_rows == 0
+    gemv = INT4_GEMV_ROWS_AVX2 if ours and LAYOUT.avx2_fast else 0  # torch's AVX2 packing: our AVX2 GEMV
+    assert plan.int4.gemv_rows == gemv
     tiles = f"{'ours' if ours else 'torch'} {str(dtype).replace('torch.', '')} tiles"
-    assert f"gemm int4 (groups of 64) rows 1-{rows}=torch int4 kernel, rows {rows + 1}+={tiles};" in line
+    few = f"rows 1-{gemv}=ours int4 gemv (avx2), " if gemv else ""
+    kernel = f"rows {gemv + 1}-{rows}=torch int4 kernel, " if rows > gemv else ""
+    assert f"gemm int4 (groups of 64) {few}{kernel}rows {max(gemv, rows) + 1}+={tiles};" in line
 
 
 @pytest.mark.parametrize("features_off", [["avx512_vnni"], ["avx512bw"]])
 def test_cpu_features_off_takes_the_vnni_gemv_and_gemm_away(features_off):
     host = Host(VNNI, 16 << 30, 16 << 30).without(features_off)
     plan = int4_plan(host, 128, True)
-    assert not plan.vnni and (plan.gemv_rows, plan.kernel_rows) == (0, INT4_KERNEL_ROWS)
+    gemv = INT4_GEMV_ROWS_AVX2 if LAYOUT.avx2_fast else 0
+    assert not plan.vnni and (plan.gemv_rows, plan.kernel_rows) == (gemv, INT4_KERNEL_ROWS)
 
 
 def test_the_gemv_needs_torchs_avx512_packing():
-    """Only torch's AVX-512 packing (64-row blocks, a byte holding rows j and j + 32) is read in place:
-    with another, a VNNI host keeps torch's int4 kernel for few rows and tiles past them."""
-    other = int4.Int4Layout(32, ((16, tuple(range(16))), (32, tuple(range(32)))))  # AVX2's: rows 2j and 2j + 1
+    """The VNNI GEMV reads only torch's AVX-512 packing (64-row blocks, a byte holding rows j and j + 32)
+    in place: with the plain build's (which no GEMV reads), a VNNI host keeps torch's int4 kernel for few
+    rows and tiles past them."""
+    other = int4.Int4Layout(32, ((16, tuple(range(16))), (32, tuple(range(32)))))  # the plain build's: 2j, 2j + 1
     plan = int4_plan(Host(VNNI, 16 << 30, 16 << 30), 128, True)
-    assert plan.gemv_rows == (INT4_GEMV_ROWS if LAYOUT.panels_fast else 0)
+    assert plan.gemv_rows == (INT4_GEMV_ROWS if LAYOUT.panels_fast else INT4_GEMV_ROWS_AVX2 if LAYOUT.avx2_fast else 0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("appliance.engine.kernel_plan.learn_layout", lambda: other)
         plan = int4_plan(Host(VNNI, 16 << 30, 16 << 30), 128, True)

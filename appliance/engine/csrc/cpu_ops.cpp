@@ -437,18 +437,31 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& packed, const at::
   return y;
 }
 
-at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
-                     bool tail_halves, int64_t group_size) {
+// The few-row GEMVs: `avx2` reads torch's AVX2 packing (32-row blocks) on AVX2 alone, else its AVX-512 one
+// (64-row blocks) on VPDPBUSD; both packings hold rows in 16s.
+at::Tensor gemv_int4_on(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
+                        bool tail_halves, int64_t group_size, bool avx2) {
   at::Tensor y = int4_output(x, packed, scales_and_zeros, group_size);
   const int64_t m = x.size(0), n = packed.size(0), k = packed.size(1) * 2;
-  TORCH_CHECK_VALUE(n % 16 == 0, "the int4 GEMV reads torch's AVX-512 packing, whose rows come in 16s, got ", n);
+  TORCH_CHECK_VALUE(n % 16 == 0, "the int4 GEMV reads torch's ", avx2 ? "AVX2" : "AVX-512",
+                    " packing, whose rows come in 16s, got ", n);
+  const auto kernel = avx2 ? gemv_int4_avx2 : gemv_int4_vnni;
   if (m > 0 && n > 0 && k > 0)
-    check_int4_rc(gemv_int4_vnni(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k,
-                                 packed.const_data_ptr<uint8_t>(), tail_halves ? 1 : 0,
-                                 scales_and_zeros.const_data_ptr(), 2 * n,
-                                 scales_and_zeros.scalar_type() == at::kBFloat16 ? 1 : 0,
-                                 y.mutable_data_ptr<float>(), n, m, n, k, group_size), "GEMV");
+    check_int4_rc(kernel(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k, packed.const_data_ptr<uint8_t>(),
+                         tail_halves ? 1 : 0, scales_and_zeros.const_data_ptr(), 2 * n,
+                         scales_and_zeros.scalar_type() == at::kBFloat16 ? 1 : 0, y.mutable_data_ptr<float>(), n,
+                         m, n, k, group_size), "GEMV");
   return y;
+}
+
+at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
+                     bool tail_halves, int64_t group_size) {
+  return gemv_int4_on(x, packed, scales_and_zeros, tail_halves, group_size, false);
+}
+
+at::Tensor gemv_int4_avx2_op(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
+                             bool tail_halves, int64_t group_size) {
+  return gemv_int4_on(x, packed, scales_and_zeros, tail_halves, group_size, true);
 }
 
 }  // namespace
@@ -473,6 +486,8 @@ TORCH_LIBRARY(appliance, m) {
   m.def("linear_int4(Tensor x, Tensor packed, Tensor scales_and_zeros, int block_rows, bool halves, "
         "bool tail_halves, int group_size) -> Tensor");
   m.def("gemv_int4(Tensor x, Tensor packed, Tensor scales_and_zeros, bool tail_halves, int group_size) -> Tensor");
+  m.def("gemv_int4_avx2(Tensor x, Tensor packed, Tensor scales_and_zeros, bool tail_halves, int group_size) -> "
+        "Tensor");
 }
 
 TORCH_LIBRARY_IMPL(appliance, CPU, m) {
@@ -489,4 +504,5 @@ TORCH_LIBRARY_IMPL(appliance, CPU, m) {
   m.impl("int4_tiles_", &int4_tiles_);
   m.impl("linear_int4", &linear_int4);
   m.impl("gemv_int4", &gemv_int4);
+  m.impl("gemv_int4_avx2", &gemv_int4_avx2_op);
 }

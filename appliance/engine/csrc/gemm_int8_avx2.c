@@ -19,9 +19,9 @@
 // pass of 512 k over a block of 192 rows, OpenMP over panels.
 #include "cpu_kernels.h"
 #include "group_panels.h"
+#include "quantize_avx2.h"
 
 #define QKC 128  // k quads per pass (512 k): the x block that shares a scale, as in gemm_int8.c
-#define X_LEVELS 127.f
 #define TILE_ACC 8  // accumulators a tile: mr x nv
 #define ROW_PANELS 2  // panels a one-row tile reads at once
 
@@ -131,45 +131,6 @@ static void int8_avx2_tile(const uint8_t* xa, const int8_t* xq, int64_t ldx, con
     INT8_AVX2_TILE_CASES(0)
 }
 
-static inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
-
-// The first n (< 8) lanes of a load mask.
-static inline __m256i first_lanes(int64_t n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-// One block of a row of x, its n values in `slots` int8 slots (the rest zero), as gemm_int8.c's
-// quantize_block: scaled so that the largest |x| becomes 127 (rounded to nearest even, saturated to int8),
-// into q and their magnitudes into qa; returns the block's scale (NaN if a NaN is in it).
-static float quantize_block_avx2(const float* x, int64_t n, int64_t slots, int8_t* q, uint8_t* qa) {
-    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 top = _mm256_setzero_ps(), nan = _mm256_setzero_ps();  // MAXPS drops NaNs: they are looked for apart
-    for (int64_t k = 0; k < n; k += 8) {
-        const __m256 v = n - k >= 8 ? _mm256_loadu_ps(x + k) : _mm256_maskload_ps(x + k, first_lanes(n - k));
-        top = _mm256_max_ps(top, _mm256_and_ps(v, magnitude));
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    }
-    const float largest = _mm256_movemask_ps(nan) ? NAN : hmax8(top);
-    const __m256 inv = _mm256_set1_ps(largest > 0.f ? X_LEVELS / largest : 0.f);
-    for (int64_t k = 0; k < slots; k += 8) {
-        const __m256 v = k >= n ? _mm256_setzero_ps()
-                         : n - k >= 8 ? _mm256_loadu_ps(x + k)
-                                      : _mm256_maskload_ps(x + k, first_lanes(n - k));
-        const __m256i i32 = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv));
-        const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
-        const __m128i i8 = _mm_packs_epi16(i16, i16), a8 = _mm_abs_epi8(i8);
-        const int64_t count = slots - k < 8 ? slots - k : 8;  // slots: whole quads, not always whole eights
-        memcpy(q + k, &i8, count);
-        memcpy(qa + k, &a8, count);
-    }
-    return largest / X_LEVELS;
-}
-
 // x [M, K] fp32 as int8 quads xq [M, 4 K4] and their magnitudes xa (K padded with 0 to whole quads), and
 // per-pass scales xs [M, passes]. Threads only for prefill sizes (see gemm_int8.c).
 static void quantize_rows_int8_avx2(const float* x, int64_t ldx, int64_t M, int64_t K, int8_t* xq, uint8_t* xa,
@@ -180,7 +141,7 @@ static void quantize_rows_int8_avx2(const float* x, int64_t ldx, int64_t M, int6
         for (int64_t b = 0; b < passes; b++) {
             const int64_t k0 = 4 * b * QKC, slots = 4 * K4 - k0 < 4 * QKC ? 4 * K4 - k0 : 4 * QKC;
             xs[m * passes + b] = quantize_block_avx2(x + m * ldx + k0, K - k0 < slots ? K - k0 : slots, slots,
-                                                     xq + m * 4 * K4 + k0, xa + m * 4 * K4 + k0);
+                                                     xq + m * 4 * K4 + k0, xa + m * 4 * K4 + k0, NULL);
         }
 }
 

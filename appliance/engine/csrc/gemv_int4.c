@@ -84,13 +84,6 @@ static VNNI_UNITS void gemv_rows(const int8_t* xq, int64_t M, const float* xs, c
     switch (mr) { GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) default: GEMV_CASE(4) }
 }
 
-// The short last block of w (rows from `first`) in the 64-row layout: [K][32] bytes, rows past N zero.
-static void tail_block(const int4_source* w, int64_t first, uint8_t* out) {
-    for (int64_t k = 0; k < w->K; k++)
-        for (int j = 0; j < 32; j++)
-            out[k * 32 + j] = nibble_at(w, first + j, k) | nibble_at(w, first + j + 32, k) << 4;
-}
-
 int gemv_int4_vnni(const float* x, int64_t ldx, const uint8_t* packed, int tail_halves,
                    const void* scales_and_zeros, int64_t ldsz, int sz_bf16, float* y, int64_t ldy, int64_t M,
                    int64_t N, int64_t K, int64_t g) {
@@ -103,7 +96,7 @@ int gemv_int4_vnni(const float* x, int64_t ldx, const uint8_t* packed, int tail_
         return -2;
     }
     const int4_source w = {packed, N, K, 64, 1, tail_halves};
-    if (tail != NULL) tail_block(&w, full * 64, tail);
+    if (tail != NULL) int4_tail_block(&w, full * 64, tail);
     #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t* block = b < full ? packed + b * 64 * K / 2 : tail;

@@ -1,6 +1,6 @@
 // What the two int4 kernels on AVX512-VNNI share (gemm_int4.c, prefill sizes; gemv_int4.c, a few rows):
-// torch's packed int4 weight and where a row's nibbles lie in it, x quantised to int8 per row and weight
-// group, each group's (scale, zero) pairs as vectors, and a group's int32 sums scaled into y. With
+// x quantised to int8 per row and weight group (torch's packed weight itself: int4_packing.h), each
+// group's (scale, zero) pairs as vectors, and a group's int32 sums scaled into y. With
 // w = (q - 8) s + z per group, a group's part of an output is
 //   sum_k x w = xs (s sum_k xq q + (z - 8 s) sum_k xq)
 // for x = xs xq: each group adds its int32 sums times the row's scale and the outputs' scales, and the
@@ -8,24 +8,8 @@
 // gets the same bits from either.
 #pragma once
 
+#include "int4_packing.h"
 #include "vnni_tile.h"
-
-// The int4 weight: torch's packed bytes and where a row's nibbles lie in them.
-typedef struct {
-    const uint8_t* packed;  // [N][K / 2] bytes as torch's int4 CPU packing writes them
-    int64_t N, K, block_rows;  // blocks of block_rows rows, each [K][block_rows / 2] bytes; the last may be short
-    int halves, tail_halves;  // a byte holds rows j and j + rows / 2 (else 2j and 2j + 1): full blocks, the last
-} int4_source;
-
-// The nibble of weight row n at k (0 past the last row: padding).
-static inline uint8_t nibble_at(const int4_source* w, int64_t n, int64_t k) {
-    if (n >= w->N) return 0;
-    const int64_t start = n / w->block_rows * w->block_rows, r = n - start;
-    const int64_t rows = w->N - start < w->block_rows ? w->N - start : w->block_rows, half = rows / 2;
-    const int halves = rows == w->block_rows ? w->halves : w->tail_halves;
-    const uint8_t byte = w->packed[start * w->K / 2 + k * half + (halves ? r % half : r / 2)];
-    return (halves ? r >= half : r & 1) ? byte >> 4 : byte & 0xF;
-}
 
 // x [M, K] as int8 xq [G][M][g] with a scale xs [G][M] and scale times sum xz [G][M] a row and group of g
 // k: group-major, so that a group's rows lie side by side (a block of them stays in L1 while the weights'
@@ -43,28 +27,9 @@ static VNNI_UNITS void quantize_rows_groups(const float* x, int64_t ldx, int64_t
         }
 }
 
-// x quantised per row and group (quantize_rows_groups) in buffers of its own, as both kernels take it.
-typedef struct {
-    int8_t* q;  // [G][M][g]
-    float* scale;  // [G][M]: a row and group's scale
-    float* sum;  // [G][M]: that scale times the group's sum of q
-} int4_x;
-
-static void int4_x_free(int4_x* x) {
-    free(x->q);
-    free(x->scale);
-    free(x->sum);
-}
-
 // x [M, K] quantised into fresh buffers: 0, or -2 where memory ran out (nothing is then held).
 static int int4_x_quantize(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t g, int4_x* out) {
-    out->q = malloc(M * K);
-    out->scale = malloc(sizeof(float) * M * (K / g));
-    out->sum = malloc(sizeof(float) * M * (K / g));
-    if (out->q == NULL || out->scale == NULL || out->sum == NULL) {
-        int4_x_free(out);
-        return -2;
-    }
+    if (int4_x_alloc(M, K, g, out) != 0) return -2;
     quantize_rows_groups(x, ldx, M, K, g, out->q, out->scale, out->sum);
     return 0;
 }

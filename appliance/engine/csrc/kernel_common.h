@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+// The int8 levels x is quantised to in blocks (largest |x| at 127) by every kernel on int8 or int4 weights.
+#define X_LEVELS 127.f
+
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

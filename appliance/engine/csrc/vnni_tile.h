@@ -8,7 +8,6 @@
 #include "group_panels.h"
 
 #define VNNI_UNITS __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define X_LEVELS 127.f
 
 // c[i][0..1] = the int32 sums of x rows 0..mr-1 (int8 quads, row stride ldx) against a panel's kc rows of
 // 32 unsigned weight quads (as bf16_tile_rows: an 8x32 tile, 16 accumulators; with one or two rows a
