@@ -60,10 +60,10 @@ INT4_KERNEL_ROWS_TORCH_TILES = 64
 # GEMV at every row count, so it runs nowhere on these hosts.
 INT4_GEMV_ROWS = 24
 # Rows up to which our AVX2 int4 GEMV beats torch's int4 kernel (its AVX2 build), both reading torch's AVX2
-# packing (same benchmark under ATEN_CPU_CAPABILITY=avx2 on an AVX-512 host, two threads, loaded: a load
-# of 3-4 on 2 cores, so single figures are noisy): GEMV against torch's kernel, ms, 1 row 2.16 vs 7.08,
-# 2 rows 7.34 vs 7.99, 4 rows 23.3 vs 12.0, 8 rows 16.0 vs 15.8, 16 rows 18.5 vs 37.1, 32 rows 41.3 vs
-# 58.8; past 32 rows the tiles take over anyway, so torch's kernel runs nowhere where the GEMV does.
+# packing (same benchmark under ATEN_CPU_CAPABILITY=avx2 on the EPYC, two threads, quiet): GEMV against
+# torch's kernel, ms, 1 row 0.97 vs 2.91 (24.8 GB/s of weights), 2 rows 0.90 vs 2.86, 4 rows 1.53 vs 3.43,
+# 8 rows 3.80 vs 9.32, 16 rows 9.10 vs 14.31, 32 rows 12.5 vs 35.5; past 32 rows the tiles take over anyway,
+# so torch's kernel runs nowhere where the GEMV does.
 INT4_GEMV_ROWS_AVX2 = 32
 
 # What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
