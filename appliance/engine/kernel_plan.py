@@ -175,13 +175,17 @@ def plan_pool_kernels(cfg: EngineConfig, host: Host) -> KernelPlan:
     """The plan of a pool engine configured by `cfg` (its dtype settled) on `host`: the GEMM rules above
     for its models' linear layers (which the engine makes packable: linear.packable_linears); attention
     stays torch's SDPA, which the models call on whole items (nothing paged), and there are no fused small
-    ops or sampler to plan. Pool models run unquantized (EngineConfig.verify refuses int8 with kind=pool; this
+    ops or sampler to plan, and bf16 on bf16 units stays on torch's GEMM (below). Pool models run unquantized (EngineConfig.verify refuses int8 with kind=pool; this
     catches a generate config handed to a pool engine)."""
     if cfg.quantization not in (Quantization.auto, Quantization.none):
         raise ValueError(f"engine.quantization={cfg.quantization.value}: pool models run unquantized; "
                          f"use engine.quantization=none")
     plan = choose_kernels(cfg, host, cpu_kernels_off(cfg, torch.device(cfg.device).type), "torch")
-    return dataclasses.replace(plan, fused_ops=False, argmax=False, pool=True)
+    # A pool model's GEMMs are prefill-sized (a batch of tiles: thousands of rows), where oneDNN's bf16 GEMM
+    # beats our VDPBF16PS one (ViT-L shapes, docs/benchmarks.md); ours stays where bf16 is emulated.
+    onednn = plan.dtype == torch.bfloat16 and plan.bf16_units
+    return dataclasses.replace(plan, packed_gemm=plan.packed_gemm and not onednn, fused_ops=False, argmax=False,
+                               pool=True)
 
 
 def cpu_kernels_off(cfg: EngineConfig, device_type: str) -> Optional[str]:
