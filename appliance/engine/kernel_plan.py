@@ -175,8 +175,9 @@ def plan_pool_kernels(cfg: EngineConfig, host: Host) -> KernelPlan:
     """The plan of a pool engine configured by `cfg` (its dtype settled) on `host`: the GEMM rules above
     for its models' linear layers (which the engine makes packable: linear.packable_linears); attention
     stays torch's SDPA, which the models call on whole items (nothing paged), and there are no fused small
-    ops or sampler to plan, and bf16 on bf16 units stays on torch's GEMM (below). Pool models run unquantized (EngineConfig.verify refuses int8 with kind=pool; this
-    catches a generate config handed to a pool engine)."""
+    ops or sampler to plan, and bf16 on bf16 units stays on torch's GEMM (below). Pool models run
+    unquantized (EngineConfig.verify refuses int8 with kind=pool; this catches a generate config handed to
+    a pool engine)."""
     if cfg.quantization not in (Quantization.auto, Quantization.none):
         raise ValueError(f"engine.quantization={cfg.quantization.value}: pool models run unquantized; "
                          f"use engine.quantization=none")
