@@ -13,16 +13,13 @@ fp16 [in/G, out], eight 4-bit values an int32 in AWQ's order (its nibble j holds
 Needs the appliance package importable (installed, or PYTHONPATH at the repository).
 """
 import argparse
-import json
-import shutil
 from pathlib import Path
 from typing import Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from appliance.engine.awq import PACK_ORDER
-from appliance.engine.decoder_projections import is_decoder_projection
+from quantized_copy import write_quantized_copy
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = REPO / "appliance" / "assets" / "models" / "llava_tiny"
@@ -53,26 +50,14 @@ def write_awq_checkpoint(out: Path, source: Path = DEFAULT_SOURCE, group_size: i
                          keep: Sequence[str] = ()) -> Path:
     """`source`'s files in `out` with its language model's projections (but `keep`) in AWQ's GEMM layout;
     returns `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    for file in source.iterdir():
-        if file.is_file() and file.suffix != ".safetensors" and file.name != "config.json":
-            shutil.copy(file, out / file.name)
-    tensors = {}
-    for name, tensor in load_file(str(source / "model.safetensors")).items():
-        layer = name.rsplit(".", 1)[0]
-        if not is_decoder_projection(name) or layer in keep:
-            tensors[name] = tensor
-            continue
-        q, z, s = quantize(tensor, group_size)
-        tensors.update({f"{layer}.qweight": pack(q), f"{layer}.qzeros": pack(z), f"{layer}.scales": s})
-    save_file(tensors, str(out / "model.safetensors"))
-    config = json.loads((source / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
-                                     "zero_point": True, "version": "gemm"}
+    def layer_parts(weight: torch.Tensor) -> dict:
+        q, z, s = quantize(weight, group_size)
+        return {"qweight": pack(q), "qzeros": pack(z), "scales": s}
+
+    config = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}
     if keep:
-        config["quantization_config"]["modules_to_not_convert"] = list(keep)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out
+        config["modules_to_not_convert"] = list(keep)
+    return write_quantized_copy(out, source, keep, layer_parts, config)
 
 
 def main(argv=None) -> None:

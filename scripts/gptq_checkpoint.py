@@ -16,15 +16,12 @@ stay plain, as a GPTQ writer told to skip them leaves them.
 Needs the appliance package importable (installed, or PYTHONPATH at the repository).
 """
 import argparse
-import json
-import shutil
 from pathlib import Path
 from typing import Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from appliance.engine.decoder_projections import is_decoder_projection
+from quantized_copy import write_quantized_copy
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = REPO / "appliance" / "assets" / "models" / "llava_tiny"
@@ -64,26 +61,14 @@ def write_gptq_checkpoint(out: Path, source: Path = DEFAULT_SOURCE, group_size: 
                           v2: bool = False, keep: Sequence[str] = ()) -> Path:
     """`source`'s files in `out` with its language model's projections (but `keep`) in GPTQ's layout;
     returns `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    for file in source.iterdir():
-        if file.is_file() and file.suffix != ".safetensors" and file.name != "config.json":
-            shutil.copy(file, out / file.name)
-    tensors = {}
-    for name, tensor in load_file(str(source / "model.safetensors")).items():
-        layer = name.rsplit(".", 1)[0]
-        if not is_decoder_projection(name) or layer in keep:
-            tensors[name] = tensor
-            continue
-        q, z, s = quantize(tensor, group_size, sym, lowest_zero=0 if v2 else 1)
-        tensors.update({f"{layer}.qweight": pack_rows(q), f"{layer}.qzeros": pack_columns(z if v2 else z - 1),
-                        f"{layer}.scales": s,
-                        f"{layer}.g_idx": torch.arange(q.shape[0], dtype=torch.int32) // group_size})
-    save_file(tensors, str(out / "model.safetensors"))
-    config = json.loads((source / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group_size,
-                                     "desc_act": False, "sym": sym, "checkpoint_format": "gptq_v2" if v2 else "gptq"}
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out
+    def layer_parts(weight: torch.Tensor) -> dict:
+        q, z, s = quantize(weight, group_size, sym, lowest_zero=0 if v2 else 1)
+        return {"qweight": pack_rows(q), "qzeros": pack_columns(z if v2 else z - 1), "scales": s,
+                "g_idx": torch.arange(q.shape[0], dtype=torch.int32) // group_size}
+
+    config = {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": sym,
+              "checkpoint_format": "gptq_v2" if v2 else "gptq"}
+    return write_quantized_copy(out, source, keep, layer_parts, config)
 
 
 def main(argv=None) -> None:

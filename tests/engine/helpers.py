@@ -142,11 +142,15 @@ def write_gptq_checkpoint(out, group_size: int, **options):
 
 
 def _script(name: str):
-    """scripts/`name`.py as a module (scripts/ is not a package)."""
+    """scripts/`name`.py as a module (scripts/ is not a package; its modules import each other by name, as
+    they do when run, so scripts/ joins the import path)."""
     import importlib.util
+    import sys
 
     from tests.servers import REPO
 
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.append(str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -111,6 +111,17 @@ def variant(tmp_path, source, **quant):
     return out
 
 
+def refused_alike(args, message: str, capsys) -> None:
+    """Composing `args` raises `message`, and `check` and `run` print it as their one error line (exit 2)."""
+    with pytest.raises(ConfigError) as e:
+        compose(args)
+    assert str(e.value) == message
+    for verb in ("check", "run"):
+        assert main([verb, *args, "prompt=What color is the shape?"]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines == [f"appliance {verb}: error: {message}"]
+
+
 QUANT_FIELD = "config.json quantization_config"
 
 
@@ -131,15 +142,7 @@ QUANT_FIELD = "config.json quantization_config"
 ])
 def test_check_and_run_refuse_what_the_engine_cannot_load(tmp_path, awq32, capsys, quant, overrides, refusal):
     path = variant(tmp_path, awq32, **quant)
-    args = ["pipeline=llava_chat", f"model.path={path}", *overrides]
-    message = refusal.format(path=path)
-    with pytest.raises(ConfigError) as e:
-        compose(args)
-    assert str(e.value) == message
-    for verb in ("check", "run"):
-        assert main([verb, *args, "prompt=What color is the shape?"]) == 2
-        lines = capsys.readouterr().err.strip().splitlines()
-        assert lines == [f"appliance {verb}: error: {message}"]
+    refused_alike(["pipeline=llava_chat", f"model.path={path}", *overrides], refusal.format(path=path), capsys)
 
 
 def test_modules_not_converted_load_quantised_in_the_checkpoints_groups(tmp_path):

@@ -13,7 +13,7 @@ from appliance.engine.int4 import Int4Weight
 from appliance.engine.linear import ColumnParallelLinear, RowParallelLinear
 from appliance.errors import ConfigError
 from tests.engine.helpers import write_gptq_checkpoint
-from tests.engine.test_awq import FP32_PLAN, FUSED, QUANT_FIELD, variant
+from tests.engine.test_awq import FP32_PLAN, FUSED, QUANT_FIELD, refused_alike, variant
 from tests.servers import LLAVA_TINY
 
 ATTENTION = "language_model.model.layers.0.self_attn"
@@ -129,15 +129,7 @@ def test_a_gptq_llava_answers_as_its_dense_weights_do(gptq32):
 ])
 def test_check_and_run_refuse_what_the_engine_cannot_load(tmp_path, gptq32, capsys, quant, overrides, refusal):
     path = variant(tmp_path, gptq32, **quant)
-    args = ["pipeline=llava_chat", f"model.path={path}", *overrides]
-    message = refusal.format(path=path)
-    with pytest.raises(ConfigError) as e:
-        compose(args)
-    assert str(e.value) == message
-    for verb in ("check", "run"):
-        assert main([verb, *args, "prompt=What color is the shape?"]) == 2
-        lines = capsys.readouterr().err.strip().splitlines()
-        assert lines == [f"appliance {verb}: error: {message}"]
+    refused_alike(["pipeline=llava_chat", f"model.path={path}", *overrides], refusal.format(path=path), capsys)
 
 
 def test_groups_in_activation_order_are_refused_by_name(tmp_path, gptq32, capsys):
