@@ -3,13 +3,13 @@
     .venv/bin/python benchmarks/int4_linear.py --threads 2 [--rows 1 2 3 4 8 32 128] [--group-size 128]
 
 bf16: torch's F.linear on the bf16 weight. int8: the host's int8 plan (kernel_plan.int8_plan, our
-kernels on where they load). int4: torch's int4 kernel, our GEMV (on VPDPBUSD, or on AVX2 where torch
-packs for AVX2, e.g. under ATEN_CPU_CAPABILITY=avx2) and our VPDPBUSD GEMM (nan where the host's plan has
-none: no AVX512-VNNI or AVX2 packing, AMX, or our kernels not loaded) and the dequantised tiles (by our
-kernel, nan where it does not load, and by torch ops), each timed at every row count (the plan runs our
-GEMV up to kernel_plan.INT4_GEMV_ROWS rows before our GEMM; our AVX2 GEMV up to INT4_GEMV_ROWS_AVX2
-before torch's kernel; elsewhere torch's kernel up to INT4_KERNEL_ROWS rows before our tiles, or
-INT4_KERNEL_ROWS_TORCH_TILES before torch's): where the columns cross is where those constants belong.
+kernels on where they load). int4: torch's int4 kernel, our GEMV and our GEMM (on VPDPBUSD, or on AVX2
+where torch packs for AVX2, e.g. under ATEN_CPU_CAPABILITY=avx2; nan where the host's plan has none: no
+AVX512-VNNI or AVX2 packing, AMX, or our kernels not loaded) and the dequantised tiles (by our kernel, nan
+where it does not load, and by torch ops), each timed at every row count (the plan runs our GEMV up to
+kernel_plan.INT4_GEMV_ROWS rows, or INT4_GEMV_ROWS_AVX2 on AVX2, before our GEMM; elsewhere torch's kernel
+up to INT4_KERNEL_ROWS rows before our tiles, or INT4_KERNEL_ROWS_TORCH_TILES before torch's): where the
+columns cross is where those constants belong.
 Each weight is held in copies used in turn, together past four times the L3 (an int4 weight is 24 MB),
 so that every call reads its weight from memory, as a decode step does; the last columns are our GEMV's
 weight GB/s at each row count and the host's read bandwidth, measured in the same process
@@ -89,15 +89,15 @@ def main() -> None:
     gemv = plan4.gemv_rows > 0  # the plan's GEMV: VPDPBUSD where it has vnni, else AVX2
     w4_kernel = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=max(args.rows)))
     w4_gemv = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=max(args.rows)))
-    w4_vnni = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=0))
-    w4_tiles = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=0, vnni=False))
-    w4_torch_tiles = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=0, ours=False, vnni=False))
+    w4_gemm = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=0))
+    w4_tiles = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=0, gemm=False))
+    w4_torch_tiles = with_plan(w4s, dataclasses.replace(plan4, gemv_rows=0, kernel_rows=0, ours=False, gemm=False))
     print(f"{OUT_FEATURES}x{IN_FEATURES}, {args.threads} threads, int4 groups of {args.group_size} in "
           f"{str(plan4.dtype).replace('torch.', '')} ({len(w4s)} copies of {w4.nbytes / 1e6:.1f} MB; the plan: "
           f"our {'vpdpbusd' if plan4.vnni else 'avx2'} gemv rows 1-{plan4.gemv_rows}, torch's int4 kernel rows "
-          f"1-{plan4.kernel_rows})")
+          f"1-{plan4.kernel_rows}, then {'our gemm' if plan4.gemm else 'tiles'})")
     print(f"{'rows':>5} {'bf16 ms':>9} {'int8 ms':>9} {'int4 kernel ms':>15} {'int4 gemv ms':>13} "
-          f"{'int4 vnni ms':>13} {'int4 tiles ms':>14} {'int4 torch tiles ms':>20} {'gemv GB/s':>10} {'read GB/s':>10}")
+          f"{'int4 gemm ms':>13} {'int4 tiles ms':>14} {'int4 torch tiles ms':>20} {'gemv GB/s':>10} {'read GB/s':>10}")
     nan = float("nan")
     for rows in args.rows:
         x = torch.randn(rows, IN_FEATURES).bfloat16()
@@ -106,7 +106,7 @@ def main() -> None:
             return best_ms(lambda: [w.linear(x) for w in weights], len(weights), args.repeats) if run else nan
 
         times = [best_ms(lambda: [F.linear(x, w) for w in bf16s], len(bf16s), args.repeats), timed(w8),
-                 timed(w4_kernel), timed(w4_gemv, gemv), timed(w4_vnni, plan4.vnni), timed(w4_tiles, ours),
+                 timed(w4_kernel), timed(w4_gemv, gemv), timed(w4_gemm, plan4.gemm), timed(w4_tiles, ours),
                  timed(w4_torch_tiles)]
         read = memory_bandwidth(gib=0.5, seconds=0.5)  # beside each row's timings: the host is shared
         print(f"{rows:>5} " + " ".join(f"{t:>{width}.2f}" for t, width in zip(times, (9, 9, 15, 13, 13, 14, 20)))

@@ -263,3 +263,10 @@ def gemv_int4_avx2(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torc
     (32-row blocks, a byte's nibbles holding rows j and j + 16) where it lies; x quantised as there, the
     same bits."""
     return ops().gemv_int4_avx2(x, packed, scales_and_zeros, tail_halves, group_size)
+
+
+def linear_int4_avx2(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, tail_halves: bool,
+                     group_size: int) -> torch.Tensor:
+    """`gemv_int4_avx2` for prefill sizes: the AVX2 packing unpacked a few blocks at a time into panels
+    (VPMADDUBSW, products summed in int16 before widening), the same bits."""
+    return ops().linear_int4_avx2(x, packed, scales_and_zeros, tail_halves, group_size)

@@ -4,20 +4,20 @@ Each weight row is cut into groups of `engine.quantization_group_size` inputs, a
 asymmetrically onto 16 levels at load: w ≈ (q - 8) · scale + zero, with q in [0, 15],
 scale = (max - min) / 15 and zero = min + 8 · scale (torch's int4 kernel's format; scale and zero are
 stored in the kernel's dtype and q is rounded against the stored values). Half a byte a weight, plus 2
-scales a group: a decode step reads a quarter of a bf16 model's bytes. On CPUs with AVX512-VNNI (the
-plan's `vnni`) every step multiplies on VPDPBUSD against x quantised to int8 per row and group (x's
-rounding moves results slightly, as int8's GEMM does): a few rows (`gemv_rows`, decode) on our GEMV
-(`cpu_kernels.gemv_int4`), which reads torch's packed bytes where they lie, bound by the memory; more
-on our int4 GEMM (`cpu_kernels.linear_int4`), which unpacks the nibbles into the int8 GEMM's panels
-(twice bf16's products an instruction), the same bits for a row either way. On CPUs with AVX2 alone,
-where torch packs for AVX2 (32-row blocks), a few rows run our AVX2 GEMV (`cpu_kernels.gemv_int4_avx2`,
-VPMADDUBSW on the packed bytes where they lie, x quantised as above: the VNNI GEMV's bits). Elsewhere,
-and past those rows, a few rows multiply on torch's int4 kernel (`_weight_int4pack_mm_for_cpu`); past them a step is
-compute-bound, and tiles of the weight dequantised to the plan's dtype feed a dense GEMM: dequantised by
-our CPU kernel where the plan says (`cpu_kernels.int4_tiles_`), else by torch ops, the same bits either
-way. Both read torch's packed bytes directly: the layout (rows in blocks, each block's rows permuted
-within a k) is learned from torch once per engine (`learn_layout`) and checked by a round trip before
-any weight is quantised.
+scales a group: a decode step reads a quarter of a bf16 model's bytes. Where the plan runs our kernels,
+every step multiplies int8 products against x quantised to int8 per row and group (x's rounding moves
+results slightly, as int8's GEMM does), on VPDPBUSD on CPUs with AVX512-VNNI (the plan's `vnni`), else on
+VPMADDUBSW (AVX2): a few rows (`gemv_rows`, decode) on our GEMV (`cpu_kernels.gemv_int4`,
+`cpu_kernels.gemv_int4_avx2`), which reads torch's packed bytes where they lie, bound by the memory; more
+(the plan's `gemm`) on our int4 GEMM (`cpu_kernels.linear_int4`, `cpu_kernels.linear_int4_avx2`), which
+unpacks the nibbles a few blocks at a time into panels of unsigned quads, compute-bound: the same bits
+for a row either way. Each kernel reads the packing torch writes for its ISA (AVX-512: 64-row blocks;
+AVX2: 32-row blocks). Elsewhere a few rows multiply on torch's int4 kernel (`_weight_int4pack_mm_for_cpu`),
+and past them tiles of the weight dequantised to the plan's dtype feed a dense GEMM: dequantised by our
+CPU kernel where the plan says (`cpu_kernels.int4_tiles_`), else by torch ops, the same bits either way.
+Both read torch's packed bytes directly: the layout (rows in blocks, each block's rows permuted within a
+k) is learned from torch once per engine (`learn_layout`) and checked by a round trip before any weight
+is quantised.
 """
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -45,13 +45,13 @@ class Int4Layout:
 
     @property
     def avx2_fast(self) -> bool:
-        """Whether our AVX2 int4 GEMV reads this layout (torch's AVX2 packing: 32-row blocks, a byte
+        """Whether our AVX2 int4 kernels read this layout (torch's AVX2 packing: 32-row blocks, a byte
         holding rows j and j + 16)."""
         return self.block_rows == 32 and self.halves(32)
 
     @property
     def panels_fast(self) -> bool:
-        """Whether our int4 GEMM unpacks this layout a vector at a time (torch's AVX-512 packing: 64-row
+        """Whether our VPDPBUSD int4 GEMM unpacks this layout a vector at a time (torch's AVX-512 packing: 64-row
         blocks, a byte holding rows j and j + 32); others it reads nibble by nibble, too slowly to plan."""
         return self.block_rows == 64 and self.halves(64)
 
@@ -78,8 +78,8 @@ class Int4Layout:
 @dataclass(frozen=True)
 class Int4Plan:
     """How int4 weights multiply on one host (the engine's kernel plan chooses it): our int4 GEMV up to
-    `gemv_rows` rows a step (on VPDPBUSD where `vnni`, else on AVX2), else torch's int4 kernel up to
-    `kernel_rows`, past them our VPDPBUSD GEMM (`vnni`) or dense GEMMs on tiles dequantised to `dtype`."""
+    `gemv_rows` rows a step, else torch's int4 kernel up to `kernel_rows`, past them our int4 GEMM (`gemm`)
+    or dense GEMMs on tiles dequantised to `dtype`; our GEMV and GEMM on VPDPBUSD where `vnni`, else on AVX2."""
 
     group_size: int
     kernel_rows: int
@@ -87,8 +87,9 @@ class Int4Plan:
     layout: Int4Layout
     group_sizes: Tuple[int, ...] = ()  # what engine.quantization_group_size allows (named where one does not fit)
     ours: bool = False  # the tiles dequantised by our CPU kernel (cpu_kernels.int4_tiles_), else by torch ops
-    vnni: bool = False  # past kernel_rows, our int4 GEMM on VPDPBUSD (cpu_kernels.linear_int4) instead of tiles
-    gemv_rows: int = 0  # steps of up to these many rows run our int4 GEMV (gemv_int4; gemv_int4_avx2 unless vnni)
+    vnni: bool = False  # our int4 GEMV and GEMM on VPDPBUSD (AVX512-VNNI), else on AVX2 (VPMADDUBSW)
+    gemv_rows: int = 0  # steps of up to these many rows run our int4 GEMV (gemv_int4 or gemv_int4_avx2)
+    gemm: bool = False  # past gemv_rows and kernel_rows, our int4 GEMM (linear_int4 or linear_int4_avx2), not tiles
 
 
 def quantize_groups(weight: torch.Tensor, group_size: int, dtype: torch.dtype):
@@ -230,9 +231,12 @@ class Int4Weight:
         elif rows <= self.plan.kernel_rows:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.plan.group_size,
                                                            self.scales_and_zeros)
-        elif self.plan.vnni:
+        elif self.plan.gemm and self.plan.vnni:
             y = cpu_kernels.linear_int4(x2.float(), self.packed, self.scales_and_zeros, self.plan.layout.block_rows,
                                         self.block_halves, self.tail_halves, self.plan.group_size)
+        elif self.plan.gemm:
+            y = cpu_kernels.linear_int4_avx2(x2.float(), self.packed, self.scales_and_zeros, self.tail_halves,
+                                             self.plan.group_size)
         else:
             y = torch.empty(x2.shape[0], n, dtype=compute)
             buffer = torch.empty(x2.shape[1] * min(TILE_ROWS, n), dtype=compute)

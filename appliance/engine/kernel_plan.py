@@ -19,10 +19,10 @@ library loaded, engine.cpu_kernels on):
   layout, on torch's GEMM except for a few rows, which run our bf16-weight GEMM (`bf16_weight_rows`).
 - GEMM, int8 weights (engine.quantization=int8): `int8_plan` (packed on any CPU without AMX: VPDPBUSD
   with AVX512-VNNI, else VPMADDUBSW on AVX2).
-- GEMM, int4 weights (engine.quantization=int4): `int4_plan` (with AVX512-VNNI and no AMX, our int4 GEMV
-  on VPDPBUSD for a few rows and our int4 GEMM past them; else for a few rows our AVX2 int4 GEMV where
-  torch packs for AVX2, or torch's int4 kernel, and tiles dequantised by our kernel to bf16, or fp32
-  without bf16 units, past them).
+- GEMM, int4 weights (engine.quantization=int4): `int4_plan` (our int4 GEMV for a few rows and our int4
+  GEMM past them: on VPDPBUSD with AVX512-VNNI and no AMX, on VPMADDUBSW where torch packs for AVX2;
+  else torch's int4 kernel for a few rows and tiles dequantised by our kernel to bf16, or fp32 without
+  bf16 units, past them).
 - Attention: `attention_select.select_backend` (the paged decode kernel for fp32 and bf16 caches).
 - RMSNorm, rotary, SwiGLU, the KV write and the sampler's greedy argmax: ours in fp32 and bf16 engines
   (the bf16 ops round where torch's bf16 ops do; the sampler's logits are fp32 in both).
@@ -140,7 +140,10 @@ class KernelPlan:
         regimes = [f"{_rows(range(1, few + 1))}={gemv}"] if few else []
         if kernel > few:
             regimes.append(f"{_rows(range(few + 1, kernel + 1))}=torch int4 kernel")
-        past = "ours vpdpbusd" if plan.vnni else f"{'ours' if plan.ours else 'torch'} {dtype_name(plan.dtype)} tiles"
+        if plan.gemm:
+            past = "ours vpdpbusd" if plan.vnni else "ours int4 gemm (avx2)"
+        else:
+            past = f"{'ours' if plan.ours else 'torch'} {dtype_name(plan.dtype)} tiles"
         regimes.append(f"rows {max(few, kernel) + 1}+={past}")
         return f"gemm int4 (groups of {plan.group_size}) " + ", ".join(regimes)
 
@@ -225,16 +228,16 @@ def int4_plan(host: Host, group_size: int, ours: bool) -> Int4Plan:
     ops, which take much longer: a later crossover), both in bf16 where the CPU has bf16 units (else fp32:
     emulated bf16 is slower than fp32), reading torch's packed layout as this host's torch writes it. With
     ours where torch packs as its AVX2 build does (32-row blocks, a byte holding rows j and j + 16: CPUs
-    without AVX-512), our AVX2 int4 GEMV takes steps of up to INT4_GEMV_ROWS_AVX2 rows instead of torch's
-    int4 kernel."""
+    without AVX-512), our AVX2 int4 GEMV takes steps of up to INT4_GEMV_ROWS_AVX2 rows and our AVX2 int4
+    GEMM (VPMADDUBSW on unpacked panels) the rest, instead of torch's int4 kernel and fp32 tiles."""
     dtype = torch.bfloat16 if host.native_bf16 else torch.float32
     layout, flags = learn_layout(), host.cpu_flags
-    vnni = ours and {"avx512_vnni", "avx512bw"} <= flags and "amx_bf16" not in flags and layout.panels_fast
-    if vnni:
-        return Int4Plan(group_size, 0, dtype, layout, quantization_group_sizes(), ours, vnni, INT4_GEMV_ROWS)
-    rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
-    gemv = INT4_GEMV_ROWS_AVX2 if ours and {"avx2", "fma"} <= flags and layout.avx2_fast else 0
-    return Int4Plan(group_size, rows, dtype, layout, quantization_group_sizes(), ours, vnni, gemv)
+    sizes = quantization_group_sizes()
+    if ours and {"avx512_vnni", "avx512bw"} <= flags and "amx_bf16" not in flags and layout.panels_fast:
+        return Int4Plan(group_size, 0, dtype, layout, sizes, ours, vnni=True, gemv_rows=INT4_GEMV_ROWS, gemm=True)
+    if ours and {"avx2", "fma"} <= flags and layout.avx2_fast:
+        return Int4Plan(group_size, 0, dtype, layout, sizes, ours, gemv_rows=INT4_GEMV_ROWS_AVX2, gemm=True)
+    return Int4Plan(group_size, INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES, dtype, layout, sizes, ours)
 
 
 def int8_plan(host: Host, ours: bool) -> Int8Plan:

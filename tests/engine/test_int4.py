@@ -157,8 +157,9 @@ def test_the_plan_holds_the_group_the_units_dtype_and_this_torchs_layout(flags, 
     ours = off is None
     vnni = ours and flags == VNNI and LAYOUT.panels_fast  # AMX's bf16 tiles stay
     assert plan.int8 is None and plan.int4 == int4_plan(host, 64, ours)
-    assert (plan.int4.group_size, plan.int4.dtype, plan.int4.layout, plan.int4.ours, plan.int4.vnni) == \
-        (64, dtype, LAYOUT, ours, vnni)
+    avx2 = ours and not vnni and LAYOUT.avx2_fast  # torch's AVX2 packing: our AVX2 GEMV and GEMM
+    assert (plan.int4.group_size, plan.int4.dtype, plan.int4.layout, plan.int4.ours, plan.int4.vnni,
+            plan.int4.gemm) == (64, dtype, LAYOUT, ours, vnni, vnni or avx2)
     assert plan.int4.group_sizes == (32, 64, 128)
     line = plan.describe()
     assert "gemm bfloat16 (unquantized weights)" in line
@@ -167,21 +168,24 @@ def test_the_plan_holds_the_group_the_units_dtype_and_this_torchs_layout(flags, 
         assert (f"gemm int4 (groups of 64) rows 1-{INT4_GEMV_ROWS}=ours int4 gemv, rows {INT4_GEMV_ROWS + 1}+=ours "
                 f"vpdpbusd;") in line
         return
+    if avx2:  # torch's int4 kernel runs nowhere: our AVX2 GEMV, then our AVX2 GEMM
+        assert (plan.int4.gemv_rows, plan.int4.kernel_rows) == (INT4_GEMV_ROWS_AVX2, 0)
+        assert (f"gemm int4 (groups of 64) rows 1-{INT4_GEMV_ROWS_AVX2}=ours int4 gemv (avx2), "
+                f"rows {INT4_GEMV_ROWS_AVX2 + 1}+=ours int4 gemm (avx2);") in line
+        return
     rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
-    gemv = INT4_GEMV_ROWS_AVX2 if ours and LAYOUT.avx2_fast else 0  # torch's AVX2 packing: our AVX2 GEMV
-    assert plan.int4.gemv_rows == gemv
+    assert (plan.int4.gemv_rows, plan.int4.kernel_rows) == (0, rows)
     tiles = f"{'ours' if ours else 'torch'} {str(dtype).replace('torch.', '')} tiles"
-    few = f"rows 1-{gemv}=ours int4 gemv (avx2), " if gemv else ""
-    kernel = f"rows {gemv + 1}-{rows}=torch int4 kernel, " if rows > gemv else ""
-    assert f"gemm int4 (groups of 64) {few}{kernel}rows {max(gemv, rows) + 1}+={tiles};" in line
+    assert f"gemm int4 (groups of 64) rows 1-{rows}=torch int4 kernel, rows {rows + 1}+={tiles};" in line
 
 
 @pytest.mark.parametrize("features_off", [["avx512_vnni"], ["avx512bw"]])
 def test_cpu_features_off_takes_the_vnni_gemv_and_gemm_away(features_off):
     host = Host(VNNI, 16 << 30, 16 << 30).without(features_off)
     plan = int4_plan(host, 128, True)
-    gemv = INT4_GEMV_ROWS_AVX2 if LAYOUT.avx2_fast else 0
-    assert not plan.vnni and (plan.gemv_rows, plan.kernel_rows) == (gemv, INT4_KERNEL_ROWS)
+    avx2 = LAYOUT.avx2_fast  # torch's AVX2 packing: our AVX2 GEMV and GEMM
+    assert not plan.vnni and plan.gemm == avx2
+    assert (plan.gemv_rows, plan.kernel_rows) == ((INT4_GEMV_ROWS_AVX2, 0) if avx2 else (0, INT4_KERNEL_ROWS))
 
 
 def test_the_gemv_needs_torchs_avx512_packing():
@@ -194,7 +198,7 @@ def test_the_gemv_needs_torchs_avx512_packing():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("appliance.engine.kernel_plan.learn_layout", lambda: other)
         plan = int4_plan(Host(VNNI, 16 << 30, 16 << 30), 128, True)
-    assert (plan.gemv_rows, plan.kernel_rows, plan.vnni) == (0, INT4_KERNEL_ROWS, False)
+    assert (plan.gemv_rows, plan.kernel_rows, plan.vnni, plan.gemm) == (0, INT4_KERNEL_ROWS, False, False)
 
 
 needs_our_kernels = pytest.mark.skipif(not cpu_kernels.available(),
@@ -262,7 +266,7 @@ def test_our_vnni_gemm_is_the_dequantised_product_within_x_int8_rounding(group_s
     n, k = 1104, 640
     weight = torch.randn(n, k) * 0.05 + torch.linspace(-0.2, 0.2, n)[:, None]
     w4 = Int4Weight(weight, dataclasses.replace(plan, group_size=group_size, kernel_rows=0, gemv_rows=0,
-                                                ours=True, vnni=True))
+                                                ours=True, vnni=True, gemm=True))
     x = (torch.randn(rows, k) + 0.5).to(plan.dtype).float()  # as the plan's dtype holds it: x itself is exact
     w = w4.dequantized()
     error = (w4.linear(x) - x @ w.t()).abs()
@@ -288,7 +292,7 @@ def test_our_vnni_gemv_is_the_dequantised_product_within_x_int8_rounding_and_the
     k = 640
     weight = torch.randn(n, k) * 0.05 + torch.linspace(-0.2, 0.2, n)[:, None]
     w4 = Int4Weight(weight, dataclasses.replace(plan, group_size=group_size, kernel_rows=0, gemv_rows=5, ours=True,
-                                                vnni=True))
+                                                vnni=True, gemm=True))
     x = (torch.randn(rows, k) + 0.5).to(plan.dtype).float()
     w = w4.dequantized()
     y = w4.linear(x)

@@ -1,6 +1,7 @@
-"""Our int4 GEMV on AVX2 alone: torch's AVX2 packing read in place (built here from q, so that the kernel
-is tested on any host, and checked against torch's own AVX2 packing in a subprocess), the dequantised
-product within x's int8 rounding and the VNNI GEMV's bits, the plan that picks it, and an engine on it."""
+"""Our int4 GEMV and GEMM on AVX2 alone: torch's AVX2 packing read in place or unpacked (built here from q,
+so that the kernels are tested on any host, and checked against torch's own AVX2 packing in a subprocess),
+the dequantised product within x's int8 rounding, the VNNI GEMV's bits and each other's, the plan that
+picks them, and an engine on them."""
 import os
 import subprocess
 import sys
@@ -49,25 +50,26 @@ def test_the_avx2_layout_here_is_what_the_plan_reads():
     (AVX2, [], PLAIN_LAYOUT, 0),  # rows 2j and 2j + 1 in a byte: not read in place
 ], ids=["avx2", "vnni-hidden", "vnni-avx2-packing", "no-fma", "plain-packing"])
 @pytest.mark.parametrize("ours", [True, False])
-def test_the_avx2_gemv_takes_few_rows_where_torch_packs_for_avx2(flags, off, layout, gemv, ours, monkeypatch):
+def test_the_avx2_gemv_and_gemm_take_every_row_where_torch_packs_for_avx2(flags, off, layout, gemv, ours,
+                                                                          monkeypatch):
     monkeypatch.setattr("appliance.engine.kernel_plan.learn_layout", lambda: layout)
     plan = int4_plan(Host(flags, 16 << 30, 16 << 30).without(off), 128, ours)
+    if ours and gemv:  # torch's int4 kernel and the tiles run nowhere
+        assert (plan.gemv_rows, plan.kernel_rows, plan.vnni, plan.gemm) == (gemv, 0, False, True)
+        return
     kernel_rows = INT4_KERNEL_ROWS if ours else INT4_KERNEL_ROWS_TORCH_TILES
-    assert (plan.gemv_rows, plan.kernel_rows, plan.vnni) == (gemv if ours else 0, kernel_rows, False)
+    assert (plan.gemv_rows, plan.kernel_rows, plan.vnni, plan.gemm) == (0, kernel_rows, False, False)
 
 
-def test_the_plan_line_names_the_avx2_gemv(monkeypatch):
+def test_the_plan_line_names_the_avx2_gemv_and_gemm(monkeypatch):
     from appliance.engine.config import EngineConfig
     from appliance.engine.kernel_plan import choose_kernels
 
     monkeypatch.setattr("appliance.engine.kernel_plan.learn_layout", lambda: AVX2_LAYOUT)
     plan = choose_kernels(EngineConfig(dtype="float32", quantization="int4", quantization_group_size=64),
                           Host(AVX2, 16 << 30, 16 << 30), None, "cpu")
-    kernel = f"rows {INT4_GEMV_ROWS_AVX2 + 1}-{INT4_KERNEL_ROWS}=torch int4 kernel, " \
-        if INT4_KERNEL_ROWS > INT4_GEMV_ROWS_AVX2 else ""
-    past = max(INT4_GEMV_ROWS_AVX2, INT4_KERNEL_ROWS) + 1
-    assert (f"gemm int4 (groups of 64) rows 1-{INT4_GEMV_ROWS_AVX2}=ours int4 gemv (avx2), {kernel}rows {past}+=ours "
-            f"float32 tiles;") in plan.describe()
+    assert (f"gemm int4 (groups of 64) rows 1-{INT4_GEMV_ROWS_AVX2}=ours int4 gemv (avx2), "
+            f"rows {INT4_GEMV_ROWS_AVX2 + 1}+=ours int4 gemm (avx2);") in plan.describe()
 
 
 needs_our_kernels = pytest.mark.skipif(not cpu_kernels.available(),
@@ -119,6 +121,37 @@ def test_our_avx2_gemv_reads_strided_rows_and_refuses_what_it_cannot_read():
         cpu_kernels.gemv_int4_avx2(x, pack_avx2(q, False), scales_and_zeros, False, 48)
 
 
+@needs_our_kernels
+@pytest.mark.parametrize("group_size, k", [(32, 640), (128, 640), (36, 720)])  # 640: a 512-k pass and a short one
+@pytest.mark.parametrize("rows", [1, 5, 34, 200])  # whole 3-row tiles or not; past the 192-row block
+@pytest.mark.parametrize("n", [1104, 64])  # 34 full 32-row blocks and a 16-row last one; 2 full ones
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_our_avx2_gemm_gives_the_avx2_gemvs_bits(group_size, k, rows, n, dtype):
+    """The GEMM unpacks the blocks the GEMV reads in place and sums each group's int16 pairs (9 quads a
+    group of 36: a chunk of 8 and one of 1) into the same int32 sums, scaled alike: the same bits, so the
+    GEMV test's bound holds for it too (checked here once more at prefill sizes)."""
+    torch.manual_seed(rows + group_size + n)
+    weight = torch.randn(n, k) * 0.05 + torch.linspace(-0.2, 0.2, n)[:, None]
+    q, scale, zero = quantize_groups(weight, group_size, dtype)
+    scales_and_zeros = torch.stack((scale, zero), dim=-1).transpose(0, 1).to(dtype).contiguous()
+    x = (torch.randn(rows, 2 * k) + 0.5).to(dtype).float()[:, :k]  # rows 2k apart
+    for tail_halves in (False, True):
+        packed = pack_avx2(q, tail_halves)
+        y = cpu_kernels.linear_int4_avx2(x, packed, scales_and_zeros, tail_halves, group_size)
+        assert torch.equal(y, cpu_kernels.gemv_int4_avx2(x, packed, scales_and_zeros, tail_halves, group_size))
+    w = formula(q, scale, zero).float()
+    error = (y - x @ w.t()).abs()
+    bound = int8_x_bound(x, w, group_size) + 1e-5 * (x.abs() @ w.abs().t())
+    assert (error <= bound).all(), f"{(error - bound).max()} past the bound"
+
+
+@needs_our_kernels
+def test_our_avx2_gemm_refuses_rows_torchs_avx2_packing_cannot_hold():
+    with pytest.raises(ValueError, match="the int4 GEMM reads torch's AVX2 packing, whose rows come in 16s, got 24"):
+        cpu_kernels.linear_int4_avx2(torch.ones(40, 128), torch.zeros(24, 64, dtype=torch.uint8),
+                                     torch.ones(4, 24, 2), True, 32)
+
+
 ENGINE_ON_AVX2 = """
 import torch
 from appliance.engine import cpu_kernels, int4, kernel_plan
@@ -131,9 +164,10 @@ from tests.servers import LLAVA_TINY
 
 q = torch.randint(0, 16, (80, 64), dtype=torch.int32)
 assert torch.equal(int4.pack(q), pack_avx2(q, int4.learn_layout().halves(16)))  # torch's own AVX2 packing
-calls = []
-gemv = cpu_kernels.gemv_int4_avx2
-cpu_kernels.gemv_int4_avx2 = lambda x, *a: calls.append(x.shape[0]) or gemv(x, *a)
+calls = {"gemv": [], "gemm": []}
+gemv, gemm = cpu_kernels.gemv_int4_avx2, cpu_kernels.linear_int4_avx2
+cpu_kernels.gemv_int4_avx2 = lambda x, *a: calls["gemv"].append(x.shape[0]) or gemv(x, *a)
+cpu_kernels.linear_int4_avx2 = lambda x, *a: calls["gemm"].append(x.shape[0]) or gemm(x, *a)
 prompts = random_prompts(399, [5, 17, 30], seed=41)
 greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 cfg = EngineConfig(num_kv_blocks=32, dtype="float32", quantization="int4", quantization_group_size=32,
@@ -141,21 +175,25 @@ cfg = EngineConfig(num_kv_blocks=32, dtype="float32", quantization="int4", quant
 engine = LLMEngine(str(LLAVA_TINY), cfg)
 print(engine.kernels.describe())
 ours = [a.token_ids for a in engine.generate(prompts, greedy)]
-assert calls and max(calls) <= kernel_plan.INT4_GEMV_ROWS_AVX2, calls
-kernel_plan.INT4_GEMV_ROWS_AVX2 = 0  # the same engine on torch's int4 kernel
-calls.clear()
-torchs = [a.token_ids for a in LLMEngine(str(LLAVA_TINY), cfg).generate(prompts, greedy)]
-assert not calls and ours == torchs, (ours, torchs)
+few = kernel_plan.INT4_GEMV_ROWS_AVX2
+assert calls["gemv"] and max(calls["gemv"]) <= few < min(calls["gemm"]), calls
+torch_cfg = EngineConfig(num_kv_blocks=32, dtype="float32", quantization="int4", quantization_group_size=32,
+                         cpu_kernels=False)  # torch's int4 kernel and its dequantised tiles
+calls = {"gemv": [], "gemm": []}
+torchs = [a.token_ids for a in LLMEngine(str(LLAVA_TINY), torch_cfg).generate(prompts, greedy)]
+assert not calls["gemv"] and not calls["gemm"] and ours == torchs, (ours, torchs)
 print("same answers")
 """
 
 
 @needs_our_kernels
 @pytest.mark.skipif("avx2" not in Host.read().cpu_flags, reason="torch's x86 builds need an AVX2 CPU")
-def test_an_engine_held_to_avx2_decodes_on_our_gemv_and_answers_as_on_torchs_kernel():
+def test_an_engine_held_to_avx2_runs_on_our_gemv_and_gemm_and_answers_as_torchs_kernels():
     """torch held to its AVX2 build (its AVX2 packing, checked against pack_avx2) and AVX-512 hidden from
-    the plan: decode steps take our AVX2 GEMV, and the tiny LLaVA's greedy tokens are torch's int4 kernel's."""
+    the plan: decode steps take our AVX2 GEMV, prefill our AVX2 GEMM, and the tiny LLaVA's greedy tokens
+    are those of torch's int4 kernel and tiles."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
     done = subprocess.run([sys.executable, "-c", ENGINE_ON_AVX2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"rows 1-{INT4_GEMV_ROWS_AVX2}=ours int4 gemv (avx2)" in done.stdout and "same answers" in done.stdout
+    assert (f"rows 1-{INT4_GEMV_ROWS_AVX2}=ours int4 gemv (avx2), rows {INT4_GEMV_ROWS_AVX2 + 1}+=ours int4 gemm "
+            "(avx2)") in done.stdout and "same answers" in done.stdout

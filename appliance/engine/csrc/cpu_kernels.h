@@ -1,13 +1,13 @@
 // Our C kernels for CPU inference, one file a family: gemm_f32.c (the packed fp32 GEMM), gemm_bf16.c and
 // gemm_int8.c (GEMMs on bf16 and int8 weights: few rows on torch's layout, packed on AVX-512 units),
 // gemm_int4.c (the int4 GEMM on AVX512-VNNI, unpacking torch's int4 layout into the int8 GEMM's panels),
-// gemv_int4.c (its few-row GEMV, reading that layout where it lies), gemv_int4_avx2.c (the few-row GEMV
-// on AVX2 alone, reading torch's AVX2 int4 layout where it lies),
+// gemv_int4.c (its few-row GEMV, reading that layout where it lies), gemv_int4_avx2.c and gemm_int4_avx2.c
+// (the few-row GEMV and the GEMM on AVX2 alone, on torch's AVX2 int4 layout),
 // gemm_bf16_fma.c (the packed bf16 GEMM on AVX2/FMA, for CPUs without bf16 units), gemm_int8_avx2.c (the
 // packed int8 GEMM on AVX2, for CPUs without AVX512-VNNI),
 // decode_attention.c (paged decode attention), small_ops.c (RMSNorm, rotary, KV write, SwiGLU, argmax);
 // shared helpers in kernel_common.h, few_rows.h, group_panels.h, vnni_tile.h,
-// int4_packing.h, int4_groups.h, quantize_avx2.h and panel16.h. Plain C with no argument checks:
+// int4_packing.h, int4_groups.h, int4_avx2.h, quantize_avx2.h and panel16.h. Plain C with no argument checks:
 // cpu_ops.cpp registers each as a torch operator and checks shapes, dtypes, strides and every block, slot
 // and position id before calling it. Built into one library by appliance/engine/build_kernels.py.
 // Parallel loops use OpenMP, which binds to the libgomp torch has already loaded, so
@@ -67,6 +67,11 @@ int gemv_int4_vnni(const float* x, int64_t ldx, const uint8_t* packed, int tail_
 int gemv_int4_avx2(const float* x, int64_t ldx, const uint8_t* packed, int tail_halves,
                    const void* scales_and_zeros, int64_t ldsz, int sz_bf16, float* y, int64_t ldy, int64_t M,
                    int64_t N, int64_t K, int64_t g);
+// The same product for prefill sizes on AVX2 alone (gemm_int4_avx2.c: the AVX2 packing unpacked into panels),
+// the same bits. -2 if scratch memory ran out.
+int linear_int4_avx2(const float* x, int64_t ldx, const uint8_t* packed, int tail_halves,
+                     const void* scales_and_zeros, int64_t ldsz, int sz_bf16, float* y, int64_t ldy, int64_t M,
+                     int64_t N, int64_t K, int64_t g);
 // bf16_units: use AVX512-BF16 where the CPU has it (0: the AVX2 path everywhere; tests compare the two).
 void linear_bf16w_f32(const float* x, int64_t ldx, const uint16_t* w, float* y, int64_t ldy, int64_t M, int64_t N,
                       int64_t K, int bf16_units);

@@ -437,31 +437,39 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& packed, const at::
   return y;
 }
 
-// The few-row GEMVs: `avx2` reads torch's AVX2 packing (32-row blocks) on AVX2 alone, else its AVX-512 one
-// (64-row blocks) on VPDPBUSD; both packings hold rows in 16s.
-at::Tensor gemv_int4_on(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
-                        bool tail_halves, int64_t group_size, bool avx2) {
+// The kernels that read torch's packing of one ISA where it lies, or unpack it a block at a time: the GEMV
+// on AVX-512's (64-row blocks) on VPDPBUSD, and the GEMV and GEMM on AVX2's (32-row blocks) on AVX2 alone.
+// Both packings hold rows in 16s.
+using int4_kernel = int (*)(const float*, int64_t, const uint8_t*, int, const void*, int64_t, int, float*, int64_t,
+                            int64_t, int64_t, int64_t, int64_t);
+
+at::Tensor int4_on_packing(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
+                           bool tail_halves, int64_t group_size, int4_kernel kernel, const char* name, bool avx2) {
   at::Tensor y = int4_output(x, packed, scales_and_zeros, group_size);
   const int64_t m = x.size(0), n = packed.size(0), k = packed.size(1) * 2;
-  TORCH_CHECK_VALUE(n % 16 == 0, "the int4 GEMV reads torch's ", avx2 ? "AVX2" : "AVX-512",
+  TORCH_CHECK_VALUE(n % 16 == 0, "the int4 ", name, " reads torch's ", avx2 ? "AVX2" : "AVX-512",
                     " packing, whose rows come in 16s, got ", n);
-  const auto kernel = avx2 ? gemv_int4_avx2 : gemv_int4_vnni;
   if (m > 0 && n > 0 && k > 0)
     check_int4_rc(kernel(x.const_data_ptr<float>(), m > 1 ? x.stride(0) : k, packed.const_data_ptr<uint8_t>(),
                          tail_halves ? 1 : 0, scales_and_zeros.const_data_ptr(), 2 * n,
                          scales_and_zeros.scalar_type() == at::kBFloat16 ? 1 : 0, y.mutable_data_ptr<float>(), n,
-                         m, n, k, group_size), "GEMV");
+                         m, n, k, group_size), name);
   return y;
 }
 
 at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
                      bool tail_halves, int64_t group_size) {
-  return gemv_int4_on(x, packed, scales_and_zeros, tail_halves, group_size, false);
+  return int4_on_packing(x, packed, scales_and_zeros, tail_halves, group_size, gemv_int4_vnni, "GEMV", false);
 }
 
 at::Tensor gemv_int4_avx2_op(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
                              bool tail_halves, int64_t group_size) {
-  return gemv_int4_on(x, packed, scales_and_zeros, tail_halves, group_size, true);
+  return int4_on_packing(x, packed, scales_and_zeros, tail_halves, group_size, gemv_int4_avx2, "GEMV", true);
+}
+
+at::Tensor linear_int4_avx2_op(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
+                               bool tail_halves, int64_t group_size) {
+  return int4_on_packing(x, packed, scales_and_zeros, tail_halves, group_size, linear_int4_avx2, "GEMM", true);
 }
 
 }  // namespace
@@ -488,6 +496,8 @@ TORCH_LIBRARY(appliance, m) {
   m.def("gemv_int4(Tensor x, Tensor packed, Tensor scales_and_zeros, bool tail_halves, int group_size) -> Tensor");
   m.def("gemv_int4_avx2(Tensor x, Tensor packed, Tensor scales_and_zeros, bool tail_halves, int group_size) -> "
         "Tensor");
+  m.def("linear_int4_avx2(Tensor x, Tensor packed, Tensor scales_and_zeros, bool tail_halves, int group_size) -> "
+        "Tensor");
 }
 
 TORCH_LIBRARY_IMPL(appliance, CPU, m) {
@@ -505,4 +515,5 @@ TORCH_LIBRARY_IMPL(appliance, CPU, m) {
   m.impl("linear_int4", &linear_int4);
   m.impl("gemv_int4", &gemv_int4);
   m.impl("gemv_int4_avx2", &gemv_int4_avx2_op);
+  m.impl("linear_int4_avx2", &linear_int4_avx2_op);
 }

@@ -10,24 +10,9 @@
 // 16 ymm registers hold 2 rows' int16 sums (8), the quads' two halves, a nibble and the x broadcasts: x rows
 // meet a block 2 at a time. A short last block (16 rows) is first copied into the 32-row layout.
 #include "cpu_kernels.h"
-#include "int4_packing.h"
-#include "quantize_avx2.h"
+#include "int4_avx2.h"
 
 #define GEMV_ROWS 2  // x rows that meet a block's quads at a time
-#define BLOCK_ROWS 32  // torch's AVX2 int4 packing: rows a block
-#define INT16_QUADS 8  // k quads summed in int16 before widening: 8 x 3840 < 32767
-
-// The 4 k at s (64 bytes of a 32-row block) as each row's quads, in two vectors: lo holds rows 0-3 and
-// 8-11 in its low nibbles (16 + those in the high ones), hi rows 4-7 and 12-15 (a row's 4 k in a 32-bit lane).
-static inline __attribute__((always_inline)) void block_quads(const uint8_t* s, __m256i* lo, __m256i* hi) {
-    const __m256i a = _mm256_loadu_si256((const __m256i*)s), b = _mm256_loadu_si256((const __m256i*)(s + 32));
-    const __m256i c = _mm256_permute2x128_si256(a, b, 0x20), d = _mm256_permute2x128_si256(a, b, 0x31);  // k0|k2, k1|k3
-    // byte pairs (k0, k1) of bytes 0-7 | (k2, k3) of them; the same of bytes 8-15
-    const __m256i e = _mm256_unpacklo_epi8(c, d), f = _mm256_unpackhi_epi8(c, d);
-    const __m256i g = _mm256_permute2x128_si256(e, f, 0x20), h = _mm256_permute2x128_si256(e, f, 0x31);
-    *lo = _mm256_unpacklo_epi16(g, h);
-    *hi = _mm256_unpackhi_epi16(g, h);
-}
 
 // The int32 sums c (lanes in block_quads' order: c[0] rows 0-3 | 8-11, c[1] 4-7 | 12-15, c[2] and c[3]
 // the same + 16) in row order: 8 rows a vector.
@@ -38,26 +23,6 @@ static inline __attribute__((always_inline)) void rows_in_order(__m256i c[4]) {
     c[1] = r1;
     c[2] = r2;
     c[3] = r3;
-}
-
-// The scales s and offsets z - 8 s of 8 consecutive outputs of a group, from their (scale, zero) pairs at
-// `pairs`, bf16 (a pair a 32-bit lane) where `bf16`, else fp32: as int4_groups.h's int4_scales16.
-static inline __attribute__((always_inline)) void int4_scales8(const char* pairs, int bf16, __m256* s, __m256* o) {
-    __m256 scale, zero;
-    if (bf16) {
-        const __m256i v = _mm256_loadu_si256((const __m256i*)pairs);
-        scale = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        zero = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
-    } else {
-        const __m256 a = _mm256_loadu_ps((const float*)pairs), b = _mm256_loadu_ps((const float*)pairs + 8);
-        // lanes: pairs 0, 1, 4, 5 | 2, 3, 6, 7, then the 64-bit halves in order
-        const __m256d even = _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
-        const __m256d odd = _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
-        scale = _mm256_castpd_ps(_mm256_permute4x64_pd(even, _MM_SHUFFLE(3, 1, 2, 0)));
-        zero = _mm256_castpd_ps(_mm256_permute4x64_pd(odd, _MM_SHUFFLE(3, 1, 2, 0)));
-    }
-    *s = scale;
-    *o = _mm256_sub_ps(zero, _mm256_mul_ps(_mm256_set1_ps(8.f), scale));
 }
 
 // y rows 0..mr-1, outputs 0..nr-1 (16 or 32) of a block = x (xq [G][M][g], xs and xz [G][M], from row 0)
@@ -106,8 +71,7 @@ static inline __attribute__((always_inline)) void gemv_block(
             int4_scales8(pairs + (gi * ldsz + 16 * j) * es, bf16, &sv, &ov);
             for (int i = 0; i < mr; i++) {
                 const __m256 rs = _mm256_set1_ps(xs[gi * M + i]), rz = _mm256_set1_ps(xz[gi * M + i]);
-                acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c[i][j]), rs), sv,
-                                            _mm256_fmadd_ps(rz, ov, acc[i][j]));
+                acc[i][j] = int4_group_add8(c[i][j], rs, rz, sv, ov, acc[i][j]);
             }
         }
     }
@@ -122,21 +86,6 @@ static void gemv_rows(const int8_t* xq, int64_t M, const float* xs, const float*
         gemv_block(xq, M, xs, xz, block, pairs, ldsz, bf16, G, g, y, ldy, nr, 1);
     else
         gemv_block(xq, M, xs, xz, block, pairs, ldsz, bf16, G, g, y, ldy, nr, 2);
-}
-
-// x [M, K] quantised per row and group into fresh buffers, as int4_groups.h's int4_x_quantize: 0, or -2
-// where memory ran out.
-static int int4_x_quantize_avx2(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t g, int4_x* out) {
-    if (int4_x_alloc(M, K, g, out) != 0) return -2;
-    const int64_t G = K / g;
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t b = 0; b < G; b++) {
-            int32_t sum;
-            const float scale = quantize_block_avx2(x + m * ldx + b * g, g, g, out->q + (b * M + m) * g, NULL, &sum);
-            out->scale[b * M + m] = scale;
-            out->sum[b * M + m] = scale * (float)sum;
-        }
-    return 0;
 }
 
 int gemv_int4_avx2(const float* x, int64_t ldx, const uint8_t* packed, int tail_halves,
