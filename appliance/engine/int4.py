@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from appliance.engine import cpu_kernels
+from appliance.engine import cpu_kernels, hugepages
 
 TILE_ROWS = 1024  # weight rows dequantised at a time: a multiple of every packed block (64)
 QUANT_CHUNK_ROWS = 256  # weight rows quantised at a time (a multiple of 64: chunks pack as the whole would)
@@ -194,7 +194,8 @@ class Int4Weight:
         tail = n % plan.layout.block_rows
         self.block_halves = plan.layout.halves(plan.layout.block_rows)
         self.tail_halves = tail > 0 and plan.layout.halves(tail)
-        self.packed = torch.empty(n, k // 2, dtype=torch.uint8)
+        # A decode step streams every weight's bytes once: on huge pages, fewer TLB misses.
+        self.packed = hugepages.empty([n, k // 2], torch.uint8)
         self.scales_and_zeros = torch.empty(k // plan.group_size, n, 2, dtype=plan.dtype)
 
     def _put(self, start: int, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:

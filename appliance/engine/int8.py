@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from appliance.engine import cpu_kernels
+from appliance.engine import cpu_kernels, hugepages
 
 TILE_ROWS = 1024  # weight rows converted at a time (a few MB: stays in cache)
 QUANT_CHUNK_ROWS = 256  # weight rows quantised at a time: their fp32 copy (~11 MB at 11008 wide) stays in cache
@@ -47,7 +47,10 @@ class Int8Weight:
     def __init__(self, weight: torch.Tensor, plan: Int8Plan):
         self.plan = plan
         rows = weight.shape[0]
-        self.q: Optional[torch.Tensor] = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+        # A decode step streams every weight's bytes once: on huge pages (CPU), fewer TLB misses.
+        streamed = weight.device.type == "cpu" and not plan.packed
+        self.q: Optional[torch.Tensor] = hugepages.empty(weight.shape, torch.int8) if streamed else \
+            torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
         self.scale = torch.empty(rows, dtype=torch.float32, device=weight.device)
         for start in range(0, rows, QUANT_CHUNK_ROWS):
             chunk = weight[start:start + QUANT_CHUNK_ROWS].float()
@@ -56,7 +59,8 @@ class Int8Weight:
             self.scale[start:start + QUANT_CHUNK_ROWS] = scale
         self.packed: Optional[cpu_kernels.PackedWeight] = None
         if plan.packed:
-            self.packed = cpu_kernels.PackedWeight(self.q, scale=self.scale, vnni=plan.vnni)
+            panels = hugepages.empty([cpu_kernels.PackedWeight.numel(*weight.shape, torch.int8)], torch.int8)
+            self.packed = cpu_kernels.PackedWeight(self.q, out=panels, scale=self.scale, vnni=plan.vnni)
             self.q = None  # the rows live on in the panels
 
     @property
