@@ -59,12 +59,12 @@ INT4_KERNEL_ROWS_TORCH_TILES = 64
 # 1.19), 16 rows 2.56 vs 3.13, 24 rows 5.46 vs 5.48, 32 rows 7.27 vs 6.48. torch's int4 kernel loses to the
 # GEMV at every row count, so it runs nowhere on these hosts.
 INT4_GEMV_ROWS = 24
-# Rows up to which our AVX2 int4 GEMV beats torch's int4 kernel (its AVX2 build), both reading torch's AVX2
-# packing (same benchmark under ATEN_CPU_CAPABILITY=avx2 on the EPYC, two threads, quiet): GEMV against
-# torch's kernel, ms, 1 row 0.97 vs 2.91 (24.8 GB/s of weights), 2 rows 0.90 vs 2.86, 4 rows 1.53 vs 3.43,
-# 8 rows 3.80 vs 9.32, 16 rows 9.10 vs 14.31, 32 rows 12.5 vs 35.5; past 32 rows the tiles take over anyway,
-# so torch's kernel runs nowhere where the GEMV does.
-INT4_GEMV_ROWS_AVX2 = 32
+# Rows up to which our AVX2 int4 GEMV beats our AVX2 int4 GEMM, both reading torch's AVX2 packing (same
+# benchmark under ATEN_CPU_CAPABILITY=avx2 on the EPYC, two threads, quiet), ms, GEMV against GEMM: 1 row 0.94
+# vs 1.72, 8 rows 2.82 vs 2.89, 12 rows 4.56 vs 4.44, 16 rows 5.75 vs 5.93, 24 rows 8.22 vs 7.32, 128 rows
+# 42.3 vs 26.0. torch's int4 kernel loses to both at every row count (1 row 2.93, 16 rows 14.7), so it runs
+# nowhere where they do.
+INT4_GEMV_ROWS_AVX2 = 16
 
 # What each attention backend runs for prefill and decode steps (attention.py, xformers_plan.py).
 ATTENTION_KERNELS = {
