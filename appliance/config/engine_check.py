@@ -64,10 +64,11 @@ def _check_quantized_layers(path: str, fmt, tp: int) -> None:
     """A checkpoint quantised already (quantized_checkpoint.py): the layers its format cannot load, and, as
     it runs in its own groups, each rank's share of its projections must hold whole ones."""
     from appliance.engine.int4_fit import split_problem
-    from appliance.engine.quantized_checkpoint import a_checkpoint
+    from appliance.engine.quantized_checkpoint import a_checkpoint, check_biases
 
     try:
         fmt.check_layers(path)
+        check_biases(path, fmt, _text_config(path))
     except (OSError, ValueError):  # files missing or unreadable: reported where the weights are read
         pass
     why = split_problem(path, fmt, tp)
@@ -98,14 +99,20 @@ def model_head_dim(model) -> Optional[int]:
 
     path = getattr(model, "path", None)
     try:
-        config = json.loads((Path(path) / "config.json").read_text()) if path else None
+        text = _text_config(path) if path else SimpleNamespace()
     except (OSError, ValueError):
         return None
-    text = (config or {}).get("text_config") or config or {}
     try:
-        return head_dim_of(SimpleNamespace(**text))
+        return head_dim_of(text)
     except (AttributeError, TypeError, ZeroDivisionError):  # no head_dim and no hidden size or heads
         return None
+
+
+def _text_config(path) -> SimpleNamespace:
+    """The language model's config from `path`'s config.json (a LLaVA's text_config), as the engine reads
+    its fields; OSError or ValueError where it cannot be read."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    return SimpleNamespace(**((config or {}).get("text_config") or config or {}))
 
 
 def _limits():

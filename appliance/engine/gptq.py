@@ -6,7 +6,8 @@ config.json declares `quantization_config: {"quant_method": "gptq", "bits": 4, "
 are (GPTQModel's `"lm_head": true`, a quantised LM head, is refused). Each quantised linear X holds
 `X.qweight` int32 [K/8, N] (packed along the inputs: nibble j, bits 4j..4j+3, of qweight[i, n] is
 q[8i + j, n]), `X.qzeros` int32 [K/G, N/8] (packed along the outputs: nibble j of qzeros[g, c] is column
-8c + j), `X.scales` fp16 [K/G, N] and `X.g_idx` int32 [K], the group of each input.
+8c + j), `X.scales` fp16 [K/G, N] and `X.g_idx` int32 [K], the group of each input (AutoGPTQ's exports
+add `X.bias`, all zeros where the model has none: quantized_checkpoint.py drops it).
 w[k, n] = (q[k, n] - z[g, n]) · s[g, n] with g = g_idx[k], where the zero z is the stored nibble + 1 in
 the common format (AutoGPTQ stores z - 1) and the stored nibble in gptq_v2; a symmetric
 checkpoint stores z = 8 like any other.

@@ -59,7 +59,8 @@ class ModelRunner:
             # A checkpoint quantised already (its group size the plan's: settle_quantization): its int4
             # groups load beside q, to be packed as they are.
             add_int4_groups(model, plan.int4.group_size, plan.int4.group_sizes)
-            weights = linear_tensors(weights, quantized_checkpoint, plan.int4.dtype)
+            weights = linear_tensors(weights, quantized_checkpoint, plan.int4.dtype, hf_config.get_text_config(),
+                                     model_path)
         self.model: CausalLM = materialize(model, self.device, self.dtype).eval()
         self.model.load_weights(weights)
         quantized = plan.int8 or plan.int4

@@ -8,6 +8,8 @@ them as any weight (linear.add_int4_groups), and `quantize_projections` packs th
 is quantised again. A decoder projection the checkpoint left plain (AWQ's `modules_to_not_convert`, a
 GPTQ writer's skipped layers) is quantised here in the checkpoint's groups, as engine.quantization=int4
 quantises any weight (int4.quantize_groups), so every projection runs int4 in one group size.
+AutoGPTQ's exports store an `X.bias` beside every quantised layer, all zeros where the model has none:
+such a bias is dropped; one that is not all zeros, where the model's layer has no bias, is refused.
 """
 import json
 import os
@@ -18,9 +20,10 @@ import torch
 
 from appliance.engine.awq import awq_format
 from appliance.engine.config import EngineConfig, Quantization, quantization_group_sizes
-from appliance.engine.decoder_projections import is_decoder_projection
+from appliance.engine.decoder_projections import BIAS_FLAGS, biased_projection, has_bias, is_decoder_projection
 from appliance.engine.gptq import gptq_format
 from appliance.engine.int4 import quantize_groups
+from appliance.engine.safetensors_files import iter_weights
 from appliance.errors import ConfigError
 
 BITS = 4  # what int4 holds; any other bit width is refused
@@ -106,15 +109,18 @@ def settle_quantization(cfg: EngineConfig, fmt: Optional[QuantizedFormat], path:
     return replace(cfg, quantization=Quantization.int4, quantization_group_size=fmt.group_size)
 
 
-def linear_tensors(weights: Iterable[Tuple[str, torch.Tensor]], fmt: QuantizedFormat, dtype: torch.dtype
-                   ) -> Iterator[Tuple[str, torch.Tensor]]:
+def linear_tensors(weights: Iterable[Tuple[str, torch.Tensor]], fmt: QuantizedFormat, dtype: torch.dtype,
+                   text_config, path: str) -> Iterator[Tuple[str, torch.Tensor]]:
     """A checkpoint's (name, tensor) pairs with each quantised layer's parts replaced, once all are read,
     by `X.weight`, `X.group_scales` and `X.group_zeros` (the format's int4_groups), and each plain decoder
     projection's weight by the same three, quantised in the format's groups with scales and zeros
-    rounded to `dtype` (the int4 kernel's); the rest as they come. ValueError naming a layer that lacks
-    one of its parts."""
+    rounded to `dtype` (the int4 kernel's); a zero bias of a projection the decoder (`text_config`) has
+    none for dropped (unused_bias); the rest as they come. ValueError naming a layer that lacks one of
+    its parts."""
     pending: Dict[str, Dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
+        if unused_bias(name, tensor, text_config, fmt, path):
+            continue
         layer, _, part = name.rpartition(".")
         if part in fmt.parts:
             parts = pending.setdefault(layer, {})
@@ -134,6 +140,25 @@ def linear_tensors(weights: Iterable[Tuple[str, torch.Tensor]], fmt: QuantizedFo
     for layer, parts in pending.items():
         missing = [p for p in fmt.parts if p not in parts]
         raise ValueError(f"{fmt.name} layer {layer} lacks {', '.join(missing)} in the checkpoint")
+
+
+def unused_bias(name: str, tensor: torch.Tensor, text_config, fmt: QuantizedFormat, path: str) -> bool:
+    """Whether checkpoint tensor `name` of `path` is the bias of a projection the decoder (`text_config`)
+    has no bias for, all zeros: nothing to load. ConfigError naming it where it is not all zeros."""
+    projection = biased_projection(name)
+    if projection is None or has_bias(text_config, projection):
+        return False
+    if torch.count_nonzero(tensor):
+        raise ConfigError(f"{path}: {name} is not all zeros, but the model's {projection} has no bias "
+                          f"({BIAS_FLAGS[projection]} is false); {a_checkpoint(fmt)} loads a projection's "
+                          f"bias only where the model has one", param="model.path")
+    return True
+
+
+def check_biases(path: str, fmt: QuantizedFormat, text_config) -> None:
+    """unused_bias's ConfigError for the checkpoint at `path`, read from its projections' biases alone."""
+    for name, tensor in iter_weights(path, keep=lambda name: biased_projection(name) is not None):
+        unused_bias(name, tensor, text_config, fmt, path)
 
 
 def dense_projection(fmt: QuantizedFormat, name: str, shape: Sequence[int]) -> Optional[Tuple[str, Tuple[int, int]]]:

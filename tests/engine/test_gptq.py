@@ -2,6 +2,8 @@
 from the raw tensors (common and v2 zeros, symmetric and asymmetric groups), an engine's greedy tokens
 against the same model with those weights dense, and the settings and checkpoints refused."""
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -157,6 +159,63 @@ def test_groups_in_activation_order_are_refused_by_name(tmp_path, gptq32, capsys
         compose(args)
     assert main(["check", *args]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"appliance check: error: {message}"]
+
+
+def test_a_zero_bias_beside_each_layer_loads_as_if_absent(tmp_path, gptq32):
+    """AutoGPTQ's exports store an all-zero bias beside every layer, also where the model has none (Llama's
+    projections): it is dropped, and the engine answers as on the same checkpoint without it, token for token
+    and logprob for logprob."""
+    from appliance.engine.llm_engine import LLMEngine
+    from appliance.engine.sampling_params import SamplingParams
+    from tests.engine.helpers import random_prompts
+
+    path = write_gptq_checkpoint(tmp_path / "gptq", 32, zero_bias=True)
+    raw = load_file(str(path / "model.safetensors"))
+    layers = [name.rsplit(".", 1)[0] for name in raw if name.endswith(".qweight")]
+    assert len(layers) == 14 and all(not raw[f"{layer}.bias"].any() for layer in layers)
+    assert compose(["pipeline=llava_chat", f"model.path={path}"])
+    prompts = random_prompts(399, [5, 17, 30], seed=59)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+    cfg = EngineConfig(num_kv_blocks=32, dtype="float32", cpu_features_off=FP32_PLAN)
+    answers = [[(a.token_ids, a.logprobs) for a in LLMEngine(str(checkpoint), cfg).generate(prompts, greedy)]
+               for checkpoint in (path, gptq32)]
+    assert answers[0] == answers[1]
+
+
+def test_a_bias_the_model_has_no_place_for_is_refused_by_name(tmp_path, capsys):
+    """A bias that is not all zeros, beside a layer the model gives none, names the tensor and the model's
+    flag, by `check` from the bias tensors as by the engine as the weights load."""
+    from appliance.engine.llm_engine import LLMEngine
+
+    path = write_gptq_checkpoint(tmp_path / "gptq", 32, zero_bias=True)
+    tensors = load_file(str(path / "model.safetensors"))
+    name = "language_model.model.layers.1.mlp.down_proj.bias"
+    tensors[name][5] = 0.25
+    save_file(tensors, str(path / "model.safetensors"))
+    message = (f"{path}: {name} is not all zeros, but the model's down_proj has no bias (mlp_bias is false); "
+               f"a GPTQ checkpoint loads a projection's bias only where the model has one")
+    refused_alike(["pipeline=llava_chat", f"model.path={path}"], message, capsys)
+    with pytest.raises(ConfigError) as e:
+        LLMEngine(str(path), EngineConfig(dtype="float32", num_kv_blocks=16, cpu_features_off=FP32_PLAN))
+    assert str(e.value) == message and e.value.param == "model.path"
+
+
+def test_a_bias_the_model_has_loads_as_it_is(tmp_path):
+    """Where the model gives a projection a bias (attention_bias), the checkpoint's loads into it."""
+    from appliance.engine.llm_engine import LLMEngine
+
+    path = write_gptq_checkpoint(tmp_path / "gptq", 32, zero_bias=True)
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"]["attention_bias"] = True
+    (path / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(path / "model.safetensors"))
+    bias = torch.randn(tensors[f"{ATTENTION}.o_proj.bias"].shape).half()
+    tensors[f"{ATTENTION}.o_proj.bias"] = bias
+    save_file(tensors, str(path / "model.safetensors"))
+    assert compose(["pipeline=llava_chat", f"model.path={path}"])
+    engine = LLMEngine(str(path), EngineConfig(dtype="float32", num_kv_blocks=16, cpu_features_off=FP32_PLAN))
+    o_proj = engine.executor.runner.model.get_submodule(f"{ATTENTION}.o_proj")
+    assert torch.equal(o_proj.bias, bias.float())
 
 
 def test_the_memory_plan_counts_a_gptq_checkpoint_as_the_weights_it_loads(gptq32):

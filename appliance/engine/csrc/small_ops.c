@@ -63,20 +63,51 @@ static inline __m256 silu8(__m256 g) {
     return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
 }
 
-// SwiGLU: out[m, i] = silu(x[m, i]) * x[m, I + i] for x [M, 2I].
-void silu_mul_f32(const float* x, float* out, int64_t M, int64_t I) {
-    #pragma omp parallel for schedule(static) if (M * I > 65536)
-    for (int64_t m = 0; m < M; m++) {
-        const float* g = x + m * 2 * I;
-        float* o = out + m * I;
-        int64_t i = 0;
-        for (; i + 8 <= I; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(g + I + i)));
-        for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * g[I + i];
+// Elements of es bytes (4: fp32, 2: bf16), 8 lanes or one: loaded as fp32, fp32 rounded to the element type
+// (still fp32; a no-op for fp32) and stored rounded. An op written once over es and inlined with a constant
+// es keeps one branch of each.
+static inline __m256 load8(const void* p, int64_t i, int64_t es) {
+    return es == 2 ? load8_bf16((const char*)p + 2 * i) : load8_f32((const char*)p + 4 * i);
+}
+static inline float load1(const void* p, int64_t i, int64_t es) {
+    return es == 2 ? bf16_to_f32(((const uint16_t*)p)[i]) : ((const float*)p)[i];
+}
+static inline __m256 round8(__m256 v, int64_t es) { return es == 2 ? round8_bf16(v) : v; }
+static inline float round1(float x, int64_t es) { return es == 2 ? round1_bf16(x) : x; }
+static inline void store8(void* p, int64_t i, __m256 v, int64_t es) {
+    if (es == 2) store8_bf16((uint16_t*)p + i, v);
+    else _mm256_storeu_ps((float*)p + i, v);
+}
+static inline void store1(void* p, int64_t i, float x, int64_t es) {
+    if (es == 2) ((uint16_t*)p)[i] = f32_to_bf16(x);
+    else ((float*)p)[i] = x;
+}
+
+// One row of SwiGLU: o[i] = round(silu(g[i])) * u[i], silu rounded as torch's bf16 path rounds it.
+static inline __attribute__((always_inline)) void silu_mul_row(const void* g, const void* u, void* o, int64_t I,
+                                                               int64_t es) {
+    int64_t i = 0;
+    for (; i + 8 <= I; i += 8) store8(o, i, _mm256_mul_ps(round8(silu8(load8(g, i, es)), es), load8(u, i, es)), es);
+    for (; i < I; i++) {
+        const float gi = load1(g, i, es);
+        store1(o, i, round1(gi / (1.f + expf(-gi)), es) * load1(u, i, es), es);
     }
 }
 
-// rms_norm_f32 for bf16 x, w and out: x normalised in fp32, rounded to bf16, times w, rounded again.
+// SwiGLU: out[m, i] = silu(x[m, i]) * x[m, I + i] for x [M, 2I].
+void silu_mul_f32(const float* x, float* out, int64_t M, int64_t I) {
+    #pragma omp parallel for schedule(static) if (M * I > 65536)
+    for (int64_t m = 0; m < M; m++) silu_mul_row(x + m * 2 * I, x + m * 2 * I + I, out + m * I, I, 4);
+}
+
+void silu_mul_bf16(const uint16_t* x, uint16_t* out, int64_t M, int64_t I) {
+    #pragma omp parallel for schedule(static) if (M * I > 65536)
+    for (int64_t m = 0; m < M; m++) silu_mul_row(x + m * 2 * I, x + m * 2 * I + I, out + m * I, I, 2);
+}
+
+// rms_norm_f32 for bf16 x, w and out: x normalised in fp32, rounded to bf16, times w, rounded again. Not
+// written once with rms_norm_f32: the two add the squares in different orders (here lanes pairwise, then the
+// tail; there as the compiler vectorises its reduction), so one kernel would change the bits of one.
 void rms_norm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, float eps, uint16_t* out, int64_t M,
                    int64_t D) {
     #pragma omp parallel for schedule(static) if (M * D > 65536)
@@ -126,24 +157,6 @@ void rotary_bf16(uint16_t* q, int64_t ldq, uint16_t* k, int64_t ldk, const int64
                 x[i + half] = f32_to_bf16(round1_bf16(x2 * bf16_to_f32(c[i + half])) +
                                           round1_bf16(x1 * bf16_to_f32(s[i + half])));
             }
-        }
-    }
-}
-
-// silu_mul_f32 for bf16: silu(gate) rounded to bf16, times up, rounded.
-void silu_mul_bf16(const uint16_t* x, uint16_t* out, int64_t M, int64_t I) {
-    #pragma omp parallel for schedule(static) if (M * I > 65536)
-    for (int64_t m = 0; m < M; m++) {
-        const uint16_t* g = x + m * 2 * I;
-        uint16_t* o = out + m * I;
-        int64_t i = 0;
-        for (; i + 8 <= I; i += 8) {
-            __m256 silu = round8_bf16(silu8(load8_bf16((const char*)(g + i))));
-            store8_bf16(o + i, _mm256_mul_ps(silu, load8_bf16((const char*)(g + I + i))));
-        }
-        for (; i < I; i++) {
-            float gf = bf16_to_f32(g[i]);
-            o[i] = f32_to_bf16(round1_bf16(gf / (1.f + expf(-gf))) * bf16_to_f32(g[I + i]));
         }
     }
 }

@@ -7,6 +7,7 @@ from torch import nn
 from appliance.engine.attention import PagedAttention
 from appliance.engine.attention_geometry import head_dim_of, kv_heads_of
 from appliance.engine.context import StepContext
+from appliance.engine.decoder_projections import has_bias
 from appliance.engine.embedding import ParallelLMHead, VocabParallelEmbedding
 from appliance.engine.layers import RMSNorm, RotaryEmbedding, SiluAndMul, rope_parameters
 from appliance.engine.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -19,7 +20,7 @@ class LlamaAttention(nn.Module):
         super().__init__()
         head_dim = head_dim_of(cfg)
         num_kv = kv_heads_of(cfg)
-        bias = getattr(cfg, "attention_bias", False)
+        bias = has_bias(cfg, "q_proj")
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, head_dim, cfg.num_attention_heads, num_kv, tp, bias)
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * head_dim, cfg.hidden_size, tp, bias)
         self.q_size = self.qkv_proj.num_heads * head_dim
@@ -39,7 +40,7 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg, tp: ParallelState):
         super().__init__()
-        bias = getattr(cfg, "mlp_bias", False)
+        bias = has_bias(cfg, "gate_proj")
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, tp, bias)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, tp, bias)
         self.act = SiluAndMul()
