@@ -12,8 +12,9 @@
 // pass of 512 k over a block of 192 rows of x, OpenMP over slabs of panels.
 #include "cpu_kernels.h"
 #include "int4_avx2.h"
+#include "panel_layout.h"
 
-#define PANEL 32  // outputs a panel: a block of torch's AVX2 packing
+_Static_assert(BPANEL == BLOCK_ROWS, "a panel is one block of torch's AVX2 packing, unpacked");
 #define TILE_ROWS 3
 #define TILE_VECTORS 2  // vectors of 8 outputs a tile
 #define ROW_BLOCK 192  // rows of x a pass's tiles meet while its panel slice stays in L1
@@ -27,7 +28,7 @@ static void unpack_panel(const uint8_t* block, int64_t K, uint8_t* out) {
         __m256i lo, hi;
         block_quads(block + kq * 64, &lo, &hi);
         const __m256i r0 = _mm256_permute2x128_si256(lo, hi, 0x20), r1 = _mm256_permute2x128_si256(lo, hi, 0x31);
-        uint8_t* row = out + kq * PANEL * 4;
+        uint8_t* row = out + kq * BPANEL * 4;
         _mm256_storeu_si256((__m256i*)row, _mm256_and_si256(r0, mask));  // rows 0-7
         _mm256_storeu_si256((__m256i*)(row + 32), _mm256_and_si256(r1, mask));  // 8-15
         _mm256_storeu_si256((__m256i*)(row + 64), _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask));  // 16-23
@@ -45,7 +46,7 @@ static inline __attribute__((always_inline)) void int4_avx2_tile_rows(
     const int64_t g = 4 * kc;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t gi = 0; gi < groups; gi++, x += M * g, xs += M, xz += M, s += sg, o += sg) {
-        const uint8_t* w = panel + gi * kc * PANEL * 4;
+        const uint8_t* w = panel + gi * kc * BPANEL * 4;
         __m256i c[TILE_ROWS][TILE_VECTORS];
         for (int i = 0; i < mr; i++)
             for (int v = 0; v < TILE_VECTORS; v++) c[i][v] = _mm256_setzero_si256();
@@ -58,7 +59,7 @@ static inline __attribute__((always_inline)) void int4_avx2_tile_rows(
             for (int64_t kq = k0; kq < k1; kq++) {
                 __m256i q[TILE_VECTORS];
                 for (int v = 0; v < TILE_VECTORS; v++)
-                    q[v] = _mm256_loadu_si256((const __m256i*)(w + kq * PANEL * 4 + 32 * v));
+                    q[v] = _mm256_loadu_si256((const __m256i*)(w + kq * BPANEL * 4 + 32 * v));
                 for (int i = 0; i < mr; i++) {
                     int32_t quad;
                     memcpy(&quad, x + i * g + 4 * kq, 4);
@@ -98,11 +99,11 @@ static void slab_scales(const char* sz, int64_t ldsz, int bf16, int64_t G, int64
                         float* o) {
     const int64_t es = bf16 ? 2 : 4;
     for (int64_t gi = 0; gi < G; gi++)
-        for (int64_t j = 0; j < SLAB * PANEL; j += 8) {
+        for (int64_t j = 0; j < SLAB * BPANEL; j += 8) {
             __m256 sv = _mm256_setzero_ps(), ov = sv;
             if (j < cols) int4_scales8(sz + (gi * ldsz + 2 * (first + j)) * es, bf16, &sv, &ov);
-            _mm256_storeu_ps(s + gi * SLAB * PANEL + j, sv);
-            _mm256_storeu_ps(o + gi * SLAB * PANEL + j, ov);
+            _mm256_storeu_ps(s + gi * SLAB * BPANEL + j, sv);
+            _mm256_storeu_ps(o + gi * SLAB * BPANEL + j, ov);
         }
 }
 
@@ -111,32 +112,32 @@ static void slab_scales(const char* sz, int64_t ldsz, int bf16, int64_t G, int64
 static void linear_int4_avx2_slabs(const int4_x* xq, const uint8_t* packed, const uint8_t* tail, const char* sz,
                                    int64_t ldsz, int sz_bf16, int64_t g, float* y, int64_t ldy, int64_t M,
                                    int64_t N, int64_t K, char* scratch, int64_t per_thread) {
-    const int64_t G = K / g, panels = (N + PANEL - 1) / PANEL, full = N / PANEL;
-    const int64_t slabs = (panels + SLAB - 1) / SLAB, panel_bytes = K * PANEL, pass_groups = PASS_K / g;
+    const int64_t G = K / g, panels = (N + BPANEL - 1) / BPANEL, full = N / BPANEL;
+    const int64_t slabs = (panels + SLAB - 1) / SLAB, panel_bytes = K * BPANEL, pass_groups = PASS_K / g;
     #pragma omp parallel
     {
         char* own = scratch + omp_get_thread_num() * per_thread;
         uint8_t* wq = (uint8_t*)own;
         float* s = (float*)(own + SLAB * panel_bytes);
-        float* o = s + G * SLAB * PANEL;
+        float* o = s + G * SLAB * BPANEL;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t slab = 0; slab < slabs; slab++) {
             const int64_t p0 = slab * SLAB, np = panels - p0 < SLAB ? panels - p0 : SLAB;
             for (int64_t q = 0; q < np; q++)
-                unpack_panel(p0 + q < full ? packed + (p0 + q) * PANEL * K / 2 : tail, K, wq + q * panel_bytes);
-            slab_scales(sz, ldsz, sz_bf16, G, p0 * PANEL, N - p0 * PANEL, s, o);
+                unpack_panel(p0 + q < full ? packed + (p0 + q) * BPANEL * K / 2 : tail, K, wq + q * panel_bytes);
+            slab_scales(sz, ldsz, sz_bf16, G, p0 * BPANEL, N - p0 * BPANEL, s, o);
             for (int64_t m1 = 0; m1 < M; m1 += ROW_BLOCK) {
                 const int64_t m2 = m1 + ROW_BLOCK < M ? m1 + ROW_BLOCK : M;
                 for (int64_t q = 0; q < np; q++) {
-                    const int64_t n0 = (p0 + q) * PANEL;
+                    const int64_t n0 = (p0 + q) * BPANEL;
                     for (int64_t h = 0; h < 2 && n0 + 16 * h < N; h++)  // N is a multiple of 16
                         for (int64_t g0 = 0; g0 < G; g0 += pass_groups) {
                             const int64_t groups = G - g0 < pass_groups ? G - g0 : pass_groups;
-                            const int64_t so = g0 * SLAB * PANEL + q * PANEL + 16 * h;
+                            const int64_t so = g0 * SLAB * BPANEL + q * BPANEL + 16 * h;
                             for (int64_t m0 = m1; m0 < m2; m0 += TILE_ROWS)
                                 int4_avx2_tile(xq->q + (g0 * M + m0) * g, M, xq->scale + g0 * M + m0,
-                                               xq->sum + g0 * M + m0, wq + q * panel_bytes + g0 * g * PANEL + 64 * h,
-                                               g / 4, groups, s + so, o + so, SLAB * PANEL,
+                                               xq->sum + g0 * M + m0, wq + q * panel_bytes + g0 * g * BPANEL + 64 * h,
+                                               g / 4, groups, s + so, o + so, SLAB * BPANEL,
                                                y + m0 * ldy + n0 + 16 * h, ldy, g0 > 0,
                                                m2 - m0 < TILE_ROWS ? (int)(m2 - m0) : TILE_ROWS);
                         }
@@ -149,19 +150,19 @@ static void linear_int4_avx2_slabs(const int4_x* xq, const uint8_t* packed, cons
 int linear_int4_avx2(const float* x, int64_t ldx, const uint8_t* packed, int tail_halves,
                      const void* scales_and_zeros, int64_t ldsz, int sz_bf16, float* y, int64_t ldy, int64_t M,
                      int64_t N, int64_t K, int64_t g) {
-    const int64_t G = K / g, threads = omp_get_max_threads(), full = N / PANEL;
-    const int64_t per_thread = SLAB * K * PANEL + 2 * sizeof(float) * G * SLAB * PANEL;
+    const int64_t G = K / g, threads = omp_get_max_threads(), full = N / BPANEL;
+    const int64_t per_thread = SLAB * K * BPANEL + 2 * sizeof(float) * G * SLAB * BPANEL;
     char* scratch = malloc(threads * per_thread);
-    uint8_t* tail = full * PANEL < N ? malloc(K * PANEL / 2) : NULL;
+    uint8_t* tail = full * BPANEL < N ? malloc(K * BPANEL / 2) : NULL;
     int4_x xq;
-    if (scratch == NULL || (tail == NULL && full * PANEL < N) || int4_x_quantize_avx2(x, ldx, M, K, g, &xq) != 0) {
+    if (scratch == NULL || (tail == NULL && full * BPANEL < N) || int4_x_quantize_avx2(x, ldx, M, K, g, &xq) != 0) {
         free(scratch);
         free(tail);
         return -2;
     }
     if (tail != NULL) {
         const int4_source w = {packed, N, K, BLOCK_ROWS, 1, tail_halves};
-        int4_tail_block(&w, full * PANEL, tail);
+        int4_tail_block(&w, full * BPANEL, tail);
     }
     linear_int4_avx2_slabs(&xq, packed, tail, (const char*)scales_and_zeros, ldsz, sz_bf16, g, y, ldy, M, N, K,
                            scratch, per_thread);
