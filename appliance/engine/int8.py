@@ -59,7 +59,7 @@ class Int8Weight:
             self.scale[start:start + QUANT_CHUNK_ROWS] = scale
         self.packed: Optional[cpu_kernels.PackedWeight] = None
         if plan.packed:
-            panels = hugepages.empty([cpu_kernels.PackedWeight.numel(*weight.shape, torch.int8)], torch.int8)
+            panels = hugepages.empty([cpu_kernels.PackedWeight.numel(rows, weight.shape[1], torch.int8)], torch.int8)
             self.packed = cpu_kernels.PackedWeight(self.q, out=panels, scale=self.scale, vnni=plan.vnni)
             self.q = None  # the rows live on in the panels
 
