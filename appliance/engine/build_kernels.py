@@ -35,7 +35,7 @@ KERNEL_SOURCES = [CSRC / name for name in ("gemm_f32.c", "gemm_bf16.c", "gemm_bf
                                            "gemm_int4_avx2.c")]
 HEADERS = [CSRC / name for name in ("cpu_kernels.h", "kernel_common.h", "few_rows.h", "group_panels.h", "panel16.h",
                                      "panel_layout.h", "vnni_tile.h", "int4_packing.h", "int4_groups.h",
-                                     "int4_avx2.h", "quantize_avx2.h")]
+                                     "int4_avx2.h", "int4_slabs.h", "quantize_avx2.h")]
 SOURCES = [*KERNEL_SOURCES, *HEADERS, CSRC / "cpu_ops.cpp"]
 PREBUILT_DIR = Path(__file__).parent / "_kernels"  # what `python -m appliance.engine.build_kernels` fills
 C_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC"]

@@ -6,10 +6,10 @@
 // gemm_bf16_fma.c (the packed bf16 GEMM on AVX2/FMA, for CPUs without bf16 units), gemm_int8_avx2.c (the
 // packed int8 GEMM on AVX2, for CPUs without AVX512-VNNI),
 // decode_attention.c (paged decode attention), small_ops.c (RMSNorm, rotary, KV write, SwiGLU, argmax);
-// shared helpers in kernel_common.h, few_rows.h, group_panels.h, vnni_tile.h,
-// int4_packing.h, int4_groups.h, int4_avx2.h, quantize_avx2.h and panel16.h. Plain C with no argument checks:
-// cpu_ops.cpp registers each as a torch operator and checks shapes, dtypes, strides and every block, slot
-// and position id before calling it. Built into one library by appliance/engine/build_kernels.py.
+// shared helpers in kernel_common.h, few_rows.h, group_panels.h, vnni_tile.h, int4_packing.h, int4_groups.h,
+// int4_avx2.h, int4_slabs.h, quantize_avx2.h and panel16.h. Plain C with no argument checks: cpu_ops.cpp
+// registers each as a torch operator and checks shapes, dtypes, strides and every block, slot and position id
+// before calling it. Built into one library by appliance/engine/build_kernels.py.
 // Parallel loops use OpenMP, which binds to the libgomp torch has already loaded, so
 // torch.set_num_threads governs them too.
 #pragma once

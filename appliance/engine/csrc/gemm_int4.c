@@ -7,12 +7,12 @@
 // unpacking, are the cost: twice bf16's products an instruction, as the int8 GEMM.
 #include "cpu_kernels.h"
 #include "int4_groups.h"
+#include "int4_slabs.h"
 
 _Static_assert(BPANEL == 32, "the unpacking writes panels of 32 outputs (a 256-bit vector of nibbles a k)");
 
 #define PASS_K 512  // k a tile call covers (its groups one after another), as the int8 GEMM's pass
 #define PASS_GROUPS(g) (PASS_K / (g))
-#define SLAB 2  // panels a thread unpacks and multiplies at a time: 256 KB (K = 4096) beside a BMC block of x in L2
 
 // Four k of 32 rows (row-ordered nibble bytes) as 32 unsigned quads, a panel row.
 static inline void store_quads(__m256i r0, __m256i r1, __m256i r2, __m256i r3, uint8_t* out) {
@@ -99,36 +99,35 @@ static VNNI_UNITS void int4_tile(const int8_t* x, int64_t M, const float* xs, co
     INT4_TILE_CASES(0)
 }
 
-// The slab's scales and offsets z - 8 s, fp32 [G][SLAB * 32] (0 past the last output), from the weight's
+// The slab's scales and offsets z - 8 s, fp32 [G][INT4_SLAB * 32] (0 past the last output), from the weight's
 // [G][ldsz] (scale, zero) pairs of fp32 or bf16.
 static VNNI_UNITS void slab_scales(const void* sz, int64_t ldsz, int bf16, int64_t G, int64_t first, int64_t cols,
                                    float* s, float* o) {
     const int64_t es = bf16 ? 2 : 4;
     for (int64_t gi = 0; gi < G; gi++)
-        for (int64_t j = 0; j < SLAB * BPANEL; j += 16) {
+        for (int64_t j = 0; j < INT4_SLAB * BPANEL; j += 16) {
             __m512 sv = _mm512_setzero_ps(), ov = sv;
             if (j < cols)
                 int4_scales16((const char*)sz + (gi * ldsz + 2 * (first + j)) * es, bf16,
                               cols - j < 16 ? (int)(cols - j) : 16, &sv, &ov);
-            _mm512_storeu_ps(s + gi * SLAB * BPANEL + j, sv);
-            _mm512_storeu_ps(o + gi * SLAB * BPANEL + j, ov);
+            _mm512_storeu_ps(s + gi * INT4_SLAB * BPANEL + j, sv);
+            _mm512_storeu_ps(o + gi * INT4_SLAB * BPANEL + j, ov);
         }
 }
 
 static VNNI_UNITS void linear_int4_units(const int8_t* xq, const float* xs, const float* xz, const int4_source* w,
                                          const void* sz, int64_t ldsz, int sz_bf16, int64_t g, float* y, int64_t ldy,
-                                         int64_t M, char* scratch, int64_t per_thread) {
+                                         int64_t M, char* scratch) {
     const int64_t N = w->N, K = w->K, G = K / g, panels = (N + BPANEL - 1) / BPANEL;
-    const int64_t slabs = (panels + SLAB - 1) / SLAB, panel_bytes = K * BPANEL;
+    const int64_t slabs = (panels + INT4_SLAB - 1) / INT4_SLAB, panel_bytes = K * BPANEL;
     #pragma omp parallel
     {
-        char* own = scratch + omp_get_thread_num() * per_thread;
-        uint8_t* wq = (uint8_t*)own;
-        float* s = (float*)(own + SLAB * panel_bytes);
-        float* o = s + G * SLAB * BPANEL;
+        const int4_slab own = int4_thread_slab(scratch, K, G);
+        uint8_t* wq = own.panels;
+        float *s = own.scale, *o = own.offset;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t slab = 0; slab < slabs; slab++) {
-            const int64_t p0 = slab * SLAB, np = panels - p0 < SLAB ? panels - p0 : SLAB;
+            const int64_t p0 = slab * INT4_SLAB, np = panels - p0 < INT4_SLAB ? panels - p0 : INT4_SLAB;
             for (int64_t q = 0; q < np; q++) unpack_panel(w, p0 + q, wq + q * panel_bytes);
             slab_scales(sz, ldsz, sz_bf16, G, p0 * BPANEL, N - p0 * BPANEL, s, o);
             for (int64_t m1 = 0; m1 < M; m1 += BMC) {
@@ -141,8 +140,8 @@ static VNNI_UNITS void linear_int4_units(const int8_t* xq, const float* xs, cons
                         for (int64_t m0 = m1; m0 < m2; m0 += BMR)
                             int4_tile(xq + (g0 * M + m0) * g, M, xs + g0 * M + m0, xz + g0 * M + m0,
                                       wq + q * panel_bytes + g0 * g / 4 * BPANEL * 4, g / 4, groups,
-                                      s + g0 * SLAB * BPANEL + q * BPANEL, o + g0 * SLAB * BPANEL + q * BPANEL,
-                                      SLAB * BPANEL, y + m0 * ldy + p * BPANEL, ldy, g0 > 0,
+                                      s + (g0 * INT4_SLAB + q) * BPANEL, o + (g0 * INT4_SLAB + q) * BPANEL,
+                                      INT4_SLAB * BPANEL, y + m0 * ldy + p * BPANEL, ldy, g0 > 0,
                                       m2 - m0 < BMR ? (int)(m2 - m0) : BMR, nr, m0 == m1);
                     }
                 }
@@ -156,15 +155,14 @@ int linear_int4_vnni(const float* x, int64_t ldx, const uint8_t* packed, int64_t
                      int64_t M, int64_t N, int64_t K, int64_t g) {
     if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return -1;
     const int64_t G = K / g, threads = omp_get_max_threads();
-    const int64_t per_thread = SLAB * K * BPANEL + 2 * sizeof(float) * G * SLAB * BPANEL;
-    char* scratch = malloc(threads * per_thread);
+    char* scratch = malloc(threads * int4_slab_bytes(K, G));
     int4_x xq;
     if (scratch == NULL || int4_x_quantize(x, ldx, M, K, g, &xq) != 0) {
         free(scratch);
         return -2;
     }
     const int4_source w = {packed, N, K, block_rows, halves, tail_halves};
-    linear_int4_units(xq.q, xq.scale, xq.sum, &w, scales_and_zeros, ldsz, sz_bf16, g, y, ldy, M, scratch, per_thread);
+    linear_int4_units(xq.q, xq.scale, xq.sum, &w, scales_and_zeros, ldsz, sz_bf16, g, y, ldy, M, scratch);
     int4_x_free(&xq);
     free(scratch);
     return 0;

@@ -12,14 +12,13 @@
 // pass of 512 k over a block of 192 rows of x, OpenMP over slabs of panels.
 #include "cpu_kernels.h"
 #include "int4_avx2.h"
-#include "panel_layout.h"
+#include "int4_slabs.h"
 
 _Static_assert(BPANEL == BLOCK_ROWS, "a panel is one block of torch's AVX2 packing, unpacked");
 #define TILE_ROWS 3
 #define TILE_VECTORS 2  // vectors of 8 outputs a tile
 #define ROW_BLOCK 192  // rows of x a pass's tiles meet while its panel slice stays in L1
 #define PASS_K 512  // k a tile call covers (its groups one after another)
-#define SLAB 2  // panels a thread unpacks and multiplies at a time
 
 // Panel p (torch's block p) as [K / 4][32][4] unsigned quads in row order, from `block` ([K][16] bytes).
 static void unpack_panel(const uint8_t* block, int64_t K, uint8_t* out) {
@@ -69,7 +68,8 @@ static inline __attribute__((always_inline)) void int4_avx2_tile_rows(
                 }
             }
             for (int i = 0; i < mr; i++)
-                for (int v = 0; v < TILE_VECTORS; v++) c[i][v] = _mm256_add_epi32(c[i][v], _mm256_madd_epi16(p[i][v], ones));
+                for (int v = 0; v < TILE_VECTORS; v++)
+                    c[i][v] = _mm256_add_epi32(c[i][v], _mm256_madd_epi16(p[i][v], ones));
         }
         for (int i = 0; i < mr; i++) {
             const __m256 rs = _mm256_set1_ps(xs[i]), rz = _mm256_set1_ps(xz[i]);
@@ -93,36 +93,35 @@ static void int4_avx2_tile(const int8_t* x, int64_t M, const float* xs, const fl
     }
 }
 
-// The slab's scales and offsets z - 8 s, fp32 [G][SLAB * 32] (0 past the last output), from the weight's
+// The slab's scales and offsets z - 8 s, fp32 [G][INT4_SLAB * 32] (0 past the last output), from the weight's
 // [G][ldsz] (scale, zero) pairs of fp32 or bf16; `cols` outputs from `first` (a multiple of 16).
 static void slab_scales(const char* sz, int64_t ldsz, int bf16, int64_t G, int64_t first, int64_t cols, float* s,
                         float* o) {
     const int64_t es = bf16 ? 2 : 4;
     for (int64_t gi = 0; gi < G; gi++)
-        for (int64_t j = 0; j < SLAB * BPANEL; j += 8) {
+        for (int64_t j = 0; j < INT4_SLAB * BPANEL; j += 8) {
             __m256 sv = _mm256_setzero_ps(), ov = sv;
             if (j < cols) int4_scales8(sz + (gi * ldsz + 2 * (first + j)) * es, bf16, &sv, &ov);
-            _mm256_storeu_ps(s + gi * SLAB * BPANEL + j, sv);
-            _mm256_storeu_ps(o + gi * SLAB * BPANEL + j, ov);
+            _mm256_storeu_ps(s + gi * INT4_SLAB * BPANEL + j, sv);
+            _mm256_storeu_ps(o + gi * INT4_SLAB * BPANEL + j, ov);
         }
 }
 
 // y [M, N] = x Wᵀ from x quantised (int4_x) and the blocks of W (`tail`: the last block in a full one's
-// layout where N is not a multiple of 32, else NULL); `per_thread` bytes of scratch a thread.
+// layout where N is not a multiple of 32, else NULL); `scratch`: int4_slabs.h's, a share a thread.
 static void linear_int4_avx2_slabs(const int4_x* xq, const uint8_t* packed, const uint8_t* tail, const char* sz,
                                    int64_t ldsz, int sz_bf16, int64_t g, float* y, int64_t ldy, int64_t M,
-                                   int64_t N, int64_t K, char* scratch, int64_t per_thread) {
+                                   int64_t N, int64_t K, char* scratch) {
     const int64_t G = K / g, panels = (N + BPANEL - 1) / BPANEL, full = N / BPANEL;
-    const int64_t slabs = (panels + SLAB - 1) / SLAB, panel_bytes = K * BPANEL, pass_groups = PASS_K / g;
+    const int64_t slabs = (panels + INT4_SLAB - 1) / INT4_SLAB, panel_bytes = K * BPANEL, pass_groups = PASS_K / g;
     #pragma omp parallel
     {
-        char* own = scratch + omp_get_thread_num() * per_thread;
-        uint8_t* wq = (uint8_t*)own;
-        float* s = (float*)(own + SLAB * panel_bytes);
-        float* o = s + G * SLAB * BPANEL;
+        const int4_slab own = int4_thread_slab(scratch, K, G);
+        uint8_t* wq = own.panels;
+        float *s = own.scale, *o = own.offset;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t slab = 0; slab < slabs; slab++) {
-            const int64_t p0 = slab * SLAB, np = panels - p0 < SLAB ? panels - p0 : SLAB;
+            const int64_t p0 = slab * INT4_SLAB, np = panels - p0 < INT4_SLAB ? panels - p0 : INT4_SLAB;
             for (int64_t q = 0; q < np; q++)
                 unpack_panel(p0 + q < full ? packed + (p0 + q) * BPANEL * K / 2 : tail, K, wq + q * panel_bytes);
             slab_scales(sz, ldsz, sz_bf16, G, p0 * BPANEL, N - p0 * BPANEL, s, o);
@@ -133,11 +132,11 @@ static void linear_int4_avx2_slabs(const int4_x* xq, const uint8_t* packed, cons
                     for (int64_t h = 0; h < 2 && n0 + 16 * h < N; h++)  // N is a multiple of 16
                         for (int64_t g0 = 0; g0 < G; g0 += pass_groups) {
                             const int64_t groups = G - g0 < pass_groups ? G - g0 : pass_groups;
-                            const int64_t so = g0 * SLAB * BPANEL + q * BPANEL + 16 * h;
+                            const int64_t so = g0 * INT4_SLAB * BPANEL + q * BPANEL + 16 * h;
                             for (int64_t m0 = m1; m0 < m2; m0 += TILE_ROWS)
                                 int4_avx2_tile(xq->q + (g0 * M + m0) * g, M, xq->scale + g0 * M + m0,
                                                xq->sum + g0 * M + m0, wq + q * panel_bytes + g0 * g * BPANEL + 64 * h,
-                                               g / 4, groups, s + so, o + so, SLAB * BPANEL,
+                                               g / 4, groups, s + so, o + so, INT4_SLAB * BPANEL,
                                                y + m0 * ldy + n0 + 16 * h, ldy, g0 > 0,
                                                m2 - m0 < TILE_ROWS ? (int)(m2 - m0) : TILE_ROWS);
                         }
@@ -151,8 +150,7 @@ int linear_int4_avx2(const float* x, int64_t ldx, const uint8_t* packed, int tai
                      const void* scales_and_zeros, int64_t ldsz, int sz_bf16, float* y, int64_t ldy, int64_t M,
                      int64_t N, int64_t K, int64_t g) {
     const int64_t G = K / g, threads = omp_get_max_threads(), full = N / BPANEL;
-    const int64_t per_thread = SLAB * K * BPANEL + 2 * sizeof(float) * G * SLAB * BPANEL;
-    char* scratch = malloc(threads * per_thread);
+    char* scratch = malloc(threads * int4_slab_bytes(K, G));
     uint8_t* tail = full * BPANEL < N ? malloc(K * BPANEL / 2) : NULL;
     int4_x xq;
     if (scratch == NULL || (tail == NULL && full * BPANEL < N) || int4_x_quantize_avx2(x, ldx, M, K, g, &xq) != 0) {
@@ -165,7 +163,7 @@ int linear_int4_avx2(const float* x, int64_t ldx, const uint8_t* packed, int tai
         int4_tail_block(&w, full * BPANEL, tail);
     }
     linear_int4_avx2_slabs(&xq, packed, tail, (const char*)scales_and_zeros, ldsz, sz_bf16, g, y, ldy, M, N, K,
-                           scratch, per_thread);
+                           scratch);
     int4_x_free(&xq);
     free(scratch);
     free(tail);
