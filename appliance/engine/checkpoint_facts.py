@@ -5,9 +5,7 @@ An HF directory: the dtype config.json declares (`dtype`, transformers 4's `torc
 A single file (terratorch `.pt`/`.ckpt`, our `.safetensors`): the dtype of most of its floating point
 weights (a `.pt` is memory-mapped, its tensors are not read).
 """
-import json
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
@@ -15,7 +13,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 import torch
 
 from appliance.engine.decoder_projections import is_decoder_projection
-from appliance.engine.quantized_checkpoint import QuantizedFormat, declared_format, dense_projection
+from appliance.engine.quantized_checkpoint import QuantizedFormat, declared_format, dense_projection, read_config_json
 from appliance.engine.safetensors_files import SAFETENSORS_DTYPES, checkpoint_files, read_header
 from appliance.engine.torch_files import load_torch_file
 from appliance.errors import ConfigError
@@ -62,14 +60,15 @@ class CheckpointFacts:
 def hf_checkpoint_facts(path: str) -> CheckpointFacts:
     """Facts of an HF model directory (config.json and its safetensors)."""
     tensors, projections = [], 0
-    fmt = declared_format(path)
+    config = read_config_json(path)
+    fmt = declared_format(path, config)
     for file in checkpoint_files(path):
         _, header = read_header(file)
         for name, dtype, shape in header_tensors(header, fmt):
             tensors.append((dtype, shape))
             projections += math.prod(shape) if is_decoder_projection(name) else 0
     facts = _facts(tensors, path)
-    return CheckpointFacts(declared_dtype(path) or facts.dtype, facts.float_elements, facts.other_bytes,
+    return CheckpointFacts(declared_dtype(config) or facts.dtype, facts.float_elements, facts.other_bytes,
                            projections)
 
 
@@ -91,13 +90,8 @@ def model_checkpoint_facts(model_cfg) -> CheckpointFacts:
     return file_checkpoint_facts(str(checkpoint)) if checkpoint else hf_checkpoint_facts(str(model_cfg.path))
 
 
-def declared_dtype(path: str) -> Optional[torch.dtype]:
-    """The dtype config.json declares for the weights, if any."""
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
+def declared_dtype(config: dict) -> Optional[torch.dtype]:
+    """The dtype a parsed config.json declares for the weights, if any."""
     for node in (config, config.get("text_config") or {}):
         name = node.get("dtype") or node.get("torch_dtype")
         dtype = getattr(torch, name, None) if isinstance(name, str) else None

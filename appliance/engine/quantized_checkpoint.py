@@ -74,14 +74,19 @@ def checkpoint_format(quant: Optional[dict], path: str) -> Optional[QuantizedFor
     return READERS[method](quant, where, group)
 
 
-def declared_format(path: str) -> Optional[QuantizedFormat]:
-    """checkpoint_format of the checkpoint directory `path`, read from its config.json (None where there
-    is none to read)."""
+def read_config_json(path: str) -> dict:
+    """The checkpoint directory `path`'s config.json, parsed ({} where there is none to read)."""
     try:
         with open(os.path.join(path, "config.json")) as f:
             config = json.load(f)
     except (OSError, ValueError):
-        return None
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def declared_format(path: str, config: Optional[dict] = None) -> Optional[QuantizedFormat]:
+    """checkpoint_format of the checkpoint directory `path`, from its config.json (`config`: read already)."""
+    config = read_config_json(path) if config is None else config
     return checkpoint_format(config.get("quantization_config"), path)
 
 
